@@ -1,0 +1,16 @@
+# Compiler warnings and sanitizer flags shared by every kvtier target.
+add_library(kvtier_build_flags INTERFACE)
+target_compile_options(kvtier_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor>)
+
+if(KVTIER_SANITIZE)
+  if(KVTIER_SANITIZE STREQUAL "thread")
+    set(_san_flags -fsanitize=thread)
+  elseif(KVTIER_SANITIZE MATCHES "^(address|undefined|address,undefined|undefined,address)$")
+    set(_san_flags -fsanitize=${KVTIER_SANITIZE} -fno-sanitize-recover=undefined)
+  else()
+    message(FATAL_ERROR "KVTIER_SANITIZE must be 'address,undefined' or 'thread', got '${KVTIER_SANITIZE}'")
+  endif()
+  add_compile_options(${_san_flags} -fno-omit-frame-pointer -g)
+  add_link_options(${_san_flags})
+endif()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every Debian package kvtier needs to build and test. Idempotent, non-interactive.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache pkg-config clang
+  libxxhash-dev libyaml-cpp-dev libboost-dev nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
+  redis-server libhiredis-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all ${#packages[@]} packages present"
+fi

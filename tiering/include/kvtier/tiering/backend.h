@@ -1,0 +1,99 @@
+// Backend: the memory and copy engine under the cache, one interface for the
+// CUDA implementation and the host implementation (shared memory + a copy thread).
+//
+// Thread-safety: CreatePool and SubmitCopies are called from one thread (the
+// engine's); IsComplete and Wait may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/fence_layout.h"
+#include "kvtier/index_layout.h"
+#include "kvtier/status.h"
+
+namespace kvtier::tiering {
+
+enum class BackendKind : uint8_t { kHost = 0, kCuda = 1 };
+const char* BackendKindName(BackendKind kind);  // "host", "cuda"
+
+struct PoolSpec {
+  Tier tier = Tier::kGpu;
+  size_t slot_bytes = 0;
+  uint32_t slots = 0;
+  std::string name;  // Unique within the backend; used to name shared segments.
+};
+
+// What another process needs to map a pool.
+struct PoolHandle {
+  BackendKind backend = BackendKind::kHost;
+  Tier tier = Tier::kGpu;
+  uint64_t slot_bytes = 0;
+  uint32_t slots = 0;
+  std::string shm_name;            // Shared-memory segment (host backend; host tier on cuda).
+  std::vector<uint8_t> ipc_handle; // Device-memory export (cuda); empty on host.
+};
+
+// A fixed array of equally sized block slots in one tier.
+class Pool {
+ public:
+  virtual ~Pool() = default;
+  Tier tier() const { return tier_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  uint32_t slots() const { return slots_; }
+  // Address of slot `i` in this process (a device address for a GPU pool on cuda).
+  // REQUIRES: i < slots().
+  std::byte* slot_data(uint32_t i) const { return base_ + size_t{i} * slot_bytes_; }
+  std::byte* base() const { return base_; }
+  virtual PoolHandle Export() const = 0;
+
+ protected:
+  Pool(Tier tier, size_t slot_bytes, uint32_t slots, std::byte* base)
+      : tier_(tier), slot_bytes_(slot_bytes), slots_(slots), base_(base) {}
+
+ private:
+  Tier tier_;
+  size_t slot_bytes_;
+  uint32_t slots_;
+  std::byte* base_;
+};
+
+struct CopyOp {
+  uint32_t src_slot;
+  uint32_t dst_slot;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  virtual std::string Describe() const = 0;
+
+  virtual Result<std::unique_ptr<Pool>> CreatePool(const PoolSpec& spec) = 0;
+
+  // Queues one batch: op i copies src.slot_bytes() bytes from src slot to dst slot.
+  // Returns at once with the fence that completes when every op has landed.
+  // REQUIRES: src and dst have equal slot_bytes; `dir` matches their tiers;
+  // no op's destination is read or written by anyone until the fence completes.
+  virtual Result<Fence> SubmitCopies(CopyDirection dir, const Pool& src, const Pool& dst,
+                                     std::span<const CopyOp> ops) = 0;
+
+  virtual bool IsComplete(const Fence& fence) const = 0;
+  // kTimeout if the fence is still pending after `timeout`.
+  virtual Status Wait(const Fence& fence, std::chrono::milliseconds timeout) const = 0;
+
+  // `notify` runs on the backend's thread after fences complete; it must only
+  // hand off (post to an event loop, write an eventfd). Set before submitting.
+  virtual void SetCompletionNotifier(std::function<void()> notify) = 0;
+
+  // Name of the shared segment holding the fences' state ("" if none).
+  virtual std::string FenceSegmentName() const = 0;
+};
+
+}  // namespace kvtier::tiering

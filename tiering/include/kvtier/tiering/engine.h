@@ -1,0 +1,185 @@
+// Engine: the KV block cache of one model profile across a GPU and a host tier.
+//
+// It owns the pools (through a Backend), the block index (published read-only
+// in shared memory for clients to probe), sessions, leases, the eviction policy
+// and the mover. Every method is called from one thread (the daemon's event loop);
+// the backend copies in the background and Poll() applies finished copies.
+//
+// Invariants the engine keeps (CheckInvariants verifies them):
+//  - a block is in exactly one tier, or moving with a slot in each;
+//  - a leased block is never moved or freed, and a moving block stays readable
+//    in its source tier until its copy's fence completes;
+//  - a block lives while a session references it or a lease holds it;
+//  - every slot is free, or owned by exactly one block or write lease.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/index_layout.h"
+#include "kvtier/model_profile.h"
+#include "kvtier/status.h"
+#include "kvtier/tiering/backend.h"
+#include "kvtier/tiering/policy.h"
+
+namespace kvtier::tiering {
+
+using LeaseId = uint64_t;
+
+struct EngineOptions {
+  ModelProfile profile;
+  uint32_t gpu_slots = 0;
+  uint32_t host_slots = 0;
+  // Above high, the engine demotes (gpu) or drops (host) until usage is at low.
+  double gpu_high_watermark = 0.90;
+  double gpu_low_watermark = 0.75;
+  double host_high_watermark = 0.95;
+  double host_low_watermark = 0.85;
+  uint32_t max_copy_batch = 64;      // Blocks per backend submission.
+  uint32_t max_sessions = 1 << 20;   // Beyond this the coldest session is evicted.
+  uint32_t max_blocks_per_request = 1 << 16;
+  std::string name = "default";      // Pool names "<name>.gpu" / "<name>.host".
+  std::string index_segment;         // Shared-memory name of the index ("/..."); required.
+  // Called whenever a block leaves the cache: `dropped` is true when pressure
+  // (watermarks, a full tier) pushed it out, false when its last holder let go.
+  std::function<void(const BlockKey& key, bool dropped)> on_free;
+};
+
+struct BlockLocation {
+  Tier tier = Tier::kGpu;
+  uint32_t slot = 0;
+};
+
+struct WriteLease {
+  LeaseId id = 0;
+  std::vector<uint32_t> slots;  // GPU-tier slots reserved for the caller to write.
+};
+
+struct ReadLease {
+  LeaseId id = 0;                       // 0 when nothing was leased.
+  uint32_t matched = 0;                 // Blocks of the prefix found in the cache.
+  std::vector<BlockLocation> blocks;    // The leased prefix (<= matched), in order.
+  Fence fence;                          // Completes when every promoted block has landed.
+  uint32_t promoted = 0;                // Blocks whose host->gpu copy this lease waits for.
+};
+
+struct CommitResult {
+  uint32_t stored = 0;      // New blocks published.
+  uint32_t duplicates = 0;  // Blocks that were already cached; their slots were freed.
+};
+
+struct SessionInfo {
+  std::string id;
+  uint32_t ns_tag = 0;
+  int priority = 0;
+  uint64_t last_use = 0;  // Engine clock ticks; larger is more recent.
+  uint32_t blocks = 0;
+  uint32_t blocks_in[kTierCount] = {0, 0};
+  uint32_t moving = 0;
+  uint64_t tokens = 0;
+  std::vector<BlockKey> chain;  // Filled by GetSession only.
+  std::vector<Tier> tiers;      // Filled by GetSession only.
+};
+
+struct EngineStats {
+  uint32_t slots[kTierCount] = {0, 0};
+  uint32_t used[kTierCount] = {0, 0};
+  uint32_t blocks = 0;
+  uint32_t sessions = 0;
+  uint32_t read_leases = 0;
+  uint32_t write_leases = 0;
+  uint32_t copies_in_flight = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t miss_blocks = 0;
+  uint64_t committed_blocks = 0;
+  uint64_t duplicate_blocks = 0;
+  uint64_t demoted_blocks = 0;   // Copies gpu->host completed.
+  uint64_t promoted_blocks = 0;  // Copies host->gpu completed.
+  uint64_t dropped_blocks = 0;   // Lost to pressure.
+  uint64_t evicted_sessions = 0;
+  uint64_t allocation_failures = 0;
+};
+
+class Engine {
+ public:
+  // REQUIRES: `backend` outlives the engine.
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, Backend& backend,
+                                                std::unique_ptr<EvictionPolicy> policy = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelProfile& profile() const;
+  const EngineOptions& options() const;
+  Pool& pool(Tier tier) const;
+  const std::string& index_segment_name() const;
+
+  // --- Write path -----------------------------------------------------------
+  // Reserves `count` GPU slots for the caller to write. If too few are free, the
+  // coldest unleased GPU blocks are dropped to make room; kResourceExhausted if
+  // that is not enough (nothing is lost then).
+  Result<WriteLease> Allocate(uint32_t count);
+
+  // Publishes tokens.size()/block_tokens full blocks written into `slots` (each a
+  // slot of write lease `lease`, block i in slots[i]). Keys are computed here from
+  // `parent` (the key of the block before, null for the first) and the tokens.
+  // The session (created if new) is cut to `start_block` blocks, then extended.
+  // A key already cached keeps its first copy and the duplicate slot is freed.
+  // Committed slots leave the lease; the rest stay reserved until Release.
+  Result<CommitResult> Commit(LeaseId lease, std::string_view session, const Namespace& ns,
+                              const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
+                              std::span<const uint32_t> slots);
+
+  // --- Read path ------------------------------------------------------------
+  // Longest cached prefix of `keys` whose stored tokens and parents match
+  // (`tokens` holds keys.size() blocks). No side effects.
+  uint32_t Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) const;
+
+  // Leases the longest cached prefix for reading. With `promote`, blocks in the
+  // host tier are copied to the GPU tier and the lease's fence completes when they
+  // land; the lease stops early if the GPU tier has no room. With a session name,
+  // the session's chain becomes the matched prefix (cut or extended).
+  Result<ReadLease> Acquire(std::string_view session, const Namespace& ns, std::span<const BlockKey> keys,
+                            std::span<const TokenId> tokens, bool promote = true);
+
+  // Ends a read or write lease; unreferenced blocks it held are freed.
+  Status Release(LeaseId lease);
+
+  // --- Sessions -------------------------------------------------------------
+  Status Evict(std::string_view session);
+  Result<uint32_t> Demote(std::string_view session);    // Blocks scheduled gpu->host.
+  Result<uint32_t> Prefetch(std::string_view session);  // Blocks scheduled host->gpu.
+  Status SetPriority(std::string_view session, int priority);
+  Result<SessionInfo> GetSession(std::string_view session) const;
+  std::vector<SessionInfo> ListSessions() const;
+
+  // --- Background -----------------------------------------------------------
+  // Applies finished copies. Never blocks. Returns how many blocks it settled.
+  uint32_t Poll();
+  // Demotes above the GPU high watermark, drops above the host high watermark.
+  void EnforceWatermarks();
+  void Tick() {
+    Poll();
+    EnforceWatermarks();
+  }
+  // Waits for every copy in flight and applies it. kTimeout if they do not finish.
+  Status WaitIdle(std::chrono::milliseconds timeout);
+
+  EngineStats stats() const;
+  // Full consistency check (slot ownership, index, references); for tests. O(state).
+  Status CheckInvariants() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::tiering

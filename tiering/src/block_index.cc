@@ -1,0 +1,161 @@
+#include "block_index.h"
+
+#include <cstring>
+#include <random>
+
+namespace kvtier::tiering {
+
+Result<BlockIndex> BlockIndex::Create(const std::string& name, uint32_t block_tokens, uint32_t max_records,
+                                      uint64_t profile_fingerprint) {
+  if (max_records == 0 || max_records > (1u << 30)) return InvalidArgument("index capacity must be in [1, 2^30]");
+  const IndexGeometry g = IndexGeometry::For(block_tokens, max_records);
+  ShmSegment::CreateOptions o;
+  o.replace_existing = true;
+  auto seg = ShmSegment::Create(name, g.segment_bytes(), o);
+  if (!seg.ok()) return seg.status();
+  BlockIndex index;
+  index.segment_ = std::move(seg).value();
+  index.geometry_ = g;
+  std::byte* base = index.segment_.data();
+  index.header_ = reinterpret_cast<IndexHeader*>(base);
+  index.table_ = reinterpret_cast<IndexSlot*>(base + g.table_offset());
+  index.rows_ = reinterpret_cast<TokenId*>(base + g.tokens_offset());
+  index.mask_ = g.table_slots - 1;
+  for (uint32_t i = 0; i < g.table_slots; ++i) {
+    index.table_[i] = IndexSlot{0, kNoRecord, 0, 0, 0, 0, 0, 0};
+  }
+  IndexHeader h{};
+  h.magic = kIndexMagic;
+  h.abi_version = kShmAbiVersion;
+  h.header_bytes = kIndexHeaderBytes;
+  h.segment_bytes = g.segment_bytes();
+  h.profile_fingerprint = profile_fingerprint;
+  h.instance_id = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  h.block_tokens = block_tokens;
+  h.table_slots = g.table_slots;
+  h.max_records = max_records;
+  h.table_offset = g.table_offset();
+  h.tokens_offset = g.tokens_offset();
+  *index.header_ = h;
+  return index;
+}
+
+uint32_t BlockIndex::FindPos(const BlockKey& key) const {
+  uint32_t pos = HomeSlot(key, geometry_.table_slots);
+  for (;;) {
+    const IndexSlot& s = table_[pos];
+    if (s.record == kNoRecord) return kNoRecord;
+    if (s.key_lo == key.lo && s.key_hi == key.hi) return pos;
+    pos = (pos + 1) & mask_;
+  }
+}
+
+uint32_t BlockIndex::Find(const BlockKey& key) const {
+  const uint32_t pos = FindPos(key);
+  return pos == kNoRecord ? kNoRecord : table_[pos].record;
+}
+
+void BlockIndex::FindBatch(std::span<const BlockKey> keys, std::span<uint32_t> records) const {
+  constexpr size_t kAhead = 16;
+  const size_t n = keys.size() < records.size() ? keys.size() : records.size();
+  for (size_t i = 0; i < n && i < kAhead; ++i) Prefetch(keys[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) Prefetch(keys[i + kAhead]);
+    records[i] = Find(keys[i]);
+  }
+}
+
+void BlockIndex::BeginWrite(IndexSlot& s) {
+  std::atomic_ref<uint32_t>(s.seq).store(s.seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void BlockIndex::EndWrite(IndexSlot& s) {
+  std::atomic_ref<uint32_t>(s.seq).store(s.seq + 1, std::memory_order_release);
+}
+
+void BlockIndex::Insert(const BlockKey& key, uint32_t record, uint32_t ns_tag, Tier tier) {
+  uint32_t pos = HomeSlot(key, geometry_.table_slots);
+  while (table_[pos].record != kNoRecord) pos = (pos + 1) & mask_;
+  IndexSlot& s = table_[pos];
+  BeginWrite(s);
+  StoreRelaxed(s.key_lo, key.lo);
+  StoreRelaxed(s.key_hi, key.hi);
+  StoreRelaxed(s.ns_tag, ns_tag);
+  StoreRelaxed(s.tier, static_cast<uint8_t>(tier));
+  StoreRelaxed(s.moving, uint8_t{0});
+  StoreRelaxed(s.record, record);
+  EndWrite(s);
+  ++size_;
+  StoreRelaxed(header_->entries, uint64_t{size_});
+}
+
+void BlockIndex::MoveSlot(uint32_t from, uint32_t to) {
+  IndexSlot& d = table_[to];
+  const IndexSlot& s = table_[from];
+  BeginWrite(d);
+  StoreRelaxed(d.key_lo, s.key_lo);
+  StoreRelaxed(d.key_hi, s.key_hi);
+  StoreRelaxed(d.ns_tag, s.ns_tag);
+  StoreRelaxed(d.tier, s.tier);
+  StoreRelaxed(d.moving, s.moving);
+  StoreRelaxed(d.record, s.record);
+  EndWrite(d);
+}
+
+bool BlockIndex::Erase(const BlockKey& key) {
+  uint32_t hole = FindPos(key);
+  if (hole == kNoRecord) return false;
+  // Backward-shift deletion: pull later members of the probe run into the hole.
+  uint32_t pos = (hole + 1) & mask_;
+  while (table_[pos].record != kNoRecord) {
+    const uint32_t home = HomeSlot(BlockKey{table_[pos].key_lo, table_[pos].key_hi}, geometry_.table_slots);
+    // The entry at `pos` may move to `hole` iff its home is not in (hole, pos] cyclically.
+    const bool movable = hole <= pos ? (home <= hole || home > pos) : (home <= hole && home > pos);
+    if (movable) {
+      MoveSlot(pos, hole);
+      hole = pos;
+    }
+    pos = (pos + 1) & mask_;
+  }
+  IndexSlot& h = table_[hole];
+  BeginWrite(h);
+  StoreRelaxed(h.record, kNoRecord);
+  StoreRelaxed(h.key_lo, uint64_t{0});
+  StoreRelaxed(h.key_hi, uint64_t{0});
+  EndWrite(h);
+  --size_;
+  StoreRelaxed(header_->entries, uint64_t{size_});
+  return true;
+}
+
+bool BlockIndex::SetLocation(const BlockKey& key, Tier tier, bool moving) {
+  const uint32_t pos = FindPos(key);
+  if (pos == kNoRecord) return false;
+  IndexSlot& s = table_[pos];
+  BeginWrite(s);
+  StoreRelaxed(s.tier, static_cast<uint8_t>(tier));
+  StoreRelaxed(s.moving, static_cast<uint8_t>(moving ? 1 : 0));
+  EndWrite(s);
+  return true;
+}
+
+BlockKey BlockIndex::parent(uint32_t record) const {
+  const TokenId* r = row(record);
+  return BlockKey{r[0] | (uint64_t{r[1]} << 32), r[2] | (uint64_t{r[3]} << 32)};
+}
+
+void BlockIndex::WriteRow(uint32_t record, const BlockKey& parent_key, std::span<const TokenId> toks) {
+  TokenId* r = row(record);
+  const TokenId words[kRowHeaderWords] = {static_cast<TokenId>(parent_key.lo), static_cast<TokenId>(parent_key.lo >> 32),
+                                          static_cast<TokenId>(parent_key.hi), static_cast<TokenId>(parent_key.hi >> 32)};
+  for (uint32_t i = 0; i < kRowHeaderWords; ++i) StoreRelaxed(r[i], words[i]);
+  for (size_t i = 0; i < toks.size(); ++i) StoreRelaxed(r[kRowHeaderWords + i], toks[i]);
+}
+
+bool BlockIndex::RowMatches(uint32_t record, const BlockKey& parent_key, std::span<const TokenId> toks) const {
+  if (parent(record) != parent_key) return false;
+  return std::memcmp(tokens(record), toks.data(), toks.size_bytes()) == 0;
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,78 @@
+// BlockIndex: the writer side of the shared-memory block index (see index_layout.h).
+//
+// Open addressing with linear probing over a power-of-two table at most half
+// full; deletion shifts entries back (no tombstones), so lookups stay O(1) under
+// any churn. Every slot change is bracketed by the slot's seqlock so readers in
+// other processes never see a torn entry. Single writer: not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvtier/block_key.h"
+#include "kvtier/index_layout.h"
+#include "kvtier/shm_segment.h"
+
+namespace kvtier::tiering {
+
+class BlockIndex {
+ public:
+  // Creates the segment `name` for up to `max_records` records of `block_tokens`.
+  static Result<BlockIndex> Create(const std::string& name, uint32_t block_tokens, uint32_t max_records,
+                                   uint64_t profile_fingerprint);
+
+  BlockIndex(BlockIndex&&) noexcept = default;
+  BlockIndex& operator=(BlockIndex&&) noexcept = default;
+
+  const std::string& segment_name() const { return segment_.name(); }
+  uint32_t size() const { return size_; }
+  uint32_t block_tokens() const { return geometry_.block_tokens; }
+
+  // Record id stored under `key`, or kNoRecord.
+  uint32_t Find(const BlockKey& key) const;
+  // Find for many keys, with the table loads started up front so misses overlap.
+  void FindBatch(std::span<const BlockKey> keys, std::span<uint32_t> records) const;
+  // Starts loading the home slot of `key` into cache.
+  void Prefetch(const BlockKey& key) const { __builtin_prefetch(&table_[HomeSlot(key, geometry_.table_slots)]); }
+
+  // REQUIRES: `key` absent, record < max_records, the record's row written first.
+  void Insert(const BlockKey& key, uint32_t record, uint32_t ns_tag, Tier tier);
+  // Returns false if `key` is absent.
+  bool Erase(const BlockKey& key);
+  // Updates where a present block is readable. Returns false if absent.
+  bool SetLocation(const BlockKey& key, Tier tier, bool moving);
+
+  // The record's row: parent key and tokens. Writable only while the record is
+  // not in the table (before Insert, after Erase).
+  TokenId* row(uint32_t record) const { return rows_ + size_t{record} * geometry_.row_words(); }
+  const TokenId* tokens(uint32_t record) const { return row(record) + kRowHeaderWords; }
+  BlockKey parent(uint32_t record) const;
+  void WriteRow(uint32_t record, const BlockKey& parent, std::span<const TokenId> tokens);
+  // Stored parent and tokens equal the given ones.
+  bool RowMatches(uint32_t record, const BlockKey& parent, std::span<const TokenId> tokens) const;
+
+  // Visits every entry (tests and invariant checks).
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (uint32_t i = 0; i < geometry_.table_slots; ++i) {
+      if (table_[i].record != kNoRecord) f(BlockKey{table_[i].key_lo, table_[i].key_hi}, table_[i]);
+    }
+  }
+
+ private:
+  BlockIndex() = default;
+  uint32_t FindPos(const BlockKey& key) const;  // kNoRecord if absent.
+  void BeginWrite(IndexSlot& s);
+  void EndWrite(IndexSlot& s);
+  void MoveSlot(uint32_t from, uint32_t to);
+
+  ShmSegment segment_;
+  IndexGeometry geometry_;
+  IndexHeader* header_ = nullptr;
+  IndexSlot* table_ = nullptr;
+  TokenId* rows_ = nullptr;
+  uint32_t mask_ = 0;
+  uint32_t size_ = 0;
+};
+
+}  // namespace kvtier::tiering

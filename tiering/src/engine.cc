@@ -1,0 +1,755 @@
+#include "kvtier/tiering/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "block_index.h"
+#include "kvtier/tiering/policy.h"
+#include "session.h"
+#include "slot_allocator.h"
+
+namespace kvtier::tiering {
+namespace {
+
+enum class BlockState : uint8_t { kFree, kReady, kDemoting, kPromoting };
+
+struct Record {
+  BlockKey key;
+  uint64_t last_use = 0;
+  uint64_t move_seq = 0;  // Fence sequence of the copy in flight; 0 until submitted.
+  uint32_t slot = 0;      // Slot in `tier` (the source while moving).
+  uint32_t dst_slot = 0;  // Slot in the other tier while moving.
+  uint32_t refs = 0;      // Session chains holding it.
+  uint32_t readers = 0;   // Read leases holding it.
+  uint32_t ns_tag = 0;
+  Tier tier = Tier::kGpu;
+  BlockState state = BlockState::kFree;
+  bool doomed = false;    // Out of the index; freed when its copy completes.
+
+  bool moving() const { return state == BlockState::kDemoting || state == BlockState::kPromoting; }
+};
+
+struct Lease {
+  bool write = false;
+  std::vector<uint32_t> items;  // Write: GPU slots. Read: record ids.
+};
+
+struct InFlight {
+  Fence fence;
+  std::vector<uint32_t> records;
+};
+
+constexpr int kGpu = static_cast<int>(Tier::kGpu);
+constexpr int kHost = static_cast<int>(Tier::kHost);
+constexpr int Dir(CopyDirection d) { return static_cast<int>(d); }
+constexpr Tier Other(Tier t) { return t == Tier::kGpu ? Tier::kHost : Tier::kGpu; }
+
+}  // namespace
+
+struct Engine::Impl {
+  Impl(const EngineOptions& o, Backend& b, BlockIndex idx)
+      : opt(o), backend(b), alloc{SlotAllocator(o.gpu_slots), SlotAllocator(o.host_slots)}, index(std::move(idx)) {}
+
+  EngineOptions opt;
+  Backend& backend;
+  std::unique_ptr<Pool> pools[kTierCount];
+  SlotAllocator alloc[kTierCount];
+  BlockIndex index;
+  std::vector<Record> records;
+  std::vector<uint32_t> free_records;
+  std::unordered_map<std::string, std::unique_ptr<Session>> sessions;
+  std::unique_ptr<EvictionPolicy> policy;
+  std::unordered_map<LeaseId, Lease> leases;
+  LeaseId next_lease = 1;
+  uint64_t clock = 0;
+  std::vector<uint32_t> pending[kCopyStreams];
+  std::deque<InFlight> inflight[kCopyStreams];
+  uint32_t demoting = 0;     // Records being demoted: GPU slots that will come free.
+  bool dropping = false;     // Frees now happen under pressure (reported as drops).
+  EngineStats st;
+
+  uint32_t bt() const { return opt.profile.block_tokens; }
+
+  // --- Records and references -------------------------------------------------
+  uint32_t NewRecord() {
+    const uint32_t r = free_records.back();
+    free_records.pop_back();
+    records[r] = Record{};
+    return r;
+  }
+
+  void ReleaseRecord(uint32_t r) {
+    records[r].state = BlockState::kFree;
+    free_records.push_back(r);
+  }
+
+  void Ref(uint32_t r) { ++records[r].refs; }
+
+  void Unref(uint32_t r) {
+    --records[r].refs;
+    MaybeFree(r);
+  }
+
+  // Frees the block once neither a session nor a lease holds it.
+  void MaybeFree(uint32_t r) {
+    Record& rec = records[r];
+    if (rec.refs != 0 || rec.readers != 0 || rec.doomed) return;
+    index.Erase(rec.key);
+    if (dropping) ++st.dropped_blocks;
+    if (opt.on_free) opt.on_free(rec.key, dropping);
+    if (rec.moving()) {
+      rec.doomed = true;  // The copy completes later; then both slots come free.
+      return;
+    }
+    alloc[static_cast<int>(rec.tier)].Free(rec.slot);
+    ReleaseRecord(r);
+  }
+
+  // --- Sessions ----------------------------------------------------------------
+  Session* FindSession(std::string_view id) const {
+    auto it = sessions.find(std::string(id));
+    return it == sessions.end() ? nullptr : it->second.get();
+  }
+
+  Session* GetOrCreateSession(std::string_view id, uint32_t ns_tag) {
+    if (Session* s = FindSession(id)) return s;
+    if (sessions.size() >= opt.max_sessions) {
+      Session* coldest = nullptr;
+      policy->VisitColdest([&](Session* s) {
+        coldest = s;
+        return false;
+      });
+      if (coldest != nullptr) EraseSession(coldest);
+    }
+    auto s = std::make_unique<Session>();
+    s->id = std::string(id);
+    s->ns_tag = ns_tag;
+    Session* raw = s.get();
+    sessions.emplace(raw->id, std::move(s));
+    policy->Track(raw);
+    return raw;
+  }
+
+  void Touch(Session* s) {
+    s->last_use = clock;
+    policy->Touch(s);
+  }
+
+  void Truncate(Session* s, size_t n) {
+    while (s->chain.size() > n) {
+      const uint32_t r = s->chain.back();
+      s->chain.pop_back();
+      Unref(r);
+    }
+  }
+
+  void EraseSession(Session* s) {
+    Truncate(s, 0);
+    policy->Untrack(s);
+    ++st.evicted_sessions;
+    sessions.erase(s->id);
+  }
+
+  // --- Moves -------------------------------------------------------------------
+  // REQUIRES: rec Ready, unleased if demoting, a free slot in the destination tier.
+  void ScheduleMove(uint32_t r, CopyDirection dir) {
+    Record& rec = records[r];
+    const Tier dst = Other(rec.tier);
+    rec.dst_slot = alloc[static_cast<int>(dst)].Allocate();
+    rec.state = dir == CopyDirection::kGpuToHost ? BlockState::kDemoting : BlockState::kPromoting;
+    rec.move_seq = 0;
+    if (dir == CopyDirection::kGpuToHost) ++demoting;
+    index.SetLocation(rec.key, rec.tier, true);
+    pending[Dir(dir)].push_back(r);
+  }
+
+  void Flush(CopyDirection dir) {
+    std::vector<uint32_t>& q = pending[Dir(dir)];
+    const Pool& src = *pools[dir == CopyDirection::kGpuToHost ? kGpu : kHost];
+    const Pool& dst = *pools[dir == CopyDirection::kGpuToHost ? kHost : kGpu];
+    std::vector<CopyOp> ops;
+    for (size_t begin = 0; begin < q.size(); begin += opt.max_copy_batch) {
+      const size_t end = std::min(q.size(), begin + size_t{opt.max_copy_batch});
+      ops.clear();
+      for (size_t i = begin; i < end; ++i) ops.push_back(CopyOp{records[q[i]].slot, records[q[i]].dst_slot});
+      Result<Fence> fence = backend.SubmitCopies(dir, src, dst, ops);
+      InFlight batch;
+      batch.records.assign(q.begin() + static_cast<std::ptrdiff_t>(begin), q.begin() + static_cast<std::ptrdiff_t>(end));
+      if (!fence.ok()) {
+        // The backend refused the batch: undo the moves; the blocks stay where they are.
+        for (uint32_t r : batch.records) Cancel(r);
+        continue;
+      }
+      for (uint32_t r : batch.records) records[r].move_seq = fence->seq;
+      batch.fence = *fence;
+      inflight[Dir(dir)].push_back(std::move(batch));
+    }
+    q.clear();
+  }
+
+  void Cancel(uint32_t r) {
+    Record& rec = records[r];
+    if (rec.state == BlockState::kDemoting) --demoting;
+    alloc[static_cast<int>(Other(rec.tier))].Free(rec.dst_slot);
+    rec.state = BlockState::kReady;
+    if (rec.doomed) {
+      alloc[static_cast<int>(rec.tier)].Free(rec.slot);
+      ReleaseRecord(r);
+      return;
+    }
+    index.SetLocation(rec.key, rec.tier, false);
+  }
+
+  // The copy of `r` landed: switch the block to its new tier, or keep the old
+  // copy if readers leased it there meanwhile (a demotion with readers).
+  void Complete(uint32_t r) {
+    Record& rec = records[r];
+    const bool demote = rec.state == BlockState::kDemoting;
+    if (demote && (rec.readers > 0 || rec.doomed)) {
+      Cancel(r);
+      return;
+    }
+    if (demote) --demoting;
+    alloc[static_cast<int>(rec.tier)].Free(rec.slot);
+    rec.tier = Other(rec.tier);
+    rec.slot = rec.dst_slot;
+    rec.state = BlockState::kReady;
+    if (demote) ++st.demoted_blocks; else ++st.promoted_blocks;
+    if (rec.doomed) {
+      alloc[static_cast<int>(rec.tier)].Free(rec.slot);
+      ReleaseRecord(r);
+      return;
+    }
+    index.SetLocation(rec.key, rec.tier, false);
+  }
+
+  uint32_t Poll() {
+    uint32_t settled = 0;
+    for (auto& q : inflight) {
+      while (!q.empty() && backend.IsComplete(q.front().fence)) {
+        for (uint32_t r : q.front().records) Complete(r);
+        settled += static_cast<uint32_t>(q.front().records.size());
+        q.pop_front();
+      }
+    }
+    return settled;
+  }
+
+  // --- Pressure ----------------------------------------------------------------
+  // Cuts the tails of the coldest sessions while their last block sits in `tier`,
+  // unleased and not moving, until `need` slots of `tier` came free.
+  uint32_t DropFromTier(Tier tier, uint32_t need) {
+    const uint32_t before = alloc[static_cast<int>(tier)].free_count();
+    std::vector<Session*> emptied;
+    dropping = true;
+    policy->VisitColdest([&](Session* s) {
+      while (!s->chain.empty() && alloc[static_cast<int>(tier)].free_count() - before < need) {
+        const Record& rec = records[s->chain.back()];
+        if (rec.state != BlockState::kReady || rec.tier != tier || rec.readers != 0) break;
+        const uint32_t r = s->chain.back();
+        s->chain.pop_back();
+        Unref(r);
+      }
+      if (s->chain.empty()) emptied.push_back(s);
+      return alloc[static_cast<int>(tier)].free_count() - before < need;
+    });
+    dropping = false;
+    for (Session* s : emptied) {
+      policy->Untrack(s);
+      sessions.erase(s->id);
+    }
+    return alloc[static_cast<int>(tier)].free_count() - before;
+  }
+
+  bool Demotable(const Record& rec) const {
+    return rec.state == BlockState::kReady && rec.tier == Tier::kGpu && rec.readers == 0;
+  }
+
+  // Schedules demotion of up to `need` blocks, coldest sessions first. A block
+  // used by a warmer session since this session's last use is left alone.
+  uint32_t DemoteColdest(uint32_t need) {
+    const uint32_t host_free = alloc[kHost].free_count();
+    if (host_free < need) DropFromTier(Tier::kHost, need - host_free);
+    uint32_t scheduled = 0;
+    policy->VisitColdest([&](Session* s) {
+      for (uint32_t r : s->chain) {
+        if (scheduled >= need || alloc[kHost].free_count() == 0) return false;
+        const Record& rec = records[r];
+        if (Demotable(rec) && rec.last_use <= s->last_use) {
+          ScheduleMove(r, CopyDirection::kGpuToHost);
+          ++scheduled;
+        }
+      }
+      return scheduled < need && alloc[kHost].free_count() > 0;
+    });
+    Flush(CopyDirection::kGpuToHost);
+    return scheduled;
+  }
+
+  void EnforceWatermarks() {
+    const double gpu_cap = alloc[kGpu].capacity();
+    const uint32_t gpu_effective = alloc[kGpu].used() - demoting;
+    if (gpu_effective > opt.gpu_high_watermark * gpu_cap) {
+      const auto target = static_cast<uint32_t>(std::floor(opt.gpu_low_watermark * gpu_cap));
+      if (gpu_effective > target) DemoteColdest(gpu_effective - target);
+    }
+    const double host_cap = alloc[kHost].capacity();
+    const uint32_t host_used = alloc[kHost].used();
+    if (host_used > opt.host_high_watermark * host_cap) {
+      const auto target = static_cast<uint32_t>(std::floor(opt.host_low_watermark * host_cap));
+      if (host_used > target) DropFromTier(Tier::kHost, host_used - target);
+    }
+  }
+
+  // --- Lookup ------------------------------------------------------------------
+  // Longest verified prefix; fills `out` with its record ids.
+  uint32_t MatchRecords(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                        std::vector<uint32_t>* out) const {
+    const size_t n = std::min(keys.size(), tokens.size() / bt());
+    out->resize(n);
+    index.FindBatch(keys.first(n), *out);
+    const uint32_t tag = NamespaceTag(ns);
+    for (size_t i = 0; i < n && i < 8; ++i) {
+      if ((*out)[i] != kNoRecord) __builtin_prefetch(index.row((*out)[i]));
+    }
+    uint32_t matched = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i + 8 < n && (*out)[i + 8] != kNoRecord) __builtin_prefetch(index.row((*out)[i + 8]));
+      const uint32_t r = (*out)[i];
+      if (r == kNoRecord || records[r].ns_tag != tag) break;
+      const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
+      if (!index.RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
+      ++matched;
+    }
+    out->resize(matched);
+    return matched;
+  }
+
+  LeaseId NewLease(Lease lease) {
+    const LeaseId id = next_lease++;
+    if (lease.write) ++st.write_leases; else ++st.read_leases;
+    leases.emplace(id, std::move(lease));
+    return id;
+  }
+};
+
+// ---------------------------------------------------------------------------------
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (!impl_) return;
+  // Copies may still target the pools: let them land before the pools go.
+  for (auto& q : impl_->inflight) {
+    if (!q.empty()) (void)impl_->backend.Wait(q.back().fence, std::chrono::seconds(30));
+  }
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
+                                               std::unique_ptr<EvictionPolicy> policy) {
+  KVTIER_RETURN_IF_ERROR(o.profile.Validate());
+  if (o.gpu_slots == 0 || o.host_slots == 0) return InvalidArgument("gpu_slots and host_slots must be > 0");
+  if (uint64_t{o.gpu_slots} + o.host_slots > (1u << 30)) return InvalidArgument("more than 2^30 slots in all");
+  auto wm_ok = [](double lo, double hi) { return lo > 0 && lo <= hi && hi <= 1.0; };
+  if (!wm_ok(o.gpu_low_watermark, o.gpu_high_watermark) || !wm_ok(o.host_low_watermark, o.host_high_watermark)) {
+    return InvalidArgument("watermarks must satisfy 0 < low <= high <= 1");
+  }
+  if (o.max_copy_batch == 0) return InvalidArgument("max_copy_batch must be > 0");
+  if (o.max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
+  if (o.index_segment.empty()) return InvalidArgument("index_segment must name a shared-memory segment");
+
+  const uint32_t max_records = o.gpu_slots + o.host_slots;
+  auto index = BlockIndex::Create(o.index_segment, o.profile.block_tokens, max_records, o.profile.Fingerprint());
+  if (!index.ok()) return index.status();
+  auto impl = std::make_unique<Impl>(o, backend, std::move(index).value());
+  const size_t bytes = o.profile.BlockBytes();
+  for (Tier t : {Tier::kGpu, Tier::kHost}) {
+    PoolSpec spec{t, bytes, t == Tier::kGpu ? o.gpu_slots : o.host_slots, o.name + "." + TierName(t)};
+    auto pool = backend.CreatePool(spec);
+    if (!pool.ok()) return pool.status();
+    impl->pools[static_cast<int>(t)] = std::move(pool).value();
+  }
+  impl->records.resize(max_records);
+  impl->free_records.reserve(max_records);
+  for (uint32_t r = max_records; r > 0; --r) impl->free_records.push_back(r - 1);
+  impl->policy = policy ? std::move(policy) : MakeLruPolicy();
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+const ModelProfile& Engine::profile() const { return impl_->opt.profile; }
+const EngineOptions& Engine::options() const { return impl_->opt; }
+Pool& Engine::pool(Tier tier) const { return *impl_->pools[static_cast<int>(tier)]; }
+const std::string& Engine::index_segment_name() const { return impl_->index.segment_name(); }
+
+Result<WriteLease> Engine::Allocate(uint32_t count) {
+  Impl& m = *impl_;
+  if (count == 0 || count > m.opt.max_blocks_per_request) {
+    return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
+                           std::to_string(m.opt.max_blocks_per_request) + "]");
+  }
+  if (count > m.alloc[kGpu].capacity()) {
+    return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
+                             std::to_string(m.alloc[kGpu].capacity()) + " slots");
+  }
+  m.Poll();
+  // Demotions in flight free GPU slots within a copy's time: wait for them before
+  // dropping anything. Then drop the coldest unleased GPU blocks as a last resort.
+  auto& demotions = m.inflight[Dir(CopyDirection::kGpuToHost)];
+  while (m.alloc[kGpu].free_count() < count && !demotions.empty()) {
+    if (!m.backend.Wait(demotions.front().fence, std::chrono::milliseconds(200)).ok()) break;
+    m.Poll();
+  }
+  if (m.alloc[kGpu].free_count() < count) m.DropFromTier(Tier::kGpu, count - m.alloc[kGpu].free_count());
+  if (m.alloc[kGpu].free_count() < count) {
+    ++m.st.allocation_failures;
+    return ResourceExhausted("gpu tier full: " + std::to_string(m.alloc[kGpu].free_count()) + " of " +
+                             std::to_string(m.alloc[kGpu].capacity()) + " slots free, " + std::to_string(count) +
+                             " requested; the rest are leased or moving");
+  }
+  Lease lease;
+  lease.write = true;
+  lease.items.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) lease.items.push_back(m.alloc[kGpu].Allocate());
+  WriteLease out;
+  out.slots = lease.items;
+  out.id = m.NewLease(std::move(lease));
+  return out;
+}
+
+Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_id, const Namespace& ns,
+                                    const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
+                                    std::span<const uint32_t> slots) {
+  Impl& m = *impl_;
+  auto it = m.leases.find(lease_id);
+  if (it == m.leases.end() || !it->second.write) {
+    return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
+  }
+  if (session_id.empty()) return InvalidArgument("commit needs a session id");
+  if (tokens.size() % m.bt() != 0) {
+    return InvalidArgument(std::to_string(tokens.size()) + " tokens is not a whole number of " +
+                           std::to_string(m.bt()) + "-token blocks");
+  }
+  const size_t n = tokens.size() / m.bt();
+  if (n != slots.size()) {
+    return InvalidArgument(std::to_string(n) + " blocks of tokens but " + std::to_string(slots.size()) + " slots");
+  }
+  if (n == 0 || n > m.opt.max_blocks_per_request) return InvalidArgument("commit of 0 or too many blocks");
+  Lease& lease = it->second;
+  {
+    std::vector<uint32_t> want(slots.begin(), slots.end());
+    std::sort(want.begin(), want.end());
+    if (std::adjacent_find(want.begin(), want.end()) != want.end()) return InvalidArgument("a slot is committed twice");
+    std::vector<uint32_t> have = lease.items;
+    std::sort(have.begin(), have.end());
+    if (!std::includes(have.begin(), have.end(), want.begin(), want.end())) {
+      return InvalidArgument("a committed slot is not part of write lease " + std::to_string(lease_id));
+    }
+  }
+
+  ++m.clock;
+  Session* s = m.GetOrCreateSession(session_id, NamespaceTag(ns));
+  if (s->chain.size() > start_block) m.Truncate(s, start_block);
+  CommitResult result;
+  BlockKey prev = parent;
+  for (size_t i = 0; i < n; ++i) {
+    const std::span<const TokenId> block = tokens.subspan(i * m.bt(), m.bt());
+    const BlockKey key = ChainKey(prev, ns, block);
+    const uint32_t slot = slots[i];
+    lease.items.erase(std::find(lease.items.begin(), lease.items.end(), slot));
+    uint32_t r = m.index.Find(key);
+    if (r != kNoRecord) {
+      m.alloc[kGpu].Free(slot);  // First copy wins.
+      ++result.duplicates;
+      if (!m.index.RowMatches(r, prev, block) || m.records[r].ns_tag != NamespaceTag(ns)) {
+        prev = key;  // A 128-bit collision: the block cannot be published.
+        continue;
+      }
+    } else {
+      r = m.NewRecord();
+      Record& rec = m.records[r];
+      rec.key = key;
+      rec.slot = slot;
+      rec.tier = Tier::kGpu;
+      rec.state = BlockState::kReady;
+      rec.ns_tag = NamespaceTag(ns);
+      m.index.WriteRow(r, prev, block);
+      m.index.Insert(key, r, rec.ns_tag, Tier::kGpu);
+      ++result.stored;
+    }
+    m.records[r].last_use = m.clock;
+    m.Ref(r);
+    s->chain.push_back(r);
+    prev = key;
+  }
+  m.Touch(s);
+  m.st.committed_blocks += result.stored;
+  m.st.duplicate_blocks += result.duplicates;
+  return result;
+}
+
+uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) const {
+  std::vector<uint32_t> recs;
+  return impl_->MatchRecords(ns, keys, tokens, &recs);
+}
+
+Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& ns, std::span<const BlockKey> keys,
+                                  std::span<const TokenId> tokens, bool promote) {
+  Impl& m = *impl_;
+  if (keys.size() > m.opt.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
+  if (tokens.size() != keys.size() * m.bt()) {
+    return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
+                           std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
+  }
+  ++m.clock;
+  // Find or make the session first: making one may evict another, freeing blocks.
+  Session* s = session_id.empty() ? nullptr : m.GetOrCreateSession(session_id, NamespaceTag(ns));
+  std::vector<uint32_t> recs;
+  const uint32_t matched = m.MatchRecords(ns, keys, tokens, &recs);
+  m.st.hit_blocks += matched;
+  m.st.miss_blocks += keys.size() - matched;
+  for (uint32_t r : recs) m.records[r].last_use = m.clock;
+  if (s != nullptr) {
+    for (uint32_t r : recs) m.Ref(r);  // Take the new references before dropping the old.
+    std::vector<uint32_t> old = std::move(s->chain);
+    s->chain = recs;
+    for (auto r = old.rbegin(); r != old.rend(); ++r) m.Unref(*r);
+    m.Touch(s);
+  }
+
+  ReadLease out;
+  out.matched = matched;
+  Lease lease;
+  uint64_t wait_seq = 0;
+  for (uint32_t r : recs) {
+    Record& rec = m.records[r];
+    BlockLocation loc{rec.tier, rec.slot};
+    if (rec.state == BlockState::kPromoting) {
+      loc = BlockLocation{Tier::kGpu, rec.dst_slot};
+      ++out.promoted;
+    } else if (rec.state == BlockState::kReady && rec.tier == Tier::kHost && promote && rec.readers == 0) {
+      if (m.alloc[kGpu].free_count() == 0) break;  // No room to promote: lease what we have.
+      m.ScheduleMove(r, CopyDirection::kHostToGpu);
+      loc = BlockLocation{Tier::kGpu, rec.dst_slot};
+      ++out.promoted;
+    }
+    ++rec.readers;
+    lease.items.push_back(r);
+    out.blocks.push_back(loc);
+  }
+  m.Flush(CopyDirection::kHostToGpu);
+  for (uint32_t r : lease.items) {
+    if (m.records[r].state == BlockState::kPromoting) wait_seq = std::max(wait_seq, m.records[r].move_seq);
+  }
+  out.fence = Fence{wait_seq, CopyDirection::kHostToGpu};
+  if (!lease.items.empty()) out.id = m.NewLease(std::move(lease));
+  return out;
+}
+
+Status Engine::Release(LeaseId lease_id) {
+  Impl& m = *impl_;
+  auto it = m.leases.find(lease_id);
+  if (it == m.leases.end()) return NotFound("lease " + std::to_string(lease_id) + " does not exist");
+  Lease lease = std::move(it->second);
+  m.leases.erase(it);
+  if (lease.write) {
+    --m.st.write_leases;
+    for (uint32_t slot : lease.items) m.alloc[kGpu].Free(slot);
+  } else {
+    --m.st.read_leases;
+    for (uint32_t r : lease.items) {
+      --m.records[r].readers;
+      m.MaybeFree(r);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::Evict(std::string_view session_id) {
+  Session* s = impl_->FindSession(session_id);
+  if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
+  impl_->EraseSession(s);
+  return Status::Ok();
+}
+
+Result<uint32_t> Engine::Demote(std::string_view session_id) {
+  Impl& m = *impl_;
+  Session* s = m.FindSession(session_id);
+  if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
+  uint32_t want = 0;
+  for (uint32_t r : s->chain) want += m.Demotable(m.records[r]) ? 1 : 0;
+  if (want > m.alloc[kHost].free_count()) m.DropFromTier(Tier::kHost, want - m.alloc[kHost].free_count());
+  uint32_t scheduled = 0;
+  for (uint32_t r : s->chain) {  // The session may have lost blocks to the drop above.
+    if (m.alloc[kHost].free_count() == 0) break;
+    if (m.Demotable(m.records[r])) {
+      m.ScheduleMove(r, CopyDirection::kGpuToHost);
+      ++scheduled;
+    }
+  }
+  m.Flush(CopyDirection::kGpuToHost);
+  return scheduled;
+}
+
+Result<uint32_t> Engine::Prefetch(std::string_view session_id) {
+  Impl& m = *impl_;
+  Session* s = m.FindSession(session_id);
+  if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
+  ++m.clock;
+  uint32_t scheduled = 0;
+  for (uint32_t r : s->chain) {
+    Record& rec = m.records[r];
+    rec.last_use = m.clock;
+    if (rec.state != BlockState::kReady || rec.tier != Tier::kHost || rec.readers != 0) continue;
+    if (m.alloc[kGpu].free_count() == 0) break;
+    m.ScheduleMove(r, CopyDirection::kHostToGpu);
+    ++scheduled;
+  }
+  m.Touch(s);
+  m.Flush(CopyDirection::kHostToGpu);
+  return scheduled;
+}
+
+Status Engine::SetPriority(std::string_view session_id, int priority) {
+  if (priority < kMinPriority || priority > kMaxPriority) {
+    return InvalidArgument("priority " + std::to_string(priority) + " not in [0, 7]");
+  }
+  Session* s = impl_->FindSession(session_id);
+  if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
+  s->priority = priority;
+  impl_->policy->Track(s);
+  return Status::Ok();
+}
+
+namespace {
+
+SessionInfo Describe(const Session& s, const std::vector<Record>& records, uint32_t block_tokens, bool detail) {
+  SessionInfo info;
+  info.id = s.id;
+  info.ns_tag = s.ns_tag;
+  info.priority = s.priority;
+  info.last_use = s.last_use;
+  info.blocks = static_cast<uint32_t>(s.chain.size());
+  info.tokens = uint64_t{info.blocks} * block_tokens;
+  for (uint32_t r : s.chain) {
+    const Record& rec = records[r];
+    ++info.blocks_in[static_cast<int>(rec.tier)];
+    if (rec.moving()) ++info.moving;
+    if (detail) {
+      info.chain.push_back(rec.key);
+      info.tiers.push_back(rec.tier);
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
+Result<SessionInfo> Engine::GetSession(std::string_view session_id) const {
+  const Session* s = impl_->FindSession(session_id);
+  if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
+  return Describe(*s, impl_->records, impl_->bt(), true);
+}
+
+std::vector<SessionInfo> Engine::ListSessions() const {
+  std::vector<SessionInfo> out;
+  out.reserve(impl_->sessions.size());
+  for (const auto& [id, s] : impl_->sessions) out.push_back(Describe(*s, impl_->records, impl_->bt(), false));
+  std::sort(out.begin(), out.end(), [](const SessionInfo& a, const SessionInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+uint32_t Engine::Poll() { return impl_->Poll(); }
+
+void Engine::EnforceWatermarks() { impl_->EnforceWatermarks(); }
+
+Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
+  Impl& m = *impl_;
+  for (int d = 0; d < kCopyStreams; ++d) m.Flush(static_cast<CopyDirection>(d));
+  for (auto& q : m.inflight) {
+    if (!q.empty()) KVTIER_RETURN_IF_ERROR(m.backend.Wait(q.back().fence, timeout));
+  }
+  m.Poll();
+  return Status::Ok();
+}
+
+EngineStats Engine::stats() const {
+  const Impl& m = *impl_;
+  EngineStats s = m.st;
+  for (int t = 0; t < kTierCount; ++t) {
+    s.slots[t] = m.alloc[t].capacity();
+    s.used[t] = m.alloc[t].used();
+  }
+  s.blocks = m.index.size();
+  s.sessions = static_cast<uint32_t>(m.sessions.size());
+  s.copies_in_flight = 0;
+  for (const auto& q : m.inflight) {
+    for (const auto& b : q) s.copies_in_flight += static_cast<uint32_t>(b.records.size());
+  }
+  return s;
+}
+
+Status Engine::CheckInvariants() const {
+  const Impl& m = *impl_;
+  auto fail = [](const std::string& what) { return Internal("invariant: " + what); };
+  std::vector<uint8_t> owned[kTierCount] = {std::vector<uint8_t>(m.alloc[kGpu].capacity()),
+                                            std::vector<uint8_t>(m.alloc[kHost].capacity())};
+  auto own = [&](Tier t, uint32_t slot, const char* who) -> Status {
+    auto& v = owned[static_cast<int>(t)];
+    if (slot >= v.size()) return fail(std::string(who) + " holds an out-of-range slot");
+    if (v[slot]++) return fail(std::string(who) + " shares " + TierName(t) + " slot " + std::to_string(slot));
+    if (!m.alloc[static_cast<int>(t)].in_use(slot)) return fail(std::string(who) + " holds a free slot");
+    return Status::Ok();
+  };
+  std::vector<uint32_t> refs(m.records.size(), 0), readers(m.records.size(), 0);
+  for (const auto& [id, s] : m.sessions) {
+    std::unordered_set<uint32_t> seen;
+    for (uint32_t r : s->chain) {
+      if (m.records[r].state == BlockState::kFree || m.records[r].doomed) return fail("session '" + id + "' holds a dead block");
+      if (!seen.insert(r).second) return fail("session '" + id + "' holds a block twice");
+      ++refs[r];
+    }
+  }
+  for (const auto& [id, lease] : m.leases) {
+    for (uint32_t x : lease.items) {
+      if (lease.write) {
+        KVTIER_RETURN_IF_ERROR(own(Tier::kGpu, x, "a write lease"));
+      } else {
+        ++readers[x];
+      }
+    }
+  }
+  uint32_t live = 0, demoting = 0;
+  for (uint32_t r = 0; r < m.records.size(); ++r) {
+    const Record& rec = m.records[r];
+    if (rec.state == BlockState::kFree) continue;
+    KVTIER_RETURN_IF_ERROR(own(rec.tier, rec.slot, "a block"));
+    if (rec.moving()) KVTIER_RETURN_IF_ERROR(own(Other(rec.tier), rec.dst_slot, "a moving block"));
+    if (rec.state == BlockState::kDemoting) ++demoting;
+    if (rec.refs != refs[r]) return fail("block " + rec.key.ToHex() + " counts " + std::to_string(rec.refs) + " refs, has " + std::to_string(refs[r]));
+    if (rec.readers != readers[r]) return fail("block " + rec.key.ToHex() + " reader count is off");
+    if (rec.doomed) {
+      if (!rec.moving()) return fail("a doomed block is not moving");
+      if (m.index.Find(rec.key) == r) return fail("a doomed block is still indexed");
+      continue;
+    }
+    if (rec.refs == 0 && rec.readers == 0) return fail("block " + rec.key.ToHex() + " is held by no one");
+    if (m.index.Find(rec.key) != r) return fail("block " + rec.key.ToHex() + " is not indexed under its key");
+    ++live;
+  }
+  if (live != m.index.size()) return fail("index holds " + std::to_string(m.index.size()) + " entries for " + std::to_string(live) + " blocks");
+  if (demoting != m.demoting) return fail("demotion count is off");
+  for (int t = 0; t < kTierCount; ++t) {
+    uint32_t n = 0;
+    for (uint8_t o : owned[t]) n += o;
+    if (n != m.alloc[t].used()) return fail(std::string(TierName(static_cast<Tier>(t))) + " tier leaks " + std::to_string(m.alloc[t].used() - n) + " slots");
+  }
+  uint32_t doomed = 0;
+  for (const Record& rec : m.records) doomed += (rec.state != BlockState::kFree && rec.doomed) ? 1 : 0;
+  if (m.free_records.size() + live + doomed != m.records.size()) return fail("block records leak");
+  return Status::Ok();
+}
+
+}  // namespace kvtier::tiering
