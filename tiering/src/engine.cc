@@ -451,7 +451,13 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
 
   ++m.clock;
   Session* s = m.GetOrCreateSession(session_id, NamespaceTag(ns));
-  if (s->chain.size() > start_block) m.Truncate(s, start_block);
+  // The chain past start_block is replaced; its references go only after the new
+  // blocks took theirs, so re-committing cached blocks finds them as duplicates.
+  std::vector<uint32_t> replaced;
+  if (s->chain.size() > start_block) {
+    replaced.assign(s->chain.begin() + start_block, s->chain.end());
+    s->chain.resize(start_block);
+  }
   CommitResult result;
   BlockKey prev = parent;
   for (size_t i = 0; i < n; ++i) {
@@ -484,6 +490,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
     s->chain.push_back(r);
     prev = key;
   }
+  for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r);
   m.Touch(s);
   m.st.committed_blocks += result.stored;
   m.st.duplicate_blocks += result.duplicates;

@@ -1,0 +1,72 @@
+// Small helpers shared by the kvtier-bench subcommands: clocks, statistics, a
+// deterministic random generator, machine description and a flat JSON writer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kvtier::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double NanosBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::nano>(b - a).count();
+}
+
+// Median of `v` (the mean of the two middle values for an even count). REQUIRES: !v.empty().
+double Median(std::vector<double> v);
+// The p-th percentile (0..100), nearest rank. REQUIRES: !v.empty().
+double Percentile(std::vector<double> v, double p);
+
+// Keeps the compiler from discarding the computation that produced `value`.
+template <typename T>
+inline void KeepAlive(const T& value) {
+  asm volatile("" : : "r,m"(value) : "memory");
+}
+
+// splitmix64: fast, deterministic, good enough for benchmark inputs.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, n). REQUIRES: n > 0.
+  uint64_t Below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(Next()) * n) >> 64); }
+
+ private:
+  uint64_t state_;
+};
+
+struct MachineInfo {
+  std::string cpu_model;  // "model name" of /proc/cpuinfo; "unknown" if absent.
+  unsigned cores = 0;     // Online logical CPUs.
+};
+MachineInfo ReadMachineInfo();
+
+// printf to stdout, flushed at once, so progress shows while a long step runs.
+void Progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
+// A JSON object written on one line, keys in insertion order.
+class JsonObject {
+ public:
+  JsonObject& Add(std::string_view key, double value, int decimals = 3);
+  JsonObject& Add(std::string_view key, uint64_t value);
+  JsonObject& Add(std::string_view key, std::string_view value);
+  JsonObject& Add(std::string_view key, const JsonObject& value);
+  std::string ToString() const;
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;  // key, encoded value
+};
+
+std::string JsonQuote(std::string_view s);
+
+}  // namespace kvtier::bench

@@ -1,0 +1,47 @@
+// kvtier-bench: the benchmark driver. `kvtier-bench <subcommand> [options]`;
+// each subcommand prints progress lines, then one JSON object as its last line.
+#include <cstdio>
+#include <cstring>
+
+#include "bench_commands.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"engine", "key hashing, block-index lookups, 2k-token prompt match, host mover vs memcpy",
+     kvtier::bench::RunEngineBench},
+};
+
+void PrintUsage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: kvtier-bench <subcommand> [options]\n"
+               "       kvtier-bench <subcommand> --help\n\n"
+               "Runs one benchmark. Progress goes to stdout; the last line is one JSON object\n"
+               "with the measured figures.\n\n"
+               "subcommands:\n");
+  for (const Subcommand& s : kSubcommands) std::fprintf(out, "  %-8s %s\n", s.name, s.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    PrintUsage(stderr);
+    return 2;
+  }
+  if (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    PrintUsage(stdout);
+    return 0;
+  }
+  for (const Subcommand& s : kSubcommands) {
+    if (!std::strcmp(argv[1], s.name)) return s.run(argc - 2, argv + 2);
+  }
+  std::fprintf(stderr, "kvtier-bench: unknown subcommand '%s' (try --help)\n", argv[1]);
+  return 2;
+}
