@@ -21,6 +21,7 @@ struct Fence {
   CopyDirection stream = CopyDirection::kHostToGpu;
 
   bool IsNull() const { return seq == 0; }
+  friend bool operator==(const Fence&, const Fence&) = default;
 };
 
 struct FenceSegment {

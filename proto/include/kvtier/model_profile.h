@@ -50,6 +50,8 @@ struct ModelProfile {
   Status Validate() const;
   // "llama-8b: 32 layers x 8 kv_heads x 128 dim, bf16, 16 tokens/block (2.0 MiB)".
   std::string Describe() const;
+
+  friend bool operator==(const ModelProfile&, const ModelProfile&) = default;
 };
 
 }  // namespace kvtier

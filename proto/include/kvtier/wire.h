@@ -1,0 +1,373 @@
+// The control-plane wire format: frames and the messages they carry.
+//
+// A frame is a 24-byte header followed by `payload_length` bytes of payload,
+// all little-endian regardless of the host:
+//
+//   offset  size  field
+//        0     4  magic           0x3154564B ("KVT1" in byte order)
+//        4     2  version         kProtocolVersion
+//        6     2  type            MessageType
+//        8     8  request_id      chosen by the requester, echoed in the reply
+//       16     4  payload_length  <= kMaxPayload
+//       20     4  flags           must be 0
+//
+// The payload is the message's fields in declaration order, encoded as
+// wire_codec.h describes. Every message has exactly one encoding, so
+// EncodeFrame(DecodeFrame(b)) == b for every frame b that decodes.
+//
+// Decoding never trusts the peer: any byte string yields a message or a
+// kProtocolError (kVersionMismatch for a wrong header version) that names the
+// offending field, without reading out of bounds or allocating more than a small
+// multiple of the payload. A receiver reads the header, calls DecodeHeader (which
+// rejects an oversized length before any payload is read), reads exactly
+// payload_length bytes and calls DecodePayload.
+//
+// Message type values are stable: append new types, never renumber. A message's
+// layout never changes within a protocol version.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/fence_layout.h"
+#include "kvtier/index_layout.h"
+#include "kvtier/model_profile.h"
+#include "kvtier/status.h"
+#include "kvtier/wire_codec.h"
+
+namespace kvtier::wire {
+
+inline constexpr uint32_t kMagic = 0x3154564B;  // "KVT1"
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 24;
+inline constexpr uint32_t kMaxPayload = uint32_t{16} << 20;  // 16 MiB.
+inline constexpr size_t kMaxIpcHandle = 256;                 // PoolDesc.ipc_handle bytes.
+
+enum class MessageType : uint16_t {
+  // Handshake and generic replies.
+  kHello = 1,
+  kWelcome = 2,
+  kPing = 3,
+  kPong = 4,
+  kOkResponse = 5,
+  kErrorResponse = 6,
+  kCountResponse = 7,
+  // Data path.
+  kAllocateRequest = 16,
+  kAllocateResponse = 17,
+  kCommitRequest = 18,
+  kCommitResponse = 19,
+  kAcquireRequest = 20,
+  kAcquireResponse = 21,
+  kReleaseRequest = 22,
+  // Management.
+  kPrefetchRequest = 32,
+  kDemoteRequest = 33,
+  kEvictRequest = 34,
+  kSetPriorityRequest = 35,
+  kListSessionsRequest = 36,
+  kListSessionsResponse = 37,
+  kSessionInfoRequest = 38,
+  kSessionInfoResponse = 39,
+  kStatsRequest = 40,
+  kStatsResponse = 41,
+  kConfigRequest = 42,
+  kConfigResponse = 43,
+};
+
+// "Hello", "AcquireResponse", ...; "Unknown" for a value that names no type.
+const char* MessageTypeName(MessageType type);
+bool IsKnownMessageType(uint16_t type);
+
+struct FrameHeader {
+  uint16_t version = kProtocolVersion;
+  MessageType type = MessageType::kPing;
+  uint64_t request_id = 0;
+  uint32_t payload_length = 0;
+  uint32_t flags = 0;
+
+  friend bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+// Writes the 24 header bytes (with kMagic).
+void EncodeHeader(const FrameHeader& header, std::span<uint8_t, kHeaderBytes> out);
+// Checks, in order: magic, version (kVersionMismatch), type known, flags == 0,
+// payload_length <= kMaxPayload. Every failure but the version is kProtocolError.
+Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes);
+
+// ---- Shared parts ----
+
+struct PoolDesc {
+  Tier tier = Tier::kGpu;
+  uint64_t slot_bytes = 0;
+  uint32_t slots = 0;
+  std::string shm_name;             // Host backend: the pool's segment. Empty on cuda.
+  std::vector<uint8_t> ipc_handle;  // Cuda: cudaIpcMemHandle_t bytes (<= kMaxIpcHandle). Empty on host.
+  friend bool operator==(const PoolDesc&, const PoolDesc&) = default;
+};
+
+struct BlockLoc {
+  Tier tier = Tier::kGpu;
+  uint32_t slot = 0;
+  friend bool operator==(const BlockLoc&, const BlockLoc&) = default;
+};
+
+struct SessionSummary {
+  std::string id;
+  std::string tenant;
+  int32_t priority = 0;
+  uint64_t last_use_ms_ago = 0;
+  uint32_t blocks = 0;
+  uint32_t gpu_blocks = 0;
+  uint32_t host_blocks = 0;
+  uint32_t moving = 0;  // Blocks with a copy in flight.
+  uint64_t tokens = 0;
+  friend bool operator==(const SessionSummary&, const SessionSummary&) = default;
+};
+
+// ---- Messages ----
+// Every string is at most kMaxString bytes and every array at most kMaxArray
+// elements unless its comment says otherwise.
+
+// Client -> daemon, first frame of a connection.
+struct Hello {
+  static constexpr MessageType kType = MessageType::kHello;
+  uint16_t min_version = kProtocolVersion;  // 1 <= min_version <= max_version.
+  uint16_t max_version = kProtocolVersion;
+  std::string client_name;
+  uint32_t pid = 0;
+  std::string tenant;
+  std::string profile;  // Model profile name; empty = the daemon's default.
+  friend bool operator==(const Hello&, const Hello&) = default;
+};
+
+// Daemon -> client, the reply to Hello.
+struct Welcome {
+  static constexpr MessageType kType = MessageType::kWelcome;
+  uint16_t version = kProtocolVersion;  // The version this connection speaks.
+  uint64_t instance_id = 0;             // Random per daemon start.
+  uint32_t client_id = 0;
+  ModelProfile profile;  // dtype is checked to be a known DType; the geometry is not validated.
+  Namespace ns;
+  std::string backend;  // "host" or "cuda".
+  std::vector<PoolDesc> pools;
+  std::string index_segment;
+  std::string fence_segment;
+  uint32_t max_blocks_per_request = 0;
+  uint32_t max_payload = kMaxPayload;
+  friend bool operator==(const Welcome&, const Welcome&) = default;
+};
+
+struct AllocateRequest {
+  static constexpr MessageType kType = MessageType::kAllocateRequest;
+  uint32_t count = 0;
+  friend bool operator==(const AllocateRequest&, const AllocateRequest&) = default;
+};
+
+struct AllocateResponse {
+  static constexpr MessageType kType = MessageType::kAllocateResponse;
+  uint64_t lease_id = 0;
+  std::vector<uint32_t> slots;  // GPU-tier slots, leased for writing.
+  friend bool operator==(const AllocateResponse&, const AllocateResponse&) = default;
+};
+
+// Publishes written blocks. Block i of the request holds tokens
+// [i * block_tokens, (i + 1) * block_tokens) and lies in slots[i]; it is block
+// start_block + i of the session, chained from `parent`.
+struct CommitRequest {
+  static constexpr MessageType kType = MessageType::kCommitRequest;
+  uint64_t lease_id = 0;
+  std::string session;
+  BlockKey parent;
+  uint32_t start_block = 0;
+  std::vector<TokenId> tokens;
+  std::vector<uint32_t> slots;
+  friend bool operator==(const CommitRequest&, const CommitRequest&) = default;
+};
+
+struct CommitResponse {
+  static constexpr MessageType kType = MessageType::kCommitResponse;
+  uint32_t stored = 0;
+  uint32_t duplicates = 0;  // Keys already present; their slots were freed.
+  friend bool operator==(const CommitResponse&, const CommitResponse&) = default;
+};
+
+inline constexpr uint8_t kAcquirePromote = 1 << 0;  // Start host->gpu copies for host-tier hits.
+inline constexpr uint8_t kAcquireKnownFlags = kAcquirePromote;
+
+// Pins the longest present prefix of `keys` (tokens as in CommitRequest).
+struct AcquireRequest {
+  static constexpr MessageType kType = MessageType::kAcquireRequest;
+  std::string session;
+  uint8_t flags = 0;  // kAcquire* bits; unknown bits are a protocol error.
+  std::vector<BlockKey> keys;
+  std::vector<TokenId> tokens;
+  friend bool operator==(const AcquireRequest&, const AcquireRequest&) = default;
+};
+
+struct AcquireResponse {
+  static constexpr MessageType kType = MessageType::kAcquireResponse;
+  uint64_t lease_id = 0;
+  uint32_t matched = 0;
+  uint32_t promoted = 0;
+  Fence fence;                   // Wait on it before reading promoted blocks.
+  std::vector<BlockLoc> blocks;  // One per matched block.
+  friend bool operator==(const AcquireResponse&, const AcquireResponse&) = default;
+};
+
+struct ReleaseRequest {
+  static constexpr MessageType kType = MessageType::kReleaseRequest;
+  uint64_t lease_id = 0;
+  friend bool operator==(const ReleaseRequest&, const ReleaseRequest&) = default;
+};
+
+struct PrefetchRequest {
+  static constexpr MessageType kType = MessageType::kPrefetchRequest;
+  std::string session;
+  friend bool operator==(const PrefetchRequest&, const PrefetchRequest&) = default;
+};
+
+struct DemoteRequest {
+  static constexpr MessageType kType = MessageType::kDemoteRequest;
+  std::string session;
+  friend bool operator==(const DemoteRequest&, const DemoteRequest&) = default;
+};
+
+// Evicts one session, every session of a tenant, or (all) everything.
+struct EvictRequest {
+  static constexpr MessageType kType = MessageType::kEvictRequest;
+  std::string session;
+  std::string tenant;
+  bool all = false;  // One byte, 0 or 1.
+  friend bool operator==(const EvictRequest&, const EvictRequest&) = default;
+};
+
+struct SetPriorityRequest {
+  static constexpr MessageType kType = MessageType::kSetPriorityRequest;
+  std::string session;
+  int32_t priority = 0;
+  friend bool operator==(const SetPriorityRequest&, const SetPriorityRequest&) = default;
+};
+
+// The reply to Prefetch, Demote and Evict: how many blocks the call affected.
+struct CountResponse {
+  static constexpr MessageType kType = MessageType::kCountResponse;
+  uint32_t count = 0;
+  friend bool operator==(const CountResponse&, const CountResponse&) = default;
+};
+
+struct ListSessionsRequest {
+  static constexpr MessageType kType = MessageType::kListSessionsRequest;
+  std::string tenant_filter;  // Empty: every tenant.
+  friend bool operator==(const ListSessionsRequest&, const ListSessionsRequest&) = default;
+};
+
+struct ListSessionsResponse {
+  static constexpr MessageType kType = MessageType::kListSessionsResponse;
+  std::vector<SessionSummary> sessions;
+  friend bool operator==(const ListSessionsResponse&, const ListSessionsResponse&) = default;
+};
+
+struct SessionInfoRequest {
+  static constexpr MessageType kType = MessageType::kSessionInfoRequest;
+  std::string session;
+  friend bool operator==(const SessionInfoRequest&, const SessionInfoRequest&) = default;
+};
+
+struct SessionInfoResponse {
+  static constexpr MessageType kType = MessageType::kSessionInfoResponse;
+  SessionSummary summary;
+  std::vector<BlockKey> chain;
+  // Tier of each chain block (a Tier value; not validated, so that a newer
+  // daemon's tiers still display). Same length as chain.
+  std::vector<uint8_t> tiers;
+  friend bool operator==(const SessionInfoResponse&, const SessionInfoResponse&) = default;
+};
+
+struct StatsRequest {
+  static constexpr MessageType kType = MessageType::kStatsRequest;
+  friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
+};
+
+// Named counters and gauges; the set of names may grow without a version change.
+struct StatsResponse {
+  static constexpr MessageType kType = MessageType::kStatsResponse;
+  std::vector<std::pair<std::string, double>> values;
+  friend bool operator==(const StatsResponse&, const StatsResponse&) = default;
+};
+
+struct ConfigRequest {
+  static constexpr MessageType kType = MessageType::kConfigRequest;
+  friend bool operator==(const ConfigRequest&, const ConfigRequest&) = default;
+};
+
+struct ConfigResponse {
+  static constexpr MessageType kType = MessageType::kConfigResponse;
+  std::string yaml;  // The effective configuration; at most kMaxConfigBytes.
+  friend bool operator==(const ConfigResponse&, const ConfigResponse&) = default;
+};
+
+struct Ping {
+  static constexpr MessageType kType = MessageType::kPing;
+  uint64_t nonce = 0;
+  friend bool operator==(const Ping&, const Ping&) = default;
+};
+
+struct Pong {
+  static constexpr MessageType kType = MessageType::kPong;
+  uint64_t nonce = 0;
+  friend bool operator==(const Pong&, const Pong&) = default;
+};
+
+// The reply to Release and SetPriority, and to any request with nothing to report.
+struct OkResponse {
+  static constexpr MessageType kType = MessageType::kOkResponse;
+  friend bool operator==(const OkResponse&, const OkResponse&) = default;
+};
+
+// The reply to any request that failed.
+struct ErrorResponse {
+  static constexpr MessageType kType = MessageType::kErrorResponse;
+  StatusCode code = StatusCode::kInternal;  // Never kOk; an unknown code is a protocol error.
+  std::string message;
+  friend bool operator==(const ErrorResponse&, const ErrorResponse&) = default;
+};
+
+using Message =
+    std::variant<Hello, Welcome, AllocateRequest, AllocateResponse, CommitRequest, CommitResponse, AcquireRequest,
+                 AcquireResponse, ReleaseRequest, PrefetchRequest, DemoteRequest, EvictRequest, SetPriorityRequest,
+                 CountResponse, ListSessionsRequest, ListSessionsResponse, SessionInfoRequest, SessionInfoResponse,
+                 StatsRequest, StatsResponse, ConfigRequest, ConfigResponse, Ping, Pong, OkResponse, ErrorResponse>;
+
+MessageType TypeOf(const Message& m);
+
+// An ErrorResponse's Status (never ok: a kOk code reads as kInternal), and back.
+// FromStatus truncates the message to kMaxString bytes; REQUIRES: !status.ok()
+// (an ok status becomes kInternal).
+Status ToStatus(const ErrorResponse& e);
+ErrorResponse FromStatus(const Status& status);
+
+// Appends one frame (header + payload) to `out`. Fails with kInvalidArgument,
+// leaving `out` unchanged, if `m` breaks a bound of the format (a string or array
+// too long, an enum out of range, Hello.min_version > max_version, ...), or with
+// kResourceExhausted if the payload would exceed kMaxPayload.
+Status TryAppendFrame(std::vector<uint8_t>& out, uint64_t request_id, const Message& m);
+// Like TryAppendFrame, but never fails: a message that cannot be encoded is
+// replaced by an ErrorResponse carrying the reason, so the peer always receives
+// a frame it can decode. Use TryAppendFrame where the sender must know.
+void AppendFrame(std::vector<uint8_t>& out, uint64_t request_id, const Message& m);
+std::vector<uint8_t> EncodeFrame(uint64_t request_id, const Message& m);
+
+// Decodes the payload of a frame whose header DecodeHeader accepted.
+// payload.size() must equal header.payload_length.
+Result<Message> DecodePayload(const FrameHeader& header, std::span<const uint8_t> payload);
+// Decodes exactly one whole frame; a short or long `bytes` is an error.
+Result<std::pair<FrameHeader, Message>> DecodeFrame(std::span<const uint8_t> bytes);
+
+}  // namespace kvtier::wire

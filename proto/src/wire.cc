@@ -1,0 +1,483 @@
+#include "kvtier/wire.h"
+
+#include <concepts>
+#include <cstdio>
+#include <cstdlib>
+#include <type_traits>
+
+namespace kvtier::wire {
+namespace {
+
+// One codec per type serves both directions: IO is a Writer (M is const) or a
+// Reader (M is mutable), so the encoder and the decoder cannot drift apart.
+template <typename M, typename T>
+concept Is = std::same_as<std::remove_const_t<M>, T>;
+
+// Value ranges of the enums on the wire: [first, end).
+constexpr uint64_t kDTypeEnd = static_cast<uint64_t>(DType::kF32) + 1;
+constexpr uint64_t kTierEnd = kTierCount;
+constexpr uint64_t kStreamEnd = kCopyStreams;
+constexpr uint64_t kFirstErrorCode = static_cast<uint64_t>(StatusCode::kInvalidArgument);
+constexpr uint64_t kStatusCodeEnd = static_cast<uint64_t>(StatusCode::kInternal) + 1;  // Update when appending.
+
+// Smallest encodings of the array elements, for Reader::Count.
+constexpr size_t kBlockKeyBytes = 16;
+constexpr size_t kBlockLocMinBytes = 1 + 4;
+constexpr size_t kPoolDescMinBytes = 1 + 8 + 4 + 4 + 4;
+constexpr size_t kSessionSummaryMinBytes = 4 + 4 + 4 + 8 + 4 * 4 + 8;
+constexpr size_t kStatMinBytes = 4 + 8;
+
+template <typename IO, Is<BlockKey> M>
+void Fields(IO& io, M& k) {
+  io.U64("lo", k.lo);
+  io.U64("hi", k.hi);
+}
+
+template <typename IO, Is<ModelProfile> M>
+void Fields(IO& io, M& p) {
+  io.String("profile.name", p.name);
+  io.U32("profile.layers", p.layers);
+  io.U32("profile.kv_heads", p.kv_heads);
+  io.U32("profile.head_dim", p.head_dim);
+  io.Enum("profile.dtype", p.dtype, kDTypeEnd);
+  io.U32("profile.block_tokens", p.block_tokens);
+}
+
+template <typename IO, Is<PoolDesc> M>
+void Fields(IO& io, M& p) {
+  io.Enum("tier", p.tier, kTierEnd);
+  io.U64("slot_bytes", p.slot_bytes);
+  io.U32("slots", p.slots);
+  io.String("shm_name", p.shm_name);
+  io.Bytes("ipc_handle", p.ipc_handle, kMaxIpcHandle);
+}
+
+template <typename IO, Is<BlockLoc> M>
+void Fields(IO& io, M& b) {
+  io.Enum("tier", b.tier, kTierEnd);
+  io.U32("slot", b.slot);
+}
+
+template <typename IO, Is<SessionSummary> M>
+void Fields(IO& io, M& s) {
+  io.String("id", s.id);
+  io.String("tenant", s.tenant);
+  io.I32("priority", s.priority);
+  io.U64("last_use_ms_ago", s.last_use_ms_ago);
+  io.U32("blocks", s.blocks);
+  io.U32("gpu_blocks", s.gpu_blocks);
+  io.U32("host_blocks", s.host_blocks);
+  io.U32("moving", s.moving);
+  io.U64("tokens", s.tokens);
+}
+
+template <typename IO, Is<Hello> M>
+void Fields(IO& io, M& m) {
+  io.U16("min_version", m.min_version);
+  io.U16("max_version", m.max_version);
+  io.Require(m.min_version >= 1 && m.min_version <= m.max_version, "min_version",
+             "must satisfy 1 <= min_version <= max_version");
+  io.String("client_name", m.client_name);
+  io.U32("pid", m.pid);
+  io.String("tenant", m.tenant);
+  io.String("profile", m.profile);
+}
+
+template <typename IO, Is<Welcome> M>
+void Fields(IO& io, M& m) {
+  io.U16("version", m.version);
+  io.U64("instance_id", m.instance_id);
+  io.U32("client_id", m.client_id);
+  Fields(io, m.profile);
+  io.U64("ns.lo", m.ns.id.lo);
+  io.U64("ns.hi", m.ns.id.hi);
+  io.String("backend", m.backend);
+  io.Array("pools", m.pools, kPoolDescMinBytes, [](auto& sub, auto& p) { Fields(sub, p); });
+  io.String("index_segment", m.index_segment);
+  io.String("fence_segment", m.fence_segment);
+  io.U32("max_blocks_per_request", m.max_blocks_per_request);
+  io.U32("max_payload", m.max_payload);
+}
+
+template <typename IO, Is<AllocateRequest> M>
+void Fields(IO& io, M& m) {
+  io.U32("count", m.count);
+}
+
+template <typename IO, Is<AllocateResponse> M>
+void Fields(IO& io, M& m) {
+  io.U64("lease_id", m.lease_id);
+  io.U32s("slots", m.slots);
+}
+
+template <typename IO, Is<CommitRequest> M>
+void Fields(IO& io, M& m) {
+  io.U64("lease_id", m.lease_id);
+  io.String("session", m.session);
+  io.U64("parent.lo", m.parent.lo);
+  io.U64("parent.hi", m.parent.hi);
+  io.U32("start_block", m.start_block);
+  io.U32s("tokens", m.tokens);
+  io.U32s("slots", m.slots);
+}
+
+template <typename IO, Is<CommitResponse> M>
+void Fields(IO& io, M& m) {
+  io.U32("stored", m.stored);
+  io.U32("duplicates", m.duplicates);
+}
+
+template <typename IO, Is<AcquireRequest> M>
+void Fields(IO& io, M& m) {
+  io.String("session", m.session);
+  io.U8("flags", m.flags);
+  io.Require((m.flags & ~kAcquireKnownFlags) == 0, "flags", "has unknown bits set");
+  io.Array("keys", m.keys, kBlockKeyBytes, [](auto& sub, auto& k) { Fields(sub, k); });
+  io.U32s("tokens", m.tokens);
+}
+
+template <typename IO, Is<AcquireResponse> M>
+void Fields(IO& io, M& m) {
+  io.U64("lease_id", m.lease_id);
+  io.U32("matched", m.matched);
+  io.U32("promoted", m.promoted);
+  io.U64("fence.seq", m.fence.seq);
+  io.Enum("fence.stream", m.fence.stream, kStreamEnd);
+  io.Array("blocks", m.blocks, kBlockLocMinBytes, [](auto& sub, auto& b) { Fields(sub, b); });
+}
+
+template <typename IO, Is<ReleaseRequest> M>
+void Fields(IO& io, M& m) {
+  io.U64("lease_id", m.lease_id);
+}
+
+template <typename IO, typename M>
+requires Is<M, PrefetchRequest> || Is<M, DemoteRequest> || Is<M, SessionInfoRequest>
+void Fields(IO& io, M& m) { io.String("session", m.session); }
+
+template <typename IO, Is<EvictRequest> M>
+void Fields(IO& io, M& m) {
+  io.String("session", m.session);
+  io.String("tenant", m.tenant);
+  io.Bool("all", m.all);
+}
+
+template <typename IO, Is<SetPriorityRequest> M>
+void Fields(IO& io, M& m) {
+  io.String("session", m.session);
+  io.I32("priority", m.priority);
+}
+
+template <typename IO, Is<CountResponse> M>
+void Fields(IO& io, M& m) {
+  io.U32("count", m.count);
+}
+
+template <typename IO, Is<ListSessionsRequest> M>
+void Fields(IO& io, M& m) {
+  io.String("tenant_filter", m.tenant_filter);
+}
+
+template <typename IO, Is<ListSessionsResponse> M>
+void Fields(IO& io, M& m) {
+  io.Array("sessions", m.sessions, kSessionSummaryMinBytes, [](auto& sub, auto& s) { Fields(sub, s); });
+}
+
+template <typename IO, Is<SessionInfoResponse> M>
+void Fields(IO& io, M& m) {
+  Fields(io, m.summary);
+  io.Array("chain", m.chain, kBlockKeyBytes, [](auto& sub, auto& k) { Fields(sub, k); });
+  io.Bytes("tiers", m.tiers, kMaxArray);
+  io.Require(m.tiers.size() == m.chain.size(), "tiers", "must have one entry per chain block");
+}
+
+template <typename IO, typename M>
+requires Is<M, StatsRequest> || Is<M, ConfigRequest> || Is<M, OkResponse>
+void Fields(IO&, M&) {}
+
+template <typename IO, Is<StatsResponse> M>
+void Fields(IO& io, M& m) {
+  io.Array("values", m.values, kStatMinBytes, [](auto& sub, auto& kv) {
+    sub.String("name", kv.first);
+    sub.F64("value", kv.second);
+  });
+}
+
+template <typename IO, Is<ConfigResponse> M>
+void Fields(IO& io, M& m) {
+  io.String("yaml", m.yaml, kMaxConfigBytes);
+}
+
+template <typename IO, typename M>
+requires Is<M, Ping> || Is<M, Pong>
+void Fields(IO& io, M& m) { io.U64("nonce", m.nonce); }
+
+template <typename IO, Is<ErrorResponse> M>
+void Fields(IO& io, M& m) {
+  io.Enum("code", m.code, kStatusCodeEnd, kFirstErrorCode);
+  io.String("message", m.message);
+}
+
+// Encodes m's payload with `w`; returns false (w.status() says why) on a bound.
+bool EncodePayload(Writer& w, const Message& m) {
+  std::visit([&w](const auto& msg) { Fields(w, msg); }, m);
+  return w.ok();
+}
+
+template <typename T>
+Result<Message> DecodeAs(std::span<const uint8_t> payload) {
+  T msg;
+  Reader r(payload, MessageTypeName(T::kType));
+  Fields(r, msg);
+  if (Status st = r.Finish(); !st.ok()) return st;
+  return Message(std::move(msg));
+}
+
+Status EncodeChecked(std::vector<uint8_t>& out, uint64_t request_id, const Message& m) {
+  const MessageType type = TypeOf(m);
+  Writer sizer(nullptr, MessageTypeName(type));
+  if (!EncodePayload(sizer, m)) return sizer.status();
+  if (sizer.size() > kMaxPayload) {
+    return ResourceExhausted(std::string(MessageTypeName(type)) + " payload of " + std::to_string(sizer.size()) +
+                             " bytes exceeds the " + std::to_string(kMaxPayload) + "-byte frame limit");
+  }
+  const size_t start = out.size();
+  out.resize(start + kHeaderBytes + sizer.size());
+  FrameHeader h;
+  h.type = type;
+  h.request_id = request_id;
+  h.payload_length = static_cast<uint32_t>(sizer.size());
+  EncodeHeader(h, std::span<uint8_t, kHeaderBytes>(out.data() + start, kHeaderBytes));
+  Writer w(std::span<uint8_t>(out.data() + start + kHeaderBytes, sizer.size()), MessageTypeName(type));
+  // Same input as the sizing pass, so it fits exactly; anything else is a bug.
+  if (!EncodePayload(w, m) || w.size() != sizer.size()) std::abort();
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* MessageTypeName(MessageType type) {
+  switch (type) {
+    case MessageType::kHello:
+      return "Hello";
+    case MessageType::kWelcome:
+      return "Welcome";
+    case MessageType::kPing:
+      return "Ping";
+    case MessageType::kPong:
+      return "Pong";
+    case MessageType::kOkResponse:
+      return "OkResponse";
+    case MessageType::kErrorResponse:
+      return "ErrorResponse";
+    case MessageType::kCountResponse:
+      return "CountResponse";
+    case MessageType::kAllocateRequest:
+      return "AllocateRequest";
+    case MessageType::kAllocateResponse:
+      return "AllocateResponse";
+    case MessageType::kCommitRequest:
+      return "CommitRequest";
+    case MessageType::kCommitResponse:
+      return "CommitResponse";
+    case MessageType::kAcquireRequest:
+      return "AcquireRequest";
+    case MessageType::kAcquireResponse:
+      return "AcquireResponse";
+    case MessageType::kReleaseRequest:
+      return "ReleaseRequest";
+    case MessageType::kPrefetchRequest:
+      return "PrefetchRequest";
+    case MessageType::kDemoteRequest:
+      return "DemoteRequest";
+    case MessageType::kEvictRequest:
+      return "EvictRequest";
+    case MessageType::kSetPriorityRequest:
+      return "SetPriorityRequest";
+    case MessageType::kListSessionsRequest:
+      return "ListSessionsRequest";
+    case MessageType::kListSessionsResponse:
+      return "ListSessionsResponse";
+    case MessageType::kSessionInfoRequest:
+      return "SessionInfoRequest";
+    case MessageType::kSessionInfoResponse:
+      return "SessionInfoResponse";
+    case MessageType::kStatsRequest:
+      return "StatsRequest";
+    case MessageType::kStatsResponse:
+      return "StatsResponse";
+    case MessageType::kConfigRequest:
+      return "ConfigRequest";
+    case MessageType::kConfigResponse:
+      return "ConfigResponse";
+  }
+  return "Unknown";
+}
+
+bool IsKnownMessageType(uint16_t type) {
+  return std::string_view(MessageTypeName(static_cast<MessageType>(type))) != "Unknown";
+}
+
+MessageType TypeOf(const Message& m) {
+  return std::visit([](const auto& msg) { return std::decay_t<decltype(msg)>::kType; }, m);
+}
+
+void EncodeHeader(const FrameHeader& header, std::span<uint8_t, kHeaderBytes> out) {
+  uint8_t* p = out.data();
+  StoreLE<uint32_t>(p + 0, kMagic);
+  StoreLE<uint16_t>(p + 4, header.version);
+  StoreLE<uint16_t>(p + 6, static_cast<uint16_t>(header.type));
+  StoreLE<uint64_t>(p + 8, header.request_id);
+  StoreLE<uint32_t>(p + 16, header.payload_length);
+  StoreLE<uint32_t>(p + 20, header.flags);
+}
+
+Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes) {
+  const uint8_t* p = bytes.data();
+  const uint32_t magic = LoadLE<uint32_t>(p + 0);
+  if (magic != kMagic) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "bad frame magic 0x%08x (expected 0x%08x)", magic, kMagic);
+    return ProtocolError(buf);
+  }
+  FrameHeader h;
+  h.version = LoadLE<uint16_t>(p + 4);
+  if (h.version != kProtocolVersion) {
+    return Status(StatusCode::kVersionMismatch, "protocol version mismatch: peer speaks " + std::to_string(h.version) +
+                                                    ", this side speaks " + std::to_string(kProtocolVersion));
+  }
+  const uint16_t type = LoadLE<uint16_t>(p + 6);
+  if (!IsKnownMessageType(type)) return ProtocolError("unknown message type " + std::to_string(type));
+  h.type = static_cast<MessageType>(type);
+  h.request_id = LoadLE<uint64_t>(p + 8);
+  h.payload_length = LoadLE<uint32_t>(p + 16);
+  h.flags = LoadLE<uint32_t>(p + 20);
+  if (h.flags != 0) return ProtocolError("frame flags " + std::to_string(h.flags) + " set; must be 0");
+  if (h.payload_length > kMaxPayload) {
+    return ProtocolError("payload length " + std::to_string(h.payload_length) + " exceeds the " +
+                         std::to_string(kMaxPayload) + "-byte limit");
+  }
+  return h;
+}
+
+Status ToStatus(const ErrorResponse& e) {
+  if (e.code == StatusCode::kOk) return Internal("error response with code ok: " + e.message);
+  return Status(e.code, e.message);
+}
+
+ErrorResponse FromStatus(const Status& status) {
+  ErrorResponse e;
+  if (status.ok()) {
+    e.code = StatusCode::kInternal;
+    e.message = "FromStatus called with an ok status";
+    return e;
+  }
+  const auto code = static_cast<uint64_t>(status.code());
+  if (code < kFirstErrorCode || code >= kStatusCodeEnd) {
+    e.code = StatusCode::kInternal;
+    e.message = "status code " + std::to_string(code) + ": " + status.message();
+  } else {
+    e.code = status.code();
+    e.message = status.message();
+  }
+  if (e.message.size() > kMaxString) e.message.resize(kMaxString);
+  return e;
+}
+
+Status TryAppendFrame(std::vector<uint8_t>& out, uint64_t request_id, const Message& m) {
+  return EncodeChecked(out, request_id, m);
+}
+
+void AppendFrame(std::vector<uint8_t>& out, uint64_t request_id, const Message& m) {
+  const Status st = EncodeChecked(out, request_id, m);
+  if (st.ok()) return;
+  // An ErrorResponse from FromStatus is always encodable (bounded message, valid code).
+  if (!EncodeChecked(out, request_id, FromStatus(st)).ok()) std::abort();
+}
+
+std::vector<uint8_t> EncodeFrame(uint64_t request_id, const Message& m) {
+  std::vector<uint8_t> out;
+  AppendFrame(out, request_id, m);
+  return out;
+}
+
+Result<Message> DecodePayload(const FrameHeader& header, std::span<const uint8_t> payload) {
+  if (payload.size() != header.payload_length) {
+    return ProtocolError(std::string(MessageTypeName(header.type)) + ": payload is " + std::to_string(payload.size()) +
+                         " bytes, header declares " + std::to_string(header.payload_length));
+  }
+  switch (header.type) {
+    case MessageType::kHello:
+      return DecodeAs<Hello>(payload);
+    case MessageType::kWelcome:
+      return DecodeAs<Welcome>(payload);
+    case MessageType::kPing:
+      return DecodeAs<Ping>(payload);
+    case MessageType::kPong:
+      return DecodeAs<Pong>(payload);
+    case MessageType::kOkResponse:
+      return DecodeAs<OkResponse>(payload);
+    case MessageType::kErrorResponse:
+      return DecodeAs<ErrorResponse>(payload);
+    case MessageType::kCountResponse:
+      return DecodeAs<CountResponse>(payload);
+    case MessageType::kAllocateRequest:
+      return DecodeAs<AllocateRequest>(payload);
+    case MessageType::kAllocateResponse:
+      return DecodeAs<AllocateResponse>(payload);
+    case MessageType::kCommitRequest:
+      return DecodeAs<CommitRequest>(payload);
+    case MessageType::kCommitResponse:
+      return DecodeAs<CommitResponse>(payload);
+    case MessageType::kAcquireRequest:
+      return DecodeAs<AcquireRequest>(payload);
+    case MessageType::kAcquireResponse:
+      return DecodeAs<AcquireResponse>(payload);
+    case MessageType::kReleaseRequest:
+      return DecodeAs<ReleaseRequest>(payload);
+    case MessageType::kPrefetchRequest:
+      return DecodeAs<PrefetchRequest>(payload);
+    case MessageType::kDemoteRequest:
+      return DecodeAs<DemoteRequest>(payload);
+    case MessageType::kEvictRequest:
+      return DecodeAs<EvictRequest>(payload);
+    case MessageType::kSetPriorityRequest:
+      return DecodeAs<SetPriorityRequest>(payload);
+    case MessageType::kListSessionsRequest:
+      return DecodeAs<ListSessionsRequest>(payload);
+    case MessageType::kListSessionsResponse:
+      return DecodeAs<ListSessionsResponse>(payload);
+    case MessageType::kSessionInfoRequest:
+      return DecodeAs<SessionInfoRequest>(payload);
+    case MessageType::kSessionInfoResponse:
+      return DecodeAs<SessionInfoResponse>(payload);
+    case MessageType::kStatsRequest:
+      return DecodeAs<StatsRequest>(payload);
+    case MessageType::kStatsResponse:
+      return DecodeAs<StatsResponse>(payload);
+    case MessageType::kConfigRequest:
+      return DecodeAs<ConfigRequest>(payload);
+    case MessageType::kConfigResponse:
+      return DecodeAs<ConfigResponse>(payload);
+  }
+  return ProtocolError("unknown message type " + std::to_string(static_cast<uint16_t>(header.type)));
+}
+
+Result<std::pair<FrameHeader, Message>> DecodeFrame(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kHeaderBytes) {
+    return ProtocolError("frame of " + std::to_string(bytes.size()) + " bytes is shorter than its " +
+                         std::to_string(kHeaderBytes) + "-byte header");
+  }
+  Result<FrameHeader> h = DecodeHeader(bytes.first<kHeaderBytes>());
+  if (!h.ok()) return h.status();
+  const size_t expected = kHeaderBytes + size_t{h->payload_length};
+  if (bytes.size() != expected) {
+    return ProtocolError(std::string(MessageTypeName(h->type)) + " frame is " + std::to_string(bytes.size()) +
+                         " bytes, header declares " + std::to_string(expected));
+  }
+  Result<Message> m = DecodePayload(*h, bytes.subspan(kHeaderBytes));
+  if (!m.ok()) return m.status();
+  return std::pair<FrameHeader, Message>(*h, std::move(m).value());
+}
+
+}  // namespace kvtier::wire

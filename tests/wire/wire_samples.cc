@@ -1,0 +1,104 @@
+#include "wire_samples.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+namespace kvtier::wire::testing {
+namespace {
+
+SessionSummary Summary(const std::string& id, int32_t priority) {
+  SessionSummary s;
+  s.id = id;
+  s.tenant = "tenant-a";
+  s.priority = priority;
+  s.last_use_ms_ago = 1234567890123ULL;
+  s.blocks = 42;
+  s.gpu_blocks = 30;
+  s.host_blocks = 12;
+  s.moving = 3;
+  s.tokens = 42 * 16 + 7;
+  return s;
+}
+
+}  // namespace
+
+std::vector<Message> SampleMessages() {
+  std::vector<Message> out;
+
+  out.push_back(Hello{1, 3, "model_worker/0", 31337, "tenant-a", "llama-8b"});
+
+  Welcome w;
+  w.version = 1;
+  w.instance_id = 0xfedcba9876543210ULL;
+  w.client_id = 7;
+  w.profile = ModelProfile{"llama-8b", 32, 8, 128, DType::kBF16, 16};
+  w.ns = Namespace{BlockKey{0x1111222233334444ULL, 0x5555666677778888ULL}};
+  w.backend = "cuda";
+  PoolDesc gpu{Tier::kGpu, 2u << 20, 4096, "", {}};
+  for (int i = 0; i < 64; ++i) gpu.ipc_handle.push_back(static_cast<uint8_t>(i * 3 + 1));
+  w.pools.push_back(gpu);
+  w.pools.push_back(PoolDesc{Tier::kHost, 2u << 20, 16384, "/kvtier.1.host", {}});
+  w.index_segment = "/kvtier.1.index";
+  w.fence_segment = "/kvtier.1.fence";
+  w.max_blocks_per_request = 8192;
+  w.max_payload = kMaxPayload;
+  out.push_back(w);
+
+  out.push_back(Ping{0x0123456789abcdefULL});
+  out.push_back(Pong{0x0123456789abcdefULL});
+  out.push_back(OkResponse{});
+  out.push_back(ErrorResponse{StatusCode::kResourceExhausted, "gpu tier full (0 of 64 slots free)"});
+  out.push_back(CountResponse{17});
+
+  out.push_back(AllocateRequest{5});
+  out.push_back(AllocateResponse{99, {3, 1, 4, 1, 5}});
+
+  CommitRequest c;
+  c.lease_id = 99;
+  c.session = "chat-42";
+  c.parent = BlockKey{0xdeadbeefULL, 0xcafef00dULL};
+  c.start_block = 2;
+  for (uint32_t t = 0; t < 32; ++t) c.tokens.push_back(128000 + t * 7);
+  c.slots = {3, 1};
+  out.push_back(c);
+  out.push_back(CommitResponse{1, 1});
+
+  AcquireRequest a;
+  a.session = "chat-42";
+  a.flags = kAcquirePromote;
+  a.keys = {BlockKey{1, 2}, BlockKey{3, 4}, BlockKey{~0ULL, 0}};
+  for (uint32_t t = 0; t < 48; ++t) a.tokens.push_back(std::numeric_limits<uint32_t>::max() - t);
+  out.push_back(a);
+
+  AcquireResponse ar;
+  ar.lease_id = 100;
+  ar.matched = 3;
+  ar.promoted = 1;
+  ar.fence = Fence{77, CopyDirection::kHostToGpu};
+  ar.blocks = {{Tier::kGpu, 3}, {Tier::kGpu, 1}, {Tier::kHost, 900}};
+  out.push_back(ar);
+  out.push_back(ReleaseRequest{100});
+
+  out.push_back(PrefetchRequest{"chat-42"});
+  out.push_back(DemoteRequest{"chat-43"});
+  out.push_back(EvictRequest{"", "tenant-b", true});
+  out.push_back(SetPriorityRequest{"chat-42", -5});
+  out.push_back(ListSessionsRequest{"tenant-a"});
+  out.push_back(ListSessionsResponse{{Summary("chat-42", 0), Summary("chat-43", -5), Summary("", 100)}});
+  out.push_back(SessionInfoRequest{"chat-42"});
+
+  SessionInfoResponse si;
+  si.summary = Summary("chat-42", 2);
+  si.chain = {BlockKey{10, 11}, BlockKey{12, 13}};
+  si.tiers = {0, 1};
+  out.push_back(si);
+
+  out.push_back(StatsRequest{});
+  out.push_back(StatsResponse{{{"gpu.slots_used", 123.0}, {"host.slots_used", 4.5e9}, {"hit_ratio", -0.25}}});
+  out.push_back(ConfigRequest{});
+  out.push_back(ConfigResponse{"device: auto\ngpu:\n  slots: 4096\nhost:\n  slots: 16384\n"});
+  return out;
+}
+
+}  // namespace kvtier::wire::testing
