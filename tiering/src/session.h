@@ -1,6 +1,7 @@
 // Session: a client-named chain of blocks (one conversation). Engine-internal.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@ struct Session {
   std::string id;
   std::vector<uint32_t> chain;  // Record ids, block 0 first. Each holds one reference.
   uint64_t last_use = 0;
+  std::chrono::steady_clock::time_point used_at{};  // Wall time of last_use.
   int priority = 0;
   uint32_t ns_tag = 0;
 

@@ -80,6 +80,7 @@ struct SessionInfo {
   uint32_t ns_tag = 0;
   int priority = 0;
   uint64_t last_use = 0;  // Engine clock ticks; larger is more recent.
+  uint64_t idle_ms = 0;   // Milliseconds since the session was last used.
   uint32_t blocks = 0;
   uint32_t blocks_in[kTierCount] = {0, 0};
   uint32_t moving = 0;

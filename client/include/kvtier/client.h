@@ -1,0 +1,196 @@
+// libkvtier: what a model-worker process links to use a kvtierd cache.
+//
+//   auto client = kvtier::Client::Connect({.socket_path = "/run/kvtier/kvtierd.sock"});
+//   auto lease = (*client)->Acquire("chat-42", prompt_tokens);   // cached prefix, pinned
+//   lease->Wait(...);                 // promoted blocks have landed
+//   ... attend over lease->data(i) for i < lease->size(), prefill the rest ...
+//   auto w = (*client)->Allocate(n);  // slots for the new blocks; write KV into w->data(i)
+//   (*client)->Commit(*w, "chat-42", parent, start_block, new_tokens);
+//
+// KV bytes never cross the socket: the client maps the daemon's pools and its
+// block index (shared memory on the host backend). A Client is safe to use from
+// several threads; requests on one Client are serialized. If the daemon goes
+// away, the next call reconnects (with backoff, within connect_timeout) and maps
+// the new daemon's segments; leases from before fail with kUnavailable, and the
+// memory they point into stays mapped until they are destroyed.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/fence_layout.h"
+#include "kvtier/index_layout.h"
+#include "kvtier/model_profile.h"
+#include "kvtier/status.h"
+#include "kvtier/wire.h"
+
+namespace kvtier {
+
+struct ClientOptions {
+  std::string socket_path = "/run/kvtier/kvtierd.sock";
+  std::string client_name;  // Shown by cachectl; default: this program's name.
+  std::string tenant;       // Blocks are shared only within a tenant.
+  std::string profile;      // Model profile name; empty: the daemon's default.
+  std::chrono::milliseconds connect_timeout{2000};   // Per (re)connect, retries included.
+  std::chrono::milliseconds request_timeout{10000};  // Per request round trip.
+  bool reconnect = true;    // Reconnect at the next call after losing the daemon.
+};
+
+class Client;
+namespace client_internal {
+struct Attachment;
+struct Core;
+}
+
+// Where one leased block lies, and its bytes in this process.
+struct BlockRef {
+  Tier tier = Tier::kGpu;
+  uint32_t slot = 0;
+  std::byte* data = nullptr;  // slot_bytes() bytes; a device address for a GPU pool on cuda.
+};
+
+// A read lease on a cached prefix: the blocks cannot move or vanish while it
+// lives. Released on destruction. Move-only.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& other) noexcept { *this = std::move(other); }
+  Lease& operator=(Lease&& other) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() { (void)Release(); }
+
+  uint64_t id() const { return id_; }
+  uint32_t matched() const { return matched_; }  // Blocks of the prefix cached (>= size()).
+  size_t size() const { return blocks_.size(); }  // Blocks leased.
+  uint32_t promoted() const { return promoted_; }
+  const BlockRef& block(size_t i) const { return blocks_[i]; }
+  const std::vector<BlockRef>& blocks() const { return blocks_; }
+  const Fence& fence() const { return fence_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+
+  // Waits until promoted blocks have landed in the GPU tier.
+  Status Wait(std::chrono::milliseconds timeout) const;
+  // Ends the lease (idempotent). kUnavailable if the daemon restarted meanwhile.
+  Status Release();
+
+ private:
+  friend class Client;
+  std::weak_ptr<client_internal::Core> core_;  // Leases may outlive their Client safely.
+  std::shared_ptr<const client_internal::Attachment> attachment_;
+  uint64_t generation_ = 0;
+  uint64_t id_ = 0;
+  uint32_t matched_ = 0;
+  uint32_t promoted_ = 0;
+  Fence fence_;
+  size_t slot_bytes_ = 0;
+  std::vector<BlockRef> blocks_;
+};
+
+// GPU-tier slots reserved for writing new blocks. Released on destruction;
+// committed slots leave the lease. Move-only.
+class WriteLease {
+ public:
+  WriteLease() = default;
+  WriteLease(WriteLease&& other) noexcept { *this = std::move(other); }
+  WriteLease& operator=(WriteLease&& other) noexcept;
+  WriteLease(const WriteLease&) = delete;
+  WriteLease& operator=(const WriteLease&) = delete;
+  ~WriteLease() { (void)Release(); }
+
+  uint64_t id() const { return id_; }
+  size_t size() const { return slots_.size(); }
+  const std::vector<uint32_t>& slots() const { return slots_; }
+  std::byte* data(size_t i) const { return data_[i]; }
+  size_t slot_bytes() const { return slot_bytes_; }
+  Status Release();
+
+ private:
+  friend class Client;
+  std::weak_ptr<client_internal::Core> core_;
+  std::shared_ptr<const client_internal::Attachment> attachment_;
+  uint64_t generation_ = 0;
+  uint64_t id_ = 0;
+  size_t slot_bytes_ = 0;
+  std::vector<uint32_t> slots_;
+  std::vector<std::byte*> data_;
+};
+
+struct CommitResult {
+  uint32_t stored = 0;
+  uint32_t duplicates = 0;
+};
+
+class Client {
+ public:
+  // Connects, says Hello, and maps the daemon's segments. Retries until
+  // connect_timeout (the daemon may be starting). kUnavailable if none answers.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ModelProfile& profile() const;
+  const Namespace& ns() const;
+  uint32_t block_tokens() const { return profile().block_tokens; }
+  std::string backend() const;
+  uint64_t instance_id() const;
+  uint32_t client_id() const;
+  const ClientOptions& options() const { return options_; }
+
+  // Keys of the full blocks of `tokens`, chained from `parent`.
+  std::vector<BlockKey> Keys(std::span<const TokenId> tokens, const BlockKey& parent = {}) const;
+  // Blocks of `tokens` cached now, read straight from the shared index (no
+  // round trip, pins nothing). Fills `tiers` per cached block when non-empty.
+  size_t Probe(std::span<const TokenId> tokens, std::span<Tier> tiers = {}) const;
+  size_t ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId> tokens, std::span<Tier> tiers = {}) const;
+
+  // Leases the longest cached prefix of the full blocks of `tokens`; with a
+  // session name, the session now holds that prefix. `promote`: copy host-tier
+  // hits to the GPU tier (wait on the lease before reading them).
+  Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote = true);
+  Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys,
+                            std::span<const TokenId> tokens, bool promote = true);
+
+  Result<WriteLease> Allocate(uint32_t blocks);
+  // Publishes blocks written into lease slots `slot_indices` (indices into
+  // lease.slots(); default: the first tokens.size()/block_tokens slots).
+  // Block i holds tokens[i*bt, (i+1)*bt) and is block start_block+i of the
+  // session, chained from `parent` (null key for block 0).
+  Result<CommitResult> Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
+                              uint32_t start_block, std::span<const TokenId> tokens,
+                              std::span<const uint32_t> slot_indices = {});
+
+  Result<uint32_t> Prefetch(std::string_view session);
+  Result<uint32_t> Demote(std::string_view session);
+  Result<uint32_t> Evict(std::string_view session);
+  Result<uint32_t> EvictTenant(std::string_view tenant);
+  Result<uint32_t> EvictAll();
+  Status SetPriority(std::string_view session, int priority);
+  Result<std::vector<wire::SessionSummary>> ListSessions(std::string_view tenant_filter = {});
+  Result<wire::SessionInfoResponse> GetSession(std::string_view session);
+  Result<std::vector<std::pair<std::string, double>>> Stats();
+  Result<std::string> Config();
+  // Round trip time of one Ping.
+  Result<std::chrono::nanoseconds> Ping();
+
+  Status WaitFence(const Fence& fence, std::chrono::milliseconds timeout) const;
+  // Reconnects now (normally done lazily). Existing leases become invalid.
+  Status Reconnect();
+
+ private:
+  explicit Client(ClientOptions options);
+
+  ClientOptions options_;
+  std::shared_ptr<client_internal::Core> core_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,578 @@
+#include "kvtier/client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "kvtier/shm_segment.h"
+
+namespace kvtier {
+namespace client_internal {
+
+using Clock = std::chrono::steady_clock;
+
+// The daemon's segments as this process maps them, for one connection generation.
+struct Attachment {
+  wire::Welcome welcome;
+  ShmSegment index_segment;
+  ShmSegment pools[kTierCount];
+  ShmSegment fence_segment;
+  IndexView index;
+  const FenceSegment* fences = nullptr;
+
+  std::byte* SlotData(Tier tier, uint32_t slot) const {
+    const ShmSegment& p = pools[static_cast<int>(tier)];
+    return p.data() + size_t{slot} * welcome.pools[static_cast<int>(tier)].slot_bytes;
+  }
+  uint64_t Completed(CopyDirection stream) const {
+    return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(fences->completed[static_cast<int>(stream)]))
+        .load(std::memory_order_acquire);
+  }
+};
+
+Result<std::shared_ptr<Attachment>> Attach(wire::Welcome welcome) {
+  auto att = std::make_shared<Attachment>();
+  if (welcome.backend != "host") {
+    return Status(StatusCode::kFailedPrecondition, "kvtierd runs the '" + welcome.backend +
+                                                       "' backend; this client can map host-backend pools only");
+  }
+  if (welcome.pools.size() != kTierCount) return ProtocolError("Welcome must describe 2 pools");
+  for (int t = 0; t < kTierCount; ++t) {
+    const wire::PoolDesc& d = welcome.pools[t];
+    if (static_cast<int>(d.tier) != t) return ProtocolError("Welcome pools out of order");
+    if (d.slot_bytes != welcome.profile.BlockBytes()) return ProtocolError("pool slot size does not match the profile");
+    auto seg = ShmSegment::Open(d.shm_name, /*writable=*/true);
+    if (!seg.ok()) return Status(seg.status().code(), "mapping pool: " + seg.status().message());
+    if (seg->size() < d.slot_bytes * d.slots) return Corrupt("pool segment " + d.shm_name + " is smaller than announced");
+    att->pools[t] = std::move(seg).value();
+  }
+  auto idx = ShmSegment::Open(welcome.index_segment, /*writable=*/false);
+  if (!idx.ok()) return Status(idx.status().code(), "mapping index: " + idx.status().message());
+  att->index_segment = std::move(idx).value();
+  auto view = IndexView::Attach(att->index_segment.data(), att->index_segment.size());
+  if (!view.ok()) return view.status();
+  att->index = *view;
+  if (att->index.block_tokens() != welcome.profile.block_tokens ||
+      att->index.header().profile_fingerprint != welcome.profile.Fingerprint()) {
+    return Corrupt("index segment does not belong to the announced profile");
+  }
+  auto fences = ShmSegment::Open(welcome.fence_segment, /*writable=*/false);
+  if (!fences.ok()) return Status(fences.status().code(), "mapping fences: " + fences.status().message());
+  att->fence_segment = std::move(fences).value();
+  if (att->fence_segment.size() < sizeof(FenceSegment)) return Corrupt("fence segment too small");
+  att->fences = reinterpret_cast<const FenceSegment*>(att->fence_segment.data());
+  if (att->fences->magic != kFenceMagic) return Corrupt("fence segment has a bad magic number");
+  att->welcome = std::move(welcome);
+  return att;
+}
+
+std::string ProgramName() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name.empty() ? "kvtier-client" : name;
+}
+
+struct Core {
+  explicit Core(ClientOptions o) : options(std::move(o)) {}
+  ~Core() { Disconnect(); }
+
+  ClientOptions options;
+  std::mutex mu;  // Serializes requests; guards fd, generation, next_request.
+  int fd = -1;
+  uint64_t generation = 0;
+  uint64_t next_request = 1;
+  mutable std::mutex att_mu;
+  std::shared_ptr<const Attachment> att;  // GUARDED_BY(att_mu)
+
+  std::shared_ptr<const Attachment> attachment() const {
+    std::lock_guard lock(att_mu);
+    return att;
+  }
+
+  void Disconnect() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+
+  Status WaitReady(short events, Clock::time_point deadline) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return Status(StatusCode::kTimeout, "kvtierd did not answer in time");
+      pollfd p{fd, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+      if (r > 0) return Status::Ok();
+      if (r < 0 && errno != EINTR) return Unavailable(std::string("poll: ") + std::strerror(errno));
+    }
+  }
+
+  Status SendAll(const std::vector<uint8_t>& bytes, Clock::time_point deadline) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        KVTIER_RETURN_IF_ERROR(WaitReady(POLLOUT, deadline));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        return Unavailable(std::string("lost connection to kvtierd: ") + std::strerror(errno));
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status RecvAll(uint8_t* out, size_t len, Clock::time_point deadline) {
+    size_t off = 0;
+    while (off < len) {
+      const ssize_t n = ::recv(fd, out + off, len - off, MSG_DONTWAIT);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+      } else if (n == 0) {
+        return Unavailable("lost connection to kvtierd: it closed the connection");
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        KVTIER_RETURN_IF_ERROR(WaitReady(POLLIN, deadline));
+      } else if (errno != EINTR) {
+        return Unavailable(std::string("lost connection to kvtierd: ") + std::strerror(errno));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // One request and its reply on the current connection. A failure of the
+  // transport (not an ErrorResponse) drops the connection.
+  Result<wire::Message> RoundTrip(const wire::Message& request, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    const uint64_t id = next_request++;
+    std::vector<uint8_t> frame;
+    const Status enc = wire::TryAppendFrame(frame, id, request);
+    if (!enc.ok()) return enc;
+    Status st = SendAll(frame, deadline);
+    std::array<uint8_t, wire::kHeaderBytes> header{};
+    if (st.ok()) st = RecvAll(header.data(), header.size(), deadline);
+    if (!st.ok()) {
+      Disconnect();
+      return st;
+    }
+    auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(header));
+    if (!h.ok()) {
+      Disconnect();
+      return h.status();
+    }
+    std::vector<uint8_t> payload(h->payload_length);
+    st = RecvAll(payload.data(), payload.size(), deadline);
+    if (!st.ok()) {
+      Disconnect();
+      return st;
+    }
+    auto m = wire::DecodePayload(*h, payload);
+    if (!m.ok() || (h->request_id != id && h->request_id != 0)) {
+      Disconnect();
+      return m.ok() ? ProtocolError("reply to another request") : m.status();
+    }
+    return m;
+  }
+
+  Status Connect() {
+    Disconnect();
+    const auto deadline = Clock::now() + options.connect_timeout;
+    auto backoff = std::chrono::milliseconds(2);
+    std::string last_error;
+    for (;;) {
+      fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) return Internal(std::string("socket: ") + std::strerror(errno));
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      if (options.socket_path.size() >= sizeof(addr.sun_path)) {
+        Disconnect();
+        return InvalidArgument("socket path too long: " + options.socket_path);
+      }
+      std::strncpy(addr.sun_path, options.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
+      last_error = std::strerror(errno);
+      Disconnect();
+      if (Clock::now() + backoff > deadline) {
+        return Unavailable("cannot connect to kvtierd at " + options.socket_path + ": " + last_error +
+                           " (is kvtierd running?)");
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
+    }
+    wire::Hello hello;
+    hello.client_name = options.client_name.empty() ? ProgramName() : options.client_name;
+    hello.pid = static_cast<uint32_t>(::getpid());
+    hello.tenant = options.tenant;
+    hello.profile = options.profile;
+    auto reply = RoundTrip(hello, options.connect_timeout);
+    if (!reply.ok()) return reply.status();
+    if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) {
+      Disconnect();
+      return wire::ToStatus(*err);
+    }
+    auto* welcome = std::get_if<wire::Welcome>(&*reply);
+    if (welcome == nullptr) {
+      Disconnect();
+      return ProtocolError("kvtierd answered Hello with something other than Welcome");
+    }
+    auto attached = Attach(std::move(*welcome));
+    if (!attached.ok()) {
+      Disconnect();
+      return attached.status();
+    }
+    {
+      std::lock_guard lock(att_mu);
+      att = std::move(attached).value();
+    }
+    ++generation;
+    return Status::Ok();
+  }
+
+  // Sends `request` and returns the reply. Reconnects first if the connection
+  // was lost; if it is lost during the call and `retry` is set, reconnects and
+  // sends once more (for requests that hold no state of the old connection).
+  Result<wire::Message> Call(const wire::Message& request, bool retry) {
+    std::lock_guard lock(mu);
+    if (fd < 0) {
+      if (!options.reconnect) return Unavailable("not connected to kvtierd (reconnect is off)");
+      KVTIER_RETURN_IF_ERROR(Connect());
+    }
+    auto reply = RoundTrip(request, options.request_timeout);
+    if (!reply.ok() && fd < 0 && retry && options.reconnect) {
+      KVTIER_RETURN_IF_ERROR(Connect());
+      reply = RoundTrip(request, options.request_timeout);
+    }
+    if (!reply.ok()) return reply.status();
+    if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
+    return reply;
+  }
+
+  // Release of a lease made on connection `gen`.
+  Status ReleaseLease(uint64_t id, uint64_t gen) {
+    std::lock_guard lock(mu);
+    if (gen != generation || fd < 0) return Unavailable("the lease ended with its connection to kvtierd");
+    auto reply = RoundTrip(wire::ReleaseRequest{id}, options.request_timeout);
+    if (!reply.ok()) return reply.status();
+    if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
+    return Status::Ok();
+  }
+
+  uint64_t current_generation() {
+    std::lock_guard lock(mu);
+    return generation;
+  }
+};
+
+template <typename T>
+Result<T> Expect(Result<wire::Message> reply) {
+  if (!reply.ok()) return reply.status();
+  if (auto* v = std::get_if<T>(&*reply)) return std::move(*v);
+  return ProtocolError(std::string("unexpected reply ") + wire::MessageTypeName(wire::TypeOf(*reply)) + ", wanted " +
+                       wire::MessageTypeName(T::kType));
+}
+
+Status WaitCompleted(const Attachment& att, const Fence& fence, std::chrono::milliseconds timeout) {
+  if (fence.IsNull() || att.Completed(fence.stream) >= fence.seq) return Status::Ok();
+  const auto deadline = Clock::now() + timeout;
+  for (int spin = 0;; ++spin) {
+    if (att.Completed(fence.stream) >= fence.seq) return Status::Ok();
+    if (Clock::now() > deadline) {
+      return Status(StatusCode::kTimeout, "copy fence " + std::to_string(fence.seq) + " still pending");
+    }
+    if (spin < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(spin < 1000 ? 20 : 200));
+    }
+  }
+}
+
+}  // namespace client_internal
+
+using client_internal::Core;
+using client_internal::Expect;
+
+// --- Lease / WriteLease ----------------------------------------------------------
+
+Lease& Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    (void)Release();
+    core_ = std::move(other.core_);
+    attachment_ = std::move(other.attachment_);
+    generation_ = other.generation_;
+    id_ = std::exchange(other.id_, 0);
+    matched_ = other.matched_;
+    promoted_ = other.promoted_;
+    fence_ = other.fence_;
+    slot_bytes_ = other.slot_bytes_;
+    blocks_ = std::move(other.blocks_);
+  }
+  return *this;
+}
+
+Status Lease::Wait(std::chrono::milliseconds timeout) const {
+  if (!attachment_) return Status::Ok();
+  return client_internal::WaitCompleted(*attachment_, fence_, timeout);
+}
+
+Status Lease::Release() {
+  if (id_ == 0) return Status::Ok();
+  const uint64_t id = std::exchange(id_, 0);
+  auto core = core_.lock();
+  if (!core) return Unavailable("the client that made the lease is gone");
+  return core->ReleaseLease(id, generation_);
+}
+
+WriteLease& WriteLease::operator=(WriteLease&& other) noexcept {
+  if (this != &other) {
+    (void)Release();
+    core_ = std::move(other.core_);
+    attachment_ = std::move(other.attachment_);
+    generation_ = other.generation_;
+    id_ = std::exchange(other.id_, 0);
+    slot_bytes_ = other.slot_bytes_;
+    slots_ = std::move(other.slots_);
+    data_ = std::move(other.data_);
+  }
+  return *this;
+}
+
+Status WriteLease::Release() {
+  if (id_ == 0) return Status::Ok();
+  const uint64_t id = std::exchange(id_, 0);
+  slots_.clear();
+  data_.clear();
+  auto core = core_.lock();
+  if (!core) return Unavailable("the client that made the lease is gone");
+  return core->ReleaseLease(id, generation_);
+}
+
+// --- Client ------------------------------------------------------------------------
+
+Client::Client(ClientOptions options) : options_(std::move(options)), core_(std::make_shared<Core>(options_)) {}
+
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  std::unique_ptr<Client> c(new Client(options));
+  {
+    std::lock_guard lock(c->core_->mu);
+    KVTIER_RETURN_IF_ERROR(c->core_->Connect());
+  }
+  return c;
+}
+
+Status Client::Reconnect() {
+  std::lock_guard lock(core_->mu);
+  return core_->Connect();
+}
+
+const ModelProfile& Client::profile() const { return core_->attachment()->welcome.profile; }
+const Namespace& Client::ns() const { return core_->attachment()->welcome.ns; }
+std::string Client::backend() const { return core_->attachment()->welcome.backend; }
+uint64_t Client::instance_id() const { return core_->attachment()->welcome.instance_id; }
+uint32_t Client::client_id() const { return core_->attachment()->welcome.client_id; }
+
+std::vector<BlockKey> Client::Keys(std::span<const TokenId> tokens, const BlockKey& parent) const {
+  const auto att = core_->attachment();
+  const uint32_t bt = att->welcome.profile.block_tokens;
+  std::vector<BlockKey> keys(tokens.size() / bt);
+  ComputeKeys(att->welcome.ns, parent, tokens, bt, keys);
+  return keys;
+}
+
+size_t Client::Probe(std::span<const TokenId> tokens, std::span<Tier> tiers) const {
+  const auto att = core_->attachment();
+  const uint32_t bt = att->welcome.profile.block_tokens;
+  const size_t n = tokens.size() / bt;
+  constexpr size_t kStackKeys = 512;
+  BlockKey stack_keys[kStackKeys];
+  std::vector<BlockKey> heap_keys;
+  std::span<BlockKey> keys(stack_keys, std::min(n, kStackKeys));
+  if (n > kStackKeys) {
+    heap_keys.resize(n);
+    keys = heap_keys;
+  }
+  ComputeKeys(att->welcome.ns, BlockKey{}, tokens, bt, keys);
+  return att->index.LongestPrefix(BlockKey{}, keys, NamespaceTag(att->welcome.ns), tokens, tiers);
+}
+
+size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                         std::span<Tier> tiers) const {
+  const auto att = core_->attachment();
+  return att->index.LongestPrefix(BlockKey{}, keys, NamespaceTag(att->welcome.ns), tokens, tiers);
+}
+
+Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote) {
+  const std::vector<BlockKey> keys = Keys(tokens);
+  return AcquireKeys(session, keys, tokens.first(keys.size() * block_tokens()), promote);
+}
+
+Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const BlockKey> keys,
+                                  std::span<const TokenId> tokens, bool promote) {
+  wire::AcquireRequest req;
+  req.session = std::string(session);
+  req.flags = promote ? wire::kAcquirePromote : 0;
+  req.keys.assign(keys.begin(), keys.end());
+  req.tokens.assign(tokens.begin(), tokens.end());
+  // The reply and the attachment must belong to one connection generation.
+  auto reply = Expect<wire::AcquireResponse>(core_->Call(req, /*retry=*/true));
+  if (!reply.ok()) return reply.status();
+  Lease lease;
+  lease.core_ = core_;
+  lease.attachment_ = core_->attachment();
+  lease.generation_ = core_->current_generation();
+  lease.id_ = reply->lease_id;
+  lease.matched_ = reply->matched;
+  lease.promoted_ = reply->promoted;
+  lease.fence_ = reply->fence;
+  lease.slot_bytes_ = lease.attachment_->welcome.profile.BlockBytes();
+  lease.blocks_.reserve(reply->blocks.size());
+  for (const wire::BlockLoc& b : reply->blocks) {
+    const auto& pool = lease.attachment_->welcome.pools[static_cast<int>(b.tier)];
+    if (b.slot >= pool.slots) return ProtocolError("acquire reply names a slot outside its pool");
+    lease.blocks_.push_back(BlockRef{b.tier, b.slot, lease.attachment_->SlotData(b.tier, b.slot)});
+  }
+  return lease;
+}
+
+Result<WriteLease> Client::Allocate(uint32_t blocks) {
+  auto reply = Expect<wire::AllocateResponse>(core_->Call(wire::AllocateRequest{blocks}, /*retry=*/true));
+  if (!reply.ok()) return reply.status();
+  WriteLease lease;
+  lease.core_ = core_;
+  lease.attachment_ = core_->attachment();
+  lease.generation_ = core_->current_generation();
+  lease.id_ = reply->lease_id;
+  lease.slot_bytes_ = lease.attachment_->welcome.profile.BlockBytes();
+  const auto& pool = lease.attachment_->welcome.pools[static_cast<int>(Tier::kGpu)];
+  for (uint32_t s : reply->slots) {
+    if (s >= pool.slots) return ProtocolError("allocate reply names a slot outside the gpu pool");
+    lease.slots_.push_back(s);
+    lease.data_.push_back(lease.attachment_->SlotData(Tier::kGpu, s));
+  }
+  return lease;
+}
+
+Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
+                                    uint32_t start_block, std::span<const TokenId> tokens,
+                                    std::span<const uint32_t> slot_indices) {
+  const uint32_t bt = block_tokens();
+  if (tokens.size() % bt != 0) {
+    return InvalidArgument("commit of " + std::to_string(tokens.size()) + " tokens: not whole " + std::to_string(bt) +
+                           "-token blocks");
+  }
+  const size_t n = tokens.size() / bt;
+  std::vector<uint32_t> idx(slot_indices.begin(), slot_indices.end());
+  if (idx.empty()) {
+    for (uint32_t i = 0; i < n; ++i) idx.push_back(i);
+  }
+  if (idx.size() != n) return InvalidArgument("commit: one slot index per block");
+  if (lease.id_ == 0) return FailedPrecondition("commit through a released write lease");
+  if (lease.generation_ != core_->current_generation()) {
+    return Unavailable("the write lease ended with its connection to kvtierd");
+  }
+  wire::CommitRequest req;
+  req.lease_id = lease.id_;
+  req.session = std::string(session);
+  req.parent = parent;
+  req.start_block = start_block;
+  req.tokens.assign(tokens.begin(), tokens.end());
+  for (uint32_t i : idx) {
+    if (i >= lease.slots_.size()) return InvalidArgument("commit: slot index " + std::to_string(i) + " out of range");
+    req.slots.push_back(lease.slots_[i]);
+  }
+  auto reply = Expect<wire::CommitResponse>(core_->Call(req, /*retry=*/false));
+  if (!reply.ok()) return reply.status();
+  // Committed slots now belong to the cache, not to the lease.
+  std::vector<uint32_t> keep_slots;
+  std::vector<std::byte*> keep_data;
+  for (size_t i = 0; i < lease.slots_.size(); ++i) {
+    if (std::find(idx.begin(), idx.end(), static_cast<uint32_t>(i)) == idx.end()) {
+      keep_slots.push_back(lease.slots_[i]);
+      keep_data.push_back(lease.data_[i]);
+    }
+  }
+  lease.slots_ = std::move(keep_slots);
+  lease.data_ = std::move(keep_data);
+  return CommitResult{reply->stored, reply->duplicates};
+}
+
+Result<uint32_t> Client::Prefetch(std::string_view session) {
+  auto r = Expect<wire::CountResponse>(core_->Call(wire::PrefetchRequest{std::string(session)}, true));
+  if (!r.ok()) return r.status();
+  return r->count;
+}
+
+Result<uint32_t> Client::Demote(std::string_view session) {
+  auto r = Expect<wire::CountResponse>(core_->Call(wire::DemoteRequest{std::string(session)}, true));
+  if (!r.ok()) return r.status();
+  return r->count;
+}
+
+Result<uint32_t> Client::Evict(std::string_view session) {
+  auto r = Expect<wire::CountResponse>(core_->Call(wire::EvictRequest{std::string(session), "", false}, true));
+  if (!r.ok()) return r.status();
+  return r->count;
+}
+
+Result<uint32_t> Client::EvictTenant(std::string_view tenant) {
+  auto r = Expect<wire::CountResponse>(core_->Call(wire::EvictRequest{"", std::string(tenant), false}, true));
+  if (!r.ok()) return r.status();
+  return r->count;
+}
+
+Result<uint32_t> Client::EvictAll() {
+  auto r = Expect<wire::CountResponse>(core_->Call(wire::EvictRequest{"", "", true}, true));
+  if (!r.ok()) return r.status();
+  return r->count;
+}
+
+Status Client::SetPriority(std::string_view session, int priority) {
+  auto r = Expect<wire::OkResponse>(core_->Call(wire::SetPriorityRequest{std::string(session), priority}, true));
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Result<std::vector<wire::SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
+  auto r = Expect<wire::ListSessionsResponse>(core_->Call(wire::ListSessionsRequest{std::string(tenant_filter)}, true));
+  if (!r.ok()) return r.status();
+  return std::move(r->sessions);
+}
+
+Result<wire::SessionInfoResponse> Client::GetSession(std::string_view session) {
+  return Expect<wire::SessionInfoResponse>(core_->Call(wire::SessionInfoRequest{std::string(session)}, true));
+}
+
+Result<std::vector<std::pair<std::string, double>>> Client::Stats() {
+  auto r = Expect<wire::StatsResponse>(core_->Call(wire::StatsRequest{}, true));
+  if (!r.ok()) return r.status();
+  return std::move(r->values);
+}
+
+Result<std::string> Client::Config() {
+  auto r = Expect<wire::ConfigResponse>(core_->Call(wire::ConfigRequest{}, true));
+  if (!r.ok()) return r.status();
+  return std::move(r->yaml);
+}
+
+Result<std::chrono::nanoseconds> Client::Ping() {
+  const auto start = client_internal::Clock::now();
+  auto r = Expect<wire::Pong>(core_->Call(wire::Ping{42}, true));
+  if (!r.ok()) return r.status();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(client_internal::Clock::now() - start);
+}
+
+Status Client::WaitFence(const Fence& fence, std::chrono::milliseconds timeout) const {
+  return client_internal::WaitCompleted(*core_->attachment(), fence, timeout);
+}
+
+}  // namespace kvtier

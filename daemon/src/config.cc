@@ -1,0 +1,298 @@
+#include "config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace kvtier::daemon {
+namespace {
+
+// Walks a YAML mapping, remembering which keys were read, so unknown ones are errors.
+class Section {
+ public:
+  Section(const YAML::Node& node, std::string path, std::string source)
+      : node_(node), path_(std::move(path)), source_(std::move(source)) {}
+
+  Status Error(std::string_view key, const std::string& what) const {
+    return InvalidArgument(source_ + ": " + Join(key) + ": " + what);
+  }
+  std::string Join(std::string_view key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+  }
+
+  YAML::Node Get(const char* key) {
+    seen_.insert(key);
+    return node_[key];
+  }
+
+  template <typename T>
+  Status Read(const char* key, T* out, T lo, T hi) {
+    YAML::Node n = Get(key);
+    if (!n) return Status::Ok();
+    try {
+      if constexpr (std::is_same_v<T, double>) {
+        const double v = n.as<double>();
+        if (!(v >= lo && v <= hi)) return Error(key, "must be in [" + Fmt(lo) + ", " + Fmt(hi) + "], got " + n.Scalar());
+        *out = v;
+      } else {
+        const auto v = n.as<long long>();
+        if (v < static_cast<long long>(lo) || v > static_cast<long long>(hi)) {
+          return Error(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + n.Scalar());
+        }
+        *out = static_cast<T>(v);
+      }
+    } catch (const YAML::Exception&) {
+      return Error(key, "expected a number, got '" + (n.IsScalar() ? n.Scalar() : std::string("a ") + Kind(n)) + "'");
+    }
+    return Status::Ok();
+  }
+
+  Status ReadString(const char* key, std::string* out, std::initializer_list<const char*> allowed = {}) {
+    YAML::Node n = Get(key);
+    if (!n) return Status::Ok();
+    if (!n.IsScalar()) return Error(key, std::string("expected a string, got a ") + Kind(n));
+    const std::string v = n.Scalar();
+    if (allowed.size() != 0) {
+      bool ok = false;
+      std::string list;
+      for (const char* a : allowed) {
+        ok = ok || v == a;
+        list += (list.empty() ? "" : ", ") + std::string(a);
+      }
+      if (!ok) return Error(key, "'" + v + "' is not one of " + list);
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  Status ReadBytes(const char* key, uint64_t* out) {
+    YAML::Node n = Get(key);
+    if (!n) return Status::Ok();
+    if (!n.IsScalar()) return Error(key, "expected a size such as 512MiB");
+    auto v = ParseByteSize(n.Scalar());
+    if (!v.ok()) return Error(key, v.status().message());
+    *out = *v;
+    return Status::Ok();
+  }
+
+  Status CheckUnknown() const {
+    if (!node_.IsMap()) return Status::Ok();
+    for (const auto& kv : node_) {
+      const std::string k = kv.first.Scalar();
+      if (!seen_.count(k)) {
+        std::string known;
+        for (const auto& s : seen_) known += (known.empty() ? "" : ", ") + s;
+        return Error(k, "unknown key (known here: " + known + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  static const char* Kind(const YAML::Node& n) {
+    return n.IsMap() ? "mapping" : n.IsSequence() ? "sequence" : n.IsNull() ? "null" : "scalar";
+  }
+
+ private:
+  static std::string Fmt(double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  }
+
+  YAML::Node node_;
+  std::string path_;
+  std::string source_;
+  std::set<std::string> seen_;
+};
+
+Status ParseProfile(const YAML::Node& node, const std::string& path, const std::string& source, ProfileConfig* out) {
+  if (!node.IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
+  Section s(node, path, source);
+  ModelProfile& p = out->profile;
+  KVTIER_RETURN_IF_ERROR(s.ReadString("name", &p.name));
+  if (p.name.empty()) return s.Error("name", "is required");
+  for (char c : p.name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') {
+      return s.Error("name", "'" + p.name + "' may hold only letters, digits, '-' and '_'");
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("layers", &p.layers, 1, 4096));
+  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("kv_heads", &p.kv_heads, 1, 4096));
+  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("head_dim", &p.head_dim, 1, 4096));
+  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("block_tokens", &p.block_tokens, 1, kMaxBlockTokens));
+  std::string dtype = std::string(DTypeName(p.dtype));
+  KVTIER_RETURN_IF_ERROR(s.ReadString("dtype", &dtype, {"fp16", "bf16", "fp32"}));
+  p.dtype = *ParseDType(dtype);
+  for (const char* k : {"layers", "kv_heads", "head_dim"}) {
+    if (!node[k]) return s.Error(k, "is required");
+  }
+  const Status valid = p.Validate();
+  if (!valid.ok()) return InvalidArgument(source + ": " + path + ": " + valid.message());
+  const uint64_t block = p.BlockBytes();
+  for (const char* tier : {"gpu", "host"}) {
+    const std::string bytes_key = std::string(tier) + "_bytes";
+    const std::string blocks_key = std::string(tier) + "_blocks";
+    uint64_t bytes = 0;
+    int64_t blocks = -1;
+    KVTIER_RETURN_IF_ERROR(s.ReadBytes(bytes_key.c_str(), &bytes));
+    KVTIER_RETURN_IF_ERROR(s.Read<int64_t>(blocks_key.c_str(), &blocks, 1, int64_t{1} << 28));
+    if (bytes != 0 && blocks >= 0) return s.Error(bytes_key, "give " + bytes_key + " or " + blocks_key + ", not both");
+    if (bytes == 0 && blocks < 0) return s.Error(bytes_key, "is required (or " + blocks_key + ")");
+    if (bytes != 0) blocks = static_cast<int64_t>(bytes / block);
+    if (blocks < 1) return s.Error(bytes_key, "holds no whole block of " + std::to_string(block) + " bytes");
+    (tier[0] == 'g' ? out->gpu_blocks : out->host_blocks) = static_cast<uint32_t>(blocks);
+  }
+  return s.CheckUnknown();
+}
+
+std::string FmtDouble(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  const size_t start = i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == start) return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 4096, 512MiB, 2GiB)");
+  const double value = std::stod(std::string(text.substr(start, i - start)));
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string unit(text.substr(i));
+  double mult = 0;
+  if (unit.empty() || unit == "B") mult = 1;
+  else if (unit == "KiB" || unit == "K") mult = 1024.0;
+  else if (unit == "MiB" || unit == "M") mult = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "TiB" || unit == "T") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "KB") mult = 1e3;
+  else if (unit == "MB") mult = 1e6;
+  else if (unit == "GB") mult = 1e9;
+  else return InvalidArgument("unknown size unit '" + unit + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB)");
+  const double bytes = value * mult;
+  if (!(bytes >= 0) || bytes > 1e15) return InvalidArgument("size '" + std::string(text) + "' is out of range");
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_view) {
+  const std::string source(source_view);
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::ParserException& e) {
+    return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                           ": YAML syntax error: " + e.msg);
+  }
+  if (!root.IsMap()) return InvalidArgument(source + ": expected a mapping at the top level");
+  DaemonConfig c;
+  try {
+    Section top(root, "", source);
+    KVTIER_RETURN_IF_ERROR(top.ReadString("instance", &c.instance));
+    if (c.instance.empty() || c.instance.size() > 64 || c.instance.find('/') != std::string::npos) {
+      return top.Error("instance", "must be 1-64 characters without '/'");
+    }
+    KVTIER_RETURN_IF_ERROR(top.ReadString("socket", &c.socket_path));
+    if (c.socket_path.empty() || c.socket_path.size() > 107) return top.Error("socket", "must be a path of 1-107 bytes");
+    KVTIER_RETURN_IF_ERROR(top.ReadString("backend", &c.backend, {"auto", "host", "cuda"}));
+    KVTIER_RETURN_IF_ERROR(top.ReadString("log_level", &c.log_level, {"error", "warn", "info", "debug"}));
+
+    YAML::Node profiles = top.Get("profiles");
+    if (!profiles || !profiles.IsSequence() || profiles.size() == 0) {
+      return top.Error("profiles", "is required: a list of at least one model profile");
+    }
+    std::set<std::string> names;
+    for (size_t i = 0; i < profiles.size(); ++i) {
+      ProfileConfig pc;
+      KVTIER_RETURN_IF_ERROR(ParseProfile(profiles[i], "profiles[" + std::to_string(i) + "]", source, &pc));
+      if (!names.insert(pc.profile.name).second) {
+        return top.Error("profiles[" + std::to_string(i) + "].name", "'" + pc.profile.name + "' appears twice");
+      }
+      c.profiles.push_back(pc);
+    }
+
+    if (YAML::Node t = top.Get("tiering")) {
+      if (!t.IsMap()) return top.Error("tiering", "expected a mapping");
+      Section s(t, "tiering", source);
+      KVTIER_RETURN_IF_ERROR(s.Read<double>("gpu_high_watermark", &c.gpu_high_watermark, 0.01, 1.0));
+      KVTIER_RETURN_IF_ERROR(s.Read<double>("gpu_low_watermark", &c.gpu_low_watermark, 0.0, 1.0));
+      KVTIER_RETURN_IF_ERROR(s.Read<double>("host_high_watermark", &c.host_high_watermark, 0.01, 1.0));
+      KVTIER_RETURN_IF_ERROR(s.Read<double>("host_low_watermark", &c.host_low_watermark, 0.0, 1.0));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_copy_batch", &c.max_copy_batch, 1, 65536));
+      KVTIER_RETURN_IF_ERROR(s.ReadString("policy", &c.policy, {"lru"}));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("tick_ms", &c.tick_ms, 1, 60000));
+      if (c.gpu_low_watermark > c.gpu_high_watermark) return s.Error("gpu_low_watermark", "must not exceed gpu_high_watermark");
+      if (c.host_low_watermark > c.host_high_watermark) return s.Error("host_low_watermark", "must not exceed host_high_watermark");
+      if (c.gpu_low_watermark <= 0) return s.Error("gpu_low_watermark", "must be > 0");
+      if (c.host_low_watermark <= 0) return s.Error("host_low_watermark", "must be > 0");
+      KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
+    }
+    if (YAML::Node l = top.Get("limits")) {
+      if (!l.IsMap()) return top.Error("limits", "expected a mapping");
+      Section s(l, "limits", source);
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients", &c.max_clients, 1, 1u << 20));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions", &c.max_sessions, 1, 1u << 28));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_leases_per_client", &c.max_leases_per_client, 1, 1u << 24));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_blocks_per_request", &c.max_blocks_per_request, 1, 1u << 20));
+      uint64_t frame = c.max_frame_bytes;
+      KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_frame_bytes", &frame));
+      if (frame < 4096 || frame > (16u << 20)) return s.Error("max_frame_bytes", "must be in [4KiB, 16MiB]");
+      c.max_frame_bytes = static_cast<uint32_t>(frame);
+      KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
+    }
+    KVTIER_RETURN_IF_ERROR(top.CheckUnknown());
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  return c;
+}
+
+Result<DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read config file '" + path + "'");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseConfig(buf.str(), path);
+}
+
+std::string DumpConfig(const DaemonConfig& c) {
+  std::ostringstream o;
+  o << "instance: " << c.instance << "\n"
+    << "socket: " << c.socket_path << "\n"
+    << "backend: " << c.backend << "\n"
+    << "log_level: " << c.log_level << "\n"
+    << "profiles:\n";
+  for (const ProfileConfig& p : c.profiles) {
+    o << "  - name: " << p.profile.name << "\n"
+      << "    layers: " << p.profile.layers << "\n"
+      << "    kv_heads: " << p.profile.kv_heads << "\n"
+      << "    head_dim: " << p.profile.head_dim << "\n"
+      << "    dtype: " << DTypeName(p.profile.dtype) << "\n"
+      << "    block_tokens: " << p.profile.block_tokens << "\n"
+      << "    gpu_blocks: " << p.gpu_blocks << "    # " << p.gpu_blocks * p.profile.BlockBytes() / 1048576.0 << " MiB\n"
+      << "    host_blocks: " << p.host_blocks << "    # " << p.host_blocks * p.profile.BlockBytes() / 1048576.0 << " MiB\n";
+  }
+  o << "tiering:\n"
+    << "  gpu_high_watermark: " << FmtDouble(c.gpu_high_watermark) << "\n"
+    << "  gpu_low_watermark: " << FmtDouble(c.gpu_low_watermark) << "\n"
+    << "  host_high_watermark: " << FmtDouble(c.host_high_watermark) << "\n"
+    << "  host_low_watermark: " << FmtDouble(c.host_low_watermark) << "\n"
+    << "  max_copy_batch: " << c.max_copy_batch << "\n"
+    << "  policy: " << c.policy << "\n"
+    << "  tick_ms: " << c.tick_ms << "\n"
+    << "limits:\n"
+    << "  max_clients: " << c.max_clients << "\n"
+    << "  max_sessions: " << c.max_sessions << "\n"
+    << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
+    << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
+    << "  max_frame_bytes: " << c.max_frame_bytes << "\n";
+  return o.str();
+}
+
+}  // namespace kvtier::daemon

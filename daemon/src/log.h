@@ -1,0 +1,22 @@
+// Daemon logging: one line per event on stderr, "kvtierd: <level>: <text>".
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kvtier::daemon {
+
+enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
+
+void SetLogLevel(std::string_view level);  // "error" | "warn" | "info" | "debug"
+bool LogEnabled(LogLevel level);
+void Log(LogLevel level, const std::string& text);
+
+inline void LogError(const std::string& t) { Log(LogLevel::kError, t); }
+inline void LogWarn(const std::string& t) { Log(LogLevel::kWarn, t); }
+inline void LogInfo(const std::string& t) { Log(LogLevel::kInfo, t); }
+inline void LogDebug(const std::string& t) {
+  if (LogEnabled(LogLevel::kDebug)) Log(LogLevel::kDebug, t);
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,93 @@
+// kvtierd: parse the command line, load the configuration, serve.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "config.h"
+#include "log.h"
+#include "server.h"
+#include "service.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: kvtierd [--config FILE] [--socket PATH] [--instance NAME] [--check-config] [--version]\n"
+    "\n"
+    "The kvtier KV-cache daemon: owns KV blocks in a GPU tier and a host tier and\n"
+    "serves model-worker processes over a Unix socket.\n"
+    "\n"
+    "  --config FILE    YAML configuration (default /etc/kvtier/kvtierd.yaml)\n"
+    "  --socket PATH    listen here instead of the configured socket\n"
+    "  --instance NAME  shared-memory name prefix instead of the configured one\n"
+    "  --check-config   validate the configuration, print it, and exit\n"
+    "  --version        print the version and exit\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kvtier::daemon;
+  std::string config_path = "/etc/kvtier/kvtierd.yaml";
+  std::string socket_override, instance_override;
+  bool check_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "kvtierd: %s needs a value\n%s", name, kUsage);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("kvtierd %s (protocol %u)\n", KVTIER_VERSION, kvtier::wire::kProtocolVersion);
+      return 0;
+    } else if (a == "--config") {
+      config_path = value("--config");
+    } else if (a == "--socket") {
+      socket_override = value("--socket");
+    } else if (a == "--instance") {
+      instance_override = value("--instance");
+    } else if (a == "--check-config") {
+      check_only = true;
+    } else {
+      std::fprintf(stderr, "kvtierd: unknown argument '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+
+  auto config = LoadConfigFile(config_path);
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvtierd: configuration error: %s\n", config.status().message().c_str());
+    return 2;
+  }
+  if (!socket_override.empty()) config->socket_path = socket_override;
+  if (!instance_override.empty()) config->instance = instance_override;
+  if (check_only) {
+    std::printf("%s", DumpConfig(*config).c_str());
+    return 0;
+  }
+  SetLogLevel(config->log_level);
+  LogInfo(std::string("kvtierd ") + KVTIER_VERSION + " starting: config " + config_path);
+
+  auto lock = InstanceLock::Acquire(*config);
+  if (!lock.ok()) {
+    LogError("cannot start: " + lock.status().message());
+    return 1;
+  }
+  auto service = Service::Create(*config);
+  if (!service.ok()) {
+    LogError("cannot start: " + service.status().ToString());
+    return 1;
+  }
+  LogInfo((*service)->Describe());
+  Server server(**service, *config);
+  const kvtier::Status st = server.Start();
+  if (!st.ok()) {
+    LogError("cannot start: " + st.message());
+    return 1;
+  }
+  return server.Run();
+}

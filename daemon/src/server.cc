@@ -1,0 +1,275 @@
+#include "server.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <unordered_set>
+#include <utility>
+
+#include "log.h"
+#include "service.h"
+
+namespace kvtier::daemon {
+
+namespace asio = boost::asio;
+using asio::local::stream_protocol;
+
+namespace {
+
+// True if something accepts connections on `path` right now.
+bool SocketIsLive(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+}  // namespace
+
+class Connection;
+
+struct Server::Impl {
+  Impl(Service& s, const DaemonConfig& c) : service(s), config(c), acceptor(io), signals(io, SIGINT, SIGTERM), ticker(io) {}
+
+  Service& service;
+  DaemonConfig config;
+  asio::io_context io;
+  stream_protocol::acceptor acceptor;
+  asio::signal_set signals;
+  asio::steady_timer ticker;
+  std::unordered_set<std::shared_ptr<Connection>> connections;
+  std::atomic<bool> poll_posted{false};
+  bool listening = false;
+  bool stopping = false;
+
+  void Accept();
+  void ScheduleTick();
+  void Shutdown(const char* why);
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Server::Impl& server, stream_protocol::socket socket)
+      : server_(server), socket_(std::move(socket)) {
+    client_.id = server_.service.NextClientId();
+  }
+
+  void Start() { ReadHeader(); }
+
+  // Ends the connection now (shutdown); its leases end with it.
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ec;
+    socket_.shutdown(stream_protocol::socket::shutdown_both, ec);
+    socket_.close(ec);
+    server_.service.Disconnect(client_);
+    server_.connections.erase(shared_from_this());
+  }
+
+ private:
+  void ReadHeader() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(header_), [this, self](boost::system::error_code ec, size_t) {
+      if (ec) return Close();
+      auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(header_));
+      if (!h.ok()) return Fail(0, h.status());
+      if (h->payload_length > server_.config.max_frame_bytes) {
+        return Fail(h->request_id, ResourceExhausted("frame of " + std::to_string(h->payload_length) +
+                                                     " bytes exceeds limits.max_frame_bytes (" +
+                                                     std::to_string(server_.config.max_frame_bytes) + ")"));
+      }
+      ReadPayload(*h);
+    });
+  }
+
+  void ReadPayload(const wire::FrameHeader& h) {
+    payload_.resize(h.payload_length);
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(payload_), [this, self, h](boost::system::error_code ec, size_t) {
+      if (ec) return Close();
+      auto msg = wire::DecodePayload(h, payload_);
+      if (!msg.ok()) return Fail(h.request_id, msg.status());
+      Reply reply = server_.service.Handle(client_, *msg);
+      Send(h.request_id, reply.message);
+      if (reply.close) {
+        const auto* err = std::get_if<wire::ErrorResponse>(&reply.message);
+        LogWarn("client " + std::to_string(client_.id) + ": " + (err ? wire::ToStatus(*err).ToString() : "closing"));
+        close_after_write_ = true;
+        return;
+      }
+      ReadHeader();
+    });
+  }
+
+  // A protocol violation: answer with the error, then close.
+  void Fail(uint64_t request_id, const Status& st) {
+    LogWarn("client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) +
+            "): bad frame: " + st.ToString() + "; closing the connection");
+    Send(request_id, wire::FromStatus(st));
+    close_after_write_ = true;
+  }
+
+  void Send(uint64_t request_id, const wire::Message& m) {
+    std::vector<uint8_t> frame;
+    wire::AppendFrame(frame, request_id, m);
+    out_.push_back(std::move(frame));
+    if (out_.size() == 1) Write();
+  }
+
+  void Write() {
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(out_.front()), [this, self](boost::system::error_code ec, size_t) {
+      if (ec) return Close();
+      out_.pop_front();
+      if (!out_.empty()) return Write();
+      if (close_after_write_) Close();
+    });
+  }
+
+  Server::Impl& server_;
+  stream_protocol::socket socket_;
+  ClientState client_;
+  std::array<uint8_t, wire::kHeaderBytes> header_{};
+  std::vector<uint8_t> payload_;
+  std::deque<std::vector<uint8_t>> out_;
+  bool close_after_write_ = false;
+  bool closed_ = false;
+};
+
+void Server::Impl::Accept() {
+  acceptor.async_accept([this](boost::system::error_code ec, stream_protocol::socket socket) {
+    if (ec) {
+      if (ec != asio::error::operation_aborted) LogWarn("accept: " + ec.message());
+      if (!stopping && ec != asio::error::operation_aborted) Accept();
+      return;
+    }
+    auto conn = std::make_shared<Connection>(*this, std::move(socket));
+    connections.insert(conn);
+    conn->Start();
+    Accept();
+  });
+}
+
+void Server::Impl::ScheduleTick() {
+  ticker.expires_after(std::chrono::milliseconds(config.tick_ms));
+  ticker.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping) return;
+    service.Tick();
+    ScheduleTick();
+  });
+}
+
+void Server::Impl::Shutdown(const char* why) {
+  if (stopping) return;
+  stopping = true;
+  LogInfo(std::string("shutting down (") + why + "): " + std::to_string(connections.size()) + " clients connected");
+  boost::system::error_code ec;
+  acceptor.close(ec);
+  ticker.cancel();
+  signals.cancel();
+  auto conns = connections;
+  for (const auto& c : conns) c->Close();
+  const Status st = service.WaitIdle(std::chrono::seconds(10));
+  if (!st.ok()) LogWarn("copies still in flight at shutdown: " + st.ToString());
+  io.stop();
+}
+
+Server::Server(Service& service, const DaemonConfig& config) : impl_(std::make_unique<Impl>(service, config)) {}
+
+Server::~Server() {
+  if (impl_->listening) ::unlink(impl_->config.socket_path.c_str());
+}
+
+Result<InstanceLock> InstanceLock::Acquire(const DaemonConfig& config) {
+  const std::filesystem::path dir = std::filesystem::path(config.socket_path).parent_path();
+  std::error_code fec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, fec);
+  InstanceLock lock;
+  const std::string paths[2] = {config.socket_path + ".lock", "/dev/shm/" + config.instance + ".lock"};
+  const std::string what[2] = {"socket " + config.socket_path, "instance '" + config.instance + "'"};
+  for (int i = 0; i < 2; ++i) {
+    lock.fds_[i] = ::open(paths[i].c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lock.fds_[i] < 0) return Unavailable("cannot open lock file " + paths[i] + ": " + std::strerror(errno));
+    if (::flock(lock.fds_[i], LOCK_EX | LOCK_NB) != 0) {
+      return Status(StatusCode::kAlreadyExists,
+                    "another kvtierd is running for " + what[i] + " (" + paths[i] + " is locked)");
+    }
+  }
+  return lock;
+}
+
+InstanceLock::InstanceLock(InstanceLock&& other) noexcept {
+  for (int i = 0; i < 2; ++i) fds_[i] = std::exchange(other.fds_[i], -1);
+}
+
+InstanceLock::~InstanceLock() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Status Server::Start() {
+  Impl& m = *impl_;
+  const std::string& path = m.config.socket_path;
+  std::error_code fec;
+  if (std::filesystem::exists(path, fec)) {
+    if (SocketIsLive(path)) {
+      return Status(StatusCode::kAlreadyExists, "another process accepts connections on " + path);
+    }
+    LogInfo("removing stale socket " + path + " left by an earlier instance");
+    ::unlink(path.c_str());
+  }
+  boost::system::error_code ec;
+  m.acceptor.open(stream_protocol(), ec);
+  if (!ec) m.acceptor.bind(stream_protocol::endpoint(path), ec);
+  if (!ec) m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Unavailable("cannot listen on " + path + ": " + ec.message());
+  m.listening = true;
+  ::chmod(path.c_str(), 0660);
+
+  // Copy completions arrive on the backend's thread: hand them to the loop, once.
+  m.service.backend().SetCompletionNotifier([&m] {
+    if (!m.poll_posted.exchange(true)) {
+      asio::post(m.io, [&m] {
+        m.poll_posted.store(false);
+        m.service.Poll();
+      });
+    }
+  });
+  return Status::Ok();
+}
+
+int Server::Run() {
+  Impl& m = *impl_;
+  m.signals.async_wait([&m](boost::system::error_code ec, int sig) {
+    if (!ec) m.Shutdown(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  });
+  m.Accept();
+  m.ScheduleTick();
+  LogInfo("ready: listening on " + m.config.socket_path + " (pid " + std::to_string(::getpid()) + ")");
+  m.io.run();
+  m.service.backend().SetCompletionNotifier(nullptr);
+  LogInfo("stopped");
+  return 0;
+}
+
+void Server::Stop() {
+  asio::post(impl_->io, [this] { impl_->Shutdown("stop requested"); });
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,53 @@
+// Server: kvtierd's Unix-socket front end on a Boost.Asio event loop.
+//
+// One thread runs everything: accepting, framing, the Service, copy completions
+// (posted from the backend's thread) and the watermark timer. A connection whose
+// peer sends a bad frame gets an ErrorResponse and is closed; every other
+// connection goes on. When a connection ends for any reason its leases end.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "kvtier/status.h"
+
+namespace kvtier::daemon {
+
+class Service;
+
+// Proof that this process is the only kvtierd for its socket and its instance
+// name: exclusive locks on "<socket>.lock" and "/dev/shm/<instance>.lock", held
+// until destruction. Take it before creating any shared segment.
+class InstanceLock {
+ public:
+  static Result<InstanceLock> Acquire(const DaemonConfig& config);
+  InstanceLock(InstanceLock&& other) noexcept;
+  InstanceLock& operator=(InstanceLock&&) = delete;
+  ~InstanceLock();
+
+ private:
+  InstanceLock() = default;
+  int fds_[2] = {-1, -1};
+};
+
+class Server {
+ public:
+  Server(Service& service, const DaemonConfig& config);
+  ~Server();
+
+  // Replaces a stale socket, binds and listens. REQUIRES: the InstanceLock is held.
+  // kAlreadyExists when another process serves this socket.
+  Status Start();
+  // Serves until SIGTERM/SIGINT (or Stop), then drains and cleans up.
+  // Returns the process exit code.
+  int Run();
+  void Stop();
+
+  struct Impl;  // Internal; public so the connections in server.cc can name it.
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,90 @@
+// Service: kvtierd's state and request handling, apart from any socket.
+//
+// It owns the backend and one Engine per model profile, and turns each decoded
+// request of a client into a reply. Everything runs on one thread (the event
+// loop); nothing here blocks except WaitIdle at shutdown. A failing request gets
+// an ErrorResponse; it never takes the daemon or another client down.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "config.h"
+#include "kvtier/tiering/backend.h"
+#include "kvtier/tiering/engine.h"
+#include "kvtier/wire.h"
+
+namespace kvtier::daemon {
+
+// One connection's state.
+struct ClientState {
+  uint32_t id = 0;
+  bool welcomed = false;
+  std::string name;
+  uint32_t pid = 0;
+  std::string tenant;
+  int profile = -1;  // Index into the profiles; valid once welcomed.
+  Namespace ns;
+  std::unordered_set<uint64_t> leases;
+};
+
+struct Reply {
+  wire::Message message;
+  bool close = false;  // Close the connection after sending (a protocol violation).
+};
+
+class Service {
+ public:
+  static Result<std::unique_ptr<Service>> Create(const DaemonConfig& config);
+  ~Service();
+
+  Reply Handle(ClientState& client, const wire::Message& request);
+  // The client is gone: end its leases (uncommitted slots come free).
+  void Disconnect(ClientState& client);
+  // Applies finished copies and enforces watermarks on every engine.
+  void Tick();
+  void Poll();
+  Status WaitIdle(std::chrono::milliseconds timeout);
+
+  tiering::Backend& backend() { return *backend_; }
+  const DaemonConfig& config() const { return config_; }
+  uint64_t instance_id() const { return instance_id_; }
+  uint32_t NextClientId() { return ++last_client_id_; }
+  size_t profile_count() const { return engines_.size(); }
+  tiering::Engine& engine(size_t i) { return *engines_[i]; }
+  // A human summary for the start-up log.
+  std::string Describe() const;
+
+ private:
+  Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend);
+
+  Reply OnHello(ClientState& c, const wire::Hello& m);
+  wire::Message OnAllocate(ClientState& c, const wire::AllocateRequest& m);
+  wire::Message OnCommit(ClientState& c, const wire::CommitRequest& m);
+  wire::Message OnAcquire(ClientState& c, const wire::AcquireRequest& m);
+  wire::Message OnRelease(ClientState& c, const wire::ReleaseRequest& m);
+  wire::Message OnEvict(ClientState& c, const wire::EvictRequest& m);
+  wire::Message OnListSessions(ClientState& c, const wire::ListSessionsRequest& m);
+  wire::Message OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m);
+  wire::Message OnStats(ClientState& c);
+  wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
+  const std::string& TenantName(uint32_t ns_tag) const;
+
+  DaemonConfig config_;
+  std::unique_ptr<tiering::Backend> backend_;
+  std::vector<std::unique_ptr<tiering::Engine>> engines_;
+  uint64_t instance_id_ = 0;
+  uint32_t last_client_id_ = 0;
+  uint32_t connected_ = 0;
+  std::unordered_map<uint32_t, std::string> tenant_names_;  // Namespace tag -> tenant.
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  uint64_t requests_ = 0;
+  uint64_t errors_ = 0;
+};
+
+}  // namespace kvtier::daemon

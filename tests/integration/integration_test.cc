@@ -1,0 +1,355 @@
+// Multi-process tests: a real kvtierd, real worker processes, real shared memory.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "kvtier/client.h"
+#include "kvtier/wire.h"
+#include "process.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kConfig = R"(backend: host
+log_level: info
+profiles:
+  - name: it
+    layers: 2
+    kv_heads: 2
+    head_dim: 32
+    dtype: fp16
+    block_tokens: 16
+    gpu_blocks: 256
+    host_blocks: 1024
+)";
+
+Result<std::string> RunWorker(const std::string& socket, const std::vector<std::string>& args,
+                              std::chrono::milliseconds timeout = 20s) {
+  std::vector<std::string> argv = {WorkerPath(), socket};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto p = Process::Spawn(argv);
+  if (!p.ok()) return p.status();
+  auto line = p->ReadLine(timeout);
+  auto rc = p->Wait(timeout);
+  if (!line.ok()) return line.status();
+  if (!rc.ok()) return rc.status();
+  if (*rc != 0) return Internal("worker exited " + std::to_string(*rc) + ": " + *line);
+  return line;
+}
+
+std::map<std::string, double> StatsOf(Client& c) {
+  std::map<std::string, double> out;
+  auto s = c.Stats();
+  if (s.ok()) {
+    for (const auto& [k, v] : *s) out[k] = v;
+  }
+  return out;
+}
+
+std::unique_ptr<Client> Connect(const std::string& socket, std::chrono::milliseconds timeout = 2000ms) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.client_name = "integration-test";
+  o.connect_timeout = timeout;
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log(); }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
+  }
+  DaemonProcess daemon_{kConfig};
+};
+
+TEST_F(IntegrationTest, SecondProcessHitsThePrefixTheFirstCommitted) {
+  auto a = RunWorker(daemon_.socket(), {"commit", "chat-a", "7", "8"});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(JsonNumber(*a, "matched"), 0);
+  EXPECT_EQ(JsonNumber(*a, "stored"), 8);
+  // Another process, another session, the same tokens: every block hits, same bytes.
+  auto b = RunWorker(daemon_.socket(), {"read", "chat-b", "7", "8"});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(JsonNumber(*b, "probed"), 8) << *b;  // Straight from shared memory.
+  EXPECT_EQ(JsonNumber(*b, "matched"), 8) << *b;
+  EXPECT_EQ(JsonNumber(*b, "leased"), 8) << *b;
+  EXPECT_TRUE(JsonTrue(*b, "intact")) << *b;
+  // A longer prompt with the same beginning hits the shared prefix only.
+  auto c = RunWorker(daemon_.socket(), {"commit", "chat-c", "8", "4"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(JsonNumber(*c, "matched"), 0) << "another seed is another prompt";
+
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  auto sessions = client->ListSessions();
+  ASSERT_TRUE(sessions.ok());
+  EXPECT_EQ(sessions->size(), 3u);
+  auto stats = StatsOf(*client);
+  EXPECT_EQ(stats["blocks"], 12);
+  EXPECT_EQ(stats["gpu_used"], 12);
+}
+
+TEST_F(IntegrationTest, ConcurrentCommitsOfOnePrefixKeepOneCopy) {
+  constexpr int kWorkers = 4;
+  std::vector<Process> workers;
+  for (int i = 0; i < kWorkers; ++i) {
+    auto p = Process::Spawn({WorkerPath(), daemon_.socket(), "commit", "race-" + std::to_string(i), "99", "16"});
+    ASSERT_TRUE(p.ok());
+    workers.push_back(std::move(p).value());
+  }
+  double stored = 0, duplicates = 0, matched = 0;
+  for (auto& w : workers) {
+    auto line = w.ReadLine(20s);
+    ASSERT_TRUE(line.ok()) << line.status().ToString();
+    ASSERT_TRUE(JsonTrue(*line, "ok")) << *line;
+    stored += JsonNumber(*line, "stored");
+    duplicates += JsonNumber(*line, "duplicates");
+    matched += JsonNumber(*line, "matched");
+    auto rc = w.Wait(10s);
+    ASSERT_TRUE(rc.ok() && *rc == 0);
+  }
+  EXPECT_EQ(stored, 16) << "exactly one copy of each block is published";
+  EXPECT_EQ(stored + duplicates + matched, kWorkers * 16.0);
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  auto stats = StatsOf(*client);
+  EXPECT_EQ(stats["blocks"], 16);
+  EXPECT_EQ(stats["gpu_used"], 16) << "duplicate slots were freed";
+  EXPECT_EQ(stats["write_leases"], 0);
+}
+
+TEST_F(IntegrationTest, KilledWorkerLosesItsLeasesAndSlots) {
+  ASSERT_TRUE(RunWorker(daemon_.socket(), {"commit", "base", "5", "8"}).ok());
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  auto holder = Process::Spawn({WorkerPath(), daemon_.socket(), "hold", "victim", "5", "8", "32"});
+  ASSERT_TRUE(holder.ok());
+  auto line = holder->ReadLine(10s);
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  EXPECT_EQ(JsonNumber(*line, "holding"), 8);
+  auto during = StatsOf(*client);
+  EXPECT_EQ(during["read_leases"], 1);
+  EXPECT_EQ(during["write_leases"], 1);
+  EXPECT_EQ(during["gpu_used"], 8 + 32);
+
+  holder->Kill(SIGKILL);
+  ASSERT_TRUE(holder->Wait(5s).ok());
+  // The daemon notices the closed socket at once; give its loop a moment.
+  std::map<std::string, double> after;
+  for (int i = 0; i < 200; ++i) {
+    after = StatsOf(*client);
+    if (after["write_leases"] == 0 && after["read_leases"] == 0) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(after["read_leases"], 0);
+  EXPECT_EQ(after["write_leases"], 0);
+  EXPECT_EQ(after["gpu_used"], 8) << "the killed worker's uncommitted slots came back";
+  // Everyone else is unaffected: the cached prefix is still there and intact.
+  auto r = RunWorker(daemon_.socket(), {"read", "after", "5", "8"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(JsonNumber(*r, "matched"), 8);
+  EXPECT_TRUE(JsonTrue(*r, "intact"));
+}
+
+TEST_F(IntegrationTest, ClientsReconnectAfterTheDaemonIsKilledAndRestarted) {
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  const uint64_t first = client->instance_id();
+  const std::vector<TokenId> tokens(64, 17);
+  auto w = client->Allocate(4);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(client->Commit(*w, "s", BlockKey{}, 0, tokens).ok());
+  auto lease = client->Acquire("s", tokens);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->size(), 4u);
+
+  daemon_.Kill(SIGKILL);
+  ASSERT_TRUE(daemon_.Wait(5s).ok());
+  // The dead daemon left its socket and segments behind; a new one replaces them.
+  ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pong = client->Ping();
+  const auto reconnect = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(pong.ok()) << pong.status().ToString();
+  EXPECT_LT(reconnect, 1s);
+  EXPECT_NE(client->instance_id(), first);
+  // The old lease ended with the old daemon: a clear status, never a crash.
+  const Status rel = lease->Release();
+  EXPECT_EQ(rel.code(), StatusCode::kUnavailable) << rel.ToString();
+  // The cache starts empty and works.
+  auto again = client->Acquire("s", tokens);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->matched(), 0u);
+  auto w2 = client->Allocate(4);
+  ASSERT_TRUE(w2.ok()) << w2.status().ToString();
+  EXPECT_EQ(w->Release().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(IntegrationTest, WorkersRideOutDaemonRestarts) {
+  auto worker = Process::Spawn({WorkerPath(), daemon_.socket(), "loop", "3", "3.0"});
+  ASSERT_TRUE(worker.ok());
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(400ms);
+    daemon_.Kill(SIGKILL);
+    ASSERT_TRUE(daemon_.Wait(5s).ok());
+    ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+  }
+  auto line = worker->ReadLine(20s);
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  EXPECT_TRUE(JsonTrue(*line, "ok")) << *line;
+  EXPECT_GT(JsonNumber(*line, "turns"), 10) << *line;
+  EXPECT_GE(JsonNumber(*line, "reconnects"), 1) << *line;
+  EXPECT_EQ(JsonNumber(*line, "corrupt"), 0) << *line;
+  auto rc = worker->Wait(10s);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 0);
+}
+
+// A raw connection for sending arbitrary bytes.
+class RawConn {
+ public:
+  explicit RawConn(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawConn() { ::close(fd_); }
+  bool ok() const { return ok_; }
+  void Send(const std::vector<uint8_t>& b) { (void)!::send(fd_, b.data(), b.size(), MSG_NOSIGNAL); }
+  // The next frame, decoded; an error status at EOF.
+  Result<wire::Message> Receive() {
+    std::array<uint8_t, wire::kHeaderBytes> h{};
+    if (!ReadAll(h.data(), h.size())) return Unavailable("closed");
+    auto header = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(h));
+    if (!header.ok()) return header.status();
+    std::vector<uint8_t> payload(header->payload_length);
+    if (!ReadAll(payload.data(), payload.size())) return Unavailable("closed mid-frame");
+    return wire::DecodePayload(*header, payload);
+  }
+  // True once the daemon closed the connection (EOF or reset), within 5 s.
+  bool Closed() {
+    uint8_t b;
+    const ssize_t r = ::recv(fd_, &b, 1, 0);
+    if (r > 0) std::fprintf(stderr, "unexpected byte 0x%02x after the error frame\n", b);
+    return r == 0 || (r < 0 && errno == ECONNRESET);
+  }
+
+ private:
+  bool ReadAll(uint8_t* p, size_t n) {
+    while (n > 0) {
+      const ssize_t r = ::recv(fd_, p, n, 0);
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  }
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+StatusCode ErrorCodeOf(const Result<wire::Message>& m) {
+  if (!m.ok()) return StatusCode::kOk;
+  const auto* e = std::get_if<wire::ErrorResponse>(&*m);
+  return e == nullptr ? StatusCode::kOk : e->code;
+}
+
+TEST_F(IntegrationTest, BadFramesCloseOnlyTheirConnection) {
+  auto good = Connect(daemon_.socket());
+  ASSERT_NE(good, nullptr);
+  ASSERT_TRUE(good->Ping().ok());
+
+  {  // Garbage instead of a header.
+    RawConn c(daemon_.socket());
+    ASSERT_TRUE(c.ok());
+    c.Send(std::vector<uint8_t>(24, 0xAB));
+    EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kProtocolError);
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A wrong protocol version.
+    RawConn c(daemon_.socket());
+    auto frame = wire::EncodeFrame(1, wire::Ping{1});
+    frame[4] = 9;
+    c.Send(frame);
+    EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kVersionMismatch);
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A header declaring a 4 GiB payload: refused before any payload is read.
+    RawConn c(daemon_.socket());
+    auto frame = wire::EncodeFrame(1, wire::Ping{1});
+    frame[16] = frame[17] = frame[18] = frame[19] = 0xFF;
+    c.Send(frame);
+    EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kProtocolError);
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A well-formed frame before Hello.
+    RawConn c(daemon_.socket());
+    c.Send(wire::EncodeFrame(1, wire::StatsRequest{}));
+    EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A valid header with a payload that does not decode.
+    RawConn c(daemon_.socket());
+    c.Send(wire::EncodeFrame(1, wire::Hello{}));
+    ASSERT_TRUE(c.Receive().ok());
+    auto frame = wire::EncodeFrame(2, wire::AcquireRequest{"s", 1, {BlockKey{1, 2}}, std::vector<TokenId>(16, 3)});
+    frame[wire::kHeaderBytes + 4 + 1 + 1] = 0xFF;  // Corrupt the key count.
+    c.Send(frame);
+    EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kProtocolError);
+    EXPECT_TRUE(c.Closed());
+  }
+  {  // A client that says Hello with an unsupported protocol range.
+    RawConn c(daemon_.socket());
+    wire::Hello h;
+    h.min_version = 2;
+    h.max_version = 3;
+    c.Send(wire::EncodeFrame(1, h));
+    EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kVersionMismatch);
+  }
+  // The daemon still serves the well-behaved client, and new ones.
+  ASSERT_TRUE(good->Ping().ok());
+  auto r = RunWorker(daemon_.socket(), {"commit", "fine", "1", "2"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+}
+
+TEST_F(IntegrationTest, ASecondDaemonOnTheSameSocketRefuses) {
+  auto rc = daemon_.StartSecondInstance();
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 1);
+  EXPECT_NE(daemon_.log().find("another kvtierd is running"), std::string::npos) << daemon_.log();
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->Ping().ok()) << "the first daemon still serves";
+}
+
+TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
+  const std::string socket = daemon_.socket();
+  const std::string shm = "/dev/shm/" + daemon_.instance() + ".it.index";
+  ASSERT_EQ(::access(shm.c_str(), F_OK), 0);
+  daemon_.Kill(SIGTERM);
+  auto rc = daemon_.Wait(10s);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 0);
+  EXPECT_NE(::access(socket.c_str(), F_OK), 0);
+  EXPECT_NE(::access(shm.c_str(), F_OK), 0);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
