@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <thread>
 
@@ -12,6 +13,7 @@
 
 #include "kvtier/client.h"
 #include "kvtier/wire.h"
+#include "payload.h"
 #include "process.h"
 
 namespace kvtier::testing {
@@ -216,6 +218,54 @@ TEST_F(IntegrationTest, WorkersRideOutDaemonRestarts) {
   auto rc = worker->Wait(10s);
   ASSERT_TRUE(rc.ok());
   EXPECT_EQ(*rc, 0);
+}
+
+TEST_F(IntegrationTest, OneClientSharedByManyThreads) {
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kTurns = 60;
+  std::atomic<int> corrupt{0}, failures{0}, hits{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int turn = 0; turn < kTurns; ++turn) {
+        // Threads share conversations, so their prefixes and commits overlap.
+        const int conv = (turn + t) % 6;
+        std::vector<TokenId> tokens(16 * (2 + turn % 7));
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(conv * 1000 + i);
+        const std::vector<BlockKey> keys = client->Keys(tokens);
+        auto lease = client->Acquire("conv-" + std::to_string(conv), tokens);
+        if (!lease.ok() || !lease->Wait(10s).ok()) {
+          ++failures;
+          continue;
+        }
+        hits += static_cast<int>(lease->size());
+        for (size_t i = 0; i < lease->size(); ++i) {
+          corrupt += PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes()) ? 0 : 1;
+        }
+        const uint32_t have = static_cast<uint32_t>(lease->size());
+        if (have == keys.size()) continue;
+        auto w = client->Allocate(static_cast<uint32_t>(keys.size()) - have);
+        if (!w.ok()) {
+          ++failures;
+          continue;
+        }
+        for (size_t i = 0; i < w->size(); ++i) FillPayload(keys[have + i], w->data(i), w->slot_bytes());
+        auto r = client->Commit(*w, "conv-" + std::to_string(conv), have ? keys[have - 1] : BlockKey{}, have,
+                                std::span<const TokenId>(tokens).subspan(size_t{have} * 16));
+        if (!r.ok()) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(corrupt.load(), 0);
+  EXPECT_GT(hits.load(), kThreads * kTurns);
+  auto stats = StatsOf(*client);
+  EXPECT_EQ(stats["read_leases"], 0) << "every RAII lease was released";
+  EXPECT_EQ(stats["write_leases"], 0);
+  EXPECT_EQ(stats["gpu_used"] + stats["host_used"], stats["blocks"]) << "no slot leaked";
 }
 
 // A raw connection for sending arbitrary bytes.

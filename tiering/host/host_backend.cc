@@ -112,7 +112,7 @@ class HostBackend final : public Backend {
   }
 
   void SetCompletionNotifier(std::function<void()> notify) override {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(notify_mu_);  // Once this returns, the old notifier is not running.
     notify_ = std::move(notify);
   }
 
@@ -144,7 +144,14 @@ class HostBackend final : public Backend {
       lock.lock();
       std::atomic_ref<uint64_t>(state_->completed[s]).store(job.seq, std::memory_order_release);
       done_cv_.notify_all();
-      if (notify_) notify_();
+      lock.unlock();
+      {
+        // Outside mu_: the notifier may take its caller's locks, and those callers
+        // may submit or wait meanwhile.
+        std::lock_guard notify_lock(notify_mu_);
+        if (notify_) notify_();
+      }
+      lock.lock();
     }
   }
 
@@ -157,7 +164,8 @@ class HostBackend final : public Backend {
   std::condition_variable work_cv_;
   std::deque<CopyJob> queues_[kCopyStreams];  // GUARDED_BY(mu_)
   uint64_t submitted_[kCopyStreams] = {0, 0}; // GUARDED_BY(mu_)
-  std::function<void()> notify_;              // GUARDED_BY(mu_)
+  std::mutex notify_mu_;
+  std::function<void()> notify_;              // GUARDED_BY(notify_mu_)
   bool stopping_ = false;                     // GUARDED_BY(mu_)
   std::thread worker_;
 };
