@@ -18,7 +18,7 @@ enum class BlockState : uint8_t { kFree, kReady, kDemoting, kPromoting };
 
 struct Record {
   BlockKey key;
-  uint64_t last_use = 0;
+  uint64_t last_use = 0;  // Clock of the last use through a session; orders demotion.
   uint64_t move_seq = 0;  // Fence sequence of the copy in flight; 0 until submitted.
   uint32_t slot = 0;      // Slot in `tier` (the source while moving).
   uint32_t dst_slot = 0;  // Slot in the other tier while moving.
@@ -135,6 +135,7 @@ struct Engine::Impl {
 
   void Touch(Session* s) {
     s->last_use = clock;
+    s->used_at = std::chrono::steady_clock::now();
     policy->Touch(s);
   }
 
@@ -264,27 +265,50 @@ struct Engine::Impl {
     return alloc[static_cast<int>(tier)].free_count() - before;
   }
 
+  // How many slots of `tier` DropFromTier(tier, need) would free (up to `need`),
+  // without changing anything: the same walk, counting references instead of
+  // dropping them.
+  uint32_t Droppable(Tier tier, uint32_t need) const {
+    std::unordered_map<uint32_t, uint32_t> refs_left;
+    uint32_t freed = 0;
+    policy->VisitColdest([&](Session* s) {
+      for (auto it = s->chain.rbegin(); it != s->chain.rend() && freed < need; ++it) {
+        const Record& rec = records[*it];
+        if (rec.state != BlockState::kReady || rec.tier != tier || rec.readers != 0) break;
+        auto [left, inserted] = refs_left.try_emplace(*it, rec.refs);
+        if (--left->second == 0) ++freed;
+      }
+      return freed < need;
+    });
+    return freed;
+  }
+
   bool Demotable(const Record& rec) const {
     return rec.state == BlockState::kReady && rec.tier == Tier::kGpu && rec.readers == 0;
   }
 
   // Schedules demotion of up to `need` blocks, coldest sessions first. A block
-  // used by a warmer session since this session's last use is left alone.
+  // used by a warmer session since this session's last use is left for that
+  // session's turn; if a whole walk does not find enough, a second walk takes such
+  // blocks too (the warmer user may be gone: evicted, or cut off the block).
   uint32_t DemoteColdest(uint32_t need) {
     const uint32_t host_free = alloc[kHost].free_count();
     if (host_free < need) DropFromTier(Tier::kHost, need - host_free);
     uint32_t scheduled = 0;
-    policy->VisitColdest([&](Session* s) {
-      for (uint32_t r : s->chain) {
-        if (scheduled >= need || alloc[kHost].free_count() == 0) return false;
-        const Record& rec = records[r];
-        if (Demotable(rec) && rec.last_use <= s->last_use) {
-          ScheduleMove(r, CopyDirection::kGpuToHost);
-          ++scheduled;
+    for (const bool defer_shared : {true, false}) {
+      policy->VisitColdest([&](Session* s) {
+        for (uint32_t r : s->chain) {
+          if (scheduled >= need || alloc[kHost].free_count() == 0) return false;
+          const Record& rec = records[r];
+          if (Demotable(rec) && (!defer_shared || rec.last_use <= s->last_use)) {
+            ScheduleMove(r, CopyDirection::kGpuToHost);
+            ++scheduled;
+          }
         }
-      }
-      return scheduled < need && alloc[kHost].free_count() > 0;
-    });
+        return scheduled < need && alloc[kHost].free_count() > 0;
+      });
+      if (scheduled >= need || alloc[kHost].free_count() == 0) break;
+    }
     Flush(CopyDirection::kGpuToHost);
     return scheduled;
   }
@@ -402,7 +426,11 @@ Result<WriteLease> Engine::Allocate(uint32_t count) {
     if (!m.backend.Wait(demotions.front().fence, std::chrono::milliseconds(200)).ok()) break;
     m.Poll();
   }
-  if (m.alloc[kGpu].free_count() < count) m.DropFromTier(Tier::kGpu, count - m.alloc[kGpu].free_count());
+  if (m.alloc[kGpu].free_count() < count) {
+    // Drop only when dropping makes enough room: a failed allocation loses nothing.
+    const uint32_t short_by = count - m.alloc[kGpu].free_count();
+    if (m.Droppable(Tier::kGpu, short_by) >= short_by) m.DropFromTier(Tier::kGpu, short_by);
+  }
   if (m.alloc[kGpu].free_count() < count) {
     ++m.st.allocation_failures;
     return ResourceExhausted("gpu tier full: " + std::to_string(m.alloc[kGpu].free_count()) + " of " +
@@ -511,15 +539,19 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
                            std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
   }
   ++m.clock;
-  // Find or make the session first: making one may evict another, freeing blocks.
-  Session* s = session_id.empty() ? nullptr : m.GetOrCreateSession(session_id, NamespaceTag(ns));
   std::vector<uint32_t> recs;
   const uint32_t matched = m.MatchRecords(ns, keys, tokens, &recs);
   m.st.hit_blocks += matched;
   m.st.miss_blocks += keys.size() - matched;
-  for (uint32_t r : recs) m.records[r].last_use = m.clock;
-  if (s != nullptr) {
-    for (uint32_t r : recs) m.Ref(r);  // Take the new references before dropping the old.
+  Session* s = nullptr;
+  if (!session_id.empty()) {
+    // Take the new references before making the session (making one may evict
+    // another, whose blocks may be these) and before dropping the old ones.
+    for (uint32_t r : recs) m.Ref(r);
+    s = m.GetOrCreateSession(session_id, NamespaceTag(ns));
+    // Only a session's use orders demotion; a reader without one (a probe, a
+    // scheduler) must not make blocks look warmer than every session holding them.
+    for (uint32_t r : recs) m.records[r].last_use = m.clock;
     std::vector<uint32_t> old = std::move(s->chain);
     s->chain = recs;
     for (auto r = old.rbegin(); r != old.rend(); ++r) m.Unref(*r);
@@ -532,23 +564,25 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
   uint64_t wait_seq = 0;
   for (uint32_t r : recs) {
     Record& rec = m.records[r];
-    BlockLocation loc{rec.tier, rec.slot};
-    if (rec.state == BlockState::kPromoting) {
-      loc = BlockLocation{Tier::kGpu, rec.dst_slot};
-      ++out.promoted;
-    } else if (rec.state == BlockState::kReady && rec.tier == Tier::kHost && promote && rec.readers == 0) {
+    if (rec.state == BlockState::kReady && rec.tier == Tier::kHost && promote && rec.readers == 0) {
       if (m.alloc[kGpu].free_count() == 0) break;  // No room to promote: lease what we have.
       m.ScheduleMove(r, CopyDirection::kHostToGpu);
-      loc = BlockLocation{Tier::kGpu, rec.dst_slot};
-      ++out.promoted;
     }
     ++rec.readers;
     lease.items.push_back(r);
-    out.blocks.push_back(loc);
   }
   m.Flush(CopyDirection::kHostToGpu);
+  // Locations are read after the flush: if the backend refused a batch, its moves
+  // were cancelled and those blocks are leased where they are.
   for (uint32_t r : lease.items) {
-    if (m.records[r].state == BlockState::kPromoting) wait_seq = std::max(wait_seq, m.records[r].move_seq);
+    const Record& rec = m.records[r];
+    if (rec.state == BlockState::kPromoting) {
+      out.blocks.push_back(BlockLocation{Tier::kGpu, rec.dst_slot});
+      ++out.promoted;
+      wait_seq = std::max(wait_seq, rec.move_seq);
+    } else {
+      out.blocks.push_back(BlockLocation{rec.tier, rec.slot});
+    }
   }
   out.fence = Fence{wait_seq, CopyDirection::kHostToGpu};
   if (!lease.items.empty()) out.id = m.NewLease(std::move(lease));
@@ -638,6 +672,9 @@ SessionInfo Describe(const Session& s, const std::vector<Record>& records, uint3
   info.ns_tag = s.ns_tag;
   info.priority = s.priority;
   info.last_use = s.last_use;
+  info.idle_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - s.used_at)
+                                           .count());
   info.blocks = static_cast<uint32_t>(s.chain.size());
   info.tokens = uint64_t{info.blocks} * block_tokens;
   for (uint32_t r : s.chain) {

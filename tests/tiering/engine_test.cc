@@ -1,0 +1,1538 @@
+// Engine: the write and read paths, sessions, leases, tiering and pressure.
+//
+// Most tests run on the real host backend. Tests that need a copy to stay in
+// flight (or a backend that refuses work) use ManualBackend, whose copies land
+// only when the test says so.
+#include "kvtier/tiering/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <ostream>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/shm_segment.h"
+#include "kvtier/tiering/host_backend.h"
+#include "support/test_names.h"
+
+namespace kvtier {
+// Readable tiers in assertion messages.
+void PrintTo(Tier tier, std::ostream* os) { *os << TierName(tier); }
+}  // namespace kvtier
+
+namespace kvtier::tiering {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr uint32_t kBt = 4;  // Tokens per block.
+constexpr auto kWait = std::chrono::seconds(10);
+
+ModelProfile TestProfile() { return ModelProfile{"test", 2, 1, 8, DType::kF16, kBt}; }  // 256-byte blocks.
+
+// --- A backend whose copies land only when the test runs them ------------------
+
+class HeapPool final : public Pool {
+ public:
+  HeapPool(const PoolSpec& spec, std::unique_ptr<std::byte[]> mem)
+      : Pool(spec.tier, spec.slot_bytes, spec.slots, mem.get()), mem_(std::move(mem)) {}
+  PoolHandle Export() const override {
+    PoolHandle h;
+    h.tier = tier();
+    h.slot_bytes = slot_bytes();
+    h.slots = slots();
+    return h;
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> mem_;
+};
+
+class ManualBackend final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::kHost; }
+  std::string Describe() const override { return "manual (test)"; }
+
+  Result<std::unique_ptr<Pool>> CreatePool(const PoolSpec& spec) override {
+    auto mem = std::make_unique<std::byte[]>(spec.slot_bytes * spec.slots);
+    return std::unique_ptr<Pool>(new HeapPool(spec, std::move(mem)));
+  }
+
+  Result<Fence> SubmitCopies(CopyDirection dir, const Pool& src, const Pool& dst,
+                             std::span<const CopyOp> ops) override {
+    if (refuse_submits > 0) {
+      --refuse_submits;
+      return Unavailable("copy refused by the test");
+    }
+    const int d = static_cast<int>(dir);
+    EXPECT_EQ(src.slot_bytes(), dst.slot_bytes());
+    EXPECT_EQ(src.tier(), dir == CopyDirection::kGpuToHost ? Tier::kGpu : Tier::kHost);
+    jobs_[d].push_back(Job{++submitted_[d], &src, &dst, std::vector<CopyOp>(ops.begin(), ops.end())});
+    return Fence{submitted_[d], dir};
+  }
+
+  bool IsComplete(const Fence& f) const override {
+    return f.IsNull() || completed_[static_cast<int>(f.stream)] >= f.seq;
+  }
+
+  Status Wait(const Fence& f, milliseconds) const override {
+    ++wait_calls;
+    if (!IsComplete(f) && complete_on_wait) RunUntil(f);
+    if (IsComplete(f)) return Status::Ok();
+    return Status(StatusCode::kTimeout, "manual backend: copy not run");
+  }
+
+  void SetCompletionNotifier(std::function<void()>) override {}
+  std::string FenceSegmentName() const override { return ""; }
+
+  // Lands every queued copy, promotions first.
+  void RunAll() const {
+    for (int d : {static_cast<int>(CopyDirection::kHostToGpu), static_cast<int>(CopyDirection::kGpuToHost)}) {
+      while (!jobs_[d].empty()) RunOne(d);
+    }
+  }
+  size_t queued_ops() const {
+    size_t n = 0;
+    for (const auto& q : jobs_) {
+      for (const Job& j : q) n += j.ops.size();
+    }
+    return n;
+  }
+
+  mutable int wait_calls = 0;
+  bool complete_on_wait = false;  // Wait runs the copies it waits for, like a synchronous device.
+  int refuse_submits = 0;         // The next N SubmitCopies calls fail.
+
+ private:
+  struct Job {
+    uint64_t seq;
+    const Pool* src;
+    const Pool* dst;
+    std::vector<CopyOp> ops;
+  };
+
+  void RunOne(int d) const {
+    const Job& j = jobs_[d].front();
+    for (const CopyOp& op : j.ops)
+      std::memcpy(j.dst->slot_data(op.dst_slot), j.src->slot_data(op.src_slot), j.src->slot_bytes());
+    completed_[d] = j.seq;
+    jobs_[d].pop_front();
+  }
+  void RunUntil(const Fence& f) const {
+    const int d = static_cast<int>(f.stream);
+    while (completed_[d] < f.seq && !jobs_[d].empty()) RunOne(d);
+  }
+
+  mutable std::deque<Job> jobs_[kCopyStreams];
+  uint64_t submitted_[kCopyStreams] = {0, 0};
+  mutable uint64_t completed_[kCopyStreams] = {0, 0};
+};
+
+// --- Test data -----------------------------------------------------------------
+
+// Token IDs and block keys of a conversation.
+struct Chain {
+  std::vector<TokenId> tokens;  // Whole blocks only.
+  std::vector<BlockKey> keys;
+
+  uint32_t blocks() const { return static_cast<uint32_t>(keys.size()); }
+  std::span<const TokenId> tokens_from(uint32_t block) const {
+    return std::span<const TokenId>(tokens).subspan(size_t{block} * kBt);
+  }
+  std::span<const TokenId> block(uint32_t i) const {
+    return std::span<const TokenId>(tokens).subspan(size_t{i} * kBt, kBt);
+  }
+};
+
+// The bytes of the block with `key`: a function of the key, so any slot can be
+// checked against the block it should hold.
+std::byte ByteOf(const BlockKey& key, size_t i) {
+  const uint64_t w = (i / 8) % 2 ? key.hi : key.lo;
+  return static_cast<std::byte>((w >> (8 * (i % 8))) ^ (i * 131));
+}
+
+struct Freed {
+  BlockKey key;
+  bool dropped;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    prefix_ = testing::UniqueShmPrefix("engine");
+    HostBackendOptions o;
+    o.name_prefix = prefix_;
+    auto b = CreateHostBackend(o);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    host_backend_ = std::move(b).value();
+  }
+
+  void TearDown() override {
+    if (engine_ != nullptr) {
+      const Status st = engine_->CheckInvariants();
+      EXPECT_TRUE(st.ok()) << "at teardown: " << st.ToString();
+    }
+  }
+
+  // No automatic pressure unless a test lowers the watermarks.
+  EngineOptions Options(uint32_t gpu_slots, uint32_t host_slots) {
+    EngineOptions o;
+    o.profile = TestProfile();
+    o.gpu_slots = gpu_slots;
+    o.host_slots = host_slots;
+    o.gpu_high_watermark = o.gpu_low_watermark = 1.0;
+    o.host_high_watermark = o.host_low_watermark = 1.0;
+    o.name = "engine" + std::to_string(engines_made_);
+    o.index_segment = "/" + prefix_ + ".index" + std::to_string(engines_made_);
+    o.on_free = [this](const BlockKey& key, bool dropped) { freed_.push_back(Freed{key, dropped}); };
+    return o;
+  }
+
+  void Start(const EngineOptions& o, bool manual = false) {
+    ++engines_made_;
+    engine_.reset();
+    if (manual) manual_ = std::make_unique<ManualBackend>();
+    backend_ = manual ? static_cast<Backend*>(manual_.get()) : host_backend_.get();
+    auto e = Engine::Create(o, *backend_);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    auto seg = ShmSegment::Open(engine_->index_segment_name(), false);
+    ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+    index_mapping_ = std::move(seg).value();
+    auto view = IndexView::Attach(index_mapping_.data(), index_mapping_.size());
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    view_ = *view;
+  }
+
+  Chain MakeChain(uint32_t seed, uint32_t blocks, const Chain* prefix = nullptr) {
+    Chain c;
+    if (prefix != nullptr) c.tokens = prefix->tokens;
+    for (uint32_t i = 0; i < blocks * kBt; ++i) c.tokens.push_back(seed * 100003u + i);
+    c.keys.resize(c.tokens.size() / kBt);
+    EXPECT_EQ(ComputeKeys(ns_, BlockKey{}, c.tokens, kBt, c.keys), c.keys.size());
+    for (uint32_t i = 0; i < c.blocks(); ++i) {
+      known_[c.keys[i]] =
+          Known{i == 0 ? BlockKey{} : c.keys[i - 1], std::vector<TokenId>(c.block(i).begin(), c.block(i).end())};
+    }
+    return c;
+  }
+
+  void FillBlock(std::byte* p, const BlockKey& key) const {
+    for (size_t i = 0; i < engine_->profile().BlockBytes(); ++i) p[i] = ByteOf(key, i);
+  }
+  bool Holds(const BlockLocation& loc, const BlockKey& key) const {
+    const std::byte* p = engine_->pool(loc.tier).slot_data(loc.slot);
+    for (size_t i = 0; i < engine_->profile().BlockBytes(); ++i) {
+      if (p[i] != ByteOf(key, i)) return false;
+    }
+    return true;
+  }
+
+  // Writes blocks [from, end) of `c` and commits them to `session`, as a worker
+  // does after prefill. The write lease is released.
+  CommitResult Put(const std::string& session, const Chain& c, uint32_t from = 0) {
+    const uint32_t n = c.blocks() - from;
+    auto w = engine_->Allocate(n);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    if (!w.ok()) return {};
+    EXPECT_EQ(w->slots.size(), n);
+    for (uint32_t i = 0; i < n; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[from + i]);
+    auto r = engine_->Commit(w->id, session, ns_, from == 0 ? BlockKey{} : c.keys[from - 1], from, c.tokens_from(from),
+                             w->slots);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(engine_->Release(w->id).ok());
+    return r.ok() ? *r : CommitResult{};
+  }
+
+  Result<ReadLease> Get(const std::string& session, const Chain& c, bool promote = true) {
+    return engine_->Acquire(session, ns_, c.keys, c.tokens, promote);
+  }
+
+  // Waits for the lease's fence, then checks every leased block's bytes.
+  void ExpectLeaseHolds(const ReadLease& lease, const Chain& c) {
+    ASSERT_TRUE(backend_->Wait(lease.fence, kWait).ok());
+    ASSERT_LE(lease.blocks.size(), c.blocks());
+    for (size_t i = 0; i < lease.blocks.size(); ++i) {
+      EXPECT_TRUE(Holds(lease.blocks[i], c.keys[i]))
+          << "block " << i << " in " << TierName(lease.blocks[i].tier) << " slot " << lease.blocks[i].slot;
+    }
+  }
+
+  // Leases `c` without promoting, checks its bytes wherever they are, releases.
+  void ExpectChainHolds(const Chain& c, uint32_t expect_blocks) {
+    auto lease = Get("", c, /*promote=*/false);
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    EXPECT_EQ(lease->matched, expect_blocks);
+    EXPECT_EQ(lease->blocks.size(), expect_blocks);
+    ExpectLeaseHolds(*lease, c);
+    if (lease->id != 0) {
+      EXPECT_TRUE(engine_->Release(lease->id).ok());
+    }
+  }
+
+  uint32_t Matched(const Chain& c) const { return engine_->Match(ns_, c.keys, c.tokens); }
+
+  std::vector<Tier> Tiers(const std::string& session) const {
+    auto info = engine_->GetSession(session);
+    EXPECT_TRUE(info.ok()) << info.status().ToString();
+    return info.ok() ? info->tiers : std::vector<Tier>{};
+  }
+  static std::vector<Tier> All(Tier t, size_t n) { return std::vector<Tier>(n, t); }
+
+  // Engine invariants, plus: every block of every session is in the shared index
+  // with its tokens, parent and namespace, in the tier the session reports.
+  void ExpectConsistent() {
+    const Status st = engine_->CheckInvariants();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    for (const SessionInfo& s : engine_->ListSessions()) {
+      auto info = engine_->GetSession(s.id);
+      ASSERT_TRUE(info.ok());
+      for (size_t i = 0; i < info->chain.size(); ++i) {
+        auto it = known_.find(info->chain[i]);
+        ASSERT_NE(it, known_.end()) << "session " << s.id << " holds a block no test made";
+        IndexEntry e;
+        ASSERT_TRUE(view_.Find(info->chain[i], it->second.parent, NamespaceTag(ns_), it->second.tokens, &e))
+            << "session " << s.id << " block " << i << " missing from the shared index";
+        EXPECT_EQ(e.tier, info->tiers[i]) << "session " << s.id << " block " << i;
+      }
+    }
+  }
+
+  size_t FreedCount(bool dropped) const {
+    return static_cast<size_t>(
+        std::count_if(freed_.begin(), freed_.end(), [&](const Freed& f) { return f.dropped == dropped; }));
+  }
+  bool WasFreed(const BlockKey& key, bool dropped) const {
+    return std::any_of(freed_.begin(), freed_.end(),
+                       [&](const Freed& f) { return f.key == key && f.dropped == dropped; });
+  }
+
+  struct Known {
+    BlockKey parent;
+    std::vector<TokenId> tokens;
+  };
+
+  std::string prefix_;
+  std::unique_ptr<Backend> host_backend_;
+  std::unique_ptr<ManualBackend> manual_;
+  Backend* backend_ = nullptr;
+  std::vector<Freed> freed_;
+  std::unordered_map<BlockKey, Known, BlockKeyHash> known_;
+  ShmSegment index_mapping_;
+  IndexView view_;
+  int engines_made_ = 0;
+  const Namespace ns_ = Namespace::Make(TestProfile().Fingerprint(), "tenant");
+  std::unique_ptr<Engine> engine_;  // Last: destroyed before the backends.
+};
+
+#define EXPECT_INVARIANTS()                                  \
+  do {                                                       \
+    const ::kvtier::Status _st = engine_->CheckInvariants(); \
+    EXPECT_TRUE(_st.ok()) << _st.ToString();                 \
+  } while (0)
+
+// --- Write and read paths --------------------------------------------------------
+
+TEST_F(EngineTest, AllocateCommitAcquireRoundTrip) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 3);
+  auto w = engine_->Allocate(3);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_EQ(w->slots.size(), 3u);
+  EXPECT_NE(w->id, 0u);
+  std::vector<uint32_t> sorted = w->slots;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "distinct slots";
+  for (uint32_t s : w->slots) EXPECT_LT(s, 8u);
+  EXPECT_EQ(engine_->stats().used[0], 3u);
+  EXPECT_EQ(engine_->stats().write_leases, 1u);
+  EXPECT_INVARIANTS();
+
+  for (uint32_t i = 0; i < 3; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[i]);
+  auto r = engine_->Commit(w->id, "chat", ns_, BlockKey{}, 0, c.tokens, w->slots);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stored, 3u);
+  EXPECT_EQ(r->duplicates, 0u);
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EngineStats st = engine_->stats();
+  EXPECT_EQ(st.used[0], 3u) << "committed slots belong to the blocks now";
+  EXPECT_EQ(st.write_leases, 0u);
+  EXPECT_EQ(st.blocks, 3u);
+  EXPECT_EQ(st.sessions, 1u);
+  EXPECT_EQ(st.committed_blocks, 3u);
+  EXPECT_EQ(Matched(c), 3u);
+  ExpectConsistent();
+
+  auto lease = Get("chat", c);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_NE(lease->id, 0u);
+  EXPECT_EQ(lease->matched, 3u);
+  EXPECT_EQ(lease->promoted, 0u);
+  EXPECT_TRUE(lease->fence.IsNull());
+  ASSERT_EQ(lease->blocks.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(lease->blocks[i].tier, Tier::kGpu);
+    EXPECT_EQ(lease->blocks[i].slot, w->slots[i]) << "the block lives where it was written";
+  }
+  ExpectLeaseHolds(*lease, c);
+  st = engine_->stats();
+  EXPECT_EQ(st.read_leases, 1u);
+  EXPECT_EQ(st.hit_blocks, 3u);
+  EXPECT_EQ(st.miss_blocks, 0u);
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(engine_->stats().read_leases, 0u);
+  EXPECT_EQ(engine_->stats().blocks, 3u) << "the session still holds them";
+  EXPECT_TRUE(freed_.empty());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, MatchFindsTheLongestVerifiedPrefix) {
+  Start(Options(16, 8));
+  const Chain c = MakeChain(1, 3);
+  Put("a", c);
+  const Chain longer = MakeChain(2, 2, &c);  // c's 3 blocks + 2 more.
+  EXPECT_EQ(Matched(longer), 3u);
+  EXPECT_EQ(Matched(c), 3u);
+
+  Chain changed = c;  // Right keys, but a token of block 1 differs: verified only up to block 0.
+  changed.tokens[kBt + 1] += 1;
+  EXPECT_EQ(engine_->Match(ns_, changed.keys, changed.tokens), 1u);
+  const Namespace other = Namespace::Make(TestProfile().Fingerprint(), "other tenant");
+  EXPECT_EQ(engine_->Match(other, c.keys, c.tokens), 0u) << "tenants never see each other's blocks";
+  std::vector<BlockKey> other_keys(3);
+  ComputeKeys(other, BlockKey{}, c.tokens, kBt, other_keys);
+  EXPECT_EQ(engine_->Match(other, other_keys, c.tokens), 0u);
+  // Fewer tokens than keys: only whole blocks with tokens count.
+  EXPECT_EQ(engine_->Match(ns_, c.keys, c.tokens_from(0).first(2 * kBt + 1)), 2u);
+  // Match has no side effects.
+  EXPECT_EQ(engine_->stats().hit_blocks, 0u);
+  EXPECT_EQ(engine_->stats().miss_blocks, 0u);
+  EXPECT_EQ(engine_->stats().read_leases, 0u);
+
+  auto lease = Get("b", longer);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 3u);
+  EXPECT_EQ(lease->blocks.size(), 3u);
+  ExpectLeaseHolds(*lease, longer);
+  EXPECT_EQ(engine_->stats().hit_blocks, 3u);
+  EXPECT_EQ(engine_->stats().miss_blocks, 2u);
+  auto b = engine_->GetSession("b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->blocks, 3u) << "the session's chain becomes the matched prefix";
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, AcquireOfNothingLeasesNothing) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(9, 2);
+  auto lease = Get("", c);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->id, 0u);
+  EXPECT_EQ(lease->matched, 0u);
+  EXPECT_TRUE(lease->blocks.empty());
+  EXPECT_TRUE(lease->fence.IsNull());
+  EXPECT_EQ(engine_->stats().sessions, 0u) << "no session name, no session";
+  auto named = Get("new", c);
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->id, 0u);
+  auto info = engine_->GetSession("new");
+  ASSERT_TRUE(info.ok()) << "a named acquire creates the session";
+  EXPECT_EQ(info->blocks, 0u);
+  EXPECT_EQ(engine_->stats().miss_blocks, 4u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, DuplicateCommitKeepsTheFirstCopyAndFreesTheSlot) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 3);
+  Put("a", c);
+  ASSERT_EQ(engine_->stats().used[0], 3u);
+
+  // A second worker prefilled the same prompt concurrently and commits it too,
+  // with other bytes in its slots.
+  auto w = engine_->Allocate(3);
+  ASSERT_TRUE(w.ok());
+  for (uint32_t s : w->slots)
+    std::memset(engine_->pool(Tier::kGpu).slot_data(s), 0xee, engine_->profile().BlockBytes());
+  EXPECT_EQ(engine_->stats().used[0], 6u);
+  auto r = engine_->Commit(w->id, "b", ns_, BlockKey{}, 0, c.tokens, w->slots);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stored, 0u);
+  EXPECT_EQ(r->duplicates, 3u);
+  EXPECT_EQ(engine_->stats().used[0], 3u) << "duplicate slots are freed at commit";
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EngineStats st = engine_->stats();
+  EXPECT_EQ(st.used[0], 3u);
+  EXPECT_EQ(st.blocks, 3u);
+  EXPECT_EQ(st.duplicate_blocks, 3u);
+  EXPECT_EQ(st.committed_blocks, 3u);
+  auto b = engine_->GetSession("b");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->chain, c.keys) << "the duplicate session shares the first copy";
+  ExpectChainHolds(c, 3);
+
+  // Partly new: 3 duplicates and 2 new blocks.
+  const Chain longer = MakeChain(2, 2, &c);
+  const CommitResult r2 = Put("c", longer);
+  EXPECT_EQ(r2.stored, 2u);
+  EXPECT_EQ(r2.duplicates, 3u);
+  EXPECT_EQ(engine_->stats().used[0], 5u);
+  ExpectChainHolds(longer, 5);
+  // Evicting the first writer keeps the blocks for the others.
+  ASSERT_TRUE(engine_->Evict("a").ok());
+  EXPECT_EQ(Matched(longer), 5u);
+  EXPECT_TRUE(freed_.empty());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, CommitPartOfALeaseKeepsTheRestReserved) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(3, 2);
+  auto w = engine_->Allocate(4);
+  ASSERT_TRUE(w.ok());
+  for (uint32_t i = 0; i < 2; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i + 1]), c.keys[i]);
+  const uint32_t slots[] = {w->slots[1], w->slots[2]};
+  auto r = engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, slots);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(engine_->stats().used[0], 4u);
+  EXPECT_EQ(engine_->stats().write_leases, 1u);
+  EXPECT_INVARIANTS();
+  // A committed slot cannot be committed again through the lease.
+  const Chain d = MakeChain(4, 1);
+  const uint32_t again[] = {w->slots[1]};
+  EXPECT_EQ(engine_->Commit(w->id, "s2", ns_, BlockKey{}, 0, d.tokens, again).status().code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_EQ(engine_->stats().used[0], 2u) << "the uncommitted slots come free on release";
+  ExpectChainHolds(c, 2);
+  ExpectConsistent();
+}
+
+// --- Sessions -----------------------------------------------------------------------
+
+TEST_F(EngineTest, SessionsShareASystemPromptPrefix) {
+  Start(Options(16, 8));
+  const Chain system = MakeChain(100, 2);
+  const Chain a = MakeChain(1, 2, &system);
+  const Chain b = MakeChain(2, 2, &system);
+  Put("a", a);
+  // Session b: its first turn finds the system prompt cached and prefills the rest.
+  auto lease = Get("b", b);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 2u);
+  ExpectLeaseHolds(*lease, b);
+  const CommitResult r = Put("b", b, 2);
+  EXPECT_EQ(r.stored, 2u);
+  EXPECT_EQ(r.duplicates, 0u);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EngineStats st = engine_->stats();
+  EXPECT_EQ(st.blocks, 6u);
+  EXPECT_EQ(st.used[0], 6u);
+  auto info_b = engine_->GetSession("b");
+  ASSERT_TRUE(info_b.ok());
+  EXPECT_EQ(info_b->chain, b.keys);
+  ExpectConsistent();
+
+  ASSERT_TRUE(engine_->Evict("a").ok());
+  EXPECT_EQ(engine_->stats().blocks, 4u);
+  EXPECT_EQ(engine_->stats().used[0], 4u);
+  EXPECT_EQ(freed_.size(), 2u);
+  EXPECT_TRUE(WasFreed(a.keys[2], false));
+  EXPECT_TRUE(WasFreed(a.keys[3], false));
+  EXPECT_EQ(Matched(a), 2u) << "the shared system prompt outlives session a";
+  EXPECT_EQ(Matched(b), 4u);
+  ExpectChainHolds(b, 4);
+  EXPECT_EQ(engine_->GetSession("a").status().code(), StatusCode::kNotFound);
+  ExpectConsistent();
+
+  ASSERT_TRUE(engine_->Evict("b").ok());
+  st = engine_->stats();
+  EXPECT_EQ(st.blocks, 0u);
+  EXPECT_EQ(st.used[0], 0u);
+  EXPECT_EQ(st.sessions, 0u);
+  EXPECT_EQ(st.evicted_sessions, 2u);
+  EXPECT_EQ(FreedCount(false), 6u);
+  EXPECT_EQ(FreedCount(true), 0u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, CommitExtendsOrCutsTheSession) {
+  Start(Options(16, 8));
+  const Chain turn1 = MakeChain(1, 2);
+  Put("s", turn1);
+  // Next turn: the session's cached prefix plus two new blocks.
+  const Chain turn2 = MakeChain(2, 2, &turn1);
+  EXPECT_EQ(Put("s", turn2, 2).stored, 2u);
+  auto info = engine_->GetSession("s");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->chain, turn2.keys);
+  EXPECT_EQ(info->tokens, 4u * kBt);
+
+  // An edit of the conversation after block 1: the session is cut to 1 block and
+  // continues differently; the cut blocks lose their only holder.
+  Chain edit_prefix;
+  edit_prefix.tokens.assign(turn1.tokens.begin(), turn1.tokens.begin() + kBt);
+  const Chain edited = MakeChain(3, 2, &edit_prefix);
+  ASSERT_EQ(edited.keys[0], turn1.keys[0]);
+  EXPECT_EQ(Put("s", edited, 1).stored, 2u);
+  info = engine_->GetSession("s");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->chain, edited.keys);
+  EXPECT_TRUE(WasFreed(turn2.keys[1], false));
+  EXPECT_TRUE(WasFreed(turn2.keys[2], false));
+  EXPECT_TRUE(WasFreed(turn2.keys[3], false));
+  EXPECT_EQ(Matched(turn2), 1u);
+  EXPECT_EQ(engine_->stats().used[0], 3u);
+  ExpectChainHolds(edited, 3);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, ListAndDescribeSessions) {
+  Start(Options(16, 8));
+  const Chain x = MakeChain(1, 2), y = MakeChain(2, 3);
+  Put("zeta", x);
+  Put("alpha", y);
+  ASSERT_TRUE(engine_->SetPriority("zeta", 7).ok());
+  const auto list = engine_->ListSessions();
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].id, "alpha");
+  EXPECT_EQ(list[1].id, "zeta");
+  EXPECT_EQ(list[0].blocks, 3u);
+  EXPECT_EQ(list[0].tokens, 3u * kBt);
+  EXPECT_EQ(list[0].blocks_in[0], 3u);
+  EXPECT_EQ(list[0].blocks_in[1], 0u);
+  EXPECT_EQ(list[0].ns_tag, NamespaceTag(ns_));
+  EXPECT_TRUE(list[0].chain.empty()) << "chains only from GetSession";
+  EXPECT_EQ(list[1].priority, 7);
+  EXPECT_GT(list[0].last_use, list[1].last_use) << "alpha was used last";
+  auto info = engine_->GetSession("alpha");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->chain, y.keys);
+  EXPECT_EQ(info->tiers, All(Tier::kGpu, 3));
+  EXPECT_EQ(info->moving, 0u);
+}
+
+TEST_F(EngineTest, TooManySessionsEvictsTheColdest) {
+  EngineOptions o = Options(16, 8);
+  o.max_sessions = 2;
+  Start(o);
+  const Chain a = MakeChain(1, 1), b = MakeChain(2, 1), c = MakeChain(3, 1);
+  Put("a", a);
+  Put("b", b);
+  auto touch = Get("a", a);  // a is now warmer than b.
+  ASSERT_TRUE(touch.ok());
+  ASSERT_TRUE(engine_->Release(touch->id).ok());
+  Put("c", c);
+  EXPECT_EQ(engine_->stats().sessions, 2u);
+  EXPECT_EQ(engine_->stats().evicted_sessions, 1u);
+  EXPECT_EQ(engine_->GetSession("b").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->GetSession("a").ok());
+  EXPECT_TRUE(engine_->GetSession("c").ok());
+  EXPECT_EQ(Matched(b), 0u);
+  EXPECT_TRUE(WasFreed(b.keys[0], false));
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, ANewSessionNeverEvictsThePrefixItAcquires) {
+  // At the session limit, a new session's acquire evicts the coldest session. If
+  // that session alone held the prefix being acquired, the prefix must survive
+  // and pass to the new session.
+  EngineOptions o = Options(16, 8);
+  o.max_sessions = 1;
+  Start(o);
+  const Chain a = MakeChain(1, 3);
+  Put("old", a);
+  auto lease = Get("new", a);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 3u);
+  ASSERT_EQ(lease->blocks.size(), 3u);
+  ExpectLeaseHolds(*lease, a);
+  EXPECT_EQ(engine_->GetSession("old").status().code(), StatusCode::kNotFound);
+  auto info = engine_->GetSession("new");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->chain, a.keys);
+  EXPECT_TRUE(freed_.empty());
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(Matched(a), 3u);
+  ExpectConsistent();
+}
+
+// --- Leases ------------------------------------------------------------------------
+
+TEST_F(EngineTest, LeasedBlocksAreNeverDemotedOrFreed) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 3);
+  Put("s", c);
+  auto lease = Get("", c);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_EQ(lease->blocks.size(), 3u);
+
+  auto demoted = engine_->Demote("s");
+  ASSERT_TRUE(demoted.ok());
+  EXPECT_EQ(*demoted, 0u) << "leased blocks are skipped";
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 3));
+  EXPECT_EQ(engine_->stats().used[1], 0u);
+
+  // Evicting the only session while a reader holds the blocks keeps them alive.
+  ASSERT_TRUE(engine_->Evict("s").ok());
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_EQ(engine_->stats().used[0], 3u);
+  EXPECT_INVARIANTS();
+  // Pressure cannot take them either.
+  auto w = engine_->Allocate(6);
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  engine_->Tick();
+  ExpectLeaseHolds(*lease, c);
+
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(freed_.size(), 3u);
+  EXPECT_EQ(FreedCount(false), 3u) << "the last holder let go: not a drop";
+  EXPECT_EQ(engine_->stats().used[0], 0u);
+  EXPECT_EQ(engine_->stats().blocks, 0u);
+  EXPECT_EQ(Matched(c), 0u);
+  EXPECT_EQ(engine_->Release(lease->id).code(), StatusCode::kNotFound) << "a lease ends once";
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, TwoReadersOfOneBlock) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 2);
+  Put("s", c);
+  auto l1 = Get("", c);
+  auto l2 = Get("", c);
+  ASSERT_TRUE(l1.ok() && l2.ok());
+  EXPECT_NE(l1->id, l2->id);
+  EXPECT_EQ(engine_->stats().read_leases, 2u);
+  ASSERT_TRUE(engine_->Evict("s").ok());
+  ASSERT_TRUE(engine_->Release(l1->id).ok());
+  EXPECT_TRUE(freed_.empty()) << "the second reader still holds them";
+  ExpectLeaseHolds(*l2, c);
+  ASSERT_TRUE(engine_->Release(l2->id).ok());
+  EXPECT_EQ(freed_.size(), 2u);
+  EXPECT_INVARIANTS();
+}
+
+// --- Demotion, promotion, prefetch -----------------------------------------------
+
+TEST_F(EngineTest, DemoteThenAcquirePromotesWithIntactBytes) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 4);
+  Put("s", c);
+  auto n = engine_->Demote("s");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 4u);
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EngineStats st = engine_->stats();
+  EXPECT_EQ(st.used[0], 0u);
+  EXPECT_EQ(st.used[1], 4u);
+  EXPECT_EQ(st.demoted_blocks, 4u);
+  EXPECT_EQ(st.copies_in_flight, 0u);
+  auto info = engine_->GetSession("s");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->tiers, All(Tier::kHost, 4));
+  EXPECT_EQ(info->blocks_in[1], 4u);
+  EXPECT_EQ(info->moving, 0u);
+  ExpectConsistent();
+  ExpectChainHolds(c, 4);  // Read in place in the host tier.
+
+  auto lease = Get("s", c);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 4u);
+  EXPECT_EQ(lease->promoted, 4u);
+  EXPECT_FALSE(lease->fence.IsNull());
+  EXPECT_EQ(lease->fence.stream, CopyDirection::kHostToGpu);
+  for (const BlockLocation& loc : lease->blocks) EXPECT_EQ(loc.tier, Tier::kGpu);
+  EXPECT_INVARIANTS();
+  // The worker waits on the fence through the backend, then reads the GPU slots.
+  ASSERT_TRUE(backend_->Wait(lease->fence, kWait).ok());
+  ExpectLeaseHolds(*lease, c);
+  EXPECT_EQ(engine_->Poll(), 4u);
+  st = engine_->stats();
+  EXPECT_EQ(st.used[0], 4u);
+  EXPECT_EQ(st.used[1], 0u);
+  EXPECT_EQ(st.promoted_blocks, 4u);
+  EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 4));
+  ExpectLeaseHolds(*lease, c);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, AcquireWithoutPromoteLeasesInTheHostTier) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 2);
+  Put("s", c);
+  ASSERT_EQ(*engine_->Demote("s"), 2u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  auto lease = Get("s", c, /*promote=*/false);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->promoted, 0u);
+  EXPECT_TRUE(lease->fence.IsNull());
+  for (const BlockLocation& loc : lease->blocks) EXPECT_EQ(loc.tier, Tier::kHost);
+  ExpectLeaseHolds(*lease, c);
+  // While leased in the host tier, neither prefetch nor a promoting acquire moves them.
+  EXPECT_EQ(*engine_->Prefetch("s"), 0u);
+  auto second = Get("", c, /*promote=*/true);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->promoted, 0u);
+  for (const BlockLocation& loc : second->blocks) EXPECT_EQ(loc.tier, Tier::kHost);
+  ASSERT_TRUE(engine_->Release(second->id).ok());
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, PrefetchPromotesASession) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 3);
+  Put("s", c);
+  EXPECT_EQ(*engine_->Prefetch("s"), 0u) << "already in the GPU tier";
+  ASSERT_EQ(*engine_->Demote("s"), 3u);
+  EXPECT_EQ(*engine_->Demote("s"), 0u) << "already moving";
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  const uint64_t before = engine_->GetSession("s")->last_use;
+  auto n = engine_->Prefetch("s");
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 3u);
+  EXPECT_EQ(*engine_->Prefetch("s"), 0u) << "already moving";
+  EXPECT_GT(engine_->GetSession("s")->last_use, before) << "prefetch counts as a use";
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 3));
+  EXPECT_EQ(engine_->stats().promoted_blocks, 3u);
+  auto lease = Get("s", c);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->promoted, 0u);
+  EXPECT_TRUE(lease->fence.IsNull());
+  ExpectLeaseHolds(*lease, c);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, PromotionStopsWhenTheGpuTierIsFull) {
+  Start(Options(4, 8));
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  Put("b", b);
+  auto hold = Get("", b);  // Pin all of the GPU tier.
+  ASSERT_TRUE(hold.ok());
+  auto lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 4u);
+  EXPECT_TRUE(lease->blocks.empty()) << "no room to promote the first block";
+  EXPECT_EQ(lease->id, 0u);
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->Release(hold->id).ok());
+
+  // Two GPU slots free (b's tail dropped by allocation): the lease stops after two.
+  auto w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_EQ(engine_->stats().used[0], 2u);
+  lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 4u);
+  ASSERT_EQ(lease->blocks.size(), 2u);
+  EXPECT_EQ(lease->promoted, 2u);
+  ExpectLeaseHolds(*lease, a);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, DemoteMakesRoomInTheHostTierByDroppingColderBlocks) {
+  Start(Options(8, 4));
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
+  Put("a", a);
+  Put("b", b);
+  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  // b needs 3 host slots, 1 is free: the coldest host blocks (a's tail) make room.
+  ASSERT_EQ(*engine_->Demote("b"), 3u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("b"), All(Tier::kHost, 3));
+  EXPECT_EQ(Matched(a), 1u);
+  EXPECT_TRUE(WasFreed(a.keys[2], true));
+  EXPECT_TRUE(WasFreed(a.keys[1], true));
+  EXPECT_EQ(engine_->stats().dropped_blocks, 2u);
+  ExpectChainHolds(b, 3);
+  ExpectChainHolds(a, 1);
+  ExpectConsistent();
+}
+
+// --- Watermarks -------------------------------------------------------------------
+
+class WatermarkTest : public EngineTest {
+ protected:
+  // 10 GPU slots: above 8 used, demote down to 5.
+  void StartGpuPressure() {
+    EngineOptions o = Options(10, 32);
+    o.gpu_high_watermark = 0.8;
+    o.gpu_low_watermark = 0.5;
+    Start(o);
+  }
+  std::vector<Tier> Mixed(size_t host, size_t gpu) {
+    std::vector<Tier> v(host, Tier::kHost);
+    v.insert(v.end(), gpu, Tier::kGpu);
+    return v;
+  }
+};
+
+TEST_F(WatermarkTest, TickDemotesTheLeastRecentlyUsedSessionFirst) {
+  StartGpuPressure();
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3), c = MakeChain(3, 2), d = MakeChain(4, 1);
+  Put("a", a);
+  Put("b", b);
+  Put("c", c);
+  engine_->Tick();
+  EXPECT_EQ(engine_->stats().copies_in_flight, 0u) << "8 of 10 is not above the high watermark";
+  auto use = Get("a", a);  // a becomes the warmest: b, c, a.
+  ASSERT_TRUE(use.ok());
+  ASSERT_TRUE(engine_->Release(use->id).ok());
+  Put("d", d);  // 9 of 10.
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("b"), All(Tier::kHost, 3));
+  EXPECT_EQ(Tiers("c"), Mixed(1, 1));
+  EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
+  EXPECT_EQ(Tiers("d"), All(Tier::kGpu, 1));
+  EngineStats st = engine_->stats();
+  EXPECT_EQ(st.used[0], 5u) << "down to the low watermark";
+  EXPECT_EQ(st.demoted_blocks, 4u);
+  EXPECT_EQ(st.dropped_blocks, 0u);
+  engine_->Tick();
+  EXPECT_EQ(engine_->stats().copies_in_flight, 0u);
+  ExpectChainHolds(b, 3);
+  ExpectChainHolds(c, 2);
+  ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, LowerPriorityIsDemotedBeforeHigher) {
+  StartGpuPressure();
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3), c = MakeChain(3, 2), d = MakeChain(4, 1);
+  Put("a", a);
+  Put("b", b);
+  Put("c", c);
+  ASSERT_TRUE(engine_->SetPriority("a", 3).ok());
+  ASSERT_TRUE(engine_->SetPriority("b", 3).ok());
+  Put("d", d);
+  // Coldest first: priority 0 (c, d), then priority 3 (a, b).
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("c"), All(Tier::kHost, 2));
+  EXPECT_EQ(Tiers("d"), All(Tier::kHost, 1));
+  EXPECT_EQ(Tiers("a"), Mixed(1, 2));
+  EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 3));
+  EXPECT_EQ(engine_->GetSession("a")->priority, 3);
+  EXPECT_EQ(engine_->stats().used[0], 5u);
+  ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, LeasedSessionsAreSkipped) {
+  StartGpuPressure();
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 5);
+  Put("a", a);
+  Put("b", b);
+  auto pin = Get("", a);
+  ASSERT_TRUE(pin.ok());
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 4));
+  EXPECT_EQ(Tiers("b"), Mixed(4, 1));
+  ASSERT_TRUE(engine_->Release(pin->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, BlocksReadWithoutASessionStillCoolDown) {
+  StartGpuPressure();
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 3), c = MakeChain(3, 2);
+  Put("a", a);
+  // A reader without a session name (a scheduler, say) reads a's blocks once.
+  auto peek = Get("", a);
+  ASSERT_TRUE(peek.ok());
+  ASSERT_TRUE(engine_->Release(peek->id).ok());
+  Put("b", b);
+  Put("c", c);  // 9 of 10: demote 4.
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  // a was used least recently, by its session and by the reader alike.
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
+  EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 3));
+  EXPECT_EQ(Tiers("c"), All(Tier::kGpu, 2));
+  ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, ASharedPrefixIsDemotedWithItsWarmestSession) {
+  StartGpuPressure();
+  const Chain system = MakeChain(100, 2);
+  const Chain a = MakeChain(1, 2, &system);
+  const Chain b = MakeChain(2, 2, &system);
+  const Chain c = MakeChain(3, 3);
+  Put("a", a);
+  Put("b", b, 0);  // Shares the system prompt (duplicates), warmer than a.
+  Put("c", c);     // 2 + 2 + 2 + 3 = 9 of 10: demote 4.
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  // Walking coldest first: a's own 2 blocks, then b's (the system prompt was used by b
+  // after a's last use, so it goes with b).
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
+  EXPECT_EQ(Tiers("b"), Mixed(2, 2));
+  EXPECT_EQ(engine_->stats().used[0], 5u);
+  EXPECT_EQ(Tiers("c"), All(Tier::kGpu, 3));
+  ExpectChainHolds(a, 4);
+  ExpectChainHolds(b, 4);
+  ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, BlocksLastUsedByAnEvictedSessionCanStillBeDemoted) {
+  StartGpuPressure();
+  const Chain system = MakeChain(100, 4);
+  const Chain a = MakeChain(1, 1, &system);
+  const Chain b = MakeChain(2, 1, &system);
+  Put("a", a);
+  Put("b", b);  // Uses the system prompt after a did.
+  ASSERT_TRUE(engine_->Evict("b").ok());
+  const Chain c = MakeChain(3, 5);
+  Put("c", c);  // 10 of 10.
+  auto pin = Get("", c);
+  ASSERT_TRUE(pin.ok());
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  // Only a's blocks can move; the system prompt is now a's alone, however recently
+  // b used it, so all of a goes and usage is back at the low watermark.
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 5));
+  EXPECT_EQ(engine_->stats().used[0], 5u);
+  ASSERT_TRUE(engine_->Release(pin->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, HostPressureDropsTheColdestSessions) {
+  EngineOptions o = Options(16, 8);
+  o.host_high_watermark = 0.75;  // Above 6 of 8, drop down to 4.
+  o.host_low_watermark = 0.5;
+  Start(o);
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3), c = MakeChain(3, 2);
+  Put("a", a);
+  Put("b", b);
+  Put("c", c);
+  for (const char* s : {"a", "b"}) ASSERT_GT(*engine_->Demote(s), 0u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  engine_->Tick();
+  EXPECT_EQ(engine_->stats().used[1], 6u) << "6 of 8 is not above the high watermark";
+  EXPECT_TRUE(freed_.empty());
+  ASSERT_EQ(*engine_->Demote("c"), 2u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  engine_->Tick();
+  const EngineStats st = engine_->stats();
+  EXPECT_EQ(st.used[1], 4u);
+  EXPECT_EQ(st.dropped_blocks, 4u);
+  EXPECT_EQ(FreedCount(true), 4u);
+  EXPECT_EQ(FreedCount(false), 0u);
+  for (const BlockKey& k : a.keys) EXPECT_TRUE(WasFreed(k, true));
+  EXPECT_TRUE(WasFreed(b.keys[2], true)) << "then the tail of the next coldest";
+  EXPECT_EQ(engine_->GetSession("a").status().code(), StatusCode::kNotFound) << "an emptied session goes";
+  EXPECT_EQ(Matched(a), 0u);
+  EXPECT_EQ(Matched(b), 2u);
+  EXPECT_EQ(Matched(c), 2u);
+  ExpectChainHolds(b, 2);
+  ExpectChainHolds(c, 2);
+  ExpectConsistent();
+}
+
+// --- Full pools ---------------------------------------------------------------------
+
+TEST_F(EngineTest, FullPoolsWithEverythingLeasedRefuseAllocationAndLoseNothing) {
+  Start(Options(4, 4));
+  const Chain a = MakeChain(1, 4);
+  Put("a", a);
+  auto pin = Get("", a);
+  ASSERT_TRUE(pin.ok());
+  auto w = engine_->Allocate(1);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(w.status().message().find("gpu tier full"), std::string::npos) << w.status().ToString();
+  EXPECT_NE(w.status().message().find("0 of 4 slots free"), std::string::npos) << w.status().ToString();
+  EXPECT_EQ(engine_->stats().allocation_failures, 1u);
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_EQ(Matched(a), 4u);
+  ExpectLeaseHolds(*pin, a);
+  ExpectConsistent();
+
+  // Write leases hold slots the same way.
+  ASSERT_TRUE(engine_->Release(pin->id).ok());
+  auto w1 = engine_->Allocate(4);  // Drops all of a (coldest, unleased).
+  ASSERT_TRUE(w1.ok()) << w1.status().ToString();
+  EXPECT_EQ(FreedCount(true), 4u);
+  EXPECT_EQ(engine_->stats().dropped_blocks, 4u);
+  auto w2 = engine_->Allocate(1);
+  EXPECT_EQ(w2.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->stats().allocation_failures, 2u);
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->Release(w1->id).ok());
+  EXPECT_TRUE(engine_->Allocate(4).ok());
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, AllocateLargerThanTheTierIsRefused) {
+  Start(Options(4, 4));
+  auto w = engine_->Allocate(5);
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(w.status().message().find("4 slots"), std::string::npos) << w.status().ToString();
+}
+
+TEST_F(EngineTest, AllocateDropsColdestUnleasedBlocksAsALastResort) {
+  Start(Options(6, 4));
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
+  Put("a", a);
+  Put("b", b);
+  auto w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(WasFreed(a.keys[2], true));
+  EXPECT_TRUE(WasFreed(a.keys[1], true));
+  EXPECT_EQ(Matched(a), 1u) << "the coldest session loses its tail first";
+  EXPECT_EQ(Matched(b), 3u);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, FailedAllocateDropsNothing) {
+  // Two GPU slots are pinned by a reader, two hold an unleased session. Asking for
+  // three cannot succeed: the unleased blocks must not be thrown away for nothing.
+  Start(Options(4, 4));
+  const Chain a = MakeChain(1, 2), b = MakeChain(2, 2);
+  Put("a", a);
+  Put("b", b);
+  auto pin = Get("", b);
+  ASSERT_TRUE(pin.ok());
+  auto w = engine_->Allocate(3);
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(freed_.empty()) << "blocks were dropped by an allocation that failed anyway";
+  EXPECT_EQ(Matched(a), 2u);
+  EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
+  ASSERT_TRUE(engine_->Release(pin->id).ok());
+  ExpectConsistent();
+}
+
+// --- With copies held in flight -------------------------------------------------------
+
+TEST_F(EngineTest, AllocateWaitsForInFlightDemotionsInsteadOfDropping) {
+  Start(Options(4, 8), /*manual=*/true);
+  manual_->complete_on_wait = true;
+  const Chain a = MakeChain(1, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  EXPECT_EQ(engine_->stats().copies_in_flight, 4u);
+  EXPECT_EQ(manual_->queued_ops(), 4u);
+  auto w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_GE(manual_->wait_calls, 1);
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  ExpectChainHolds(a, 4);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, AllocateNeverDropsMovingBlocks) {
+  Start(Options(4, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  // The copies do not finish: the blocks are neither free nor droppable.
+  auto w = engine_->Allocate(2);
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_INVARIANTS();
+  manual_->RunAll();
+  w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(freed_.empty());
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  ExpectChainHolds(a, 4);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, MovingBlocksStayReadableInTheirSourceTier) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  auto info = engine_->GetSession("a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->moving, 2u);
+  EXPECT_EQ(info->tiers, All(Tier::kGpu, 2));
+  IndexEntry e;
+  ASSERT_TRUE(view_.Find(a.keys[0], BlockKey{}, NamespaceTag(ns_), a.block(0), &e));
+  EXPECT_EQ(e.tier, Tier::kGpu);
+  EXPECT_TRUE(e.moving) << "clients see the copy in flight";
+  EXPECT_EQ(engine_->stats().used[0], 2u);
+  EXPECT_EQ(engine_->stats().used[1], 2u) << "a moving block holds a slot in each tier";
+  EXPECT_EQ(engine_->Poll(), 0u);
+  ExpectChainHolds(a, 2);  // Read at the source while the copy is pending.
+  EXPECT_INVARIANTS();
+  manual_->RunAll();
+  EXPECT_EQ(engine_->Poll(), 2u);
+  ASSERT_TRUE(view_.Find(a.keys[0], BlockKey{}, NamespaceTag(ns_), a.block(0), &e));
+  EXPECT_EQ(e.tier, Tier::kHost);
+  EXPECT_FALSE(e.moving);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, ALeaseTakenDuringDemotionKeepsTheBlockInTheGpuTier) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 3);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  auto lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->promoted, 0u);
+  EXPECT_TRUE(lease->fence.IsNull());
+  for (const BlockLocation& loc : lease->blocks) EXPECT_EQ(loc.tier, Tier::kGpu);
+  ExpectLeaseHolds(*lease, a);
+  manual_->RunAll();
+  engine_->Poll();
+  // The demotion landed, but the block was leased meanwhile: the GPU copy stays.
+  EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
+  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().demoted_blocks, 0u);
+  ExpectLeaseHolds(*lease, a);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+  // Once released, it can be demoted again.
+  EXPECT_EQ(*engine_->Demote("a"), 3u);
+  manual_->RunAll();
+  engine_->Poll();
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 3));
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, EvictDuringDemotionFreesBothSlotsWhenTheCopyLands) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  ASSERT_TRUE(engine_->Evict("a").ok());
+  EXPECT_EQ(FreedCount(false), 2u);
+  EXPECT_EQ(Matched(a), 0u) << "gone from the index at once";
+  EXPECT_EQ(engine_->stats().used[0], 2u);
+  EXPECT_EQ(engine_->stats().used[1], 2u);
+  EXPECT_INVARIANTS();
+  manual_->RunAll();
+  engine_->Poll();
+  EXPECT_EQ(engine_->stats().used[0], 0u);
+  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_INVARIANTS();
+  // The same blocks can be cached again.
+  Put("a", a);
+  ExpectChainHolds(a, 2);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, EvictDuringPromotionFreesBothSlotsWhenTheCopyLands) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  manual_->RunAll();
+  engine_->Poll();
+  ASSERT_EQ(*engine_->Prefetch("a"), 2u);
+  ASSERT_TRUE(engine_->Evict("a").ok());
+  EXPECT_EQ(FreedCount(false), 2u);
+  EXPECT_INVARIANTS();
+  manual_->RunAll();
+  engine_->Poll();
+  EXPECT_EQ(engine_->stats().used[0], 0u);
+  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, AcquireJoinsAPromotionAlreadyInFlight) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  manual_->RunAll();
+  engine_->Poll();
+  ASSERT_EQ(*engine_->Prefetch("a"), 2u);
+  auto lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->promoted, 2u);
+  EXPECT_FALSE(lease->fence.IsNull()) << "the lease waits for the prefetch's copy";
+  EXPECT_FALSE(backend_->IsComplete(lease->fence));
+  manual_->RunAll();
+  ExpectLeaseHolds(*lease, a);
+  engine_->Poll();
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, RefusedCopiesLeaveBlocksWhereTheyAre) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 3);
+  Put("a", a);
+  manual_->refuse_submits = 1;
+  ASSERT_TRUE(engine_->Demote("a").ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
+  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().copies_in_flight, 0u);
+  ExpectConsistent();
+  ExpectChainHolds(a, 3);
+
+  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  manual_->RunAll();
+  engine_->Poll();
+  ASSERT_EQ(Tiers("a"), All(Tier::kHost, 3));
+  manual_->refuse_submits = 1;
+  ASSERT_TRUE(engine_->Prefetch("a").ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 3));
+  EXPECT_EQ(engine_->stats().used[0], 0u);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, ARefusedPromotionLeasesTheBlocksWhereTheyAre) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 3);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  manual_->RunAll();
+  engine_->Poll();
+  manual_->refuse_submits = 1;
+  auto lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 3u);
+  ASSERT_EQ(lease->blocks.size(), 3u);
+  EXPECT_EQ(lease->promoted, 0u) << "nothing is being promoted";
+  for (const BlockLocation& loc : lease->blocks) {
+    EXPECT_EQ(loc.tier, Tier::kHost) << "the lease must not point at a GPU slot that holds nothing";
+  }
+  ExpectLeaseHolds(*lease, a);
+  EXPECT_EQ(engine_->stats().used[0], 0u);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, WaitIdleTimesOutWhileCopiesAreStuck) {
+  Start(Options(8, 8), /*manual=*/true);
+  const Chain a = MakeChain(1, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  EXPECT_EQ(engine_->WaitIdle(milliseconds(1)).code(), StatusCode::kTimeout);
+  manual_->RunAll();
+  EXPECT_TRUE(engine_->WaitIdle(milliseconds(1)).ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 2));
+}
+
+TEST_F(EngineTest, CopiesAreBatchedByMaxCopyBatch) {
+  EngineOptions o = Options(16, 16);
+  o.max_copy_batch = 3;
+  Start(o, /*manual=*/true);
+  const Chain a = MakeChain(1, 8);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 8u);
+  EXPECT_EQ(engine_->stats().copies_in_flight, 8u);
+  // Batches of 3, 3, 2 land one at a time, in order.
+  manual_->complete_on_wait = true;
+  ASSERT_TRUE(manual_->Wait(Fence{1, CopyDirection::kGpuToHost}, milliseconds(0)).ok());
+  EXPECT_EQ(engine_->Poll(), 3u);
+  ASSERT_TRUE(manual_->Wait(Fence{2, CopyDirection::kGpuToHost}, milliseconds(0)).ok());
+  EXPECT_EQ(engine_->Poll(), 3u);
+  EXPECT_FALSE(manual_->IsComplete(Fence{3, CopyDirection::kGpuToHost}));
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 8));
+  ExpectChainHolds(a, 8);
+  ExpectConsistent();
+}
+
+// --- Shared index and segments -------------------------------------------------------
+
+TEST_F(EngineTest, ClientsProbeTheSharedIndex) {
+  Start(Options(8, 8));
+  const Chain a = MakeChain(1, 4);
+  Put("a", a);
+  EXPECT_EQ(view_.header().profile_fingerprint, TestProfile().Fingerprint());
+  EXPECT_EQ(view_.block_tokens(), kBt);
+  std::vector<Tier> tiers(4);
+  EXPECT_EQ(view_.LongestPrefix(BlockKey{}, a.keys, NamespaceTag(ns_), a.tokens, tiers), 4u);
+  EXPECT_EQ(tiers, All(Tier::kGpu, 4));
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(view_.LongestPrefix(BlockKey{}, a.keys, NamespaceTag(ns_), a.tokens, tiers), 4u);
+  EXPECT_EQ(tiers, All(Tier::kHost, 4));
+  const Chain longer = MakeChain(2, 2, &a);
+  EXPECT_EQ(view_.LongestPrefix(BlockKey{}, longer.keys, NamespaceTag(ns_), longer.tokens), 4u);
+  ASSERT_TRUE(engine_->Evict("a").ok());
+  EXPECT_EQ(view_.LongestPrefix(BlockKey{}, a.keys, NamespaceTag(ns_), a.tokens), 0u);
+  EXPECT_EQ(LoadRelaxed(view_.header().entries), 0u);
+}
+
+TEST_F(EngineTest, SegmentsGoWithTheEngine) {
+  Start(Options(8, 8));
+  Put("a", MakeChain(1, 2));
+  const std::string index = engine_->index_segment_name();
+  const std::string gpu = engine_->pool(Tier::kGpu).Export().shm_name;
+  const std::string host = engine_->pool(Tier::kHost).Export().shm_name;
+  EXPECT_TRUE(ShmSegment::Open(gpu, false).ok());
+  EXPECT_TRUE(ShmSegment::Open(host, false).ok());
+  EXPECT_EQ(engine_->options().gpu_slots, 8u);
+  EXPECT_EQ(engine_->profile().Fingerprint(), TestProfile().Fingerprint());
+  EXPECT_EQ(engine_->pool(Tier::kGpu).slots(), 8u);
+  EXPECT_EQ(engine_->pool(Tier::kHost).slot_bytes(), TestProfile().BlockBytes());
+  ASSERT_EQ(*engine_->Demote("a"), 2u);  // Still in flight, maybe, when the engine goes.
+  engine_.reset();
+  index_mapping_ = ShmSegment();
+  for (const std::string& name : {index, gpu, host}) {
+    EXPECT_EQ(ShmSegment::Open(name, false).status().code(), StatusCode::kNotFound) << name;
+  }
+}
+
+// --- Errors --------------------------------------------------------------------------
+
+TEST_F(EngineTest, CommitRejectsBadRequestsAndKeepsTheLease) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 2);
+  auto w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok());
+  const std::vector<uint32_t> slots = w->slots;
+  auto code = [](const Result<CommitResult>& r) { return r.ok() ? StatusCode::kOk : r.status().code(); };
+  EXPECT_EQ(code(engine_->Commit(w->id + 100, "s", ns_, BlockKey{}, 0, c.tokens, slots)), StatusCode::kNotFound);
+  EXPECT_EQ(code(engine_->Commit(0, "s", ns_, BlockKey{}, 0, c.tokens, slots)), StatusCode::kNotFound);
+  EXPECT_EQ(code(engine_->Commit(w->id, "", ns_, BlockKey{}, 0, c.tokens, slots)), StatusCode::kInvalidArgument);
+  const std::span<const TokenId> ragged = std::span<const TokenId>(c.tokens).first(2 * kBt - 1);
+  auto r = engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, ragged, std::span<const uint32_t>(slots).first(1));
+  EXPECT_EQ(code(r), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("whole number"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, std::span<const uint32_t>(slots).first(1))),
+            StatusCode::kInvalidArgument)
+      << "2 blocks of tokens, 1 slot";
+  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, {}, {})), StatusCode::kInvalidArgument);
+  uint32_t foreign = 0;
+  while (std::find(slots.begin(), slots.end(), foreign) != slots.end()) ++foreign;
+  const uint32_t not_leased[] = {slots[0], foreign};
+  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, not_leased)), StatusCode::kInvalidArgument);
+  const uint32_t twice[] = {slots[0], slots[0]};
+  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, twice)), StatusCode::kInvalidArgument);
+  // A read lease is not a write lease.
+  auto rl = engine_->Allocate(1);
+  ASSERT_TRUE(rl.ok());
+  const Chain one = MakeChain(2, 1);
+  FillBlock(engine_->pool(Tier::kGpu).slot_data(rl->slots[0]), one.keys[0]);
+  ASSERT_TRUE(engine_->Commit(rl->id, "t", ns_, BlockKey{}, 0, one.tokens, rl->slots).ok());
+  ASSERT_TRUE(engine_->Release(rl->id).ok());
+  auto read = Get("", one);
+  ASSERT_TRUE(read.ok());
+  ASSERT_NE(read->id, 0u);
+  EXPECT_EQ(
+      code(engine_->Commit(read->id, "s", ns_, BlockKey{}, 0, one.tokens, std::span<const uint32_t>(slots).first(1))),
+      StatusCode::kNotFound);
+  ASSERT_TRUE(engine_->Release(read->id).ok());
+
+  EXPECT_EQ(engine_->stats().sessions, 1u) << "failed commits create no session";
+  EXPECT_INVARIANTS();
+  // The lease survived every failure intact.
+  for (uint32_t i = 0; i < 2; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(slots[i]), c.keys[i]);
+  auto ok = engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, slots);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->stored, 2u);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  ExpectChainHolds(c, 2);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, SessionCallsRejectUnknownSessionsAndBadPriorities) {
+  Start(Options(8, 8));
+  Put("known", MakeChain(1, 1));
+  EXPECT_EQ(engine_->Evict("nope").code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->Demote("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->Prefetch("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->SetPriority("nope", 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->GetSession("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_NE(engine_->Evict("nope").message().find("nope"), std::string::npos);
+  EXPECT_EQ(engine_->SetPriority("known", -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->SetPriority("known", kMaxPriority + 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine_->SetPriority("known", kMinPriority).ok());
+  EXPECT_TRUE(engine_->SetPriority("known", kMaxPriority).ok());
+  EXPECT_EQ(engine_->Release(0).code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->Release(12345).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->Evict("known").ok());
+  EXPECT_EQ(engine_->Evict("known").code(), StatusCode::kNotFound);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, RequestSizesAreChecked) {
+  EngineOptions o = Options(8, 8);
+  o.max_blocks_per_request = 4;
+  Start(o);
+  EXPECT_EQ(engine_->Allocate(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->Allocate(5).status().code(), StatusCode::kInvalidArgument);
+  const Chain c = MakeChain(1, 5);
+  EXPECT_EQ(Get("", c).status().code(), StatusCode::kInvalidArgument) << "5 blocks > max_blocks_per_request";
+  const Chain d = MakeChain(2, 2);
+  EXPECT_EQ(engine_->Acquire("", ns_, d.keys, std::span<const TokenId>(d.tokens).first(kBt), true).status().code(),
+            StatusCode::kInvalidArgument)
+      << "2 keys need 2 blocks of tokens";
+  EXPECT_EQ(engine_->stats().hit_blocks + engine_->stats().miss_blocks, 0u);
+}
+
+TEST_F(EngineTest, CreateRejectsBadOptions) {
+  struct Case {
+    const char* what;
+    void (*mutate)(EngineOptions&);
+  };
+  const Case cases[] = {
+      {"profile", [](EngineOptions& o) { o.profile.layers = 0; }},
+      {"gpu_slots", [](EngineOptions& o) { o.gpu_slots = 0; }},
+      {"host_slots", [](EngineOptions& o) { o.host_slots = 0; }},
+      {"too many slots", [](EngineOptions& o) { o.gpu_slots = 1u << 30; }},
+      {"gpu low > high",
+       [](EngineOptions& o) {
+         o.gpu_high_watermark = 0.5;
+         o.gpu_low_watermark = 0.6;
+       }},
+      {"gpu high > 1", [](EngineOptions& o) { o.gpu_high_watermark = 1.5; }},
+      {"gpu low 0", [](EngineOptions& o) { o.gpu_low_watermark = 0; }},
+      {"host low > high",
+       [](EngineOptions& o) {
+         o.host_high_watermark = 0.2;
+         o.host_low_watermark = 0.3;
+       }},
+      {"host low negative", [](EngineOptions& o) { o.host_low_watermark = -0.1; }},
+      {"max_copy_batch", [](EngineOptions& o) { o.max_copy_batch = 0; }},
+      {"max_sessions", [](EngineOptions& o) { o.max_sessions = 0; }},
+      {"index_segment", [](EngineOptions& o) { o.index_segment.clear(); }},
+      {"index_segment name", [](EngineOptions& o) { o.index_segment = "no-leading-slash"; }},
+  };
+  for (const Case& c : cases) {
+    EngineOptions o = Options(8, 8);
+    c.mutate(o);
+    auto e = Engine::Create(o, *host_backend_);
+    EXPECT_FALSE(e.ok()) << c.what;
+    if (!e.ok()) {
+      EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << c.what << ": " << e.status().ToString();
+    }
+    if (!o.index_segment.empty() && o.index_segment[0] == '/') {
+      EXPECT_EQ(ShmSegment::Open(o.index_segment, false).status().code(), StatusCode::kNotFound)
+          << c.what << ": a refused engine leaves no index segment";
+    }
+  }
+  // And the defaults, with the required names, are fine.
+  EngineOptions good;
+  good.profile = TestProfile();
+  good.gpu_slots = 4;
+  good.host_slots = 4;
+  good.index_segment = "/" + prefix_ + ".good";
+  auto e = Engine::Create(good, *host_backend_);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvtier::tiering
