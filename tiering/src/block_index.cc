@@ -56,12 +56,32 @@ uint32_t BlockIndex::Find(const BlockKey& key) const {
 }
 
 void BlockIndex::FindBatch(std::span<const BlockKey> keys, std::span<uint32_t> records) const {
+  FindMany(keys, records, /*check_tag=*/false, 0);
+}
+
+void BlockIndex::FindBatch(std::span<const BlockKey> keys, uint32_t ns_tag, std::span<uint32_t> records) const {
+  FindMany(keys, records, /*check_tag=*/true, ns_tag);
+}
+
+void BlockIndex::FindMany(std::span<const BlockKey> keys, std::span<uint32_t> records, bool check_tag,
+                          uint32_t ns_tag) const {
   constexpr size_t kAhead = 16;
   const size_t n = keys.size() < records.size() ? keys.size() : records.size();
   for (size_t i = 0; i < n && i < kAhead; ++i) Prefetch(keys[i]);
   for (size_t i = 0; i < n; ++i) {
     if (i + kAhead < n) Prefetch(keys[i + kAhead]);
-    records[i] = Find(keys[i]);
+    const uint32_t pos = FindPos(keys[i]);
+    records[i] = pos != kNoRecord && (!check_tag || table_[pos].ns_tag == ns_tag) ? table_[pos].record : kNoRecord;
+  }
+  if (check_tag) {
+    // The caller verifies the hits' rows next: start loading them (a row may straddle two lines).
+    const size_t row_bytes = geometry_.row_words() * sizeof(TokenId);
+    for (size_t i = 0; i < n; ++i) {
+      if (records[i] == kNoRecord) continue;
+      const char* r = reinterpret_cast<const char*>(row(records[i]));
+      __builtin_prefetch(r);
+      __builtin_prefetch(r + row_bytes - 1);
+    }
   }
 }
 
@@ -151,11 +171,6 @@ void BlockIndex::WriteRow(uint32_t record, const BlockKey& parent_key, std::span
                                           static_cast<TokenId>(parent_key.hi), static_cast<TokenId>(parent_key.hi >> 32)};
   for (uint32_t i = 0; i < kRowHeaderWords; ++i) StoreRelaxed(r[i], words[i]);
   for (size_t i = 0; i < toks.size(); ++i) StoreRelaxed(r[kRowHeaderWords + i], toks[i]);
-}
-
-bool BlockIndex::RowMatches(uint32_t record, const BlockKey& parent_key, std::span<const TokenId> toks) const {
-  if (parent(record) != parent_key) return false;
-  return std::memcmp(tokens(record), toks.data(), toks.size_bytes()) == 0;
 }
 
 }  // namespace kvtier::tiering

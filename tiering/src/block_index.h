@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include "kvtier/block_key.h"
@@ -30,8 +31,13 @@ class BlockIndex {
 
   // Record id stored under `key`, or kNoRecord.
   uint32_t Find(const BlockKey& key) const;
-  // Find for many keys, with the table loads started up front so misses overlap.
+  // Find for many keys: records[i] for keys[i], i < min(keys.size(), records.size()).
+  // The table loads are started up front so that the misses overlap.
   void FindBatch(std::span<const BlockKey> keys, std::span<uint32_t> records) const;
+  // The same, for a match: an entry whose namespace tag is not `ns_tag` counts as
+  // absent (so the caller needs no per-record tag check), and the rows of the hits
+  // are prefetched for the caller's RowMatches.
+  void FindBatch(std::span<const BlockKey> keys, uint32_t ns_tag, std::span<uint32_t> records) const;
   // Starts loading the home slot of `key` into cache.
   void Prefetch(const BlockKey& key) const { __builtin_prefetch(&table_[HomeSlot(key, geometry_.table_slots)]); }
 
@@ -48,8 +54,16 @@ class BlockIndex {
   const TokenId* tokens(uint32_t record) const { return row(record) + kRowHeaderWords; }
   BlockKey parent(uint32_t record) const;
   void WriteRow(uint32_t record, const BlockKey& parent, std::span<const TokenId> tokens);
-  // Stored parent and tokens equal the given ones.
-  bool RowMatches(uint32_t record, const BlockKey& parent, std::span<const TokenId> tokens) const;
+  // Stored parent and tokens equal the given ones. Inline, and a constant-size
+  // compare for 16-token blocks: it runs once per block of every match.
+  bool RowMatches(uint32_t record, const BlockKey& parent, std::span<const TokenId> tokens) const {
+    const TokenId* r = row(record);
+    uint64_t stored[2];  // The row header: parent.lo then parent.hi, little-endian words.
+    std::memcpy(stored, r, sizeof(stored));
+    if (stored[0] != parent.lo || stored[1] != parent.hi) return false;
+    if (tokens.size() == 16) return std::memcmp(r + kRowHeaderWords, tokens.data(), 16 * sizeof(TokenId)) == 0;
+    return std::memcmp(r + kRowHeaderWords, tokens.data(), tokens.size_bytes()) == 0;
+  }
 
   // Visits every entry (tests and invariant checks).
   template <typename F>
@@ -62,6 +76,7 @@ class BlockIndex {
  private:
   BlockIndex() = default;
   uint32_t FindPos(const BlockKey& key) const;  // kNoRecord if absent.
+  void FindMany(std::span<const BlockKey> keys, std::span<uint32_t> records, bool check_tag, uint32_t ns_tag) const;
   void BeginWrite(IndexSlot& s);
   void EndWrite(IndexSlot& s);
   void MoveSlot(uint32_t from, uint32_t to);
