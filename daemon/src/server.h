@@ -18,7 +18,8 @@ class Service;
 
 // Proof that this process is the only kvtierd for its socket and its instance
 // name: exclusive locks on "<socket>.lock" and "/dev/shm/<instance>.lock", held
-// until destruction. Take it before creating any shared segment.
+// until destruction (which removes the files). Take it before creating any
+// shared segment.
 class InstanceLock {
  public:
   static Result<InstanceLock> Acquire(const DaemonConfig& config);
@@ -29,6 +30,7 @@ class InstanceLock {
  private:
   InstanceLock() = default;
   int fds_[2] = {-1, -1};
+  std::string paths_[2];
 };
 
 class Server {

@@ -230,12 +230,14 @@ TEST_F(IntegrationTest, OneClientSharedByManyThreads) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int turn = 0; turn < kTurns; ++turn) {
-        // Threads share conversations, so their prefixes and commits overlap.
+        // Threads share conversation prefixes, so their hits and commits overlap;
+        // each thread has its own sessions (a session is one conversation's turn order).
         const int conv = (turn + t) % 6;
+        const std::string session = "conv-" + std::to_string(conv) + "-t" + std::to_string(t);
         std::vector<TokenId> tokens(16 * (2 + turn % 7));
         for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(conv * 1000 + i);
         const std::vector<BlockKey> keys = client->Keys(tokens);
-        auto lease = client->Acquire("conv-" + std::to_string(conv), tokens);
+        auto lease = client->Acquire(session, tokens);
         if (!lease.ok() || !lease->Wait(10s).ok()) {
           ++failures;
           continue;
@@ -252,7 +254,7 @@ TEST_F(IntegrationTest, OneClientSharedByManyThreads) {
           continue;
         }
         for (size_t i = 0; i < w->size(); ++i) FillPayload(keys[have + i], w->data(i), w->slot_bytes());
-        auto r = client->Commit(*w, "conv-" + std::to_string(conv), have ? keys[have - 1] : BlockKey{}, have,
+        auto r = client->Commit(*w, session, have ? keys[have - 1] : BlockKey{}, have,
                                 std::span<const TokenId>(tokens).subspan(size_t{have} * 16));
         if (!r.ok()) ++failures;
       }

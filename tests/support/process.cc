@@ -164,8 +164,21 @@ Result<int> DaemonProcess::StartSecondInstance() {
   return p->Wait(std::chrono::seconds(10));
 }
 
-std::string KvtierdPath() { return KVTIERD_PATH; }
-std::string WorkerPath() { return KVTIER_TEST_WORKER_PATH; }
+std::string KvtierdPath() {
+#ifdef KVTIERD_PATH
+  return KVTIERD_PATH;
+#else
+  return "kvtierd";
+#endif
+}
+
+std::string WorkerPath() {
+#ifdef KVTIER_TEST_WORKER_PATH
+  return KVTIER_TEST_WORKER_PATH;
+#else
+  return "kvtier-test-worker";
+#endif
+}
 
 double JsonNumber(const std::string& line, const std::string& key) {
   const std::string needle = "\"" + key + "\":";

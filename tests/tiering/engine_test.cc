@@ -594,6 +594,33 @@ TEST_F(EngineTest, CommitExtendsOrCutsTheSession) {
   ExpectConsistent();
 }
 
+TEST_F(EngineTest, CommitMustContinueTheSessionItNames) {
+  Start(Options(16, 8));
+  const Chain turn1 = MakeChain(1, 2);
+  Put("s", turn1);
+  const Chain turn2 = MakeChain(2, 2, &turn1);
+  auto w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok());
+  // A gap: the session holds 2 blocks, the commit claims to start at block 3.
+  auto r = engine_->Commit(w->id, "s", ns_, turn2.keys[2], 3, turn2.tokens_from(2), w->slots);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  // A parent that is not the session's block start_block - 1.
+  r = engine_->Commit(w->id, "s", ns_, turn2.keys[0], 2, turn2.tokens_from(2), w->slots);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  // A session that does not exist holds no blocks.
+  r = engine_->Commit(w->id, "other", ns_, turn2.keys[1], 2, turn2.tokens_from(2), w->slots);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+  // Block 0 chains from the null key only.
+  r = engine_->Commit(w->id, "new", ns_, turn2.keys[1], 0, turn2.tokens_from(2), w->slots);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  // Nothing was consumed: the right commit still works.
+  r = engine_->Commit(w->id, "s", ns_, turn2.keys[1], 2, turn2.tokens_from(2), w->slots);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->stored, 2u);
+  EXPECT_TRUE(engine_->Release(w->id).ok());
+  ExpectConsistent();
+}
+
 TEST_F(EngineTest, ListAndDescribeSessions) {
   Start(Options(16, 8));
   const Chain x = MakeChain(1, 2), y = MakeChain(2, 3);

@@ -477,6 +477,24 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
     }
   }
 
+  {
+    // The commit must continue the session where the caller saw it: its first
+    // start_block blocks, the last of them keyed `parent`.
+    const Session* existing = m.FindSession(session_id);
+    const size_t have = existing == nullptr ? 0 : existing->chain.size();
+    if (start_block > have) {
+      return FailedPrecondition("commit at block " + std::to_string(start_block) + " of session '" +
+                                std::string(session_id) + "', which holds " + std::to_string(have) +
+                                " blocks; acquire its prefix under the session first");
+    }
+    if (start_block > 0 && m.records[existing->chain[start_block - 1]].key != parent) {
+      return FailedPrecondition("commit parent is not block " + std::to_string(start_block - 1) + " of session '" +
+                                std::string(session_id) + "'");
+    }
+    if (start_block == 0 && !parent.IsNull()) {
+      return InvalidArgument("a commit at block 0 must have the null parent key");
+    }
+  }
   ++m.clock;
   Session* s = m.GetOrCreateSession(session_id, NamespaceTag(ns));
   // The chain past start_block is replaced; its references go only after the new

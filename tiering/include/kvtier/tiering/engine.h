@@ -131,7 +131,9 @@ class Engine {
   // Publishes tokens.size()/block_tokens full blocks written into `slots` (each a
   // slot of write lease `lease`, block i in slots[i]). Keys are computed here from
   // `parent` (the key of the block before, null for the first) and the tokens.
-  // The session (created if new) is cut to `start_block` blocks, then extended.
+  // The session (created if new) is cut to `start_block` blocks, then extended;
+  // kFailedPrecondition unless it holds at least start_block blocks, the last
+  // keyed `parent` (so a chain never has gaps or repeats).
   // A key already cached keeps its first copy and the duplicate slot is freed.
   // Committed slots leave the lease; the rest stay reserved until Release.
   Result<CommitResult> Commit(LeaseId lease, std::string_view session, const Namespace& ns,
