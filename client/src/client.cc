@@ -1,6 +1,5 @@
 #include "kvtier/client.h"
 
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -89,6 +88,8 @@ struct Core {
   ClientOptions options;
   std::mutex mu;  // Serializes requests; guards fd, generation, next_request.
   int fd = -1;
+  std::vector<uint8_t> rbuf = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
+  size_t rbegin = 0, rend = 0;                                 // Unread bytes in rbuf.
   uint64_t generation = 0;
   uint64_t next_request = 1;
   mutable std::mutex att_mu;
@@ -102,29 +103,21 @@ struct Core {
   void Disconnect() {
     if (fd >= 0) ::close(fd);
     fd = -1;
+    rbegin = rend = 0;
   }
 
-  Status WaitReady(short events, Clock::time_point deadline) {
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) return Status(StatusCode::kTimeout, "kvtierd did not answer in time");
-      pollfd p{fd, events, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
-      if (r > 0) return Status::Ok();
-      if (r < 0 && errno != EINTR) return Unavailable(std::string("poll: ") + std::strerror(errno));
-    }
-  }
-
-  Status SendAll(const std::vector<uint8_t>& bytes, Clock::time_point deadline) {
+  // The socket is blocking, with SO_SNDTIMEO/SO_RCVTIMEO = request_timeout: a
+  // reply wakes the caller straight from recv, one syscall, as in a bare ping-pong.
+  Status SendAll(const std::vector<uint8_t>& bytes) {
     size_t off = 0;
     while (off < bytes.size()) {
-      const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
       if (n > 0) {
         off += static_cast<size_t>(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        KVTIER_RETURN_IF_ERROR(WaitReady(POLLOUT, deadline));
       } else if (n < 0 && errno == EINTR) {
         continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return Status(StatusCode::kTimeout, "kvtierd did not take a request in time");
       } else {
         return Unavailable(std::string("lost connection to kvtierd: ") + std::strerror(errno));
       }
@@ -132,16 +125,30 @@ struct Core {
     return Status::Ok();
   }
 
-  Status RecvAll(uint8_t* out, size_t len, Clock::time_point deadline) {
+  // Reads exactly `len` bytes, through a buffer so a small reply costs one recv.
+  Status RecvAll(uint8_t* out, size_t len) {
     size_t off = 0;
     while (off < len) {
-      const ssize_t n = ::recv(fd, out + off, len - off, MSG_DONTWAIT);
+      if (rbegin < rend) {
+        const size_t k = std::min(len - off, rend - rbegin);
+        std::memcpy(out + off, rbuf.data() + rbegin, k);
+        rbegin += k;
+        off += k;
+        continue;
+      }
+      const bool direct = len - off >= rbuf.size();
+      const ssize_t n = direct ? ::recv(fd, out + off, len - off, 0) : ::recv(fd, rbuf.data(), rbuf.size(), 0);
       if (n > 0) {
-        off += static_cast<size_t>(n);
+        if (direct) {
+          off += static_cast<size_t>(n);
+        } else {
+          rbegin = 0;
+          rend = static_cast<size_t>(n);
+        }
       } else if (n == 0) {
         return Unavailable("lost connection to kvtierd: it closed the connection");
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        KVTIER_RETURN_IF_ERROR(WaitReady(POLLIN, deadline));
+        return Status(StatusCode::kTimeout, "kvtierd did not answer in time");
       } else if (errno != EINTR) {
         return Unavailable(std::string("lost connection to kvtierd: ") + std::strerror(errno));
       }
@@ -151,15 +158,14 @@ struct Core {
 
   // One request and its reply on the current connection. A failure of the
   // transport (not an ErrorResponse) drops the connection.
-  Result<wire::Message> RoundTrip(const wire::Message& request, std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+  Result<wire::Message> RoundTrip(const wire::Message& request) {
     const uint64_t id = next_request++;
     std::vector<uint8_t> frame;
     const Status enc = wire::TryAppendFrame(frame, id, request);
     if (!enc.ok()) return enc;
-    Status st = SendAll(frame, deadline);
+    Status st = SendAll(frame);
     std::array<uint8_t, wire::kHeaderBytes> header{};
-    if (st.ok()) st = RecvAll(header.data(), header.size(), deadline);
+    if (st.ok()) st = RecvAll(header.data(), header.size());
     if (!st.ok()) {
       Disconnect();
       return st;
@@ -170,7 +176,7 @@ struct Core {
       return h.status();
     }
     std::vector<uint8_t> payload(h->payload_length);
-    st = RecvAll(payload.data(), payload.size(), deadline);
+    st = RecvAll(payload.data(), payload.size());
     if (!st.ok()) {
       Disconnect();
       return st;
@@ -198,7 +204,13 @@ struct Core {
         return InvalidArgument("socket path too long: " + options.socket_path);
       }
       std::strncpy(addr.sun_path, options.socket_path.c_str(), sizeof(addr.sun_path) - 1);
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+        const auto ms = options.request_timeout.count();
+        const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        break;
+      }
       last_error = std::strerror(errno);
       Disconnect();
       if (Clock::now() + backoff > deadline) {
@@ -213,7 +225,7 @@ struct Core {
     hello.pid = static_cast<uint32_t>(::getpid());
     hello.tenant = options.tenant;
     hello.profile = options.profile;
-    auto reply = RoundTrip(hello, options.connect_timeout);
+    auto reply = RoundTrip(hello);
     if (!reply.ok()) return reply.status();
     if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) {
       Disconnect();
@@ -246,10 +258,10 @@ struct Core {
       if (!options.reconnect) return Unavailable("not connected to kvtierd (reconnect is off)");
       KVTIER_RETURN_IF_ERROR(Connect());
     }
-    auto reply = RoundTrip(request, options.request_timeout);
+    auto reply = RoundTrip(request);
     if (!reply.ok() && fd < 0 && retry && options.reconnect) {
       KVTIER_RETURN_IF_ERROR(Connect());
-      reply = RoundTrip(request, options.request_timeout);
+      reply = RoundTrip(request);
     }
     if (!reply.ok()) return reply.status();
     if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
@@ -260,7 +272,7 @@ struct Core {
   Status ReleaseLease(uint64_t id, uint64_t gen) {
     std::lock_guard lock(mu);
     if (gen != generation || fd < 0) return Unavailable("the lease ended with its connection to kvtierd");
-    auto reply = RoundTrip(wire::ReleaseRequest{id}, options.request_timeout);
+    auto reply = RoundTrip(wire::ReleaseRequest{id});
     if (!reply.ok()) return reply.status();
     if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
     return Status::Ok();

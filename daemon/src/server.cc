@@ -68,7 +68,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     client_.id = server_.service.NextClientId();
   }
 
-  void Start() { ReadHeader(); }
+  void Start() { Read(); }
 
   // Ends the connection now (shutdown); its leases end with it.
   void Close() {
@@ -82,46 +82,64 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
-  void ReadHeader() {
+  // Reads whatever the peer sent into in_ (one syscall usually brings a whole
+  // request), then handles every complete frame in it.
+  void Read() {
+    if (in_.size() - in_end_ < kReadChunk) {
+      // Compact, and grow only as far as a declared (and accepted) frame needs.
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+      if (in_.size() - in_end_ < kReadChunk) in_.resize(in_end_ + kReadChunk);
+    }
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(header_), [this, self](boost::system::error_code ec, size_t) {
-      if (ec) return Close();
-      auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(header_));
+    socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+                            [this, self](boost::system::error_code ec, size_t n) {
+                              if (ec) return Close();
+                              in_end_ += n;
+                              if (HandleFrames()) Read();
+                            });
+  }
+
+  // Handles the complete frames in in_. False when the connection is closing.
+  bool HandleFrames() {
+    while (in_end_ - in_begin_ >= wire::kHeaderBytes) {
+      const uint8_t* at = in_.data() + in_begin_;
+      auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(at, wire::kHeaderBytes));
       if (!h.ok()) return Fail(0, h.status());
       if (h->payload_length > server_.config.max_frame_bytes) {
         return Fail(h->request_id, ResourceExhausted("frame of " + std::to_string(h->payload_length) +
                                                      " bytes exceeds limits.max_frame_bytes (" +
                                                      std::to_string(server_.config.max_frame_bytes) + ")"));
       }
-      ReadPayload(*h);
-    });
-  }
-
-  void ReadPayload(const wire::FrameHeader& h) {
-    payload_.resize(h.payload_length);
-    auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(payload_), [this, self, h](boost::system::error_code ec, size_t) {
-      if (ec) return Close();
-      auto msg = wire::DecodePayload(h, payload_);
-      if (!msg.ok()) return Fail(h.request_id, msg.status());
+      const size_t frame = wire::kHeaderBytes + h->payload_length;
+      if (in_end_ - in_begin_ < frame) {
+        if (in_.size() - in_begin_ < frame) in_.resize(in_begin_ + frame + kReadChunk);
+        return true;  // Wait for the rest.
+      }
+      auto msg = wire::DecodePayload(*h, std::span<const uint8_t>(at + wire::kHeaderBytes, h->payload_length));
+      in_begin_ += frame;
+      if (!msg.ok()) return Fail(h->request_id, msg.status());
       Reply reply = server_.service.Handle(client_, *msg);
-      Send(h.request_id, reply.message);
+      Send(h->request_id, reply.message);
       if (reply.close) {
         const auto* err = std::get_if<wire::ErrorResponse>(&reply.message);
         LogWarn("client " + std::to_string(client_.id) + ": " + (err ? wire::ToStatus(*err).ToString() : "closing"));
         close_after_write_ = true;
-        return;
+        return false;
       }
-      ReadHeader();
-    });
+    }
+    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+    return true;
   }
 
   // A protocol violation: answer with the error, then close.
-  void Fail(uint64_t request_id, const Status& st) {
+  bool Fail(uint64_t request_id, const Status& st) {
     LogWarn("client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) +
             "): bad frame: " + st.ToString() + "; closing the connection");
     Send(request_id, wire::FromStatus(st));
     close_after_write_ = true;
+    return false;
   }
 
   void Send(uint64_t request_id, const wire::Message& m) {
@@ -144,8 +162,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Server::Impl& server_;
   stream_protocol::socket socket_;
   ClientState client_;
-  std::array<uint8_t, wire::kHeaderBytes> header_{};
-  std::vector<uint8_t> payload_;
+  static constexpr size_t kReadChunk = 64 * 1024;
+  std::vector<uint8_t> in_;  // Bytes received: [in_begin_, in_end_) not yet handled.
+  size_t in_begin_ = 0;
+  size_t in_end_ = 0;
   std::deque<std::vector<uint8_t>> out_;
   bool close_after_write_ = false;
   bool closed_ = false;

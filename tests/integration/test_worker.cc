@@ -121,9 +121,12 @@ int main(int argc, char** argv) {
       const auto tokens = Prompt(seed * 1000 + conv, blocks * c.block_tokens());
       auto r = Turn(c, "loop-" + std::to_string(seed) + "-" + std::to_string(conv), tokens, true);
       if (!r.ok()) {
-        // Only documented, transient errors are acceptable while the daemon restarts.
+        // Only documented, transient errors are acceptable while the daemon restarts:
+        // unavailable/timeout (it is gone), and failed_precondition (a commit that
+        // continues a prefix acquired from the previous daemon, which the new one lacks).
         const StatusCode code = r.status().code();
-        if (code != StatusCode::kUnavailable && code != StatusCode::kResourceExhausted && code != StatusCode::kTimeout) {
+        if (code != StatusCode::kUnavailable && code != StatusCode::kResourceExhausted && code != StatusCode::kTimeout &&
+            code != StatusCode::kFailedPrecondition) {
           return Fail(r.status());
         }
         ++errors;

@@ -40,7 +40,7 @@ struct ClientOptions {
   std::string tenant;       // Blocks are shared only within a tenant.
   std::string profile;      // Model profile name; empty: the daemon's default.
   std::chrono::milliseconds connect_timeout{2000};   // Per (re)connect, retries included.
-  std::chrono::milliseconds request_timeout{10000};  // Per request round trip.
+  std::chrono::milliseconds request_timeout{10000};  // Longest wait for one send or reply.
   bool reconnect = true;    // Reconnect at the next call after losing the daemon.
 };
 
