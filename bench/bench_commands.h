@@ -8,4 +8,10 @@ namespace kvtier::bench {
 // kvtier-bench engine [--quick]: key hashing, index lookups, prompt match, mover.
 int RunEngineBench(int argc, char** argv);
 
+// kvtier-bench ipc [--quick]: probe/acquire/commit through a real kvtierd, a bare
+// socket round trip, and a 2 MiB read from redis vs kvtier's host tier.
+int RunIpcBench(int argc, char** argv);
+// One client process of the ipc run (started by RunIpcBench itself).
+int RunIpcClient(int argc, char** argv);
+
 }  // namespace kvtier::bench

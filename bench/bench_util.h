@@ -38,8 +38,8 @@ class Rng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
   }
-  // Uniform in [0, n). REQUIRES: n > 0.
-  uint64_t Below(uint64_t n) { return static_cast<uint64_t>((static_cast<unsigned __int128>(Next()) * n) >> 64); }
+  // In [0, n); the modulo bias is negligible for the small n used here. REQUIRES: n > 0.
+  uint64_t Below(uint64_t n) { return Next() % n; }
 
  private:
   uint64_t state_;

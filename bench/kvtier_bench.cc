@@ -16,6 +16,8 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"engine", "key hashing, block-index lookups, 2k-token prompt match, host mover vs memcpy",
      kvtier::bench::RunEngineBench},
+    {"ipc", "probe, acquire, commit through kvtierd (1 and 4 clients) vs a bare socket; 2 MiB read vs redis",
+     kvtier::bench::RunIpcBench},
 };
 
 void PrintUsage(std::FILE* out) {
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   for (const Subcommand& s : kSubcommands) {
     if (!std::strcmp(argv[1], s.name)) return s.run(argc - 2, argv + 2);
   }
+  if (!std::strcmp(argv[1], "ipc-client")) return kvtier::bench::RunIpcClient(argc - 2, argv + 2);
   std::fprintf(stderr, "kvtier-bench: unknown subcommand '%s' (try --help)\n", argv[1]);
   return 2;
 }
