@@ -334,16 +334,12 @@ struct Engine::Impl {
                         std::vector<uint32_t>* out) const {
     const size_t n = std::min(keys.size(), tokens.size() / bt());
     out->resize(n);
-    index.FindBatch(keys.first(n), *out);
-    const uint32_t tag = NamespaceTag(ns);
-    for (size_t i = 0; i < n && i < 8; ++i) {
-      if ((*out)[i] != kNoRecord) __builtin_prefetch(index.row((*out)[i]));
-    }
+    // Entries of another namespace count as absent; the hits' rows are prefetched.
+    index.FindBatch(keys.first(n), NamespaceTag(ns), *out);
     uint32_t matched = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (i + 8 < n && (*out)[i + 8] != kNoRecord) __builtin_prefetch(index.row((*out)[i + 8]));
       const uint32_t r = (*out)[i];
-      if (r == kNoRecord || records[r].ns_tag != tag) break;
+      if (r == kNoRecord) break;
       const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
       if (!index.RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
       ++matched;
@@ -510,7 +506,6 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
     const std::span<const TokenId> block = tokens.subspan(i * m.bt(), m.bt());
     const BlockKey key = ChainKey(prev, ns, block);
     const uint32_t slot = slots[i];
-    lease.items.erase(std::find(lease.items.begin(), lease.items.end(), slot));
     uint32_t r = m.index.Find(key);
     if (r != kNoRecord) {
       m.alloc[kGpu].Free(slot);  // First copy wins.
@@ -538,6 +533,12 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
   }
   for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r);
   m.Touch(s);
+  {
+    // Committed slots leave the write lease (n log n, not n * lease size).
+    std::vector<uint32_t> done(slots.begin(), slots.end());
+    std::sort(done.begin(), done.end());
+    std::erase_if(lease.items, [&](uint32_t x) { return std::binary_search(done.begin(), done.end(), x); });
+  }
   m.st.committed_blocks += result.stored;
   m.st.duplicate_blocks += result.duplicates;
   return result;
