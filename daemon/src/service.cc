@@ -88,10 +88,8 @@ void Service::Disconnect(ClientState& c) {
   if (c.welcomed) {
     Engine& e = *engines_[c.profile];
     for (uint64_t lease : c.leases) (void)e.Release(lease);
-    if (!c.leases.empty()) {
-      LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") gone: ended " +
-              std::to_string(c.leases.size()) + " leases");
-    }
+    LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
+            (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --connected_;
   }
   c.leases.clear();
