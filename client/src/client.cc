@@ -315,57 +315,32 @@ using client_internal::Expect;
 
 // --- Lease / WriteLease ----------------------------------------------------------
 
-Lease& Lease::operator=(Lease&& other) noexcept {
+namespace client_internal {
+
+LeaseHandle& LeaseHandle::operator=(LeaseHandle&& other) noexcept {
   if (this != &other) {
-    (void)Release();
+    (void)ReleaseHandle();
     core_ = std::move(other.core_);
     attachment_ = std::move(other.attachment_);
     generation_ = other.generation_;
     id_ = std::exchange(other.id_, 0);
-    matched_ = other.matched_;
-    promoted_ = other.promoted_;
-    fence_ = other.fence_;
-    slot_bytes_ = other.slot_bytes_;
-    blocks_ = std::move(other.blocks_);
   }
   return *this;
 }
+
+Status LeaseHandle::ReleaseHandle() {
+  if (id_ == 0) return Status::Ok();
+  const uint64_t id = std::exchange(id_, 0);
+  auto core = core_.lock();
+  if (!core) return Unavailable("the client that made the lease is gone");
+  return core->ReleaseLease(id, generation_);
+}
+
+}  // namespace client_internal
 
 Status Lease::Wait(std::chrono::milliseconds timeout) const {
   if (!attachment_) return Status::Ok();
   return client_internal::WaitCompleted(*attachment_, fence_, timeout);
-}
-
-Status Lease::Release() {
-  if (id_ == 0) return Status::Ok();
-  const uint64_t id = std::exchange(id_, 0);
-  auto core = core_.lock();
-  if (!core) return Unavailable("the client that made the lease is gone");
-  return core->ReleaseLease(id, generation_);
-}
-
-WriteLease& WriteLease::operator=(WriteLease&& other) noexcept {
-  if (this != &other) {
-    (void)Release();
-    core_ = std::move(other.core_);
-    attachment_ = std::move(other.attachment_);
-    generation_ = other.generation_;
-    id_ = std::exchange(other.id_, 0);
-    slot_bytes_ = other.slot_bytes_;
-    slots_ = std::move(other.slots_);
-    data_ = std::move(other.data_);
-  }
-  return *this;
-}
-
-Status WriteLease::Release() {
-  if (id_ == 0) return Status::Ok();
-  const uint64_t id = std::exchange(id_, 0);
-  slots_.clear();
-  data_.clear();
-  auto core = core_.lock();
-  if (!core) return Unavailable("the client that made the lease is gone");
-  return core->ReleaseLease(id, generation_);
 }
 
 // --- Client ------------------------------------------------------------------------

@@ -45,10 +45,35 @@ struct ClientOptions {
 };
 
 class Client;
+
 namespace client_internal {
 struct Attachment;
 struct Core;
-}
+
+// What every lease holds: the connection it was made on and its id there.
+// Move-only; ends the lease (if still held) when destroyed or assigned over.
+class LeaseHandle {
+ public:
+  uint64_t id() const { return id_; }
+
+ protected:
+  LeaseHandle() = default;
+  LeaseHandle(LeaseHandle&& other) noexcept { *this = std::move(other); }
+  LeaseHandle& operator=(LeaseHandle&& other) noexcept;
+  LeaseHandle(const LeaseHandle&) = delete;
+  LeaseHandle& operator=(const LeaseHandle&) = delete;
+  ~LeaseHandle() { (void)ReleaseHandle(); }
+  // Idempotent. kUnavailable if the connection it was made on is gone.
+  Status ReleaseHandle();
+
+  friend class kvtier::Client;
+  std::weak_ptr<Core> core_;  // Leases may outlive their Client safely.
+  std::shared_ptr<const Attachment> attachment_;  // Keeps the mapped memory valid.
+  uint64_t generation_ = 0;
+  uint64_t id_ = 0;
+};
+
+}  // namespace client_internal
 
 // Where one leased block lies, and its bytes in this process.
 struct BlockRef {
@@ -59,16 +84,12 @@ struct BlockRef {
 
 // A read lease on a cached prefix: the blocks cannot move or vanish while it
 // lives. Released on destruction. Move-only.
-class Lease {
+class Lease : public client_internal::LeaseHandle {
  public:
   Lease() = default;
-  Lease(Lease&& other) noexcept { *this = std::move(other); }
-  Lease& operator=(Lease&& other) noexcept;
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-  ~Lease() { (void)Release(); }
+  Lease(Lease&&) noexcept = default;
+  Lease& operator=(Lease&&) noexcept = default;
 
-  uint64_t id() const { return id_; }
   uint32_t matched() const { return matched_; }  // Blocks of the prefix cached (>= size()).
   size_t size() const { return blocks_.size(); }  // Blocks leased.
   uint32_t promoted() const { return promoted_; }
@@ -80,14 +101,10 @@ class Lease {
   // Waits until promoted blocks have landed in the GPU tier.
   Status Wait(std::chrono::milliseconds timeout) const;
   // Ends the lease (idempotent). kUnavailable if the daemon restarted meanwhile.
-  Status Release();
+  Status Release() { return ReleaseHandle(); }
 
  private:
   friend class Client;
-  std::weak_ptr<client_internal::Core> core_;  // Leases may outlive their Client safely.
-  std::shared_ptr<const client_internal::Attachment> attachment_;
-  uint64_t generation_ = 0;
-  uint64_t id_ = 0;
   uint32_t matched_ = 0;
   uint32_t promoted_ = 0;
   Fence fence_;
@@ -97,28 +114,25 @@ class Lease {
 
 // GPU-tier slots reserved for writing new blocks. Released on destruction;
 // committed slots leave the lease. Move-only.
-class WriteLease {
+class WriteLease : public client_internal::LeaseHandle {
  public:
   WriteLease() = default;
-  WriteLease(WriteLease&& other) noexcept { *this = std::move(other); }
-  WriteLease& operator=(WriteLease&& other) noexcept;
-  WriteLease(const WriteLease&) = delete;
-  WriteLease& operator=(const WriteLease&) = delete;
-  ~WriteLease() { (void)Release(); }
+  WriteLease(WriteLease&&) noexcept = default;
+  WriteLease& operator=(WriteLease&&) noexcept = default;
 
-  uint64_t id() const { return id_; }
   size_t size() const { return slots_.size(); }
   const std::vector<uint32_t>& slots() const { return slots_; }
   std::byte* data(size_t i) const { return data_[i]; }
   size_t slot_bytes() const { return slot_bytes_; }
-  Status Release();
+  // Gives the uncommitted slots back (idempotent).
+  Status Release() {
+    slots_.clear();
+    data_.clear();
+    return ReleaseHandle();
+  }
 
  private:
   friend class Client;
-  std::weak_ptr<client_internal::Core> core_;
-  std::shared_ptr<const client_internal::Attachment> attachment_;
-  uint64_t generation_ = 0;
-  uint64_t id_ = 0;
   size_t slot_bytes_ = 0;
   std::vector<uint32_t> slots_;
   std::vector<std::byte*> data_;
