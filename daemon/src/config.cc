@@ -79,6 +79,13 @@ class Section {
     return Status::Ok();
   }
 
+  // Declares the keys this section may hold and fails on any other, first, so a
+  // typo is reported as itself rather than as the key it was meant to be.
+  Status Known(std::initializer_list<const char*> keys) {
+    for (const char* k : keys) seen_.insert(k);
+    return CheckUnknown();
+  }
+
   Status CheckUnknown() const {
     if (!node_.IsMap()) return Status::Ok();
     for (const auto& kv : node_) {
@@ -112,6 +119,8 @@ class Section {
 Status ParseProfile(const YAML::Node& node, const std::string& path, const std::string& source, ProfileConfig* out) {
   if (!node.IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
   Section s(node, path, source);
+  KVTIER_RETURN_IF_ERROR(s.Known({"name", "layers", "kv_heads", "head_dim", "block_tokens", "dtype", "gpu_bytes",
+                                  "gpu_blocks", "host_bytes", "host_blocks"}));
   ModelProfile& p = out->profile;
   KVTIER_RETURN_IF_ERROR(s.ReadString("name", &p.name));
   if (p.name.empty()) return s.Error("name", "is required");
