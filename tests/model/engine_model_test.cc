@@ -22,6 +22,7 @@
 #include "kvtier/block_key.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"
+#include "payload.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -31,31 +32,8 @@ constexpr int kConversations = 24;
 constexpr int kMaxBlocks = 14;
 constexpr int kSystemBlocks = 3;
 
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  return x ^ (x >> 33);
-}
-
-// The payload a block with `key` must hold, word by word.
-void FillPayload(const BlockKey& key, std::byte* dst, size_t bytes) {
-  uint64_t s = key.lo ^ Mix(key.hi);
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    s = Mix(s + i);
-    std::memcpy(dst + i, &s, 8);
-  }
-}
-
-bool PayloadIntact(const BlockKey& key, const std::byte* src, size_t bytes) {
-  uint64_t s = key.lo ^ Mix(key.hi);
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    s = Mix(s + i);
-    if (std::memcmp(src + i, &s, 8) != 0) return false;
-  }
-  return true;
-}
+using testing::FillPayload;
+using testing::PayloadIntact;
 
 struct Conversation {
   Namespace ns;
@@ -140,7 +118,9 @@ class EngineModel {
     ASSERT_TRUE(lease.ok()) << Where() << ": " << lease.status().ToString();
     ASSERT_EQ(lease->matched, expect) << Where() << ": acquire hit length differs from the model";
     ASSERT_LE(lease->blocks.size(), lease->matched);
-    if (!lease->fence.IsNull()) ASSERT_TRUE(backend_->Wait(lease->fence, std::chrono::seconds(10)).ok()) << Where();
+    if (!lease->fence.IsNull()) {
+      ASSERT_TRUE(backend_->Wait(lease->fence, std::chrono::seconds(10)).ok()) << Where();
+    }
     HeldLease held{lease->id, {}, lease->blocks};
     for (size_t i = 0; i < lease->blocks.size(); ++i) {
       const BlockLocation& loc = lease->blocks[i];
@@ -210,7 +190,9 @@ class EngineModel {
       const Conversation& c = convs_[rng_() % convs_.size()];
       ASSERT_EQ(engine_->Match(c.ns, c.keys, c.tokens), RefPrefix(c, kMaxBlocks)) << Where();
       const Conversation& other = convs_[rng_() % convs_.size()];
-      if (!(other.ns == c.ns)) ASSERT_EQ(engine_->Match(other.ns, c.keys, c.tokens), 0u) << Where() << ": cross-tenant hit";
+      if (!(other.ns == c.ns)) {
+        ASSERT_EQ(engine_->Match(other.ns, c.keys, c.tokens), 0u) << Where() << ": cross-tenant hit";
+      }
     }
   }
 
