@@ -1,0 +1,34 @@
+// cachectl: the operator CLI for kvtierd. Every command talks to the daemon
+// through the public client API only (kvtier/client.h).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "kvtier/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kvtier::cachectl {
+
+// Exit codes.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitUnavailable = 3;
+inline constexpr int kExitNotFound = 4;
+
+// Options every command shares.
+struct GlobalOptions {
+  std::string socket = "/run/kvtier/kvtierd.sock";
+  bool json = false;
+  int timeout_ms = 1000;
+};
+
+// Registers every subcommand on `app`. After a successful parse, `action`
+// holds the selected command; running it returns the exit code.
+void AddCommands(CLI::App& app, const GlobalOptions& global, std::function<int()>& action);
+
+}  // namespace kvtier::cachectl

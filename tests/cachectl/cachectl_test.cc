@@ -1,0 +1,381 @@
+// cachectl against a real kvtierd: every command, --json output, exit codes.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kvtier/client.h"
+#include "process.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr const char* kConfig = R"(backend: host
+log_level: info
+profiles:
+  - name: it
+    layers: 2
+    kv_heads: 2
+    head_dim: 32
+    dtype: fp16
+    block_tokens: 16
+    gpu_blocks: 256
+    host_blocks: 1024
+)";
+
+struct CtlRun {
+  int rc = -1;
+  std::vector<std::string> lines;
+  std::string err;  // stderr
+  std::string out() const {
+    std::string s;
+    for (const auto& l : lines) s += l + "\n";
+    return s;
+  }
+  json Json() const { return lines.empty() ? json() : json::parse(lines.front()); }
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs cachectl with `args` (the socket first when given), reads all of its stdout.
+CtlRun Ctl(const std::string& socket, const std::vector<std::string>& args) {
+  CtlRun run;
+  std::vector<std::string> argv = {CACHECTL_PATH};
+  if (!socket.empty()) {
+    argv.push_back("--socket");
+    argv.push_back(socket);
+  }
+  argv.insert(argv.end(), args.begin(), args.end());
+  char tmpl[] = "/tmp/cachectl-test-err-XXXXXX";
+  const int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  const std::string err_path = tmpl;
+  {
+    auto p = Process::Spawn(argv, err_path);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return run;
+    for (;;) {
+      auto line = p->ReadLine(20s);
+      if (!line.ok()) {
+        EXPECT_EQ(line.status().code(), StatusCode::kNotFound) << line.status().ToString();
+        break;
+      }
+      run.lines.push_back(*line);
+    }
+    auto rc = p->Wait(20s);
+    EXPECT_TRUE(rc.ok()) << rc.status().ToString();
+    if (rc.ok()) run.rc = *rc;
+  }
+  run.err = ReadFile(err_path);
+  unlink(err_path.c_str());
+  return run;
+}
+
+Result<std::string> RunWorker(const std::string& socket, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {WorkerPath(), socket};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto p = Process::Spawn(argv);
+  if (!p.ok()) return p.status();
+  auto line = p->ReadLine(20s);
+  auto rc = p->Wait(20s);
+  if (!line.ok()) return line.status();
+  if (!rc.ok()) return rc.status();
+  if (*rc != 0) return Internal("worker exited " + std::to_string(*rc) + ": " + *line);
+  return line;
+}
+
+const json* FindSession(const json& list, const std::string& id) {
+  for (const json& s : list["sessions"]) {
+    if (s["id"] == id) return &s;
+  }
+  return nullptr;
+}
+
+// ---- Without a daemon ----
+
+TEST(CachectlUsage, BadUsageExits2) {
+  const std::string sock = "/tmp/cachectl-test-nobody.sock";
+  EXPECT_EQ(Ctl(sock, {}).rc, 2);                                  // no command
+  EXPECT_EQ(Ctl(sock, {"frobnicate"}).rc, 2);                      // unknown command
+  EXPECT_EQ(Ctl(sock, {"session"}).rc, 2);                         // missing ID
+  EXPECT_EQ(Ctl(sock, {"pin", "x", "--priority", "9"}).rc, 2);     // out of range
+  EXPECT_EQ(Ctl(sock, {"pin", "x", "--priority", "0"}).rc, 2);
+  EXPECT_EQ(Ctl(sock, {"sessions", "--sort", "color"}).rc, 2);
+  EXPECT_EQ(Ctl(sock, {"--timeout", "soon", "status"}).rc, 2);
+  EXPECT_EQ(Ctl(sock, {"evict"}).rc, 2);                           // nothing to evict
+  EXPECT_EQ(Ctl(sock, {"evict", "x", "--all"}).rc, 2);             // two targets
+  EXPECT_EQ(Ctl(sock, {"stats", "--count", "2"}).rc, 2);           // --count needs --watch
+}
+
+TEST(CachectlUsage, HelpForEveryCommand) {
+  auto top = Ctl("", {"--help"});
+  EXPECT_EQ(top.rc, 0);
+  for (const char* cmd :
+       {"status", "sessions", "session", "evict", "demote", "prefetch", "pin", "unpin", "stats", "config"}) {
+    EXPECT_NE(top.out().find(cmd), std::string::npos) << cmd;
+    auto r = Ctl("", {cmd, "--help"});
+    EXPECT_EQ(r.rc, 0) << cmd;
+    EXPECT_FALSE(r.lines.empty()) << cmd;
+  }
+}
+
+TEST(CachectlUsage, NoDaemonExits3) {
+  char dir[] = "/tmp/cachectl-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string sock = std::string(dir) + "/nothing.sock";
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"status"}, {"sessions", "--json"}, {"stats"}, {"evict", "--all"}}) {
+    std::vector<std::string> a = {"--timeout", "200"};
+    a.insert(a.end(), args.begin(), args.end());
+    auto r = Ctl(sock, a);
+    EXPECT_EQ(r.rc, 3) << args[0];
+    EXPECT_TRUE(r.lines.empty()) << args[0];
+    EXPECT_EQ(r.err.rfind("cachectl: ", 0), 0u) << r.err;
+  }
+  // The socket can also come from the environment.
+  setenv("KVTIER_SOCKET", sock.c_str(), 1);
+  EXPECT_EQ(Ctl("", {"--timeout", "200", "status"}).rc, 3);
+  unsetenv("KVTIER_SOCKET");
+  rmdir(dir);
+}
+
+// ---- With a daemon ----
+
+class CachectlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+    // Two sessions of the default tenant, one of tenant "acme".
+    auto a = RunWorker(daemon_.socket(), {"commit", "chat-a", "11", "8"});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    auto b = RunWorker(daemon_.socket(), {"commit", "chat-b", "12", "4"});
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ClientOptions o;
+    o.socket_path = daemon_.socket();
+    o.client_name = "cachectl-test";
+    o.tenant = "acme";
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<TokenId> tokens(3 * (*c)->block_tokens());
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(1000 + i);
+    auto w = (*c)->Allocate(3);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto r = (*c)->Commit(*w, "acme-1", BlockKey{}, 0, tokens);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->stored, 3u);
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
+  }
+  CtlRun Run(const std::vector<std::string>& args) { return Ctl(daemon_.socket(), args); }
+
+  DaemonProcess daemon_{kConfig};
+};
+
+TEST_F(CachectlTest, Status) {
+  auto text = Run({"status"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out().find("backend:"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("host"), std::string::npos) << text.out();
+
+  auto r = Run({"status", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.lines.size(), 1u);
+  const json j = r.Json();
+  EXPECT_EQ(j["backend"], "host");
+  EXPECT_EQ(j["profile"], "it");
+  EXPECT_EQ(j["block_tokens"], 16);
+  EXPECT_EQ(j["instance_id"].get<std::string>().size(), 16u);
+  EXPECT_EQ(j["pools"]["gpu"]["slots"], 256);
+  EXPECT_EQ(j["pools"]["gpu"]["used"], 15);
+  EXPECT_EQ(j["pools"]["host"]["slots"], 1024);
+  EXPECT_EQ(j["sessions"], 3);
+  EXPECT_EQ(j["blocks"], 15);
+  EXPECT_GE(j["clients"].get<int>(), 1);  // cachectl itself
+  EXPECT_GE(j["uptime_s"].get<double>(), 0.0);
+}
+
+TEST_F(CachectlTest, Sessions) {
+  auto text = Run({"sessions"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  ASSERT_EQ(text.lines.size(), 4u) << text.out();  // header + 3
+  EXPECT_NE(text.lines[1].find("acme-1"), std::string::npos) << text.out();
+
+  auto r = Run({"sessions", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = r.Json();
+  EXPECT_EQ(j["count"], 3);
+  ASSERT_EQ(j["sessions"].size(), 3u);
+  const json* a = FindSession(j, "chat-a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ((*a)["blocks"], 8);
+  EXPECT_EQ((*a)["gpu_blocks"], 8);
+  EXPECT_EQ((*a)["host_blocks"], 0);
+  EXPECT_EQ((*a)["tokens"], 8 * 16);
+  EXPECT_EQ((*a)["priority"], 0);
+  EXPECT_TRUE((*a)["idle_ms"].is_number());
+  const json* acme = FindSession(j, "acme-1");
+  ASSERT_NE(acme, nullptr);
+  EXPECT_EQ((*acme)["tenant"], "acme");
+  EXPECT_EQ((*acme)["blocks"], 3);
+
+  auto t = Run({"sessions", "--tenant", "acme", "--json"}).Json();
+  EXPECT_EQ(t["count"], 1);
+  EXPECT_EQ(t["sessions"][0]["id"], "acme-1");
+
+  auto top = Run({"--json", "sessions", "--sort", "blocks", "--limit", "2"}).Json();
+  ASSERT_EQ(top["count"], 2);
+  EXPECT_EQ(top["sessions"][0]["id"], "chat-a");
+  EXPECT_EQ(top["sessions"][1]["id"], "chat-b");
+
+  auto by_tokens = Run({"sessions", "--sort", "tokens", "--json"}).Json();
+  EXPECT_EQ(by_tokens["sessions"][2]["id"], "acme-1");
+  EXPECT_EQ(Run({"sessions", "--sort", "idle"}).rc, 0);
+}
+
+TEST_F(CachectlTest, SessionShowsItsChain) {
+  auto text = Run({"session", "chat-b"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out().find("chat-b"), std::string::npos);
+  EXPECT_EQ(text.lines.size(), 7u + 4u) << text.out();  // 6 summary lines + header + 4 blocks
+
+  auto j = Run({"session", "chat-a", "--json"}).Json();
+  EXPECT_EQ(j["id"], "chat-a");
+  EXPECT_EQ(j["blocks"], 8);
+  ASSERT_EQ(j["chain"].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(j["chain"][i]["index"], i);
+    EXPECT_EQ(j["chain"][i]["key"].get<std::string>().size(), 32u);
+    EXPECT_EQ(j["chain"][i]["tier"], "gpu");
+  }
+}
+
+TEST_F(CachectlTest, UnknownSessionExits4) {
+  for (const char* cmd : {"session", "evict", "demote", "prefetch", "unpin"}) {
+    auto r = Run({cmd, "no-such-session"});
+    EXPECT_EQ(r.rc, 4) << cmd << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("cachectl: ", 0), 0u) << r.err;
+    EXPECT_TRUE(r.lines.empty()) << cmd;
+  }
+  EXPECT_EQ(Run({"pin", "no-such-session", "--priority", "3"}).rc, 4);
+}
+
+TEST_F(CachectlTest, PinAndUnpin) {
+  auto r = Run({"pin", "chat-b", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["priority"], 7);
+  EXPECT_EQ((*FindSession(Run({"sessions", "--json"}).Json(), "chat-b"))["priority"], 7);
+  ASSERT_EQ(Run({"pin", "chat-b", "--priority", "3"}).rc, 0);
+  EXPECT_EQ((*FindSession(Run({"sessions", "--json"}).Json(), "chat-b"))["priority"], 3);
+  ASSERT_EQ(Run({"unpin", "chat-b"}).rc, 0);
+  EXPECT_EQ((*FindSession(Run({"sessions", "--json"}).Json(), "chat-b"))["priority"], 0);
+}
+
+TEST_F(CachectlTest, DemoteThenPrefetch) {
+  auto d = Run({"demote", "chat-a", "--json"});
+  ASSERT_EQ(d.rc, 0) << d.err;
+  EXPECT_EQ(d.Json()["session"], "chat-a");
+  EXPECT_TRUE(d.Json()["demoted"].is_number());
+  // The copy is asynchronous: poll.
+  json a;
+  const auto deadline = std::chrono::steady_clock::now() + 2s;
+  for (;;) {
+    a = *FindSession(Run({"sessions", "--json"}).Json(), "chat-a");
+    if (a["host_blocks"].get<int>() > 0 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_GT(a["host_blocks"].get<int>(), 0) << a.dump();
+  EXPECT_EQ(a["blocks"], 8);
+
+  auto p = Run({"prefetch", "chat-a", "--json"});
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_TRUE(p.Json()["prefetched"].is_number());
+  EXPECT_EQ(Run({"prefetch", "chat-a"}).rc, 0);
+}
+
+TEST_F(CachectlTest, Evict) {
+  auto r = Run({"evict", "chat-a", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["evicted"], 1);
+  auto after = Run({"sessions", "--json"}).Json();
+  EXPECT_EQ(after["count"], 2);
+  EXPECT_EQ(FindSession(after, "chat-a"), nullptr);
+  EXPECT_EQ(Run({"session", "chat-a"}).rc, 4);
+  EXPECT_EQ(Run({"stats", "--json"}).Json()["blocks"], 7);
+
+  auto t = Run({"evict", "--tenant", "acme", "--json"});
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_EQ(t.Json()["evicted"], 1);
+  EXPECT_EQ(Run({"sessions", "--json"}).Json()["count"], 1);
+
+  auto all = Run({"evict", "--all"});
+  ASSERT_EQ(all.rc, 0) << all.err;
+  EXPECT_NE(all.out().find("evicted 1 session"), std::string::npos) << all.out();
+  auto empty = Run({"sessions", "--json"}).Json();
+  EXPECT_EQ(empty["count"], 0);
+  EXPECT_EQ(Run({"stats", "--json"}).Json()["blocks"], 0);
+}
+
+TEST_F(CachectlTest, Stats) {
+  auto text = Run({"stats"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out().find("gpu_slots"), std::string::npos) << text.out();
+
+  auto r = Run({"stats", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.lines.size(), 1u);
+  const json j = r.Json();
+  EXPECT_EQ(j["sessions"], 3);
+  EXPECT_EQ(j["blocks"], 15);
+  EXPECT_EQ(j["gpu_slots"], 256);
+  EXPECT_EQ(j["host_slots"], 1024);
+  EXPECT_EQ(j["committed_blocks"], 15);
+  EXPECT_TRUE(j["uptime_s"].is_number());
+  EXPECT_TRUE(j.contains("allocation_failures"));
+
+  auto w = Run({"stats", "--watch", "0.1", "--count", "2", "--json"});
+  ASSERT_EQ(w.rc, 0) << w.err;
+  ASSERT_EQ(w.lines.size(), 2u) << w.out();
+  for (const auto& line : w.lines) {
+    const json x = json::parse(line);
+    EXPECT_EQ(x["blocks"], 15);
+  }
+  EXPECT_LE(json::parse(w.lines[0])["uptime_s"].get<double>(), json::parse(w.lines[1])["uptime_s"].get<double>());
+
+  auto wt = Run({"stats", "--watch", "0.05", "--count", "3"});
+  ASSERT_EQ(wt.rc, 0) << wt.err;
+  EXPECT_EQ(wt.lines.size(), 3 * text.lines.size() + 2) << wt.out();  // blank line between reports
+}
+
+TEST_F(CachectlTest, Config) {
+  auto text = Run({"config"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out().find("it"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("block_tokens"), std::string::npos) << text.out();
+
+  auto r = Run({"config", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.lines.size(), 1u);
+  std::string yaml = r.Json()["yaml"].get<std::string>();
+  if (!yaml.empty() && yaml.back() != '\n') yaml += '\n';
+  EXPECT_EQ(yaml, text.out());
+}
+
+}  // namespace
+}  // namespace kvtier::testing
