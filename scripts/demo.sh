@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cmake -S . -B build -G Ninja >/dev/null
-cmake --build build --target kvtierd kvtier-chat-demo
+cmake --build build --target kvtierd kvtier-chat-demo cachectl
 run=$(mktemp -d /tmp/kvtier-demo.XXXXXX)
 sock="$run/kvtierd.sock"
 ./build/daemon/kvtierd --config configs/kvtierd.yaml --socket "$sock" --instance "kvtier-demo-$$" 2>"$run/kvtierd.log" &
@@ -20,8 +20,12 @@ a=$!
 b=$!
 wait $a
 wait $b
-echo "== what kvtierd holds now"
-./build/client/kvtier-chat-demo --socket "$sock" --report
+echo "== cachectl status"
+./build/client/cachectl --socket "$sock" status
+echo "== cachectl sessions --sort idle"
+./build/client/cachectl --socket "$sock" sessions --sort idle
+echo "== cachectl stats"
+./build/client/cachectl --socket "$sock" stats
 kill -TERM $daemon
 wait $daemon || true
 echo "== kvtierd log"
