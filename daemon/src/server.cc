@@ -87,9 +87,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Read() {
     if (in_.size() - in_end_ < kReadChunk) {
       // Compact, and grow only as far as a declared (and accepted) frame needs.
-      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
-      in_end_ -= in_begin_;
-      in_begin_ = 0;
+      if (in_begin_ > 0) {
+        std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+        in_end_ -= in_begin_;
+        in_begin_ = 0;
+      }
       if (in_.size() - in_end_ < kReadChunk) in_.resize(in_end_ + kReadChunk);
     }
     auto self = shared_from_this();
