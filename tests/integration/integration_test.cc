@@ -71,7 +71,12 @@ class IntegrationTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log(); }
   void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
+    const std::string log = daemon_.log();
+    // A sanitizer build's daemon reports into its log, which the test owns.
+    for (const char* bad : {"ThreadSanitizer", "AddressSanitizer", "LeakSanitizer", "runtime error:"}) {
+      EXPECT_EQ(log.find(bad), std::string::npos) << "kvtierd's log reports " << bad;
+    }
+    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", log.c_str());
   }
   DaemonProcess daemon_{kConfig};
 };
