@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvtier/client.h"
+#include "daemon_config.h"
 #include "process.h"
 
 namespace kvtier::testing {
@@ -21,18 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-constexpr const char* kConfig = R"(backend: host
-log_level: info
-profiles:
-  - name: it
-    layers: 2
-    kv_heads: 2
-    head_dim: 32
-    dtype: fp16
-    block_tokens: 16
-    gpu_blocks: 256
-    host_blocks: 1024
-)";
+constexpr const char* kConfig = kSmallDaemonConfig;
 
 struct CtlRun {
   int rc = -1;

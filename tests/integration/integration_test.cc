@@ -14,6 +14,7 @@
 #include "kvtier/client.h"
 #include "kvtier/wire.h"
 #include "payload.h"
+#include "daemon_config.h"
 #include "process.h"
 
 namespace kvtier::testing {
@@ -21,18 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr const char* kConfig = R"(backend: host
-log_level: info
-profiles:
-  - name: it
-    layers: 2
-    kv_heads: 2
-    head_dim: 32
-    dtype: fp16
-    block_tokens: 16
-    gpu_blocks: 256
-    host_blocks: 1024
-)";
+constexpr const char* kConfig = kSmallDaemonConfig;
 
 Result<std::string> RunWorker(const std::string& socket, const std::vector<std::string>& args,
                               std::chrono::milliseconds timeout = 20s) {
