@@ -1,0 +1,202 @@
+#include "chat.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace kvtier::model {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Copies `rows` token rows between a block plane and rows [row0, row0+rows) of a
+// KV tensor. Both are [tokens][kv_heads][head_dim] row-major, so it is one
+// contiguous copy. `to_block` picks the direction.
+void CopyRows(std::byte* plane, const at::Tensor& kv, int64_t row0, int64_t rows, bool to_block) {
+  const size_t row_bytes = static_cast<size_t>(kv.stride(0)) * kv.element_size();
+  auto* rowp = static_cast<std::byte*>(kv.data_ptr()) + static_cast<size_t>(row0) * row_bytes;
+  if (kv.is_cpu()) {
+    if (to_block) {
+      std::memcpy(plane, rowp, static_cast<size_t>(rows) * row_bytes);
+    } else {
+      std::memcpy(rowp, plane, static_cast<size_t>(rows) * row_bytes);
+    }
+    return;
+  }
+  // Device memory (a CUDA pool mapped through IPC): let ATen issue the copy.
+  at::Tensor block = at::from_blob(plane, {rows, kv.size(1), kv.size(2)}, kv.options());
+  if (to_block) {
+    block.copy_(kv.narrow(0, row0, rows));
+  } else {
+    kv.narrow(0, row0, rows).copy_(block);
+  }
+}
+
+TokenId Argmax(const at::Tensor& logits) { return static_cast<TokenId>(logits.argmax().item<int64_t>()); }
+
+}  // namespace
+
+const char* CacheModeName(CacheMode mode) {
+  switch (mode) {
+    case CacheMode::kNone: return "none";
+    case CacheMode::kLocal: return "local";
+    case CacheMode::kKvtier: return "kvtier";
+  }
+  return "?";
+}
+
+Result<CacheMode> ParseCacheMode(std::string_view name) {
+  if (name == "none") return CacheMode::kNone;
+  if (name == "local") return CacheMode::kLocal;
+  if (name == "kvtier") return CacheMode::kKvtier;
+  return InvalidArgument("unknown cache mode '" + std::string(name) + "' (kvtier, local or none)");
+}
+
+ChatRunner::ChatRunner(const Transformer& model, const ChatOptions& options, uint32_t block_tokens)
+    : model_(model), options_(options), block_tokens_(block_tokens),
+      profile_(model.config().Profile(block_tokens)) {}
+
+Result<std::unique_ptr<ChatRunner>> ChatRunner::Create(const Transformer& model, const ChatOptions& options) {
+  uint32_t bt = options.block_tokens;
+  if (options.mode == CacheMode::kKvtier) {
+    if (options.client == nullptr) return InvalidArgument("the kvtier cache mode needs a connected client");
+    const ModelProfile& daemon = options.client->profile();
+    const ModelProfile mine = model.config().Profile(daemon.block_tokens);
+    if (daemon.Fingerprint() != mine.Fingerprint()) {
+      return InvalidArgument("the daemon's profile (" + daemon.Describe() + ") does not fit this model's KV (" +
+                             mine.Describe() + "); configure a matching profile in kvtierd");
+    }
+    bt = daemon.block_tokens;
+  }
+  if (bt == 0) return InvalidArgument("block_tokens must be positive");
+  return std::unique_ptr<ChatRunner>(new ChatRunner(model, options, bt));
+}
+
+Status ChatRunner::LoadKvtier(const std::string& session, std::span<const TokenId> prompt, KvBuffer& kv,
+                              std::vector<BlockKey>& keys, uint32_t& matched_blocks, TurnResult& r) {
+  Client& c = *options_.client;
+  keys = c.Keys(prompt);
+  auto lease = c.AcquireKeys(session, keys, prompt.first(keys.size() * block_tokens_));
+  if (!lease.ok()) return lease.status();
+  if (lease->promoted() > 0) {
+    if (Status s = lease->Wait(std::chrono::seconds(10)); !s.ok()) return s;
+  }
+  matched_blocks = static_cast<uint32_t>(lease->size());
+  r.promoted_blocks = lease->promoted();
+  // At least one prompt token is computed: its logits start the reply.
+  const int64_t reuse = std::min<int64_t>(int64_t{matched_blocks} * block_tokens_, int64_t(prompt.size()) - 1);
+  for (int64_t b = 0; b * block_tokens_ < reuse; ++b) {
+    const int64_t row0 = b * block_tokens_;
+    const int64_t rows = std::min<int64_t>(block_tokens_, reuse - row0);
+    std::byte* block = lease->block(static_cast<size_t>(b)).data;
+    for (uint32_t l = 0; l < profile_.layers; ++l) {
+      CopyRows(block + profile_.PlaneOffset(l, 0), kv.k[l], row0, rows, /*to_block=*/false);
+      CopyRows(block + profile_.PlaneOffset(l, 1), kv.v[l], row0, rows, /*to_block=*/false);
+    }
+  }
+  kv.length = reuse;
+  // The K/V are copied out; let the daemon move these blocks again.
+  return lease->Release();
+}
+
+void ChatRunner::CommitKvtier(const std::string& session, std::span<const TokenId> tokens, const KvBuffer& kv,
+                              const std::vector<BlockKey>& keys, uint32_t matched_blocks, TurnResult& r) {
+  Client& c = *options_.client;
+  const auto t0 = Clock::now();
+  const uint32_t full = static_cast<uint32_t>(kv.length / block_tokens_);
+  if (full <= matched_blocks) return;
+  const uint32_t fresh = full - matched_blocks;
+  auto w = c.Allocate(fresh);
+  if (!w.ok()) {
+    r.cache_error = "allocate: " + w.status().ToString();
+    return;
+  }
+  for (uint32_t i = 0; i < fresh; ++i) {
+    const int64_t row0 = int64_t{matched_blocks + i} * block_tokens_;
+    for (uint32_t l = 0; l < profile_.layers; ++l) {
+      CopyRows(w->data(i) + profile_.PlaneOffset(l, 0), kv.k[l], row0, block_tokens_, /*to_block=*/true);
+      CopyRows(w->data(i) + profile_.PlaneOffset(l, 1), kv.v[l], row0, block_tokens_, /*to_block=*/true);
+    }
+  }
+  const BlockKey parent = matched_blocks > 0 ? keys[matched_blocks - 1] : BlockKey{};
+  auto committed = c.Commit(*w, session, parent, matched_blocks,
+                            tokens.subspan(size_t{matched_blocks} * block_tokens_, size_t{fresh} * block_tokens_));
+  if (committed.ok()) {
+    r.committed_blocks = committed->stored + committed->duplicates;
+  } else {
+    r.cache_error = "commit: " + committed.status().ToString();
+  }
+  r.commit_ms = MsSince(t0);
+}
+
+Result<TurnResult> ChatRunner::Turn(const std::string& session, std::span<const TokenId> prompt,
+                                    uint32_t max_new_tokens) {
+  if (prompt.empty()) return InvalidArgument("empty prompt");
+  if (max_new_tokens == 0) return InvalidArgument("max_new_tokens must be at least 1");
+  const auto t0 = Clock::now();
+  TurnResult r;
+  r.prompt_tokens = static_cast<uint32_t>(prompt.size());
+  const int64_t rows = static_cast<int64_t>(prompt.size()) + max_new_tokens;
+  const ModelConfig& mc = model_.config();
+
+  KvBuffer scratch;
+  KvBuffer* kv = &scratch;
+  std::vector<BlockKey> keys;
+  uint32_t matched_blocks = 0;
+  switch (options_.mode) {
+    case CacheMode::kNone:
+      scratch.Reserve(mc, rows, model_.options());
+      break;
+    case CacheMode::kLocal: {
+      LocalEntry& e = local_[session];
+      size_t common = 0;
+      while (common < e.tokens.size() && common < prompt.size() && e.tokens[common] == prompt[common]) ++common;
+      if (!options_.local_token_granular) common -= common % block_tokens_;
+      common = std::min(common, prompt.size() - 1);
+      e.kv.length = static_cast<int64_t>(common);
+      e.kv.Reserve(mc, rows, model_.options());
+      kv = &e.kv;
+      break;
+    }
+    case CacheMode::kKvtier:
+      scratch.Reserve(mc, rows, model_.options());
+      if (Status s = LoadKvtier(session, prompt, scratch, keys, matched_blocks, r); !s.ok()) {
+        // The cache is an optimization: a failed lookup costs a full prefill, not the turn.
+        r.cache_error = "acquire: " + s.ToString();
+        scratch.length = 0;
+        keys = options_.client->Keys(prompt);
+        matched_blocks = 0;
+      }
+      break;
+  }
+  r.lookup_ms = MsSince(t0);
+  r.cached_tokens = static_cast<uint32_t>(kv->length);
+  r.computed_tokens = r.prompt_tokens - r.cached_tokens;
+
+  std::vector<TokenId> tokens(prompt.begin(), prompt.end());
+  at::Tensor logits = model_.Forward(std::span<const TokenId>(tokens).subspan(static_cast<size_t>(kv->length)), *kv);
+  TokenId next = Argmax(logits);
+  r.ttft_ms = MsSince(t0);
+  for (uint32_t step = 0;; ++step) {
+    if (options_.keep_logits) r.logits.push_back(logits);
+    r.output.push_back(next);
+    tokens.push_back(next);
+    if (step + 1 == max_new_tokens) break;
+    logits = model_.Forward(std::span<const TokenId>(&next, 1), *kv);
+    next = Argmax(logits);
+  }
+  tokens.pop_back();  // The last output token has no K/V yet.
+
+  if (options_.mode == CacheMode::kLocal) {
+    local_[session].tokens = std::move(tokens);
+  } else if (options_.mode == CacheMode::kKvtier) {
+    CommitKvtier(session, tokens, *kv, keys, matched_blocks, r);
+  }
+  r.turn_ms = MsSince(t0);
+  return r;
+}
+
+}  // namespace kvtier::model

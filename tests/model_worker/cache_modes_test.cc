@@ -1,0 +1,212 @@
+// The three cache modes agree: a real kvtierd, the worker's transformer in this
+// process, and a second worker process that shares a system prompt. Every turn's
+// logits (each decoding step) must match recomputation within 1e-4 (fp32).
+#include <unistd.h>
+
+#include <functional>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "chat.h"
+#include "process.h"
+#include "transformer.h"
+#include "workload.h"
+
+namespace kvtier::model {
+namespace {
+
+using namespace std::chrono_literals;
+using kvtier::testing::DaemonProcess;
+using kvtier::testing::Process;
+
+// The daemon's profile matches the model below: 2 layers x 2 kv heads x 16 dim,
+// fp32, 16-token blocks (4 KiB). The GPU tier is small on purpose.
+constexpr const char* kConfig = R"(backend: host
+log_level: info
+profiles:
+  - name: worker-test
+    layers: 2
+    kv_heads: 2
+    head_dim: 16
+    dtype: fp32
+    block_tokens: 16
+    gpu_blocks: 96
+    host_blocks: 1024
+)";
+
+ModelConfig Tiny() {
+  ModelConfig c;
+  c.name = "test";
+  c.layers = 2;
+  c.hidden = 64;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.intermediate = 96;
+  c.vocab = 260;
+  c.seed = 7;
+  return c;
+}
+
+// Flags that give kvtier-worker the same model and workload.
+std::vector<std::string> WorkerFlags() {
+  return {"--set", "layers=2", "--set", "hidden=64", "--set", "heads=4", "--set", "kv_heads=2",
+          "--set", "head_dim=16", "--set", "intermediate=96", "--set", "vocab=260", "--set", "seed=7"};
+}
+
+WorkloadOptions Workload() {
+  return {.sessions = 2, .turns = 5, .system_tokens = 70, .first_tokens = 90, .user_tokens = 23, .output_tokens = 6};
+}
+
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+std::unique_ptr<Client> Connect(const std::string& socket) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.client_name = "cache-modes-test";
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// Waits until none of the session's blocks is in the GPU tier or moving.
+bool WaitAllOnHost(Client& c, const std::string& session) {
+  for (int i = 0; i < 500; ++i) {
+    auto info = c.GetSession(session);
+    if (info.ok() && info->summary.gpu_blocks == 0 && info->summary.moving == 0 && info->summary.blocks > 0) {
+      return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+class CacheModesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(kConfig);
+    ASSERT_TRUE(daemon_->Start().ok()) << daemon_->log();
+    client_ = Connect(daemon_->socket());
+    ASSERT_NE(client_, nullptr);
+    auto m = Transformer::Create(Tiny());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(*m);
+  }
+  void TearDown() override {
+    if (daemon_ == nullptr) return;
+    daemon_->Kill(SIGTERM);
+    (void)daemon_->Wait(10s);
+    const std::string log = daemon_->log();
+    EXPECT_EQ(log.find("ERROR: AddressSanitizer"), std::string::npos) << log;
+  }
+
+  std::unique_ptr<ChatRunner> Runner(CacheMode mode) {
+    ChatOptions o{.mode = mode, .client = client_.get(), .keep_logits = true};
+    auto r = ChatRunner::Create(*model_, o);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+
+  // Runs session `s` of the workload through all three modes turn by turn and
+  // checks they agree. `between` runs after each kvtier turn.
+  void ExpectModesAgree(uint32_t s, const std::function<void(const std::string&)>& between,
+                        std::vector<TurnResult>* kvtier_turns) {
+    const WorkloadOptions w = Workload();
+    auto none = Runner(CacheMode::kNone), local = Runner(CacheMode::kLocal), kv = Runner(CacheMode::kKvtier);
+    ASSERT_TRUE(none && local && kv);
+    Conversation chat(w, s);
+    for (uint32_t turn = 0; turn < w.turns; ++turn) {
+      const std::vector<TokenId> prompt = chat.NextPrompt(turn);
+      auto rn = none->Turn(chat.id(), prompt, w.output_tokens);
+      auto rl = local->Turn(chat.id(), prompt, w.output_tokens);
+      auto rk = kv->Turn(chat.id(), prompt, w.output_tokens);
+      ASSERT_TRUE(rn.ok() && rl.ok() && rk.ok());
+      EXPECT_EQ(rk->cache_error, "") << "turn " << turn;
+      ASSERT_EQ(rn->output, rl->output) << "turn " << turn;
+      ASSERT_EQ(rn->output, rk->output) << "turn " << turn;
+      ASSERT_EQ(rk->logits.size(), w.output_tokens);
+      for (size_t i = 0; i < rn->logits.size(); ++i) {
+        EXPECT_LT(MaxAbsDiff(rn->logits[i], rl->logits[i]), 1e-4) << "turn " << turn << " step " << i;
+        EXPECT_LT(MaxAbsDiff(rn->logits[i], rk->logits[i]), 1e-4) << "turn " << turn << " step " << i;
+      }
+      if (turn > 0) {
+        // Everything but the partial tail block (and the reply's last token) came from kvtierd.
+        EXPECT_GE(rk->cached_tokens + 16 + 2 + w.user_tokens, prompt.size()) << "turn " << turn;
+        EXPECT_EQ(rk->cached_tokens, rl->cached_tokens) << "turn " << turn;
+      }
+      kvtier_turns->push_back(*rk);
+      chat.AddReply(rn->output);
+      between(chat.id());
+    }
+  }
+
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Transformer> model_;
+};
+
+TEST_F(CacheModesTest, ThreeModesAgreeOnEveryTurn) {
+  std::vector<TurnResult> turns;
+  ExpectModesAgree(0, [](const std::string&) {}, &turns);
+  ASSERT_EQ(turns.size(), 5u);
+  EXPECT_EQ(turns[0].cached_tokens, 0u);
+  for (const TurnResult& t : turns) EXPECT_GT(t.committed_blocks, 0u);
+  auto info = client_->GetSession("chat-0");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  // The session holds every full block of prompt + reply.
+  EXPECT_EQ(info->summary.tokens % 16, 0u);
+  EXPECT_GE(info->summary.blocks, turns.back().cached_tokens / 16);
+}
+
+TEST_F(CacheModesTest, AgreeWhenBlocksWereDemotedAndPromotedBack) {
+  std::vector<TurnResult> turns;
+  ExpectModesAgree(1, [&](const std::string& session) {
+    auto n = client_->Demote(session);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    ASSERT_TRUE(WaitAllOnHost(*client_, session)) << "session " << session << " never reached the host tier";
+  }, &turns);
+  for (size_t i = 1; i < turns.size(); ++i) {
+    // The cached prefix was on the host tier: it came back through the copy engine.
+    EXPECT_GT(turns[i].promoted_blocks, 0u) << "turn " << i;
+    EXPECT_GE(turns[i].promoted_blocks * 16, turns[i].cached_tokens) << "turn " << i;
+  }
+}
+
+TEST_F(CacheModesTest, SecondWorkerProcessReusesTheSharedSystemPrompt) {
+  // Worker process 1 serves session 1's first turn: it commits the system prompt.
+  std::vector<std::string> argv = {KVTIER_MODEL_WORKER_PATH, "--cache", "kvtier", "--socket", daemon_->socket(),
+                                   "--json", "--sessions", "2", "--workers", "2", "--worker-index", "1",
+                                   "--turns", "1", "--system-tokens", "70", "--first-tokens", "90",
+                                   "--user-tokens", "23", "--output-tokens", "6"};
+  for (const std::string& f : WorkerFlags()) argv.push_back(f);
+  auto p = Process::Spawn(argv);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  std::string last;
+  for (auto line = p->ReadLine(60s); line.ok(); line = p->ReadLine(60s)) last = *line;
+  auto rc = p->Wait(10s);
+  ASSERT_TRUE(rc.ok());
+  ASSERT_EQ(*rc, 0) << last;
+  EXPECT_NE(last.find("\"summary\":true"), std::string::npos) << last;
+  auto other = client_->GetSession("chat-1");
+  ASSERT_TRUE(other.ok()) << "the worker process did not commit: " << other.status().ToString();
+
+  // This process serves session 0: its first turn finds the system prompt cached
+  // (71 tokens with the BOS token: 4 full blocks), computed by the other process.
+  std::vector<TurnResult> turns;
+  ExpectModesAgree(0, [](const std::string&) {}, &turns);
+  EXPECT_EQ(turns[0].cached_tokens, 64u);
+}
+
+TEST_F(CacheModesTest, WorkerRejectsADaemonProfileThatDoesNotFitTheModel) {
+  ModelConfig wider = Tiny();
+  wider.kv_heads = 4;
+  auto m = Transformer::Create(wider);
+  ASSERT_TRUE(m.ok());
+  auto r = ChatRunner::Create(**m, {.mode = CacheMode::kKvtier, .client = client_.get()});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("does not fit"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace kvtier::model
