@@ -14,4 +14,8 @@ int RunIpcBench(int argc, char** argv);
 // One client process of the ipc run (started by RunIpcBench itself).
 int RunIpcClient(int argc, char** argv);
 
+// kvtier-bench e2e [--quick] [...]: the chat workload through kvtier-worker
+// processes in each cache mode (kvtier, local, none); TTFT, hit rate, zero-reuse cost.
+int RunE2eBench(int argc, char** argv);
+
 }  // namespace kvtier::bench

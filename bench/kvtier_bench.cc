@@ -18,6 +18,8 @@ constexpr Subcommand kSubcommands[] = {
      kvtier::bench::RunEngineBench},
     {"ipc", "probe, acquire, commit through kvtierd (1 and 4 clients) vs a bare socket; 2 MiB read vs redis",
      kvtier::bench::RunIpcBench},
+    {"e2e", "chat workload through kvtier-worker processes: TTFT with kvtier vs in-process cache vs recompute",
+     kvtier::bench::RunE2eBench},
 };
 
 void PrintUsage(std::FILE* out) {

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   app.add_option("--output-tokens", w.output_tokens, "Reply length (greedy)")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_flag("--unique", w.unique, "Sessions share nothing (the zero-reuse workload)");
   app.add_option("--seed", w.seed, "Workload seed")->capture_default_str();
+  app.add_option("--session-prefix", w.session_prefix, "Session ids are this prefix + a number")->capture_default_str();
   app.add_flag("--json", a.json, "One JSON object per turn, then a summary object");
   app.add_flag("--text", a.show_text, "Print each reply's text");
   try {
@@ -94,6 +95,16 @@ int main(int argc, char** argv) {
     if (Status s = (*model)->SaveWeights(a.save_weights); !s.ok()) return Fail("save weights", s);
     std::printf("wrote %s (%s)\n", a.save_weights.c_str(), mc.Describe().c_str());
     return 0;
+  }
+
+  {
+    // Warm-up pass (thread pools, allocator, BLAS buffers), as a server does
+    // before taking traffic, so the first measured turn is not charged for it.
+    KvBuffer kv;
+    kv.Reserve(mc, 65, (*model)->options());
+    const std::vector<TokenId> warm = Encode(WorkloadText(0, 64));
+    (void)(*model)->Forward(warm, kv);
+    (void)(*model)->Forward(std::span<const TokenId>(warm).first(1), kv);
   }
 
   ChatOptions co;

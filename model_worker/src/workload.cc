@@ -41,7 +41,7 @@ std::string WorkloadText(uint64_t seed, size_t n) {
 }
 
 Conversation::Conversation(const WorkloadOptions& options, uint32_t session)
-    : options_(options), session_(session), id_("chat-" + std::to_string(session)) {}
+    : options_(options), session_(session), id_(options.session_prefix + std::to_string(session)) {}
 
 const std::vector<TokenId>& Conversation::NextPrompt(uint32_t turn) {
   const uint64_t seed = options_.seed * 1000003 + uint64_t{session_} * 7919 + turn;

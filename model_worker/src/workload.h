@@ -24,6 +24,7 @@ struct WorkloadOptions {
   uint32_t output_tokens = 16;   // Reply length.
   bool unique = false;           // No shared system prompt; every token random (zero reuse).
   uint64_t seed = 1;
+  std::string session_prefix = "chat-";  // Session ids are prefix + index.
 };
 
 // Text of `n` bytes of plausible words, deterministic in `seed`.
