@@ -75,8 +75,8 @@ Result<std::unique_ptr<ChatRunner>> ChatRunner::Create(const Transformer& model,
   return std::unique_ptr<ChatRunner>(new ChatRunner(model, options, bt));
 }
 
-Status ChatRunner::LoadKvtier(const std::string& session, std::span<const TokenId> prompt, KvBuffer& kv,
-                              std::vector<BlockKey>& keys, uint32_t& matched_blocks, TurnResult& r) {
+Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const TokenId> prompt, KvBuffer& kv,
+                                     std::vector<BlockKey>& keys, uint32_t& matched_blocks, TurnResult& r) {
   Client& c = *options_.client;
   keys = c.Keys(prompt);
   auto lease = c.AcquireKeys(session, keys, prompt.first(keys.size() * block_tokens_));
@@ -98,8 +98,7 @@ Status ChatRunner::LoadKvtier(const std::string& session, std::span<const TokenI
     }
   }
   kv.length = reuse;
-  // The K/V are copied out; let the daemon move these blocks again.
-  return lease->Release();
+  return std::move(*lease);
 }
 
 void ChatRunner::CommitKvtier(const std::string& session, std::span<const TokenId> tokens, const KvBuffer& kv,
@@ -142,13 +141,14 @@ Result<TurnResult> ChatRunner::Turn(const std::string& session, std::span<const 
   const int64_t rows = static_cast<int64_t>(prompt.size()) + max_new_tokens;
   const ModelConfig& mc = model_.config();
 
-  KvBuffer scratch;
-  KvBuffer* kv = &scratch;
+  KvBuffer* kv = &scratch_;
+  scratch_.length = 0;
   std::vector<BlockKey> keys;
   uint32_t matched_blocks = 0;
+  Lease lease;
   switch (options_.mode) {
     case CacheMode::kNone:
-      scratch.Reserve(mc, rows, model_.options());
+      scratch_.Reserve(mc, rows, model_.options());
       break;
     case CacheMode::kLocal: {
       LocalEntry& e = local_[session];
@@ -161,16 +161,20 @@ Result<TurnResult> ChatRunner::Turn(const std::string& session, std::span<const 
       kv = &e.kv;
       break;
     }
-    case CacheMode::kKvtier:
-      scratch.Reserve(mc, rows, model_.options());
-      if (Status s = LoadKvtier(session, prompt, scratch, keys, matched_blocks, r); !s.ok()) {
+    case CacheMode::kKvtier: {
+      scratch_.Reserve(mc, rows, model_.options());
+      auto held = LoadKvtier(session, prompt, scratch_, keys, matched_blocks, r);
+      if (held.ok()) {
+        lease = std::move(*held);
+      } else {
         // The cache is an optimization: a failed lookup costs a full prefill, not the turn.
-        r.cache_error = "acquire: " + s.ToString();
-        scratch.length = 0;
+        r.cache_error = "acquire: " + held.status().ToString();
+        scratch_.length = 0;
         keys = options_.client->Keys(prompt);
         matched_blocks = 0;
       }
       break;
+    }
   }
   r.lookup_ms = MsSince(t0);
   r.cached_tokens = static_cast<uint32_t>(kv->length);
@@ -180,6 +184,8 @@ Result<TurnResult> ChatRunner::Turn(const std::string& session, std::span<const 
   at::Tensor logits = model_.Forward(std::span<const TokenId>(tokens).subspan(static_cast<size_t>(kv->length)), *kv);
   TokenId next = Argmax(logits);
   r.ttft_ms = MsSince(t0);
+  // The prefix's K/V were copied out: let the daemon move those blocks again.
+  (void)lease.Release();
   for (uint32_t step = 0;; ++step) {
     if (options_.keep_logits) r.logits.push_back(logits);
     r.output.push_back(next);

@@ -67,8 +67,9 @@ class ChatRunner {
  private:
   ChatRunner(const Transformer& model, const ChatOptions& options, uint32_t block_tokens);
   // Loads the cached prefix of `prompt` into `kv` (kv.length = tokens reused).
-  Status LoadKvtier(const std::string& session, std::span<const TokenId> prompt, KvBuffer& kv,
-                    std::vector<BlockKey>& keys, uint32_t& matched_blocks, TurnResult& r);
+  // The lease is returned so the caller can end it off the critical path.
+  Result<Lease> LoadKvtier(const std::string& session, std::span<const TokenId> prompt, KvBuffer& kv,
+                           std::vector<BlockKey>& keys, uint32_t& matched_blocks, TurnResult& r);
   // Stores the full blocks of `tokens` past `matched_blocks` (their K/V are in `kv`).
   void CommitKvtier(const std::string& session, std::span<const TokenId> tokens, const KvBuffer& kv,
                     const std::vector<BlockKey>& keys, uint32_t matched_blocks, TurnResult& r);
@@ -83,6 +84,9 @@ class ChatRunner {
   uint32_t block_tokens_;
   ModelProfile profile_;
   std::map<std::string, LocalEntry> local_;
+  // kNone and kKvtier build each turn's K/V here; kept across turns so a turn
+  // does not pay for fresh pages (tens of MB at 2k tokens).
+  KvBuffer scratch_;
 };
 
 }  // namespace kvtier::model
