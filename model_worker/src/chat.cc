@@ -70,6 +70,11 @@ Result<std::unique_ptr<ChatRunner>> ChatRunner::Create(const Transformer& model,
                              mine.Describe() + "); configure a matching profile in kvtierd");
     }
     bt = daemon.block_tokens;
+    // Blocks are read in place: a GPU pool needs the model on the GPU too.
+    if (options.client->backend() == "cuda" && !model.options().device().is_cuda()) {
+      return FailedPrecondition("kvtierd keeps blocks in GPU memory (backend cuda), but this worker's model runs "
+                                "on the CPU; build the worker against a CUDA libtorch");
+    }
   }
   if (bt == 0) return InvalidArgument("block_tokens must be positive");
   return std::unique_ptr<ChatRunner>(new ChatRunner(model, options, bt));

@@ -56,7 +56,8 @@ std::string LayerName(size_t i, const char* suffix) {
 
 void KvBuffer::Reserve(const ModelConfig& config, int64_t rows, const at::TensorOptions& options) {
   if (rows <= capacity()) return;
-  const int64_t grown = std::max<int64_t>(rows, 2 * capacity());
+  // Headroom: a conversation grows every turn, and each growth copies all rows.
+  const int64_t grown = std::max<int64_t>(rows + rows / 2, 2 * capacity());
   const int64_t kvh = config.kv_heads, hd = config.head_dim;
   k.resize(config.layers);
   v.resize(config.layers);
@@ -205,7 +206,7 @@ at::Tensor Transformer::Forward(std::span<const TokenId> tokens, KvBuffer& kv) c
   if (n > 1) {
     at::Tensor q_pos = at::arange(past, total, at::TensorOptions().dtype(at::kLong)).unsqueeze(1);
     at::Tensor k_pos = at::arange(0, total, at::TensorOptions().dtype(at::kLong)).unsqueeze(0);
-    mask = at::zeros({n, total}, options_)
+    mask = at::zeros({n, total}, at::TensorOptions().dtype(options_.dtype()))
                .masked_fill_(k_pos > q_pos, -std::numeric_limits<float>::infinity())
                .to(options_.device());
   }

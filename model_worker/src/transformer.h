@@ -27,7 +27,7 @@ struct KvBuffer {
   int64_t length = 0;
 
   int64_t capacity() const { return k.empty() ? 0 : k[0].size(0); }
-  // Grows to at least `capacity` rows (doubling), keeping rows [0, length).
+  // Grows to at least `capacity` rows (with headroom), keeping rows [0, length).
   void Reserve(const ModelConfig& config, int64_t capacity, const at::TensorOptions& options);
 };
 

@@ -22,7 +22,7 @@ using namespace kvtier::model;
 namespace {
 
 struct Args {
-  std::string model_file, save_weights, cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant, name;
+  std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant, name;
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
   bool local_token_granular = false, json = false, show_text = false;
@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--local-token-granular", a.local_token_granular,
                "Local cache reuses every cached token, not only full blocks");
+  app.add_option("--device", a.device, "Where the model runs: auto (CUDA when libtorch has it), cpu, cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   app.add_option("--threads", a.threads, "Intra-op threads for the model")->check(CLI::Range(1, 256))->capture_default_str();
   WorkloadOptions& w = a.workload;
   app.add_option("--sessions", w.sessions, "Sessions in total (across workers)")->check(CLI::Range(1, 100000))->capture_default_str();
@@ -89,7 +91,12 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(static_cast<int>(a.threads));
   at::set_num_interop_threads(1);
-  auto model = Transformer::Create(mc);
+  if (a.device == "cuda" && !at::hasCUDA()) {
+    std::fprintf(stderr, "kvtier-worker: --device cuda: this libtorch has no CUDA support\n");
+    return 2;
+  }
+  const at::Device device = a.device == "cuda" || (a.device == "auto" && at::hasCUDA()) ? at::kCUDA : at::kCPU;
+  auto model = Transformer::Create(mc, device);
   if (!model.ok()) return Fail("model", model.status());
   if (!a.save_weights.empty()) {
     if (Status s = (*model)->SaveWeights(a.save_weights); !s.ok()) return Fail("save weights", s);
