@@ -108,6 +108,66 @@ std::string FormatDuration(double seconds) {
   return buf;
 }
 
+// "512 B", "1.5 KiB", "3.2 GiB".
+std::string FormatBytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, kUnits[u]);
+  return buf;
+}
+
+// Latencies: "850ns", "12us", "3.4ms", "1.20s".
+std::string FormatLatency(double seconds) {
+  char buf[64];
+  if (seconds < 1e-6) {
+    std::snprintf(buf, sizeof buf, "%.0fns", seconds * 1e9);
+  } else if (seconds < 1e-3) {
+    std::snprintf(buf, sizeof buf, "%.0fus", seconds * 1e6);
+  } else if (seconds < 1) {
+    std::snprintf(buf, sizeof buf, "%.1fms", seconds * 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2fs", seconds);
+  }
+  return buf;
+}
+
+// "30s", "5m", "2h", "1h30m", "250ms", "1d" -> milliseconds (> 0).
+Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
+  const Status bad = InvalidArgument("'" + text + "' is not a duration such as 30s, 5m, 2h or 1h30m");
+  if (text.empty()) return bad;
+  int64_t total = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t digits = i;
+    int64_t n = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+      if (n > 1'000'000'000) return bad;
+      n = n * 10 + (text[i++] - '0');
+    }
+    if (i == digits) return bad;
+    size_t unit_end = i;
+    while (unit_end < text.size() && !(text[unit_end] >= '0' && text[unit_end] <= '9')) ++unit_end;
+    const std::string unit = text.substr(i, unit_end - i);
+    i = unit_end;
+    int64_t ms_per = 0;
+    if (unit == "ms") ms_per = 1;
+    else if (unit == "s") ms_per = 1000;
+    else if (unit == "m") ms_per = 60 * 1000;
+    else if (unit == "h") ms_per = 3600 * 1000;
+    else if (unit == "d") ms_per = 24 * 3600 * 1000;
+    else return bad;
+    total += n * ms_per;
+    if (total > int64_t{1} << 50) return InvalidArgument("'" + text + "' is too long a duration");
+  }
+  if (total <= 0) return InvalidArgument("a duration must be longer than 0");
+  return std::chrono::milliseconds(total);
+}
+
 std::string TierLabel(uint8_t tier) {
   switch (tier) {
     case static_cast<uint8_t>(Tier::kGpu):
@@ -321,14 +381,27 @@ int CmdMove(const GlobalOptions& g, const std::string& verb, const std::string& 
   return kExitOk;
 }
 
-int CmdPriority(const GlobalOptions& g, const std::string& verb, const std::string& id, int priority) {
+// pin / unpin. `ttl` (pin --ttl) empty: until changed.
+int CmdPriority(const GlobalOptions& g, const std::string& verb, const std::string& id, int priority,
+                const std::string& ttl = "") {
+  std::chrono::milliseconds ttl_ms{0};
+  if (!ttl.empty()) {
+    auto d = ParseDuration(ttl);
+    if (!d.ok()) return Usage("--ttl: " + d.status().message());
+    ttl_ms = *d;
+  }
   int rc = 0;
   auto c = ConnectOrFail(g, &rc);
   if (!c) return rc;
-  const Status st = c->SetPriority(id, priority);
+  const Status st = c->SetPriority(id, priority, ttl_ms);
   if (!st.ok()) return Fail(verb + " '" + id + "'", st);
   if (g.json) {
-    PrintJson(json{{"session", id}, {"priority", priority}});
+    json j{{"session", id}, {"priority", priority}};
+    if (ttl_ms.count() > 0) j["ttl_ms"] = ttl_ms.count();
+    PrintJson(j);
+  } else if (ttl_ms.count() > 0) {
+    std::printf("%s: priority %d for %s, then 0\n", id.c_str(), priority,
+                FormatDuration(static_cast<double>(ttl_ms.count()) / 1000).c_str());
   } else {
     std::printf("%s: priority %d\n", id.c_str(), priority);
   }
@@ -340,6 +413,53 @@ struct StatsArgs {
   bool watching = false;
   uint64_t count = 0;
 };
+
+// What `stats` derives from the daemon's counters (since it started).
+struct StatsSummary {
+  double hit_rate_blocks = NAN;  // NaN: nothing looked up yet.
+  double hit_rate_tokens = NAN;
+  double copy_bps[2] = {NAN, NAN};  // gpu->host, host->gpu; NaN: nothing copied yet.
+};
+
+StatsSummary Summarize(const StatMap& s) {
+  StatsSummary out;
+  auto ratio = [](double part, double whole) { return whole > 0 ? part / whole : NAN; };
+  out.hit_rate_blocks = ratio(StatValue(s, "hit_blocks"), StatValue(s, "hit_blocks") + StatValue(s, "miss_blocks"));
+  out.hit_rate_tokens = ratio(StatValue(s, "hit_tokens"), StatValue(s, "hit_tokens") + StatValue(s, "miss_tokens"));
+  out.copy_bps[0] = ratio(StatValue(s, "copy_gpu_to_host_bytes"), StatValue(s, "copy_gpu_to_host_seconds"));
+  out.copy_bps[1] = ratio(StatValue(s, "copy_host_to_gpu_bytes"), StatValue(s, "copy_host_to_gpu_seconds"));
+  return out;
+}
+
+json NumberOrNull(double v) { return std::isnan(v) ? json(nullptr) : json(v); }
+
+void PrintStatsSummary(const StatMap& s) {
+  const StatsSummary d = Summarize(s);
+  auto percent = [](double r) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100 * r);
+    return std::isnan(r) ? std::string("-") : std::string(buf);
+  };
+  auto bandwidth = [](double bps) { return std::isnan(bps) ? std::string("-") : FormatBytes(bps) + "/s"; };
+  const double hits = StatValue(s, "hit_blocks"), misses = StatValue(s, "miss_blocks");
+  const double hit_tokens = StatValue(s, "hit_tokens"), miss_tokens = StatValue(s, "miss_tokens");
+  std::printf("hit rate:     blocks %s (%s of %s), tokens %s (%s of %s)\n", percent(d.hit_rate_blocks).c_str(),
+              FormatNumber(hits).c_str(), FormatNumber(hits + misses).c_str(), percent(d.hit_rate_tokens).c_str(),
+              FormatNumber(hit_tokens).c_str(), FormatNumber(hit_tokens + miss_tokens).c_str());
+  std::printf("moved:        gpu->host %s (%s blocks), host->gpu %s (%s blocks)\n",
+              FormatBytes(StatValue(s, "demoted_bytes")).c_str(), FormatNumber(StatValue(s, "demoted_blocks")).c_str(),
+              FormatBytes(StatValue(s, "promoted_bytes")).c_str(),
+              FormatNumber(StatValue(s, "promoted_blocks")).c_str());
+  std::printf("copy speed:   gpu->host %s, host->gpu %s\n", bandwidth(d.copy_bps[0]).c_str(),
+              bandwidth(d.copy_bps[1]).c_str());
+  std::printf("rpc latency:  p50 %s, p90 %s, p99 %s (%s requests)\n",
+              FormatLatency(StatValue(s, "rpc_latency_p50_s")).c_str(),
+              FormatLatency(StatValue(s, "rpc_latency_p90_s")).c_str(),
+              FormatLatency(StatValue(s, "rpc_latency_p99_s")).c_str(), FormatNumber(StatValue(s, "requests")).c_str());
+  std::printf("evictions:    %s sessions evicted, %s blocks dropped under pressure\n",
+              FormatNumber(StatValue(s, "evicted_sessions")).c_str(),
+              FormatNumber(StatValue(s, "dropped_blocks")).c_str());
+}
 
 int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
   int rc = 0;
@@ -353,9 +473,16 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
     if (g.json) {
       json j = json::object();
       for (const auto& [k, v] : *r) j[k] = Number(v);
+      const StatsSummary d = Summarize(*r);
+      j["hit_rate_blocks"] = NumberOrNull(d.hit_rate_blocks);
+      j["hit_rate_tokens"] = NumberOrNull(d.hit_rate_tokens);
+      j["copy_gpu_to_host_bytes_per_s"] = NumberOrNull(d.copy_bps[0]);
+      j["copy_host_to_gpu_bytes_per_s"] = NumberOrNull(d.copy_bps[1]);
       PrintJson(j);
     } else {
       if (a.watching && n > 0) std::printf("\n");
+      PrintStatsSummary(*r);
+      std::printf("\n");
       size_t width = 0;
       for (const auto& kv : *r) width = std::max(width, kv.first.size());
       for (const auto& [k, v] : *r) std::printf("%-*s  %s\n", static_cast<int>(width), k.c_str(), FormatNumber(v).c_str());
@@ -426,12 +553,21 @@ void AddCommands(CLI::App& app, const GlobalOptions& global, std::function<int()
 
   auto pin_id = std::make_shared<std::string>();
   auto pin_priority = std::make_shared<int>(7);
+  auto pin_ttl = std::make_shared<std::string>();
   auto* pin = app.add_subcommand("pin", "Raise a session's eviction priority");
   pin->add_option("ID", *pin_id, "Session id")->required();
   pin->add_option("--priority", *pin_priority, "Priority 1..7 (higher is kept longer)")
       ->check(CLI::Range(1, 7))
       ->capture_default_str();
-  pin->callback([=] { *act = [=] { return CmdPriority(*g, "pin", *pin_id, *pin_priority); }; });
+  pin->add_option("--ttl", *pin_ttl,
+                  "Back to priority 0 after DURATION (30s, 5m, 2h, 1h30m); kvtierd enforces it after cachectl exits")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            auto d = ParseDuration(v);
+            return d.ok() ? std::string() : d.status().message();
+          },
+          "DURATION"));
+  pin->callback([=] { *act = [=] { return CmdPriority(*g, "pin", *pin_id, *pin_priority, *pin_ttl); }; });
 
   auto unpin_id = std::make_shared<std::string>();
   auto* unpin = app.add_subcommand("unpin", "Reset a session's priority to 0");
@@ -439,7 +575,8 @@ void AddCommands(CLI::App& app, const GlobalOptions& global, std::function<int()
   unpin->callback([=] { *act = [=] { return CmdPriority(*g, "unpin", *unpin_id, 0); }; });
 
   auto stats_args = std::make_shared<StatsArgs>();
-  auto* stats = app.add_subcommand("stats", "Every counter and gauge kvtierd reports");
+  auto* stats = app.add_subcommand(
+      "stats", "Hit rates, bytes moved, copy speed, RPC latency percentiles, evictions; then every counter and gauge");
   auto* watch = stats->add_option("--watch", stats_args->watch, "Print again every SECONDS")
                     ->check(CLI::PositiveNumber);
   stats->add_option("--count", stats_args->count, "With --watch: stop after N reports (0: never)")

@@ -524,8 +524,10 @@ Result<uint32_t> Client::EvictAll() {
   return r->count;
 }
 
-Status Client::SetPriority(std::string_view session, int priority) {
-  auto r = Expect<wire::OkResponse>(core_->Call(wire::SetPriorityRequest{std::string(session), priority}, true));
+Status Client::SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl) {
+  if (ttl.count() < 0) return InvalidArgument("priority ttl must not be negative");
+  const wire::SetPriorityRequest request{std::string(session), priority, static_cast<uint64_t>(ttl.count())};
+  auto r = Expect<wire::OkResponse>(core_->Call(request, true));
   return r.ok() ? Status::Ok() : r.status();
 }
 

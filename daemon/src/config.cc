@@ -1,7 +1,10 @@
 #include "config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <fstream>
@@ -255,6 +258,16 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       c.max_frame_bytes = static_cast<uint32_t>(frame);
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }
+    if (YAML::Node m = top.Get("metrics")) {
+      if (!m.IsMap()) return top.Error("metrics", "expected a mapping");
+      Section s(m, "metrics", source);
+      KVTIER_RETURN_IF_ERROR(s.ReadString("listen", &c.metrics_listen));
+      if (!c.metrics_listen.empty()) {
+        auto addr = ParseListenAddress(c.metrics_listen);
+        if (!addr.ok()) return s.Error("listen", addr.status().message());
+      }
+      KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
+    }
     KVTIER_RETURN_IF_ERROR(top.CheckUnknown());
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
@@ -300,8 +313,124 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_sessions: " << c.max_sessions << "\n"
     << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
-    << "  max_frame_bytes: " << c.max_frame_bytes << "\n";
+    << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
+    << "metrics:\n"
+    << "  listen: \"" << c.metrics_listen << "\"\n";
   return o.str();
+}
+
+Result<ListenAddress> ParseListenAddress(std::string_view text) {
+  const std::string usage = "'" + std::string(text) + "' is not HOST:PORT (e.g. 127.0.0.1:9464 or [::1]:9464)";
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return InvalidArgument(usage);
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port = text.substr(colon + 1);
+  const bool bracketed = host.front() == '[';
+  if (bracketed) {
+    if (host.size() < 3 || host.back() != ']') return InvalidArgument(usage);
+    host = host.substr(1, host.size() - 2);
+  }
+  ListenAddress out;
+  out.host = std::string(host);
+  unsigned char buf[sizeof(in6_addr)];
+  const bool v4 = !bracketed && ::inet_pton(AF_INET, out.host.c_str(), buf) == 1;
+  const bool v6 = bracketed && ::inet_pton(AF_INET6, out.host.c_str(), buf) == 1;
+  if (!v4 && !v6) {
+    return InvalidArgument("'" + out.host + "' is not an IPv4 address or a bracketed IPv6 address (host names are not "
+                           "resolved)");
+  }
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return InvalidArgument(usage);
+  }
+  const int p = std::stoi(std::string(port));
+  if (p > 65535) return InvalidArgument("port " + std::string(port) + " is not in [0, 65535]");
+  out.port = static_cast<uint16_t>(p);
+  return out;
+}
+
+namespace {
+
+struct Setting {
+  std::string key;
+  std::string value;
+  bool reloadable;
+};
+
+// Every setting as "key: value", in file order, marked as reloadable or not.
+std::vector<Setting> Flatten(const DaemonConfig& c) {
+  std::vector<Setting> out;
+  auto add = [&](std::string key, std::string value, bool reloadable) {
+    out.push_back(Setting{std::move(key), std::move(value), reloadable});
+  };
+  add("instance", c.instance, false);
+  add("socket", c.socket_path, false);
+  add("backend", c.backend, false);
+  add("log_level", c.log_level, true);
+  for (size_t i = 0; i < c.profiles.size(); ++i) {
+    const ProfileConfig& p = c.profiles[i];
+    const std::string k = "profiles[" + std::to_string(i) + "].";
+    add(k + "name", p.profile.name, false);
+    add(k + "layers", std::to_string(p.profile.layers), false);
+    add(k + "kv_heads", std::to_string(p.profile.kv_heads), false);
+    add(k + "head_dim", std::to_string(p.profile.head_dim), false);
+    add(k + "dtype", std::string(DTypeName(p.profile.dtype)), false);
+    add(k + "block_tokens", std::to_string(p.profile.block_tokens), false);
+    add(k + "gpu_blocks", std::to_string(p.gpu_blocks), false);
+    add(k + "host_blocks", std::to_string(p.host_blocks), false);
+  }
+  add("tiering.gpu_high_watermark", FmtDouble(c.gpu_high_watermark), true);
+  add("tiering.gpu_low_watermark", FmtDouble(c.gpu_low_watermark), true);
+  add("tiering.host_high_watermark", FmtDouble(c.host_high_watermark), true);
+  add("tiering.host_low_watermark", FmtDouble(c.host_low_watermark), true);
+  add("tiering.max_copy_batch", std::to_string(c.max_copy_batch), true);
+  add("tiering.policy", c.policy, true);
+  add("tiering.tick_ms", std::to_string(c.tick_ms), true);
+  add("limits.max_clients", std::to_string(c.max_clients), true);
+  add("limits.max_sessions", std::to_string(c.max_sessions), false);
+  add("limits.max_leases_per_client", std::to_string(c.max_leases_per_client), true);
+  add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);
+  add("limits.max_frame_bytes", std::to_string(c.max_frame_bytes), false);
+  add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
+  return out;
+}
+
+}  // namespace
+
+ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
+  ReloadPlan plan;
+  plan.next = running;
+  DaemonConfig& n = plan.next;
+  n.log_level = loaded.log_level;
+  n.gpu_high_watermark = loaded.gpu_high_watermark;
+  n.gpu_low_watermark = loaded.gpu_low_watermark;
+  n.host_high_watermark = loaded.host_high_watermark;
+  n.host_low_watermark = loaded.host_low_watermark;
+  n.max_copy_batch = loaded.max_copy_batch;
+  n.policy = loaded.policy;
+  n.tick_ms = loaded.tick_ms;
+  n.max_clients = loaded.max_clients;
+  n.max_leases_per_client = loaded.max_leases_per_client;
+
+  const std::vector<Setting> before = Flatten(running), after = Flatten(loaded);
+  auto find = [](const std::vector<Setting>& in, const std::string& key) -> const Setting* {
+    for (const Setting& s : in) {
+      if (s.key == key) return &s;
+    }
+    return nullptr;
+  };
+  for (const Setting& b : before) {
+    const Setting* a = find(after, b.key);
+    if (a == nullptr) {
+      plan.kept.push_back(b.key + ": " + b.value + " -> (none)");
+    } else if (a->value != b.value) {
+      (b.reloadable ? plan.applied : plan.kept).push_back(b.key + ": " + b.value + " -> " + a->value);
+    }
+  }
+  for (const Setting& a : after) {
+    if (find(before, a.key) == nullptr) plan.kept.push_back(a.key + ": (none) -> " + a.value);
+  }
+  return plan;
 }
 
 }  // namespace kvtier::daemon

@@ -40,7 +40,29 @@ struct DaemonConfig {
   uint32_t max_leases_per_client = 4096;
   uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
+
+  // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
+  // port 0 picks a free port); empty: no endpoint.
+  std::string metrics_listen;
 };
+
+struct ListenAddress {
+  std::string host;  // An IP address literal, without brackets.
+  uint16_t port = 0;
+};
+// "127.0.0.1:9464", "[::1]:9464" -> host and port.
+Result<ListenAddress> ParseListenAddress(std::string_view text);
+
+// What re-reading the configuration file while running does. Some settings take
+// effect at once (log_level, tiering.*, limits.max_clients and
+// limits.max_leases_per_client); the rest shape shared memory, the socket or
+// what clients were told at Hello, and keep their running values.
+struct ReloadPlan {
+  DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.
+  std::vector<std::string> applied;  // "tiering.tick_ms: 20 -> 50", one per reloadable setting that changes.
+  std::vector<std::string> kept;     // "profiles[0].gpu_blocks: 256 -> 512", settings that cannot change now.
+};
+ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded);
 
 // Parses YAML text; `source` names it in errors (a file path).
 Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source);

@@ -1,26 +1,33 @@
 // kvtierd: parse the command line, load the configuration, serve.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "config.h"
 #include "log.h"
+#include "notify.h"
 #include "server.h"
 #include "service.h"
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kvtierd [--config FILE] [--socket PATH] [--instance NAME] [--check-config] [--version]\n"
+    "usage: kvtierd [--config FILE] [--socket PATH] [--instance NAME] [--metrics-listen ADDR]\n"
+    "               [--check-config] [--version]\n"
     "\n"
     "The kvtier KV-cache daemon: owns KV blocks in a GPU tier and a host tier and\n"
-    "serves model-worker processes over a Unix socket.\n"
+    "serves model-worker processes over a Unix socket. SIGHUP re-reads the\n"
+    "configuration file; SIGTERM or SIGINT stops it.\n"
     "\n"
-    "  --config FILE    YAML configuration (default /etc/kvtier/kvtierd.yaml)\n"
-    "  --socket PATH    listen here instead of the configured socket\n"
-    "  --instance NAME  shared-memory name prefix instead of the configured one\n"
-    "  --check-config   validate the configuration, print it, and exit\n"
-    "  --version        print the version and exit\n";
+    "  --config FILE          YAML configuration (default /etc/kvtier/kvtierd.yaml)\n"
+    "  --socket PATH          listen here instead of the configured socket\n"
+    "  --instance NAME        shared-memory name prefix instead of the configured one\n"
+    "  --metrics-listen ADDR  serve Prometheus metrics on http://ADDR/metrics (HOST:PORT,\n"
+    "                         port 0 picks one; \"\" turns it off) instead of metrics.listen\n"
+    "  --check-config         validate the configuration, print it, and exit\n"
+    "  --version              print the version and exit\n";
 
 }  // namespace
 
@@ -28,6 +35,7 @@ int main(int argc, char** argv) {
   using namespace kvtier::daemon;
   std::string config_path = "/etc/kvtier/kvtierd.yaml";
   std::string socket_override, instance_override;
+  std::optional<std::string> metrics_override;
   bool check_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -50,6 +58,15 @@ int main(int argc, char** argv) {
       socket_override = value("--socket");
     } else if (a == "--instance") {
       instance_override = value("--instance");
+    } else if (a == "--metrics-listen") {
+      metrics_override = value("--metrics-listen");
+      if (!metrics_override->empty()) {
+        auto addr = ParseListenAddress(*metrics_override);
+        if (!addr.ok()) {
+          std::fprintf(stderr, "kvtierd: --metrics-listen: %s\n", addr.status().message().c_str());
+          return 2;
+        }
+      }
     } else if (a == "--check-config") {
       check_only = true;
     } else {
@@ -58,19 +75,30 @@ int main(int argc, char** argv) {
     }
   }
 
-  auto config = LoadConfigFile(config_path);
+  // The file with the command line's overrides: at start, and again at each SIGHUP.
+  auto load = [=]() -> kvtier::Result<DaemonConfig> {
+    auto c = LoadConfigFile(config_path);
+    if (!c.ok()) return c.status();
+    if (!socket_override.empty()) c->socket_path = socket_override;
+    if (!instance_override.empty()) c->instance = instance_override;
+    if (metrics_override) c->metrics_listen = *metrics_override;
+    return c;
+  };
+  auto config = load();
   if (!config.ok()) {
     std::fprintf(stderr, "kvtierd: configuration error: %s\n", config.status().message().c_str());
     return 2;
   }
-  if (!socket_override.empty()) config->socket_path = socket_override;
-  if (!instance_override.empty()) config->instance = instance_override;
   if (check_only) {
     std::printf("%s", DumpConfig(*config).c_str());
     return 0;
   }
   SetLogLevel(config->log_level);
   LogInfo(std::string("kvtierd ") + KVTIER_VERSION + " starting: config " + config_path);
+  if (std::getenv("NOTIFY_SOCKET") != nullptr && !notify::Available()) {
+    LogWarn("NOTIFY_SOCKET is set, but this kvtierd was built without libsystemd and cannot report readiness "
+            "(run it as Type=simple, or rebuild with libsystemd-dev)");
+  }
 
   auto lock = InstanceLock::Acquire(*config);
   if (!lock.ok()) {
@@ -83,7 +111,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   LogInfo((*service)->Describe());
-  Server server(**service, *config);
+  Server server(**service, *config, load);
   const kvtier::Status st = server.Start();
   if (!st.ok()) {
     LogError("cannot start: " + st.message());

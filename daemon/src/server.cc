@@ -17,6 +17,8 @@
 #include <utility>
 
 #include "log.h"
+#include "metrics_http.h"
+#include "notify.h"
 #include "service.h"
 
 namespace kvtier::daemon {
@@ -42,22 +44,44 @@ bool SocketIsLive(const std::string& path) {
 
 class Connection;
 
+// How often systemd's STATUS= line is refreshed (only sent when it changed).
+constexpr auto kStatusPeriod = std::chrono::seconds(5);
+
 struct Server::Impl {
-  Impl(Service& s, const DaemonConfig& c) : service(s), config(c), acceptor(io), signals(io, SIGINT, SIGTERM), ticker(io) {}
+  Impl(Service& s, const DaemonConfig& c, ConfigSource r)
+      : service(s),
+        config(c),
+        reload_source(std::move(r)),
+        acceptor(io),
+        signals(io, SIGINT, SIGTERM),
+        reload_signal(io, SIGHUP),
+        ticker(io),
+        watchdog(io),
+        status_timer(io) {}
 
   Service& service;
-  DaemonConfig config;
+  DaemonConfig config;  // The effective configuration; a reload replaces it.
+  ConfigSource reload_source;
   asio::io_context io;
   stream_protocol::acceptor acceptor;
   asio::signal_set signals;
+  asio::signal_set reload_signal;
   asio::steady_timer ticker;
+  asio::steady_timer watchdog;
+  asio::steady_timer status_timer;
+  std::unique_ptr<MetricsEndpoint> metrics;  // Null unless metrics.listen is set.
   std::unordered_set<std::shared_ptr<Connection>> connections;
   std::atomic<bool> poll_posted{false};
+  std::string status;  // The last STATUS= sent.
   bool listening = false;
   bool stopping = false;
 
   void Accept();
   void ScheduleTick();
+  void WaitForReload();
+  void Reload();
+  void ScheduleWatchdog(std::chrono::microseconds interval);
+  void ScheduleStatus();
   void Shutdown(const char* why);
 };
 
@@ -122,8 +146,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       auto msg = wire::DecodePayload(*h, std::span<const uint8_t>(at + wire::kHeaderBytes, h->payload_length));
       in_begin_ += frame;
       if (!msg.ok()) return Fail(h->request_id, msg.status());
+      const auto start = std::chrono::steady_clock::now();
       Reply reply = server_.service.Handle(client_, *msg);
       Send(h->request_id, reply.message);
+      server_.service.ObserveRequest(h->type, std::chrono::steady_clock::now() - start);
       if (reply.close) {
         const auto* err = std::get_if<wire::ErrorResponse>(&reply.message);
         LogWarn("client " + std::to_string(client_.id) + ": " + (err ? wire::ToStatus(*err).ToString() : "closing"));
@@ -137,6 +163,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // A protocol violation: answer with the error, then close.
   bool Fail(uint64_t request_id, const Status& st) {
+    server_.service.CountBadFrame();
     LogWarn("client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) +
             "): bad frame: " + st.ToString() + "; closing the connection");
     Send(request_id, wire::FromStatus(st));
@@ -196,14 +223,80 @@ void Server::Impl::ScheduleTick() {
   });
 }
 
+void Server::Impl::WaitForReload() {
+  reload_signal.async_wait([this](boost::system::error_code ec, int) {
+    if (ec || stopping) return;
+    Reload();
+    WaitForReload();
+  });
+}
+
+void Server::Impl::Reload() {
+  notify::Reloading();
+  auto loaded = reload_source();
+  if (!loaded.ok()) {
+    service.CountReload(false);
+    LogError("reload rejected, the running configuration stays: " + loaded.status().message());
+  } else {
+    ReloadPlan plan = PlanReload(config, *loaded);
+    for (const std::string& k : plan.kept) {
+      LogWarn("reload: " + k + " cannot change while kvtierd runs; keeping the running value (restart to apply)");
+    }
+    const Status st = service.Reconfigure(plan.next);
+    service.CountReload(st.ok());
+    if (!st.ok()) {
+      LogError("reload rejected, the running configuration stays: " + st.message());
+    } else {
+      config = plan.next;
+      std::string applied;
+      for (const std::string& a : plan.applied) applied += (applied.empty() ? "" : ", ") + a;
+      // Logged before the level changes, so that raising it still shows this line.
+      LogInfo("reload: " + (applied.empty() ? std::string("nothing to change") : "applied " + applied));
+      SetLogLevel(config.log_level);
+    }
+  }
+  status = service.StatusLine();
+  notify::Ready(status);
+}
+
+// Pings at half the interval systemd allows, from the event loop itself: a loop
+// that stops turning stops the pings, and systemd restarts the daemon.
+void Server::Impl::ScheduleWatchdog(std::chrono::microseconds interval) {
+  watchdog.expires_after(interval / 2);
+  watchdog.async_wait([this, interval](boost::system::error_code ec) {
+    if (ec || stopping) return;
+    notify::WatchdogPing();
+    ScheduleWatchdog(interval);
+  });
+}
+
+void Server::Impl::ScheduleStatus() {
+  status_timer.expires_after(kStatusPeriod);
+  status_timer.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping) return;
+    std::string now = service.StatusLine();
+    if (now != status) {
+      status = std::move(now);
+      notify::SetStatus(status);
+    }
+    ScheduleStatus();
+  });
+}
+
 void Server::Impl::Shutdown(const char* why) {
   if (stopping) return;
   stopping = true;
   LogInfo(std::string("shutting down (") + why + "): " + std::to_string(connections.size()) + " clients connected");
+  notify::Stopping("stopping (" + std::string(why) + "): closing " + std::to_string(connections.size()) +
+                   " connections, draining copies");
   boost::system::error_code ec;
   acceptor.close(ec);
   ticker.cancel();
+  watchdog.cancel();
+  status_timer.cancel();
   signals.cancel();
+  reload_signal.cancel();
+  if (metrics) metrics->Stop();
   auto conns = connections;
   for (const auto& c : conns) c->Close();
   const Status st = service.WaitIdle(std::chrono::seconds(10));
@@ -211,7 +304,8 @@ void Server::Impl::Shutdown(const char* why) {
   io.stop();
 }
 
-Server::Server(Service& service, const DaemonConfig& config) : impl_(std::make_unique<Impl>(service, config)) {}
+Server::Server(Service& service, const DaemonConfig& config, ConfigSource reload)
+    : impl_(std::make_unique<Impl>(service, config, std::move(reload))) {}
 
 Server::~Server() {
   if (impl_->listening) ::unlink(impl_->config.socket_path.c_str());
@@ -286,6 +380,17 @@ Status Server::Start() {
   m.listening = true;
   ::chmod(path.c_str(), 0660);
 
+  if (!m.config.metrics_listen.empty()) {
+    auto address = ParseListenAddress(m.config.metrics_listen);
+    if (!address.ok()) return address.status();
+    m.metrics = std::make_unique<MetricsEndpoint>(m.io, [&m] { return m.service.RenderMetrics(); });
+    KVTIER_RETURN_IF_ERROR(m.metrics->Start(*address));
+    const std::string bound = m.metrics->address();
+    LogInfo("metrics: serving http://" + bound + "/metrics");
+    const bool loopback = address->host.rfind("127.", 0) == 0 || address->host == "::1";
+    if (!loopback) LogWarn("metrics: " + bound + " is not a loopback address; /metrics has no authentication");
+  }
+
   // Copy completions arrive on the backend's thread: hand them to the loop, once.
   m.service.backend().SetCompletionNotifier([&m] {
     if (!m.poll_posted.exchange(true)) {
@@ -303,9 +408,17 @@ int Server::Run() {
   m.signals.async_wait([&m](boost::system::error_code ec, int sig) {
     if (!ec) m.Shutdown(sig == SIGTERM ? "SIGTERM" : "SIGINT");
   });
+  m.WaitForReload();
   m.Accept();
   m.ScheduleTick();
+  m.ScheduleStatus();
+  if (const auto interval = notify::WatchdogInterval(); interval.count() > 0) {
+    LogInfo("systemd watchdog: pinging every " + std::to_string(interval.count() / 2000) + " ms");
+    m.ScheduleWatchdog(interval);
+  }
   LogInfo("ready: listening on " + m.config.socket_path + " (pid " + std::to_string(::getpid()) + ")");
+  m.status = m.service.StatusLine();
+  notify::Ready(m.status);
   m.io.run();
   m.service.backend().SetCompletionNotifier(nullptr);
   LogInfo("stopped");

@@ -1,11 +1,13 @@
 // Server: kvtierd's Unix-socket front end on a Boost.Asio event loop.
 //
 // One thread runs everything: accepting, framing, the Service, copy completions
-// (posted from the backend's thread) and the watermark timer. A connection whose
+// (posted from the backend's thread), the watermark timer, the metrics endpoint,
+// configuration reloads (SIGHUP) and systemd notifications. A connection whose
 // peer sends a bad frame gets an ErrorResponse and is closed; every other
 // connection goes on. When a connection ends for any reason its leases end.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,14 +37,20 @@ class InstanceLock {
 
 class Server {
  public:
-  Server(Service& service, const DaemonConfig& config);
+  // What SIGHUP re-reads: the configuration as it would be at start now.
+  using ConfigSource = std::function<Result<DaemonConfig>()>;
+
+  Server(Service& service, const DaemonConfig& config, ConfigSource reload);
   ~Server();
 
-  // Replaces a stale socket, binds and listens. REQUIRES: the InstanceLock is held.
+  // Replaces a stale socket, binds and listens; starts the metrics endpoint when
+  // configured. REQUIRES: the InstanceLock is held.
   // kAlreadyExists when another process serves this socket.
   Status Start();
-  // Serves until SIGTERM/SIGINT (or Stop), then drains and cleans up.
-  // Returns the process exit code.
+  // Serves until SIGTERM/SIGINT (or Stop), then drains and cleans up. On SIGHUP
+  // it reloads: settings that can change take effect (see PlanReload), the rest
+  // are kept with a warning naming each, and a file that does not parse is
+  // rejected whole. Returns the process exit code.
   int Run();
   void Stop();
 

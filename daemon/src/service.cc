@@ -15,6 +15,23 @@ namespace {
 
 wire::Message Error(const Status& st) { return wire::FromStatus(st); }
 
+tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const ProfileConfig& p) {
+  tiering::EngineOptions o;
+  o.profile = p.profile;
+  o.gpu_slots = p.gpu_blocks;
+  o.host_slots = p.host_blocks;
+  o.gpu_high_watermark = config.gpu_high_watermark;
+  o.gpu_low_watermark = config.gpu_low_watermark;
+  o.host_high_watermark = config.host_high_watermark;
+  o.host_low_watermark = config.host_low_watermark;
+  o.max_copy_batch = config.max_copy_batch;
+  o.max_sessions = config.max_sessions;
+  o.max_blocks_per_request = config.max_blocks_per_request;
+  o.name = p.profile.name;
+  o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
+  return o;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
@@ -29,20 +46,7 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
   for (const ProfileConfig& p : config.profiles) {
-    tiering::EngineOptions o;
-    o.profile = p.profile;
-    o.gpu_slots = p.gpu_blocks;
-    o.host_slots = p.host_blocks;
-    o.gpu_high_watermark = config.gpu_high_watermark;
-    o.gpu_low_watermark = config.gpu_low_watermark;
-    o.host_high_watermark = config.host_high_watermark;
-    o.host_low_watermark = config.host_low_watermark;
-    o.max_copy_batch = config.max_copy_batch;
-    o.max_sessions = config.max_sessions;
-    o.max_blocks_per_request = config.max_blocks_per_request;
-    o.name = p.profile.name;
-    o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
-    auto engine = Engine::Create(o, *svc->backend_);
+    auto engine = Engine::Create(EngineOptionsFor(config, p), *svc->backend_);
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
@@ -104,9 +108,21 @@ const std::string& Service::TenantName(uint32_t ns_tag) const {
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
   ++requests_;
+  Reply reply = Dispatch(c, request);
+  if (std::holds_alternative<wire::ErrorResponse>(reply.message)) {
+    ++errors_;
+    ++request_metrics_[wire::TypeOf(request)].errors;
+  }
+  return reply;
+}
+
+void Service::ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took) {
+  request_metrics_[type].latency.Observe(std::chrono::duration<double>(took).count());
+}
+
+Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
   if (!c.welcomed) {
     if (const auto* hello = std::get_if<wire::Hello>(&request)) return OnHello(c, *hello);
-    ++errors_;
     return {Error(FailedPrecondition(std::string("the first frame must be Hello, got ") +
                                      wire::MessageTypeName(wire::TypeOf(request)))),
             true};
@@ -134,8 +150,17 @@ Reply Service::Handle(ClientState& c, const wire::Message& request) {
         } else if constexpr (std::is_same_v<T, wire::EvictRequest>) {
           return OnEvict(c, m);
         } else if constexpr (std::is_same_v<T, wire::SetPriorityRequest>) {
-          const Status st = e.SetPriority(m.session, m.priority);
+          if (m.ttl_ms > static_cast<uint64_t>(std::chrono::milliseconds(tiering::kMaxPriorityTtl).count())) {
+            return Error(InvalidArgument("priority ttl of " + std::to_string(m.ttl_ms) + " ms exceeds " +
+                                         std::to_string(tiering::kMaxPriorityTtl.count()) + " hours"));
+          }
+          const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
+          const Status st = e.SetPriority(m.session, m.priority, ttl);
           if (!st.ok()) return Error(st);
+          if (m.ttl_ms > 0) {
+            LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
+                    std::to_string(m.priority) + " for " + std::to_string(m.ttl_ms) + " ms");
+          }
           return wire::OkResponse{};
         } else if constexpr (std::is_same_v<T, wire::ListSessionsRequest>) {
           return OnListSessions(c, m);
@@ -154,13 +179,11 @@ Reply Service::Handle(ClientState& c, const wire::Message& request) {
         }
       },
       request);
-  if (std::holds_alternative<wire::ErrorResponse>(reply)) ++errors_;
   return {std::move(reply), false};
 }
 
 Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   if (m.min_version > wire::kProtocolVersion || m.max_version < wire::kProtocolVersion) {
-    ++errors_;
     return {Error(Status(StatusCode::kVersionMismatch,
                          "client speaks protocol versions " + std::to_string(m.min_version) + ".." +
                              std::to_string(m.max_version) + ", this kvtierd speaks " +
@@ -174,12 +197,10 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
       if (engines_[i]->profile().name == m.profile) profile = static_cast<int>(i);
     }
     if (profile < 0) {
-      ++errors_;
       return {Error(NotFound("no model profile named '" + m.profile + "' (see cachectl config)")), true};
     }
   }
   if (connected_ >= config_.max_clients) {
-    ++errors_;
     return {Error(ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients")),
             true};
   }
@@ -192,6 +213,7 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   c.ns = Namespace::Make(e.profile().Fingerprint(), m.tenant);
   tenant_names_[NamespaceTag(c.ns)] = m.tenant;
   ++connected_;
+  ++connections_;
 
   wire::Welcome w;
   w.version = wire::kProtocolVersion;
@@ -334,7 +356,161 @@ wire::Message Service::OnStats(ClientState& c) {
   add("dropped_blocks", static_cast<double>(s.dropped_blocks));
   add("evicted_sessions", static_cast<double>(s.evicted_sessions));
   add("allocation_failures", static_cast<double>(s.allocation_failures));
+  // Tokens are counted in whole blocks: a prompt's partial last block never reaches the daemon.
+  const double bt = engines_[c.profile]->profile().block_tokens;
+  const double block_bytes = static_cast<double>(engines_[c.profile]->profile().BlockBytes());
+  add("hit_tokens", static_cast<double>(s.hit_blocks) * bt);
+  add("miss_tokens", static_cast<double>(s.miss_blocks) * bt);
+  add("demoted_bytes", static_cast<double>(s.demoted_blocks) * block_bytes);
+  add("promoted_bytes", static_cast<double>(s.promoted_blocks) * block_bytes);
+  add("expired_priorities", static_cast<double>(s.expired_priorities));
+  // The copy engine serves every profile.
+  for (const auto dir : {CopyDirection::kGpuToHost, CopyDirection::kHostToGpu}) {
+    const tiering::CopyStats cs = backend_->copy_stats(dir);
+    const std::string prefix = dir == CopyDirection::kGpuToHost ? "copy_gpu_to_host_" : "copy_host_to_gpu_";
+    add(prefix + "bytes", static_cast<double>(cs.bytes));
+    add(prefix + "seconds", cs.busy_seconds);
+  }
+  Histogram all(LatencyBuckets());
+  for (const auto& [type, m] : request_metrics_) all.Merge(m.latency);
+  add("rpc_latency_p50_s", all.Quantile(0.50));
+  add("rpc_latency_p90_s", all.Quantile(0.90));
+  add("rpc_latency_p99_s", all.Quantile(0.99));
+  add("bad_frames", static_cast<double>(bad_frames_));
   return out;
+}
+
+Status Service::Reconfigure(const DaemonConfig& next) {
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    KVTIER_RETURN_IF_ERROR(engines_[i]->Retune(EngineOptionsFor(next, next.profiles[i])));
+  }
+  config_ = next;
+  return Status::Ok();
+}
+
+std::string Service::StatusLine() const {
+  uint64_t slots[kTierCount] = {0, 0}, used[kTierCount] = {0, 0};
+  for (const auto& e : engines_) {
+    const tiering::EngineStats s = e->stats();
+    for (int t = 0; t < kTierCount; ++t) {
+      slots[t] += s.slots[t];
+      used[t] += s.used[t];
+    }
+  }
+  auto percent = [&](int t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
+  return "serving " + std::to_string(connected_) + (connected_ == 1 ? " client" : " clients") + ", gpu " +
+         percent(static_cast<int>(Tier::kGpu)) + "% host " + percent(static_cast<int>(Tier::kHost)) + "%";
+}
+
+std::string Service::RenderMetrics() const {
+  using Type = Exposition::Type;
+  Exposition x;
+  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+
+  x.Family("kvtier_build_info", Type::kGauge, "kvtierd's version and backend; always 1");
+  x.Sample({{"version", KVTIER_VERSION}, {"backend", tiering::BackendKindName(backend_->kind())}}, 1);
+  x.Family("kvtier_uptime_seconds", Type::kGauge, "Seconds since kvtierd started");
+  x.Sample({}, uptime);
+  x.Family("kvtier_clients", Type::kGauge, "Clients connected now (after Hello)");
+  x.Sample({}, connected_);
+  x.Family("kvtier_client_connections_total", Type::kCounter, "Clients welcomed since start");
+  x.Sample({}, static_cast<double>(connections_));
+  x.Family("kvtier_bad_frames_total", Type::kCounter, "Frames that did not decode; each closed its connection");
+  x.Sample({}, static_cast<double>(bad_frames_));
+  x.Family("kvtier_config_reloads_total", Type::kCounter, "Configuration reloads (SIGHUP) by result");
+  x.Sample({{"result", "applied"}}, static_cast<double>(reloads_applied_));
+  x.Sample({{"result", "rejected"}}, static_cast<double>(reloads_rejected_));
+
+  x.Family("kvtier_rpc_duration_seconds", Type::kHistogram,
+           "Time from a request's decoded frame to its reply queued for sending, by request type");
+  for (const auto& [type, m] : request_metrics_) x.Histogram({{"type", wire::MessageTypeName(type)}}, m.latency);
+  x.Family("kvtier_rpc_errors_total", Type::kCounter, "Requests answered with an error, by request type");
+  for (const auto& [type, m] : request_metrics_) {
+    x.Sample({{"type", wire::MessageTypeName(type)}}, static_cast<double>(m.errors));
+  }
+
+  std::vector<tiering::EngineStats> stats;
+  for (const auto& e : engines_) stats.push_back(e->stats());
+  auto name = [&](size_t i) { return engines_[i]->profile().name; };
+  // One family, one sample per profile (and tier or direction where given).
+  auto per_profile = [&](const char* family, Type type, const char* help, auto value) {
+    x.Family(family, type, help);
+    for (size_t i = 0; i < engines_.size(); ++i) x.Sample({{"profile", name(i)}}, static_cast<double>(value(i)));
+  };
+  auto per_tier = [&](const char* family, const char* help, auto value) {
+    x.Family(family, Type::kGauge, help);
+    for (size_t i = 0; i < engines_.size(); ++i) {
+      for (Tier t : {Tier::kGpu, Tier::kHost}) {
+        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, static_cast<int>(t))));
+      }
+    }
+  };
+  auto bytes = [&](size_t i) { return static_cast<double>(engines_[i]->profile().BlockBytes()); };
+  auto tokens = [&](size_t i) { return static_cast<double>(engines_[i]->profile().block_tokens); };
+
+  x.Family("kvtier_lookup_blocks_total", Type::kCounter, "Blocks asked for by Acquire, found (hit) or not (miss)");
+  for (size_t i = 0; i < stats.size(); ++i) {
+    x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks));
+    x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks));
+  }
+  x.Family("kvtier_lookup_tokens_total", Type::kCounter,
+           "Prompt tokens asked for by Acquire, in whole blocks, found (hit) or not (miss)");
+  for (size_t i = 0; i < stats.size(); ++i) {
+    x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks) * tokens(i));
+    x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks) * tokens(i));
+  }
+  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, int t) { return stats[i].slots[t]; });
+  per_tier("kvtier_tier_used_slots", "Block slots in use (blocks, moves' destinations, write leases)",
+           [&](size_t i, int t) { return stats[i].used[t]; });
+  per_tier("kvtier_tier_capacity_bytes", "Bytes of a tier's pool",
+           [&](size_t i, int t) { return stats[i].slots[t] * bytes(i); });
+  per_tier("kvtier_tier_used_bytes", "Bytes of a tier's pool in use",
+           [&](size_t i, int t) { return stats[i].used[t] * bytes(i); });
+  per_profile("kvtier_blocks", Type::kGauge, "Blocks cached", [&](size_t i) { return stats[i].blocks; });
+  per_profile("kvtier_sessions", Type::kGauge, "Sessions", [&](size_t i) { return stats[i].sessions; });
+  x.Family("kvtier_leases", Type::kGauge, "Leases held by clients now, by kind");
+  for (size_t i = 0; i < stats.size(); ++i) {
+    x.Sample({{"profile", name(i)}, {"kind", "read"}}, stats[i].read_leases);
+    x.Sample({{"profile", name(i)}, {"kind", "write"}}, stats[i].write_leases);
+  }
+  per_profile("kvtier_copies_in_flight", Type::kGauge, "Blocks with a copy between tiers in flight",
+              [&](size_t i) { return stats[i].copies_in_flight; });
+  per_profile("kvtier_committed_blocks_total", Type::kCounter, "New blocks published by Commit",
+              [&](size_t i) { return stats[i].committed_blocks; });
+  per_profile("kvtier_duplicate_blocks_total", Type::kCounter, "Committed blocks that were already cached",
+              [&](size_t i) { return stats[i].duplicate_blocks; });
+  x.Family("kvtier_moved_blocks_total", Type::kCounter, "Blocks that moved between tiers, by direction");
+  for (size_t i = 0; i < stats.size(); ++i) {
+    x.Sample({{"profile", name(i)}, {"direction", "gpu_to_host"}}, static_cast<double>(stats[i].demoted_blocks));
+    x.Sample({{"profile", name(i)}, {"direction", "host_to_gpu"}}, static_cast<double>(stats[i].promoted_blocks));
+  }
+  x.Family("kvtier_moved_bytes_total", Type::kCounter, "Bytes of the blocks that moved between tiers, by direction");
+  for (size_t i = 0; i < stats.size(); ++i) {
+    const double down = static_cast<double>(stats[i].demoted_blocks) * bytes(i);
+    const double up = static_cast<double>(stats[i].promoted_blocks) * bytes(i);
+    x.Sample({{"profile", name(i)}, {"direction", "gpu_to_host"}}, down);
+    x.Sample({{"profile", name(i)}, {"direction", "host_to_gpu"}}, up);
+  }
+  per_profile("kvtier_evicted_blocks_total", Type::kCounter, "Blocks dropped from the cache under memory pressure",
+              [&](size_t i) { return stats[i].dropped_blocks; });
+  per_profile("kvtier_evicted_sessions_total", Type::kCounter, "Sessions removed (cachectl evict, limits.max_sessions)",
+              [&](size_t i) { return stats[i].evicted_sessions; });
+  per_profile("kvtier_allocation_failures_total", Type::kCounter, "Allocate requests refused for want of GPU slots",
+              [&](size_t i) { return stats[i].allocation_failures; });
+  per_profile("kvtier_priority_expirations_total", Type::kCounter, "Session priorities reset to 0 when their TTL ended",
+              [&](size_t i) { return stats[i].expired_priorities; });
+
+  const tiering::CopyStats copies[2] = {backend_->copy_stats(CopyDirection::kGpuToHost),
+                                        backend_->copy_stats(CopyDirection::kHostToGpu)};
+  const char* directions[2] = {"gpu_to_host", "host_to_gpu"};
+  x.Family("kvtier_copy_batches_total", Type::kCounter, "Copy batches the copy engine completed, by direction");
+  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, static_cast<double>(copies[d].batches));
+  x.Family("kvtier_copy_bytes_total", Type::kCounter, "Bytes the copy engine copied, by direction");
+  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, static_cast<double>(copies[d].bytes));
+  x.Family("kvtier_copy_seconds_total", Type::kCounter,
+           "Seconds the copy engine spent copying, by direction (bytes / seconds is its bandwidth)");
+  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, copies[d].busy_seconds);
+  return x.text();
 }
 
 }  // namespace kvtier::daemon

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -18,6 +19,7 @@
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
+#include "metrics.h"
 
 namespace kvtier::daemon {
 
@@ -46,10 +48,27 @@ class Service {
   Reply Handle(ClientState& client, const wire::Message& request);
   // The client is gone: end its leases (uncommitted slots come free).
   void Disconnect(ClientState& client);
-  // Applies finished copies and enforces watermarks on every engine.
+  // Applies finished copies, expires priorities and enforces watermarks on every engine.
   void Tick();
   void Poll();
   Status WaitIdle(std::chrono::milliseconds timeout);
+
+  // Metrics the server measures: a request of `type` was answered `took` after
+  // its frame was decoded (reply encoded and queued); a frame did not decode.
+  void ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took);
+  void CountBadFrame() { ++bad_frames_; }
+  void CountReload(bool applied) { ++(applied ? reloads_applied_ : reloads_rejected_); }
+
+  // Runs with `next` from now on: PlanReload(config(), loaded).next, which
+  // differs from config() in reloadable settings only. The engines take the new
+  // watermarks, all or none (they check them alike). The log level is the
+  // caller's to set (after it logged the reload).
+  Status Reconfigure(const DaemonConfig& next);
+
+  // Every metric in the Prometheus text format (GET /metrics).
+  std::string RenderMetrics() const;
+  // "serving 3 clients, gpu 41% host 7%", for systemd's STATUS=.
+  std::string StatusLine() const;
 
   tiering::Backend& backend() { return *backend_; }
   const DaemonConfig& config() const { return config_; }
@@ -63,6 +82,7 @@ class Service {
  private:
   Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend);
 
+  Reply Dispatch(ClientState& c, const wire::Message& request);
   Reply OnHello(ClientState& c, const wire::Hello& m);
   wire::Message OnAllocate(ClientState& c, const wire::AllocateRequest& m);
   wire::Message OnCommit(ClientState& c, const wire::CommitRequest& m);
@@ -85,6 +105,15 @@ class Service {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   uint64_t requests_ = 0;
   uint64_t errors_ = 0;
+  uint64_t connections_ = 0;  // Clients welcomed since start.
+  uint64_t bad_frames_ = 0;
+  uint64_t reloads_applied_ = 0;
+  uint64_t reloads_rejected_ = 0;
+  struct RequestMetrics {
+    Histogram latency{LatencyBuckets()};
+    uint64_t errors = 0;
+  };
+  std::map<wire::MessageType, RequestMetrics> request_metrics_;
 };
 
 }  // namespace kvtier::daemon

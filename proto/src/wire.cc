@@ -166,6 +166,7 @@ template <typename IO, Is<SetPriorityRequest> M>
 void Fields(IO& io, M& m) {
   io.String("session", m.session);
   io.I32("priority", m.priority);
+  io.ExtensionU64("ttl_ms", m.ttl_ms);
 }
 
 template <typename IO, Is<CountResponse> M>

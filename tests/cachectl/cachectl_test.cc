@@ -106,6 +106,11 @@ TEST(CachectlUsage, BadUsageExits2) {
   EXPECT_EQ(Ctl(sock, {"session"}).rc, 2);                         // missing ID
   EXPECT_EQ(Ctl(sock, {"pin", "x", "--priority", "9"}).rc, 2);     // out of range
   EXPECT_EQ(Ctl(sock, {"pin", "x", "--priority", "0"}).rc, 2);
+  for (const char* ttl : {"5x", "0s", "", "s", "1.5h", "10", "-3s", "9999999999d9999999999d9999999999d"}) {
+    auto r = Ctl(sock, {"pin", "x", "--ttl", ttl});
+    EXPECT_EQ(r.rc, 2) << "--ttl '" << ttl << "'";
+    EXPECT_NE(r.err.find("--ttl"), std::string::npos) << r.err;
+  }
   EXPECT_EQ(Ctl(sock, {"sessions", "--sort", "color"}).rc, 2);
   EXPECT_EQ(Ctl(sock, {"--timeout", "soon", "status"}).rc, 2);
   EXPECT_EQ(Ctl(sock, {"evict"}).rc, 2);                           // nothing to evict
@@ -277,6 +282,37 @@ TEST_F(CachectlTest, PinAndUnpin) {
   EXPECT_EQ((*FindSession(Run({"sessions", "--json"}).Json(), "chat-b"))["priority"], 0);
 }
 
+// The daemon reverts a pin with a TTL on its own, after cachectl has exited.
+TEST_F(CachectlTest, PinWithTtlRevertsToZero) {
+  auto priority = [&](const std::string& id) {
+    return (*FindSession(Run({"sessions", "--json"}).Json(), id))["priority"].get<int>();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto r = Run({"pin", "chat-b", "--priority", "5", "--ttl", "1s", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.Json()["priority"], 5);
+  EXPECT_EQ(r.Json()["ttl_ms"], 1000);
+  auto text = Run({"pin", "chat-a", "--priority", "3", "--ttl", "500ms"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_EQ(text.out(), "chat-a: priority 3 for 500ms, then 0\n");
+  ASSERT_EQ(Run({"pin", "chat-a", "--priority", "4"}).rc, 0);  // No TTL: cancels the one before.
+  EXPECT_EQ(priority("chat-b"), 5);
+
+  int b = 5;
+  while (b != 0 && std::chrono::steady_clock::now() - start < 10s) {
+    std::this_thread::sleep_for(50ms);
+    b = priority("chat-b");
+  }
+  EXPECT_EQ(b, 0);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_EQ(priority("chat-a"), 4);
+  EXPECT_EQ(Run({"stats", "--json"}).Json()["expired_priorities"], 1);
+  // The daemon bounds the TTL.
+  auto too_long = Run({"pin", "chat-a", "--ttl", "31d"});
+  EXPECT_EQ(too_long.rc, 1);
+  EXPECT_NE(too_long.err.find("ttl"), std::string::npos) << too_long.err;
+}
+
 TEST_F(CachectlTest, DemoteThenPrefetch) {
   auto d = Run({"demote", "chat-a", "--json"});
   ASSERT_EQ(d.rc, 0) << d.err;
@@ -326,6 +362,16 @@ TEST_F(CachectlTest, Stats) {
   auto text = Run({"stats"});
   ASSERT_EQ(text.rc, 0) << text.err;
   EXPECT_NE(text.out().find("gpu_slots"), std::string::npos) << text.out();
+  // The summary first: hit rates, bytes moved, copy speed, latency percentiles, evictions.
+  ASSERT_GE(text.lines.size(), 6u);
+  EXPECT_EQ(text.lines[0].rfind("hit rate:     blocks ", 0), 0u) << text.out();
+  EXPECT_NE(text.lines[0].find(", tokens "), std::string::npos) << text.out();
+  EXPECT_EQ(text.lines[1].rfind("moved:        gpu->host 0 B (0 blocks), host->gpu 0 B (0 blocks)", 0), 0u)
+      << text.out();
+  EXPECT_EQ(text.lines[2], "copy speed:   gpu->host -, host->gpu -") << text.out();
+  EXPECT_EQ(text.lines[3].rfind("rpc latency:  p50 ", 0), 0u) << text.out();
+  EXPECT_NE(text.lines[3].find(", p99 "), std::string::npos) << text.out();
+  EXPECT_EQ(text.lines[4], "evictions:    0 sessions evicted, 0 blocks dropped under pressure") << text.out();
 
   auto r = Run({"stats", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -338,6 +384,31 @@ TEST_F(CachectlTest, Stats) {
   EXPECT_EQ(j["committed_blocks"], 15);
   EXPECT_TRUE(j["uptime_s"].is_number());
   EXPECT_TRUE(j.contains("allocation_failures"));
+  // The workers' commits looked their prompts up first: all misses.
+  const double hits = j["hit_blocks"], misses = j["miss_blocks"];
+  EXPECT_EQ(misses, 12);
+  EXPECT_EQ(j["hit_rate_blocks"].get<double>(), hits / (hits + misses));
+  EXPECT_EQ(j["miss_tokens"], 12 * 16);
+  EXPECT_EQ(j["hit_rate_tokens"].get<double>(), j["hit_rate_blocks"].get<double>());
+  EXPECT_TRUE(j["copy_gpu_to_host_bytes_per_s"].is_null()) << "nothing copied yet";
+  EXPECT_GT(j["rpc_latency_p50_s"].get<double>(), 0);
+  EXPECT_GE(j["rpc_latency_p99_s"].get<double>(), j["rpc_latency_p90_s"].get<double>());
+  EXPECT_GE(j["rpc_latency_p90_s"].get<double>(), j["rpc_latency_p50_s"].get<double>());
+
+  // After a demotion the bytes moved and the copy speed show.
+  ASSERT_EQ(Run({"demote", "chat-a"}).rc, 0);
+  json moved;
+  for (const auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
+    moved = Run({"stats", "--json"}).Json();
+    if (moved["demoted_blocks"] == 8) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(moved["demoted_bytes"], 8 * 8192);
+  EXPECT_EQ(moved["copy_gpu_to_host_bytes"], 8 * 8192);
+  EXPECT_GT(moved["copy_gpu_to_host_bytes_per_s"].get<double>(), 0);
+  auto after = Run({"stats"});
+  EXPECT_EQ(after.lines[1].rfind("moved:        gpu->host 64.0 KiB (8 blocks)", 0), 0u) << after.out();
+  EXPECT_EQ(after.lines[2].find("gpu->host -"), std::string::npos) << after.out();
 
   auto w = Run({"stats", "--watch", "0.1", "--count", "2", "--json"});
   ASSERT_EQ(w.rc, 0) << w.err;

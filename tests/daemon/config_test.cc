@@ -2,6 +2,8 @@
 // reported with the key it concerns.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "config.h"
 
 namespace kvtier::daemon {
@@ -102,6 +104,130 @@ TEST(ConfigTest, SyntaxErrorsGiveALine) {
   const std::string e = ErrorOf("profiles: [\n  - {name: p\n");
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
   EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, MetricsListenIsOffByDefaultAndValidated) {
+  auto c = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->metrics_listen, "");
+  c = ParseConfig(std::string(kMinimal) + "metrics:\n  listen: 127.0.0.1:9464\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->metrics_listen, "127.0.0.1:9464");
+  c = ParseConfig(std::string(kMinimal) + "metrics:\n  listen: \"[::1]:0\"\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->metrics_listen, "[::1]:0");
+  EXPECT_TRUE(ParseConfig(std::string(kMinimal) + "metrics:\n  listen: \"\"\n", "test.yaml").ok());
+
+  const std::string host = ErrorOf(std::string(kMinimal) + "metrics:\n  listen: localhost:9464\n");
+  EXPECT_NE(host.find("metrics.listen: 'localhost' is not an IPv4 address"), std::string::npos) << host;
+  const std::string port = ErrorOf(std::string(kMinimal) + "metrics:\n  listen: 127.0.0.1:70000\n");
+  EXPECT_NE(port.find("metrics.listen: port 70000"), std::string::npos) << port;
+  const std::string no_port = ErrorOf(std::string(kMinimal) + "metrics:\n  listen: 127.0.0.1\n");
+  EXPECT_NE(no_port.find("metrics.listen: '127.0.0.1' is not HOST:PORT"), std::string::npos) << no_port;
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "metrics:\n  listne: x\n").find("metrics.listne: unknown key"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "metrics: 9464\n").find("metrics: expected a mapping"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "metrics:\n  listen: [1, 2]\n").find("metrics.listen: expected a string"),
+            std::string::npos);
+
+  // The dump quotes it, so a bracketed address reads back as a string.
+  c = ParseConfig(std::string(kMinimal) + "metrics:\n  listen: \"[::1]:9464\"\n", "test.yaml");
+  ASSERT_TRUE(c.ok());
+  auto again = ParseConfig(DumpConfig(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->metrics_listen, "[::1]:9464");
+}
+
+TEST(ConfigTest, ListenAddresses) {
+  auto v4 = ParseListenAddress("127.0.0.1:9464");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->host, "127.0.0.1");
+  EXPECT_EQ(v4->port, 9464);
+  auto v6 = ParseListenAddress("[::1]:0");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 0);
+  EXPECT_TRUE(ParseListenAddress("0.0.0.0:65535").ok());
+  for (const char* bad : {"", ":9464", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1:65536", "127.0.0.1:123456", "::1:9464",
+                          "[::1]", "[127.0.0.1]:80", "host:80", "[]:80", "1.2.3:80"}) {
+    EXPECT_FALSE(ParseListenAddress(bad).ok()) << bad;
+  }
+}
+
+TEST(ConfigTest, ReloadTakesReloadableSettingsAndKeepsTheRest) {
+  auto running = ParseConfig(kMinimal, "a.yaml");
+  ASSERT_TRUE(running.ok());
+  auto same = PlanReload(*running, *running);
+  EXPECT_TRUE(same.applied.empty());
+  EXPECT_TRUE(same.kept.empty());
+  EXPECT_EQ(DumpConfig(same.next), DumpConfig(*running));
+
+  std::string changed = kMinimal;
+  changed.replace(changed.find("gpu_blocks: 10"), 14, "gpu_blocks: 12");
+  changed += R"(log_level: debug
+socket: /tmp/elsewhere.sock
+tiering:
+  gpu_high_watermark: 0.8
+  gpu_low_watermark: 0.5
+  host_high_watermark: 0.9
+  host_low_watermark: 0.7
+  max_copy_batch: 8
+  tick_ms: 50
+limits:
+  max_clients: 7
+  max_leases_per_client: 9
+  max_sessions: 100
+metrics:
+  listen: 127.0.0.1:0
+)";
+  auto loaded = ParseConfig(changed, "b.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  const ReloadPlan plan = PlanReload(*running, *loaded);
+  const DaemonConfig& n = plan.next;
+  EXPECT_EQ(n.log_level, "debug");
+  EXPECT_EQ(n.gpu_high_watermark, 0.8);
+  EXPECT_EQ(n.gpu_low_watermark, 0.5);
+  EXPECT_EQ(n.host_high_watermark, 0.9);
+  EXPECT_EQ(n.host_low_watermark, 0.7);
+  EXPECT_EQ(n.max_copy_batch, 8u);
+  EXPECT_EQ(n.tick_ms, 50u);
+  EXPECT_EQ(n.max_clients, 7u);
+  EXPECT_EQ(n.max_leases_per_client, 9u);
+  // What cannot change keeps its running value.
+  EXPECT_EQ(n.socket_path, running->socket_path);
+  EXPECT_EQ(n.profiles[0].gpu_blocks, 10u);
+  EXPECT_EQ(n.max_sessions, running->max_sessions);
+  EXPECT_EQ(n.metrics_listen, "");
+
+  auto has = [](const std::vector<std::string>& v, const std::string& text) {
+    return std::find(v.begin(), v.end(), text) != v.end();
+  };
+  EXPECT_EQ(plan.applied.size(), 9u) << ::testing::PrintToString(plan.applied);
+  EXPECT_TRUE(has(plan.applied, "log_level: info -> debug"));
+  EXPECT_TRUE(has(plan.applied, "tiering.gpu_high_watermark: 0.9 -> 0.8"));
+  EXPECT_TRUE(has(plan.applied, "tiering.tick_ms: 20 -> 50"));
+  EXPECT_TRUE(has(plan.applied, "limits.max_clients: 256 -> 7"));
+  ASSERT_EQ(plan.kept.size(), 4u) << ::testing::PrintToString(plan.kept);
+  EXPECT_TRUE(has(plan.kept, "socket: /run/kvtier/kvtierd.sock -> /tmp/elsewhere.sock"));
+  EXPECT_TRUE(has(plan.kept, "profiles[0].gpu_blocks: 10 -> 12"));
+  EXPECT_TRUE(has(plan.kept, "limits.max_sessions: 65536 -> 100"));
+  EXPECT_TRUE(has(plan.kept, "metrics.listen: \"\" -> \"127.0.0.1:0\""));
+
+  // A second profile is a change of shape: every key of it is named.
+  const std::string two = std::string(kMinimal) + R"(  - name: q
+    layers: 1
+    kv_heads: 1
+    head_dim: 8
+    gpu_blocks: 1
+    host_blocks: 1
+)";
+  auto more = ParseConfig(two, "c.yaml");
+  ASSERT_TRUE(more.ok()) << more.status().ToString();
+  const ReloadPlan grow = PlanReload(*running, *more);
+  EXPECT_TRUE(grow.applied.empty());
+  EXPECT_TRUE(has(grow.kept, "profiles[1].name: (none) -> q"));
+  EXPECT_EQ(grow.next.profiles.size(), 1u);
 }
 
 TEST(ConfigTest, ByteSizes) {

@@ -99,6 +99,16 @@ int main(int argc, char** argv) {
   // EvictRequest with all = 2.
   payload = {0, 0, 0, 0, 0, 0, 0, 0, 2};
   ok &= Write(dir, "bad_bool", Frame(wire::MessageType::kEvictRequest, payload));
+  // SetPriorityRequest with its ttl_ms extension encoded as the default 0, and cut short.
+  const Bytes no_ttl = wire::EncodeFrame(1, wire::SetPriorityRequest{"chat-1", 3, 0});
+  f = no_ttl;
+  f.insert(f.end(), 8, 0);
+  SetLength(f);
+  ok &= Write(dir, "bad_extension_default", f);
+  f = no_ttl;
+  f.insert(f.end(), {0x10, 0x27, 0});
+  SetLength(f);
+  ok &= Write(dir, "bad_extension_truncated", f);
 
   if (!ok) {
     std::fprintf(stderr, "failed to write the corpus to %s\n", argv[1]);

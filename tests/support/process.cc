@@ -141,9 +141,11 @@ std::string DaemonProcess::log() const {
   return s.str();
 }
 
-Status DaemonProcess::Start() {
+Status DaemonProcess::Start(const std::vector<std::string>& extra_args) {
   const size_t log_before = log().size();
-  auto p = Process::Spawn({KvtierdPath(), "--config", config_path_}, log_path_);
+  std::vector<std::string> argv = {KvtierdPath(), "--config", config_path_};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  auto p = Process::Spawn(argv, log_path_);
   if (!p.ok()) return p.status();
   process_ = std::move(p).value();
   const auto deadline = Clock::now() + std::chrono::seconds(10);

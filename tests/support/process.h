@@ -45,9 +45,11 @@ class DaemonProcess {
   explicit DaemonProcess(const std::string& config_body);
   ~DaemonProcess();
 
-  // Starts kvtierd and waits for its ready line (at most 10 s).
-  Status Start();
+  // Starts kvtierd (with `extra_args` after --config) and waits for its ready
+  // line (at most 10 s). It inherits this process's environment.
+  Status Start(const std::vector<std::string>& extra_args = {});
   void Kill(int signal) { process_.Kill(signal); }
+  pid_t pid() const { return process_.pid(); }
   Result<int> Wait(std::chrono::milliseconds timeout) { return process_.Wait(timeout); }
   // Starts a second kvtierd on the same config and returns its exit code.
   Result<int> StartSecondInstance();
@@ -55,6 +57,7 @@ class DaemonProcess {
   const std::string& socket() const { return socket_; }
   const std::string& instance() const { return instance_; }
   const std::string& dir() const { return dir_; }
+  const std::string& config_path() const { return config_path_; }
   std::string log() const;
 
  private:

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <ostream>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -87,6 +88,7 @@ class ManualBackend final : public Backend {
 
   void SetCompletionNotifier(std::function<void()>) override {}
   std::string FenceSegmentName() const override { return ""; }
+  CopyStats copy_stats(CopyDirection) const override { return {}; }
 
   // Lands every queued copy, promotions first.
   void RunAll() const {
@@ -962,6 +964,82 @@ TEST_F(WatermarkTest, LowerPriorityIsDemotedBeforeHigher) {
   EXPECT_EQ(engine_->GetSession("a")->priority, 3);
   EXPECT_EQ(engine_->stats().used[0], 5u);
   ExpectConsistent();
+}
+
+TEST_F(WatermarkTest, RetuneAppliesNewWatermarksFromTheNextTick) {
+  Start(Options(10, 32));  // Watermarks at 1.0: no pressure.
+  const Chain a = MakeChain(1, 5), b = MakeChain(2, 4);
+  Put("a", a);
+  Put("b", b);
+  engine_->Tick();
+  EXPECT_EQ(engine_->stats().copies_in_flight + engine_->stats().demoted_blocks, 0u);
+
+  EngineOptions bad = engine_->options();
+  bad.gpu_high_watermark = 0.5;
+  bad.gpu_low_watermark = 0.6;
+  EXPECT_EQ(engine_->Retune(bad).code(), StatusCode::kInvalidArgument);
+  bad = engine_->options();
+  bad.max_copy_batch = 0;
+  EXPECT_EQ(engine_->Retune(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->options().gpu_high_watermark, 1.0) << "a rejected retune changes nothing";
+
+  EngineOptions o = engine_->options();
+  o.gpu_high_watermark = 0.8;
+  o.gpu_low_watermark = 0.5;
+  o.max_copy_batch = 2;
+  o.gpu_slots = 99;  // Not tunable: ignored.
+  ASSERT_TRUE(engine_->Retune(o).ok());
+  EXPECT_EQ(engine_->options().gpu_low_watermark, 0.5);
+  EXPECT_EQ(engine_->options().max_copy_batch, 2u);
+  EXPECT_EQ(engine_->options().gpu_slots, 10u);
+  engine_->Tick();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(engine_->stats().used[0], 5u) << "9 of 10 is above the new high watermark: down to 5";
+  EXPECT_EQ(Tiers("a"), Mixed(4, 1));
+  EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 4));
+  EXPECT_EQ(backend_->copy_stats(CopyDirection::kGpuToHost).batches, 2u) << "4 blocks in batches of 2";
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, PriorityTtlRevertsToZeroAtItsDeadline) {
+  Start(Options(16, 16));
+  for (const char* s : {"a", "b", "c", "d"}) Put(s, MakeChain(static_cast<uint32_t>(s[0]), 1));
+  const auto now = std::chrono::steady_clock::now();
+  const auto later = [&](std::chrono::milliseconds d) { return now + d; };
+
+  ASSERT_TRUE(engine_->SetPriority("a", 5, milliseconds(1000)).ok());
+  EXPECT_EQ(engine_->ExpirePriorities(later(milliseconds(0))), 0u);
+  EXPECT_EQ(engine_->GetSession("a")->priority, 5);
+  EXPECT_EQ(engine_->ExpirePriorities(later(milliseconds(5000))), 1u);
+  EXPECT_EQ(engine_->GetSession("a")->priority, 0);
+  EXPECT_EQ(engine_->stats().expired_priorities, 1u);
+
+  // A later pin without a ttl cancels the deadline; one with a ttl replaces it.
+  ASSERT_TRUE(engine_->SetPriority("b", 4, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->SetPriority("b", 6).ok());
+  ASSERT_TRUE(engine_->SetPriority("c", 3, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->SetPriority("c", 3, std::chrono::hours(1)).ok());
+  // A session that is gone leaves nothing to revert.
+  ASSERT_TRUE(engine_->SetPriority("d", 2, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->Evict("d").ok());
+  EXPECT_EQ(engine_->ExpirePriorities(later(milliseconds(5000))), 0u);
+  EXPECT_EQ(engine_->GetSession("b")->priority, 6);
+  EXPECT_EQ(engine_->GetSession("c")->priority, 3);
+  EXPECT_EQ(engine_->ExpirePriorities(later(std::chrono::hours(2))), 1u);
+  EXPECT_EQ(engine_->GetSession("c")->priority, 0);
+  EXPECT_EQ(engine_->GetSession("b")->priority, 6);
+  EXPECT_EQ(engine_->stats().expired_priorities, 2u);
+
+  // Tick uses the real clock.
+  ASSERT_TRUE(engine_->SetPriority("a", 7, milliseconds(1)).ok());
+  std::this_thread::sleep_for(milliseconds(5));
+  engine_->Tick();
+  EXPECT_EQ(engine_->GetSession("a")->priority, 0);
+
+  EXPECT_EQ(engine_->SetPriority("a", 1, milliseconds(-1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->SetPriority("a", 1, kMaxPriorityTtl + milliseconds(1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine_->SetPriority("a", 1, kMaxPriorityTtl).ok());
+  EXPECT_INVARIANTS();
 }
 
 TEST_F(WatermarkTest, LeasedSessionsAreSkipped) {

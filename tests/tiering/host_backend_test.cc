@@ -273,6 +273,36 @@ TEST_F(HostBackendTest, FencesCompleteInSubmissionOrder) {
   RecordProperty("scans", std::to_string(scans));
 }
 
+TEST_F(HostBackendTest, CopyStatsCountCompletedCopiesPerDirection) {
+  auto gpu = MakePool(Tier::kGpu, 4096, 8, "gpu");
+  auto host = MakePool(Tier::kHost, 4096, 8, "host");
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(host, nullptr);
+  for (CopyDirection d : {CopyDirection::kGpuToHost, CopyDirection::kHostToGpu}) {
+    const CopyStats st = backend_->copy_stats(d);
+    EXPECT_EQ(st.batches, 0u);
+    EXPECT_EQ(st.bytes, 0u);
+    EXPECT_EQ(st.busy_seconds, 0.0);
+  }
+  const std::vector<CopyOp> three = {{0, 0}, {1, 1}, {2, 2}};
+  ASSERT_TRUE(backend_->Wait(*backend_->SubmitCopies(CopyDirection::kGpuToHost, *gpu, *host, three), kWait).ok());
+  auto last = backend_->SubmitCopies(CopyDirection::kGpuToHost, *gpu, *host, std::vector<CopyOp>{{3, 3}});
+  ASSERT_TRUE(backend_->Wait(*last, kWait).ok());
+  auto up = backend_->SubmitCopies(CopyDirection::kHostToGpu, *host, *gpu, std::vector<CopyOp>{{0, 5}, {1, 6}});
+  ASSERT_TRUE(backend_->Wait(*up, kWait).ok());
+
+  const CopyStats down = backend_->copy_stats(CopyDirection::kGpuToHost);
+  EXPECT_EQ(down.batches, 2u);
+  EXPECT_EQ(down.blocks, 4u);
+  EXPECT_EQ(down.bytes, 4u * 4096);
+  EXPECT_GT(down.busy_seconds, 0.0);
+  const CopyStats promoted = backend_->copy_stats(CopyDirection::kHostToGpu);
+  EXPECT_EQ(promoted.batches, 1u);
+  EXPECT_EQ(promoted.blocks, 2u);
+  EXPECT_EQ(promoted.bytes, 2u * 4096);
+  EXPECT_LT(promoted.busy_seconds, 10.0);
+}
+
 TEST_F(HostBackendTest, StreamsNumberTheirFencesIndependently) {
   auto gpu = MakePool(Tier::kGpu, 64, 2, "gpu");
   auto host = MakePool(Tier::kHost, 64, 2, "host");

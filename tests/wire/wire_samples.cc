@@ -83,7 +83,7 @@ std::vector<Message> SampleMessages() {
   out.push_back(PrefetchRequest{"chat-42"});
   out.push_back(DemoteRequest{"chat-43"});
   out.push_back(EvictRequest{"", "tenant-b", true});
-  out.push_back(SetPriorityRequest{"chat-42", -5});
+  out.push_back(SetPriorityRequest{"chat-42", -5, 90000});
   out.push_back(ListSessionsRequest{"tenant-a"});
   out.push_back(ListSessionsResponse{{Summary("chat-42", 0), Summary("chat-43", -5), Summary("", 100)}});
   out.push_back(SessionInfoRequest{"chat-42"});

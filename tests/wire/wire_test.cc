@@ -172,10 +172,17 @@ TEST(WireTest, EveryTruncationIsAnError) {
       ASSERT_FALSE(r.ok()) << "prefix of " << n << " bytes decoded";
       EXPECT_EQ(r.status().code(), StatusCode::kProtocolError);
       // The same prefix with a header that agrees with it: the payload decoder
-      // itself must notice the missing bytes.
+      // itself must notice the missing bytes. The one exception is a cut right
+      // before an extension field: that is the message without the extension.
       if (n >= kHeaderBytes) {
         SetLengthField(cut);
         auto r2 = DecodeFrame(cut);
+        if (r2.ok() && std::holds_alternative<SetPriorityRequest>(m) && n == frame.size() - 8) {
+          SetPriorityRequest without = std::get<SetPriorityRequest>(m);
+          without.ttl_ms = 0;
+          EXPECT_TRUE(r2->second == Message(without));
+          continue;
+        }
         ASSERT_FALSE(r2.ok()) << "payload prefix of " << n - kHeaderBytes << " bytes decoded";
         EXPECT_EQ(r2.status().code(), StatusCode::kProtocolError);
       }
@@ -407,6 +414,43 @@ TEST(WireTest, InvalidEnumValuesAreErrors) {
                                  w.U32("tokens", 0);
                                }),
                       "AcquireRequest.flags: has unknown bits set");
+}
+
+// SetPriorityRequest.ttl_ms is an extension: without it the frame is the
+// original layout, byte for byte, so older clients and newer daemons agree.
+TEST(WireTest, ExtensionFieldKeepsTheOlderLayoutAndOneEncoding) {
+  const auto v1 = [](Writer& w) {
+    w.String("session", "chat-9");
+    w.I32("priority", 4);
+  };
+  const Bytes older = RawFrame(MessageType::kSetPriorityRequest, v1);
+  EXPECT_EQ(EncodeFrame(1, SetPriorityRequest{"chat-9", 4, 0}), older);
+  auto r = DecodeFrame(older);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(std::get<SetPriorityRequest>(r->second).ttl_ms, 0u);
+
+  const Bytes with_ttl = EncodeFrame(1, SetPriorityRequest{"chat-9", 4, 30000});
+  ASSERT_EQ(with_ttl.size(), older.size() + 8);
+  EXPECT_TRUE(std::equal(older.begin() + kHeaderBytes, older.end(), with_ttl.begin() + kHeaderBytes));
+  EXPECT_EQ(LoadLE<uint64_t>(with_ttl.data() + older.size()), 30000u);
+  r = DecodeFrame(with_ttl);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(std::get<SetPriorityRequest>(r->second).ttl_ms, 30000u);
+
+  // An encoded default would be a second encoding of the older message.
+  ExpectProtocolError(RawFrame(MessageType::kSetPriorityRequest,
+                               [&](Writer& w) {
+                                 v1(w);
+                                 w.U64("ttl_ms", 0);
+                               }),
+                      "SetPriorityRequest.ttl_ms: is encoded with its default 0");
+  // A partial extension is short, never read past the payload.
+  for (size_t extra = 1; extra < 8; ++extra) {
+    Bytes cut = with_ttl;
+    cut.resize(older.size() + extra);
+    SetLengthField(cut);
+    ExpectProtocolError(cut, "SetPriorityRequest.ttl_ms: needs 8 bytes, " + std::to_string(extra) + " remain");
+  }
 }
 
 TEST(WireTest, CrossFieldRules) {

@@ -1,5 +1,6 @@
 #include "kvtier/tiering/host_backend.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -118,6 +119,11 @@ class HostBackend final : public Backend {
 
   std::string FenceSegmentName() const override { return fence_segment_.name(); }
 
+  CopyStats copy_stats(CopyDirection dir) const override {
+    std::lock_guard lock(mu_);
+    return stats_[static_cast<int>(dir)];
+  }
+
  private:
   uint64_t completed(int s) const {
     return std::atomic_ref<uint64_t>(state_->completed[s]).load(std::memory_order_acquire);
@@ -138,10 +144,17 @@ class HostBackend final : public Backend {
       CopyJob job = std::move(queues_[s].front());
       queues_[s].pop_front();
       lock.unlock();
+      const auto start = std::chrono::steady_clock::now();
       for (const CopyOp& op : job.ops) {
         std::memcpy(job.dst + size_t{op.dst_slot} * job.bytes, job.src + size_t{op.src_slot} * job.bytes, job.bytes);
       }
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
       lock.lock();
+      CopyStats& st = stats_[s];
+      ++st.batches;
+      st.blocks += job.ops.size();
+      st.bytes += job.ops.size() * job.bytes;
+      st.busy_seconds += took.count();
       std::atomic_ref<uint64_t>(state_->completed[s]).store(job.seq, std::memory_order_release);
       done_cv_.notify_all();
       lock.unlock();
@@ -164,6 +177,7 @@ class HostBackend final : public Backend {
   std::condition_variable work_cv_;
   std::deque<CopyJob> queues_[kCopyStreams];  // GUARDED_BY(mu_)
   uint64_t submitted_[kCopyStreams] = {0, 0}; // GUARDED_BY(mu_)
+  CopyStats stats_[kCopyStreams];             // GUARDED_BY(mu_)
   std::mutex notify_mu_;
   std::function<void()> notify_;              // GUARDED_BY(notify_mu_)
   bool stopping_ = false;                     // GUARDED_BY(mu_)

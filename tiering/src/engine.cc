@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -67,6 +68,10 @@ struct Engine::Impl {
   uint64_t clock = 0;
   std::vector<uint32_t> pending[kCopyStreams];
   std::deque<InFlight> inflight[kCopyStreams];
+  // Priority deadlines, earliest on top. An entry whose session is gone or has
+  // another deadline by now is stale and skipped.
+  using Expiry = std::pair<std::chrono::steady_clock::time_point, std::string>;
+  std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries;
   uint32_t demoting = 0;     // Records being demoted: GPU slots that will come free.
   bool dropping = false;     // Frees now happen under pressure (reported as drops).
   EngineStats st;
@@ -368,16 +373,26 @@ Engine::~Engine() {
   }
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
-                                               std::unique_ptr<EvictionPolicy> policy) {
-  KVTIER_RETURN_IF_ERROR(o.profile.Validate());
-  if (o.gpu_slots == 0 || o.host_slots == 0) return InvalidArgument("gpu_slots and host_slots must be > 0");
-  if (uint64_t{o.gpu_slots} + o.host_slots > (1u << 30)) return InvalidArgument("more than 2^30 slots in all");
+namespace {
+
+// The checks on the options Retune may change.
+Status CheckTunables(const EngineOptions& o) {
   auto wm_ok = [](double lo, double hi) { return lo > 0 && lo <= hi && hi <= 1.0; };
   if (!wm_ok(o.gpu_low_watermark, o.gpu_high_watermark) || !wm_ok(o.host_low_watermark, o.host_high_watermark)) {
     return InvalidArgument("watermarks must satisfy 0 < low <= high <= 1");
   }
   if (o.max_copy_batch == 0) return InvalidArgument("max_copy_batch must be > 0");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
+                                               std::unique_ptr<EvictionPolicy> policy) {
+  KVTIER_RETURN_IF_ERROR(o.profile.Validate());
+  if (o.gpu_slots == 0 || o.host_slots == 0) return InvalidArgument("gpu_slots and host_slots must be > 0");
+  if (uint64_t{o.gpu_slots} + o.host_slots > (1u << 30)) return InvalidArgument("more than 2^30 slots in all");
+  KVTIER_RETURN_IF_ERROR(CheckTunables(o));
   if (o.max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
   if (o.index_segment.empty()) return InvalidArgument("index_segment must name a shared-memory segment");
 
@@ -672,14 +687,51 @@ Result<uint32_t> Engine::Prefetch(std::string_view session_id) {
   return scheduled;
 }
 
-Status Engine::SetPriority(std::string_view session_id, int priority) {
+Status Engine::SetPriority(std::string_view session_id, int priority, std::chrono::milliseconds ttl) {
   if (priority < kMinPriority || priority > kMaxPriority) {
     return InvalidArgument("priority " + std::to_string(priority) + " not in [0, 7]");
+  }
+  if (ttl.count() < 0 || ttl > kMaxPriorityTtl) {
+    return InvalidArgument("priority ttl of " + std::to_string(ttl.count()) + " ms not in [0, " +
+                           std::to_string(std::chrono::milliseconds(kMaxPriorityTtl).count()) + "]");
   }
   Session* s = impl_->FindSession(session_id);
   if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
   s->priority = priority;
+  s->priority_until = {};
+  if (ttl.count() > 0) {
+    s->priority_until = std::chrono::steady_clock::now() + ttl;
+    impl_->expiries.emplace(s->priority_until, s->id);
+  }
   impl_->policy->Track(s);
+  return Status::Ok();
+}
+
+uint32_t Engine::ExpirePriorities(std::chrono::steady_clock::time_point now) {
+  Impl& m = *impl_;
+  uint32_t expired = 0;
+  while (!m.expiries.empty() && m.expiries.top().first <= now) {
+    const Impl::Expiry e = m.expiries.top();
+    m.expiries.pop();
+    Session* s = m.FindSession(e.second);
+    if (s == nullptr || s->priority_until != e.first) continue;
+    s->priority = 0;  // What every session starts with.
+    s->priority_until = {};
+    m.policy->Track(s);
+    ++expired;
+  }
+  m.st.expired_priorities += expired;
+  return expired;
+}
+
+Status Engine::Retune(const EngineOptions& o) {
+  KVTIER_RETURN_IF_ERROR(CheckTunables(o));
+  EngineOptions& opt = impl_->opt;
+  opt.gpu_high_watermark = o.gpu_high_watermark;
+  opt.gpu_low_watermark = o.gpu_low_watermark;
+  opt.host_high_watermark = o.host_high_watermark;
+  opt.host_low_watermark = o.host_low_watermark;
+  opt.max_copy_batch = o.max_copy_batch;
   return Status::Ok();
 }
 

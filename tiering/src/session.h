@@ -14,6 +14,7 @@ struct Session {
   uint64_t last_use = 0;
   std::chrono::steady_clock::time_point used_at{};  // Wall time of last_use.
   int priority = 0;
+  std::chrono::steady_clock::time_point priority_until{};  // When priority goes back to 0; epoch: never.
   uint32_t ns_tag = 0;
 
   // Owned by the eviction policy.

@@ -188,7 +188,10 @@ class Client {
   Result<uint32_t> Evict(std::string_view session);
   Result<uint32_t> EvictTenant(std::string_view tenant);
   Result<uint32_t> EvictAll();
-  Status SetPriority(std::string_view session, int priority);
+  // Priority 0..7 (higher is kept longer). With a ttl > 0 the daemon sets it
+  // back to 0 after `ttl`, whether or not this client is still there; a kvtierd
+  // that predates priority TTLs refuses such a request (kProtocolError).
+  Status SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl = {});
   Result<std::vector<wire::SessionSummary>> ListSessions(std::string_view tenant_filter = {});
   Result<wire::SessionInfoResponse> GetSession(std::string_view session);
   Result<std::vector<std::pair<std::string, double>>> Stats();

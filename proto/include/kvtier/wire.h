@@ -23,7 +23,14 @@
 // payload_length bytes and calls DecodePayload.
 //
 // Message type values are stable: append new types, never renumber. A message's
-// layout never changes within a protocol version.
+// layout never changes within a protocol version, with one exception: a message
+// may gain *extension fields* after its last field (marked "Extension" below).
+// An extension field is encoded only when it differs from its default; absent
+// means the default, and an encoded default is a protocol error, so every
+// message keeps exactly one encoding and a frame without the extension is byte
+// for byte the older layout. A receiver that predates an extension rejects a
+// message carrying it (trailing bytes), so senders set one only where an older
+// peer must fail rather than ignore it.
 #pragma once
 
 #include <cstddef>
@@ -252,6 +259,9 @@ struct SetPriorityRequest {
   static constexpr MessageType kType = MessageType::kSetPriorityRequest;
   std::string session;
   int32_t priority = 0;
+  // Extension: after this many milliseconds the daemon sets the priority back
+  // to 0. 0 (absent) keeps it until changed.
+  uint64_t ttl_ms = 0;
   friend bool operator==(const SetPriorityRequest&, const SetPriorityRequest&) = default;
 };
 

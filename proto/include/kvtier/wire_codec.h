@@ -97,6 +97,11 @@ class Writer {
   }
   // An array of u32 (slots, token IDs), copied in bulk on little-endian hosts.
   void U32s(const char* field, std::span<const uint32_t> v, size_t max = kMaxArray);
+  // An extension field (wire.h): written only when it is not 0. Extensions come
+  // after every other field of a message.
+  void ExtensionU64(const char*, uint64_t v) {
+    if (v != 0) Put(v);
+  }
 
   // `element(Writer&, const T&)` writes one element. `min_element_bytes` is unused
   // here; it mirrors Reader::Array so that one codec serves both directions.
@@ -197,6 +202,14 @@ class Reader {
   bool String(const char* field, std::string& s, size_t max = kMaxString);
   bool Bytes(const char* field, std::vector<uint8_t>& b, size_t max);
   bool U32s(const char* field, std::vector<uint32_t>& v, size_t max = kMaxArray);
+  // An extension field (wire.h): 0 when no bytes remain; otherwise a u64 that
+  // must not be 0 (an encoded default would give the message a second encoding).
+  bool ExtensionU64(const char* field, uint64_t& v) {
+    v = 0;
+    if (!ok() || remaining() == 0) return ok();
+    if (!Get(field, v)) return false;
+    return Require(v != 0, field, "is encoded with its default 0; omit it instead");
+  }
 
   // Reads an element count: at most `max`, and no more elements than the
   // remaining bytes can hold at `min_element_bytes` (>= 1) each.

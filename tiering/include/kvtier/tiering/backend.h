@@ -2,7 +2,7 @@
 // CUDA implementation and the host implementation (shared memory + a copy thread).
 //
 // Thread-safety: CreatePool and SubmitCopies are called from one thread (the
-// engine's); IsComplete and Wait may be called from any thread.
+// engine's); IsComplete, Wait and copy_stats may be called from any thread.
 #pragma once
 
 #include <chrono>
@@ -69,6 +69,14 @@ struct CopyOp {
   uint32_t dst_slot;
 };
 
+// What the copy engine did in one direction since the backend was created.
+struct CopyStats {
+  uint64_t batches = 0;
+  uint64_t blocks = 0;
+  uint64_t bytes = 0;
+  double busy_seconds = 0;  // Time spent copying, queueing excluded: bytes / busy_seconds is the bandwidth.
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -94,6 +102,9 @@ class Backend {
 
   // Name of the shared segment holding the fences' state ("" if none).
   virtual std::string FenceSegmentName() const = 0;
+
+  // Counts completed copies only. May be called from any thread.
+  virtual CopyStats copy_stats(CopyDirection dir) const = 0;
 };
 
 }  // namespace kvtier::tiering

@@ -106,7 +106,11 @@ struct EngineStats {
   uint64_t dropped_blocks = 0;   // Lost to pressure.
   uint64_t evicted_sessions = 0;
   uint64_t allocation_failures = 0;
+  uint64_t expired_priorities = 0;  // Priorities set back to 0 when their TTL ran out.
 };
+
+// The longest time a priority may be set for (SetPriority's ttl).
+inline constexpr std::chrono::hours kMaxPriorityTtl{24 * 30};
 
 class Engine {
  public:
@@ -159,7 +163,10 @@ class Engine {
   Status Evict(std::string_view session);
   Result<uint32_t> Demote(std::string_view session);    // Blocks scheduled gpu->host.
   Result<uint32_t> Prefetch(std::string_view session);  // Blocks scheduled host->gpu.
-  Status SetPriority(std::string_view session, int priority);
+  // With a ttl > 0, the priority goes back to 0 at the first Tick (or
+  // ExpirePriorities) after `ttl`; a later SetPriority replaces the deadline
+  // (without a ttl: none). kInvalidArgument for a ttl < 0 or > kMaxPriorityTtl.
+  Status SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl = {});
   Result<SessionInfo> GetSession(std::string_view session) const;
   std::vector<SessionInfo> ListSessions() const;
 
@@ -168,10 +175,18 @@ class Engine {
   uint32_t Poll();
   // Demotes above the GPU high watermark, drops above the host high watermark.
   void EnforceWatermarks();
+  // Sets priorities whose ttl ended by `now` back to 0. Returns how many.
+  uint32_t ExpirePriorities(std::chrono::steady_clock::time_point now);
   void Tick() {
     Poll();
+    ExpirePriorities(std::chrono::steady_clock::now());
     EnforceWatermarks();
   }
+  // Takes the watermarks and max_copy_batch from `options` (the settings that
+  // may change while serving, e.g. on a config reload); every other field is
+  // ignored. The watermarks apply from the next EnforceWatermarks. On an invalid
+  // value nothing changes (kInvalidArgument, as Create would say).
+  Status Retune(const EngineOptions& options);
   // Waits for every copy in flight and applies it. kTimeout if they do not finish.
   Status WaitIdle(std::chrono::milliseconds timeout);
 
