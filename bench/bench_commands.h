@@ -18,4 +18,9 @@ int RunIpcClient(int argc, char** argv);
 // processes in each cache mode (kvtier, local, none); TTFT, hit rate, zero-reuse cost.
 int RunE2eBench(int argc, char** argv);
 
+// kvtier-bench gpu [--quick]: the CUDA backend's batch copy speed (2 MiB and 32 KiB
+// blocks), one large pinned memcpy each way, and a 2k-token session promotion.
+// Built only with the CUDA backend; exits 1 without a CUDA device.
+int RunGpuBench(int argc, char** argv);
+
 }  // namespace kvtier::bench

@@ -1,0 +1,416 @@
+#include "kvtier/tiering/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "copy_kernels.h"
+#include "copy_planner.h"
+#include "kvtier/shm_segment.h"
+#include "kvtier/tiering/gpu_pool_handle.h"
+
+namespace kvtier::tiering {
+namespace {
+
+static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes);
+static_assert(sizeof(cudaIpcEventHandle_t) == 64);
+
+using Clock = std::chrono::steady_clock;
+
+std::string CudaErrorText(cudaError_t err) {
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+Status CudaStatus(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return Status::Ok();
+  const StatusCode code = err == cudaErrorMemoryAllocation ? StatusCode::kResourceExhausted : StatusCode::kInternal;
+  return Status(code, what + ": " + CudaErrorText(err));
+}
+
+class GpuPool final : public Pool {
+ public:
+  GpuPool(const PoolSpec& spec, int device, std::byte* base, const GpuPoolHandle& handle)
+      : Pool(spec.tier, spec.slot_bytes, spec.slots, base), device_(device), handle_(handle) {}
+  ~GpuPool() override {
+    cudaSetDevice(device_);
+    cudaFree(base());
+  }
+
+  PoolHandle Export() const override {
+    PoolHandle h;
+    h.backend = BackendKind::kCuda;
+    h.tier = tier();
+    h.slot_bytes = slot_bytes();
+    h.slots = slots();
+    h.ipc_handle = EncodeGpuPoolHandle(handle_);
+    return h;
+  }
+
+ private:
+  int device_;
+  GpuPoolHandle handle_;
+};
+
+// A shared-memory segment pinned in chunks of `chunk_slots` slots.
+class PinnedHostPool final : public Pool {
+ public:
+  PinnedHostPool(const PoolSpec& spec, ShmSegment segment)
+      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data()), segment_(std::move(segment)) {}
+  ~PinnedHostPool() override {
+    for (std::byte* chunk : chunks_) cudaHostUnregister(chunk);
+  }
+
+  Status Pin(size_t chunk_bytes, const CudaBackendOptions& options, const std::string& name) {
+    // Chunks end on page boundaries: two registrations must not share a page.
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t step = page / std::gcd(slot_bytes(), page);  // Fewest slots filling whole pages.
+    const size_t want = std::max(step, chunk_bytes / slot_bytes() / step * step);
+    chunk_slots_ = static_cast<uint32_t>(std::min<size_t>(want, slots()));
+    const size_t total = slot_bytes() * slots();
+    for (uint32_t first = 0; first < slots(); first += chunk_slots_) {
+      const size_t bytes = size_t{std::min(chunk_slots_, slots() - first)} * slot_bytes();
+      std::byte* chunk = slot_data(first);
+      KVTIER_RETURN_IF_ERROR(
+          CudaStatus(cudaHostRegister(chunk, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped),
+                     "pool '" + name + "': cudaHostRegister of " + std::to_string(bytes) +
+                         " bytes (is RLIMIT_MEMLOCK high enough?)"));
+      chunks_.push_back(chunk);
+      if (options.pin_progress) options.pin_progress(name, size_t{first} * slot_bytes() + bytes, total);
+    }
+    return Status::Ok();
+  }
+
+  uint32_t chunk_slots() const { return chunk_slots_; }
+
+  PoolHandle Export() const override {
+    PoolHandle h;
+    h.backend = BackendKind::kCuda;
+    h.tier = tier();
+    h.slot_bytes = slot_bytes();
+    h.slots = slots();
+    h.shm_name = segment_.name();
+    return h;
+  }
+
+ private:
+  ShmSegment segment_;
+  uint32_t chunk_slots_ = 0;
+  std::vector<std::byte*> chunks_;  // Registered ranges, unregistered on destruction.
+};
+
+class CudaBackendImpl;
+
+// What a batch's host function needs; owned by it.
+struct BatchDone {
+  CudaBackendImpl* backend;
+  int stream;
+  uint64_t seq;
+  uint64_t blocks;
+  uint64_t bytes;
+  Clock::time_point submitted;
+};
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  explicit CudaBackendImpl(CudaBackendOptions options) : options_(std::move(options)) {}
+
+  ~CudaBackendImpl() override {
+    cudaSetDevice(options_.device);
+    // No host function may run once this object is gone.
+    for (cudaStream_t s : streams_) {
+      if (s != nullptr) cudaStreamSynchronize(s);
+    }
+    for (cudaEvent_t e : events_) {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+    for (cudaStream_t s : streams_) {
+      if (s != nullptr) cudaStreamDestroy(s);
+    }
+  }
+
+  Status Init() {
+    KVTIER_RETURN_IF_ERROR(Usable(cudaSetDevice(options_.device), "cudaSetDevice"));
+    KVTIER_RETURN_IF_ERROR(Usable(cudaGetDeviceProperties(&prop_, options_.device), "cudaGetDeviceProperties"));
+    if (!prop_.unifiedAddressing) return Unavailable("cuda backend: device has no unified addressing");
+    int host_ptr_ok = 0;
+    KVTIER_RETURN_IF_ERROR(
+        CudaStatus(cudaDeviceGetAttribute(&host_ptr_ok, cudaDevAttrCanUseHostPointerForRegisteredMem, options_.device),
+                   "cudaDeviceGetAttribute"));
+    // The kernel reads pinned host memory through its host address; without that,
+    // every block size goes to the copy engines.
+    if (!host_ptr_ok) planner_.memcpy_min_block_bytes = 0;
+
+    int least = 0;
+    int greatest = 0;
+    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest), "stream priorities"));
+    priority_[static_cast<int>(CopyDirection::kHostToGpu)] = greatest;
+    priority_[static_cast<int>(CopyDirection::kGpuToHost)] = least;
+    for (int s = 0; s < kCopyStreams; ++s) {
+      KVTIER_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&streams_[s], cudaStreamNonBlocking, priority_[s]),
+                                        "cudaStreamCreateWithPriority"));
+      KVTIER_RETURN_IF_ERROR(CudaStatus(
+          cudaEventCreateWithFlags(&events_[s], cudaEventInterprocess | cudaEventDisableTiming), "cudaEventCreate"));
+      KVTIER_RETURN_IF_ERROR(
+          CudaStatus(cudaIpcGetEventHandle(&event_handles_[s], events_[s]), "cudaIpcGetEventHandle"));
+    }
+
+#if CUDART_VERSION >= 13000  // The call's 12.8 signature differs; older toolkits lack it.
+    // cudaMemcpyBatchAsync needs a 12.8 driver; ask the driver, not the toolkit.
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    batched_ =
+        cudaGetDriverEntryPointByVersion("cuMemcpyBatchAsync", &fn, 12080, cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess && fn != nullptr;
+    cudaGetLastError();  // A failed lookup is not an error of later calls.
+#endif
+
+    ShmSegment::CreateOptions o;
+    o.replace_existing = options_.replace_stale;
+    auto fences = ShmSegment::Create("/" + options_.name_prefix + ".fences", sizeof(FenceSegment), o);
+    if (!fences.ok()) return fences.status();
+    fence_segment_ = std::move(fences).value();
+    state_ = reinterpret_cast<FenceSegment*>(fence_segment_.data());
+    std::memset(state_, 0, sizeof(FenceSegment));
+    state_->magic = kFenceMagic;
+    state_->abi_version = kShmAbiVersion;
+    return Status::Ok();
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+
+  std::string Describe() const override {
+    return "cuda (device " + std::to_string(options_.device) + ": " + prop_.name + ", sm_" +
+           std::to_string(prop_.major) + std::to_string(prop_.minor) + ", promotions at stream priority " +
+           std::to_string(priority_[static_cast<int>(CopyDirection::kHostToGpu)]) + ", " +
+           (batched_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync per copy") +
+           (planner_.memcpy_min_block_bytes == 0
+                ? " for every block size (no device access to host addresses)"
+                : " for blocks >= " + std::to_string(planner_.memcpy_min_block_bytes >> 10) +
+                      " KiB, gather kernel below") +
+           ", segments /" + options_.name_prefix + ".*)";
+  }
+
+  Result<std::unique_ptr<Pool>> CreatePool(const PoolSpec& spec) override {
+    if (spec.slot_bytes == 0 || spec.slots == 0) {
+      return InvalidArgument("pool '" + spec.name + "' needs slot_bytes > 0 and slots > 0");
+    }
+    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    const size_t bytes = spec.slot_bytes * spec.slots;
+    if (spec.tier == Tier::kGpu) {
+      void* base = nullptr;
+      KVTIER_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&base, bytes),
+                                        "pool '" + spec.name + "': cudaMalloc of " + std::to_string(bytes) + " bytes"));
+      GpuPoolHandle handle;
+      handle.bytes = bytes;
+      cudaIpcMemHandle_t raw;
+      const cudaError_t err = cudaIpcGetMemHandle(&raw, base);
+      if (err != cudaSuccess) {
+        cudaFree(base);
+        return CudaStatus(err, "pool '" + spec.name + "': cudaIpcGetMemHandle");
+      }
+      std::memcpy(handle.raw.data(), &raw, sizeof(raw));
+      return std::unique_ptr<Pool>(new GpuPool(spec, options_.device, static_cast<std::byte*>(base), handle));
+    }
+    ShmSegment::CreateOptions o;
+    o.populate = options_.populate;
+    o.replace_existing = options_.replace_stale;
+    auto seg = ShmSegment::Create("/" + options_.name_prefix + "." + spec.name, bytes, o);
+    if (!seg.ok()) return seg.status();
+    auto pool = std::make_unique<PinnedHostPool>(spec, std::move(seg).value());
+    KVTIER_RETURN_IF_ERROR(pool->Pin(options_.pin_chunk_bytes, options_, spec.name));
+    return std::unique_ptr<Pool>(std::move(pool));
+  }
+
+  Result<Fence> SubmitCopies(CopyDirection dir, const Pool& src, const Pool& dst,
+                             std::span<const CopyOp> ops) override {
+    if (src.slot_bytes() != dst.slot_bytes()) return InvalidArgument("copy between pools of different slot sizes");
+    const Tier want_src = dir == CopyDirection::kGpuToHost ? Tier::kGpu : Tier::kHost;
+    if (src.tier() != want_src || dst.tier() == want_src)
+      return InvalidArgument("copy direction does not match the pools' tiers");
+    for (const CopyOp& op : ops) {
+      if (op.src_slot >= src.slots() || op.dst_slot >= dst.slots()) return InvalidArgument("copy op slot out of range");
+    }
+    const auto* host = dynamic_cast<const PinnedHostPool*>(dir == CopyDirection::kGpuToHost ? &dst : &src);
+    if (host == nullptr) return InvalidArgument("copy with a host pool not created by this cuda backend");
+    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+
+    CopyPlannerOptions po = planner_;
+    po.chunk_slots = host->chunk_slots();
+    const CopyPlan plan = PlanCopies(ops, src.slot_bytes(), po);
+    const int s = static_cast<int>(dir);
+    const Clock::time_point now = Clock::now();
+    for (const std::vector<PlannedCopy>& sub : plan.submissions) {
+      KVTIER_RETURN_IF_ERROR(plan.path == CopyPath::kKernel ? Gather(sub, src, dst, s) : Memcpy(sub, src, dst, s));
+    }
+    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events_[s], streams_[s]), "cudaEventRecord"));
+
+    uint64_t seq = 0;
+    {
+      std::lock_guard lock(mu_);
+      seq = ++submitted_[s];
+    }
+    auto* done = new BatchDone{this, s, seq, ops.size(), ops.size() * src.slot_bytes(), now};
+    const cudaError_t err = cudaLaunchHostFunc(streams_[s], &OnBatchDone, done);
+    if (err != cudaSuccess) {
+      delete done;
+      std::lock_guard lock(mu_);
+      --submitted_[s];
+      return CudaStatus(err, "cudaLaunchHostFunc");
+    }
+    std::atomic_ref<uint64_t>(state_->submitted[s]).store(seq, std::memory_order_relaxed);
+    return Fence{seq, dir};
+  }
+
+  bool IsComplete(const Fence& fence) const override {
+    if (fence.IsNull()) return true;
+    return std::atomic_ref<uint64_t>(state_->completed[static_cast<int>(fence.stream)])
+               .load(std::memory_order_acquire) >= fence.seq;
+  }
+
+  Status Wait(const Fence& fence, std::chrono::milliseconds timeout) const override {
+    if (IsComplete(fence)) return Status::Ok();
+    std::unique_lock lock(mu_);
+    if (!done_cv_.wait_for(lock, timeout, [&] { return IsComplete(fence); })) {
+      return Status(StatusCode::kTimeout, "copy fence " + std::to_string(fence.seq) + " still pending");
+    }
+    return Status::Ok();
+  }
+
+  void SetCompletionNotifier(std::function<void()> notify) override {
+    std::lock_guard lock(notify_mu_);  // Once this returns, the old notifier is not running.
+    notify_ = std::move(notify);
+  }
+
+  std::string FenceSegmentName() const override { return fence_segment_.name(); }
+
+  CopyStats copy_stats(CopyDirection dir) const override {
+    std::lock_guard lock(mu_);
+    return stats_[static_cast<int>(dir)];
+  }
+
+  std::array<uint8_t, 64> CopyEventHandle(CopyDirection dir) const override {
+    std::array<uint8_t, 64> out;
+    std::memcpy(out.data(), &event_handles_[static_cast<int>(dir)], out.size());
+    return out;
+  }
+
+  bool batched_memcpy() const override { return batched_; }
+
+ private:
+  // kUnavailable: no driver or device is an environment problem, not a bug.
+  static Status Usable(cudaError_t err, const std::string& what) {
+    if (err == cudaSuccess) return Status::Ok();
+    return Unavailable("cuda backend: " + what + ": " + CudaErrorText(err));
+  }
+
+  Status Gather(const std::vector<PlannedCopy>& sub, const Pool& src, const Pool& dst, int s) {
+    gather_.count = static_cast<uint32_t>(sub.size());
+    for (size_t i = 0; i < sub.size(); ++i) {
+      gather_.copies[i] = GatherCopy{src.base() + sub[i].src_offset, dst.base() + sub[i].dst_offset, sub[i].bytes};
+    }
+    return LaunchGatherCopy(gather_, streams_[s]);
+  }
+
+  Status Memcpy(const std::vector<PlannedCopy>& sub, const Pool& src, const Pool& dst, int s) {
+#if CUDART_VERSION >= 13000
+    if (batched_) {
+      dsts_.clear();
+      srcs_.clear();
+      sizes_.clear();
+      for (const PlannedCopy& c : sub) {
+        dsts_.push_back(dst.base() + c.dst_offset);
+        srcs_.push_back(src.base() + c.src_offset);
+        sizes_.push_back(c.bytes);
+      }
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t attr_index = 0;
+      const cudaError_t err = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), sub.size(), &attr,
+                                                   &attr_index, 1, streams_[s]);
+      if (err == cudaSuccess) return Status::Ok();
+      if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
+        return CudaStatus(err, "cudaMemcpyBatchAsync of " + std::to_string(sub.size()) + " copies");
+      }
+      cudaGetLastError();
+      batched_ = false;  // The driver lists the entry point but refuses it: per-copy memcpy from now on.
+    }
+#endif
+    for (const PlannedCopy& c : sub) {
+      KVTIER_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst.base() + c.dst_offset, src.base() + c.src_offset, c.bytes,
+                                                        cudaMemcpyDefault, streams_[s]),
+                                        "cudaMemcpyAsync"));
+    }
+    return Status::Ok();
+  }
+
+  static void CUDART_CB OnBatchDone(void* arg) {
+    std::unique_ptr<BatchDone> done(static_cast<BatchDone*>(arg));
+    done->backend->Complete(*done);
+  }
+
+  // Runs on a CUDA runtime thread: no CUDA calls here.
+  void Complete(const BatchDone& done) {
+    const Clock::time_point now = Clock::now();
+    {
+      std::lock_guard lock(mu_);
+      // Busy time starts when the batch could start: at submission, or when the
+      // stream's previous batch finished, whichever is later.
+      const Clock::time_point start = std::max(done.submitted, last_done_[done.stream]);
+      last_done_[done.stream] = now;
+      CopyStats& st = stats_[done.stream];
+      ++st.batches;
+      st.blocks += done.blocks;
+      st.bytes += done.bytes;
+      st.busy_seconds += std::chrono::duration<double>(now - start).count();
+      std::atomic_ref<uint64_t>(state_->completed[done.stream]).store(done.seq, std::memory_order_release);
+      done_cv_.notify_all();
+    }
+    // Outside mu_, as on the host backend: the notifier may take its caller's locks.
+    std::lock_guard notify_lock(notify_mu_);
+    if (notify_) notify_();
+  }
+
+  CudaBackendOptions options_;
+  cudaDeviceProp prop_{};
+  CopyPlannerOptions planner_;
+  int priority_[kCopyStreams] = {0, 0};
+  cudaStream_t streams_[kCopyStreams] = {nullptr, nullptr};
+  cudaEvent_t events_[kCopyStreams] = {nullptr, nullptr};
+  cudaIpcEventHandle_t event_handles_[kCopyStreams] = {};
+  bool batched_ = false;  // Submitting thread only.
+  ShmSegment fence_segment_;
+  FenceSegment* state_ = nullptr;
+
+  // Submission scratch, reused (submitting thread only).
+  GatherCopyBatch gather_{};
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable done_cv_;
+  uint64_t submitted_[kCopyStreams] = {0, 0};       // GUARDED_BY(mu_)
+  CopyStats stats_[kCopyStreams];                   // GUARDED_BY(mu_)
+  Clock::time_point last_done_[kCopyStreams] = {};  // GUARDED_BY(mu_)
+  std::mutex notify_mu_;
+  std::function<void()> notify_;  // GUARDED_BY(notify_mu_)
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CudaBackend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  auto backend = std::make_unique<CudaBackendImpl>(options);
+  KVTIER_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<CudaBackend>(std::move(backend));
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,55 @@
+// CudaBackend: the backend on a GPU host.
+//
+// The GPU tier is one cudaMalloc per pool, exported to clients with
+// cudaIpcGetMemHandle (PoolHandle::ipc_handle holds an encoded GpuPoolHandle).
+// The host tier is a shared-memory segment, as on the host backend, pinned in
+// place with cudaHostRegister so the copy engines reach it and clients still map
+// it by name. Copies run on two streams: promotions (host->gpu) at the highest
+// stream priority, demotions at the lowest. Fences are the host backend's:
+// after each batch a host function advances the stream's completed counter in
+// the shared fence segment, so clients poll fences the same way on both backends.
+//
+// Built only with KVTIER_WITH_CUDA (target kvtier::cuda_backend).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kvtier/tiering/backend.h"
+
+namespace kvtier::tiering {
+
+struct CudaBackendOptions {
+  // Prefix of every segment name: "/<prefix>.<pool>", "/<prefix>.fences". Unique per instance.
+  std::string name_prefix = "kvtier";
+  int device = 0;
+  bool populate = true;       // Pre-fault host pool pages at creation (pinning faults them anyway).
+  bool replace_stale = true;  // Replace segments left by a crashed instance.
+  // Host pools are pinned in chunks of about this many bytes (whole slots ending on
+  // a page boundary), so a long pin reports progress.
+  size_t pin_chunk_bytes = size_t{256} << 20;
+  // Called after each pinned chunk on the creating thread: pool name, bytes pinned so far, total.
+  std::function<void(const std::string& pool, size_t pinned, size_t total)> pin_progress;
+};
+
+class CudaBackend : public Backend {
+ public:
+  // The cudaIpcEventHandle_t (64 bytes) of an interprocess event recorded after
+  // every batch on the `dir` stream, for GPU-side waits in client processes.
+  // Nothing uses it yet: a recorded event names only its latest batch, so a
+  // waiter needs a per-fence scheme first; fences complete through the shared
+  // fence segment.
+  virtual std::array<uint8_t, 64> CopyEventHandle(CopyDirection dir) const = 0;
+  // True when large-block batches go through cudaMemcpyBatchAsync (CUDA 13 toolkit, driver >= 12.8);
+  // false: one cudaMemcpyAsync per copy.
+  virtual bool batched_memcpy() const = 0;
+};
+
+// kUnavailable when the device cannot be used (no driver, no device, no unified addressing).
+Result<std::unique_ptr<CudaBackend>> CreateCudaBackend(const CudaBackendOptions& options);
+
+}  // namespace kvtier::tiering
