@@ -862,19 +862,43 @@ TEST_F(EngineTest, PromotionStopsWhenTheGpuTierIsFull) {
   EXPECT_INVARIANTS();
   ASSERT_TRUE(engine_->Release(hold->id).ok());
 
-  // Two GPU slots free (b's tail dropped by allocation): the lease stops after two.
-  auto w = engine_->Allocate(2);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  ASSERT_TRUE(engine_->Release(w->id).ok());
-  EXPECT_EQ(engine_->stats().used[0], 2u);
+  // Unpinned, b is colder than a (a was just acquired): b is demoted to make
+  // room, and all of a is promoted. Nothing is lost.
   lease = Get("a", a);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->matched, 4u);
-  ASSERT_EQ(lease->blocks.size(), 2u);
-  EXPECT_EQ(lease->promoted, 2u);
+  ASSERT_EQ(lease->blocks.size(), 4u);
+  EXPECT_EQ(lease->promoted, 4u);
   ExpectLeaseHolds(*lease, a);
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_EQ(Tiers("b"), All(Tier::kHost, 4));
+  EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 4));
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, PromotionStopsWhereTheGpuTierCannotMakeRoom) {
+  Start(Options(4, 8));
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  Put("b", b);
+  const Chain b2{std::vector<TokenId>(b.tokens.begin(), b.tokens.begin() + 2 * kBt),
+                 std::vector<BlockKey>(b.keys.begin(), b.keys.begin() + 2)};
+  auto hold = Get("", b2);  // Pin half of the GPU tier.
+  ASSERT_TRUE(hold.ok());
+  auto lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 4u);
+  ASSERT_EQ(lease->blocks.size(), 2u) << "two GPU slots could be freed, not four";
+  EXPECT_EQ(lease->promoted, 2u);
+  ExpectLeaseHolds(*lease, a);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ASSERT_TRUE(engine_->Release(hold->id).ok());
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_TRUE(freed_.empty());
   ExpectConsistent();
 }
 
@@ -1174,10 +1198,11 @@ TEST_F(EngineTest, FullPoolsWithEverythingLeasedRefuseAllocationAndLoseNothing) 
 
   // Write leases hold slots the same way.
   ASSERT_TRUE(engine_->Release(pin->id).ok());
-  auto w1 = engine_->Allocate(4);  // Drops all of a (coldest, unleased).
+  auto w1 = engine_->Allocate(4);  // Demotes all of a (coldest, unleased) to the host tier.
   ASSERT_TRUE(w1.ok()) << w1.status().ToString();
-  EXPECT_EQ(FreedCount(true), 4u);
-  EXPECT_EQ(engine_->stats().dropped_blocks, 4u);
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
   auto w2 = engine_->Allocate(1);
   EXPECT_EQ(w2.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(engine_->stats().allocation_failures, 2u);
@@ -1194,8 +1219,33 @@ TEST_F(EngineTest, AllocateLargerThanTheTierIsRefused) {
   EXPECT_NE(w.status().message().find("4 slots"), std::string::npos) << w.status().ToString();
 }
 
+TEST_F(EngineTest, AllocateDemotesColdestBlocksBeforeDroppingAny) {
+  Start(Options(6, 4));
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
+  Put("a", a);
+  Put("b", b);
+  auto w = engine_->Allocate(2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(freed_.empty()) << "the host tier had room: nothing may be lost";
+  EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
+  EXPECT_EQ(Matched(a), 3u);
+  EXPECT_EQ(Matched(b), 3u);
+  auto info = engine_->GetSession("a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->blocks_in[static_cast<int>(Tier::kHost)], 2u) << "the coldest session made the room";
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  ExpectConsistent();
+}
+
 TEST_F(EngineTest, AllocateDropsColdestUnleasedBlocksAsALastResort) {
   Start(Options(6, 4));
+  // Fill the host tier with blocks a reader holds, so nothing can be demoted.
+  const Chain h = MakeChain(9, 4);
+  Put("h", h);
+  ASSERT_EQ(*engine_->Demote("h"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(5)).ok());
+  auto pin = Get("", h, /*promote=*/false);
+  ASSERT_TRUE(pin.ok());
   const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
   Put("a", a);
   Put("b", b);

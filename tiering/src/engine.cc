@@ -318,6 +318,20 @@ struct Engine::Impl {
     return scheduled;
   }
 
+  // Frees up to `count` GPU slots by demotion, not loss: if the demotions in
+  // flight will not free enough, demotes the coldest blocks now (the watermark
+  // tick may not have run yet), then waits for the copies (a copy's time).
+  void MakeGpuRoom(uint32_t count) {
+    if (alloc[kGpu].free_count() + demoting < count) {
+      DemoteColdest(count - alloc[kGpu].free_count() - demoting);
+    }
+    auto& demotions = inflight[Dir(CopyDirection::kGpuToHost)];
+    while (alloc[kGpu].free_count() < count && !demotions.empty()) {
+      if (!backend.Wait(demotions.front().fence, std::chrono::milliseconds(200)).ok()) break;
+      Poll();
+    }
+  }
+
   void EnforceWatermarks() {
     const double gpu_cap = alloc[kGpu].capacity();
     const uint32_t gpu_effective = alloc[kGpu].used() - demoting;
@@ -430,13 +444,7 @@ Result<WriteLease> Engine::Allocate(uint32_t count) {
                              std::to_string(m.alloc[kGpu].capacity()) + " slots");
   }
   m.Poll();
-  // Demotions in flight free GPU slots within a copy's time: wait for them before
-  // dropping anything. Then drop the coldest unleased GPU blocks as a last resort.
-  auto& demotions = m.inflight[Dir(CopyDirection::kGpuToHost)];
-  while (m.alloc[kGpu].free_count() < count && !demotions.empty()) {
-    if (!m.backend.Wait(demotions.front().fence, std::chrono::milliseconds(200)).ok()) break;
-    m.Poll();
-  }
+  m.MakeGpuRoom(count);
   if (m.alloc[kGpu].free_count() < count) {
     // Drop only when dropping makes enough room: a failed allocation loses nothing.
     const uint32_t short_by = count - m.alloc[kGpu].free_count();
@@ -596,6 +604,17 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
   out.matched = matched;
   Lease lease;
   uint64_t wait_seq = 0;
+  if (promote) {
+    // Host-tier hits need GPU slots: demote colder blocks to make room rather
+    // than lease a shorter prefix. This session was just touched, so it is the
+    // last one the demotion walk reaches.
+    uint32_t to_promote = 0;
+    for (uint32_t r : recs) {
+      const Record& rec = m.records[r];
+      to_promote += rec.state == BlockState::kReady && rec.tier == Tier::kHost && rec.readers == 0;
+    }
+    if (to_promote > m.alloc[kGpu].free_count()) m.MakeGpuRoom(to_promote);
+  }
   for (uint32_t r : recs) {
     Record& rec = m.records[r];
     if (rec.state == BlockState::kReady && rec.tier == Tier::kHost && promote && rec.readers == 0) {
