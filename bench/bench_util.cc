@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 namespace kvtier::bench {
@@ -118,6 +119,21 @@ std::string JsonObject::ToString() const {
   }
   out += "}";
   return out;
+}
+
+int ParseQuickFlags(int argc, char** argv, const char* subcommand, void (*print_help)(), bool* quick) {
+  for (int i = 0; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      *quick = true;
+    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      print_help();
+      return 0;
+    } else {
+      std::fprintf(stderr, "kvtier-bench %s: unknown argument '%s' (try --help)\n", subcommand, argv[i]);
+      return 2;
+    }
+  }
+  return -1;
 }
 
 }  // namespace kvtier::bench

@@ -69,4 +69,8 @@ class JsonObject {
 
 std::string JsonQuote(std::string_view s);
 
+// The flags of a subcommand that takes only --quick and --help: sets *quick,
+// prints help or an error. Returns -1 to go on, else the exit code.
+int ParseQuickFlags(int argc, char** argv, const char* subcommand, void (*print_help)(), bool* quick);
+
 }  // namespace kvtier::bench

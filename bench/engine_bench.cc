@@ -524,17 +524,7 @@ void PrintHelp() {
 
 int RunEngineBench(int argc, char** argv) {
   bool quick = false;
-  for (int i = 0; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) {
-      quick = true;
-    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      PrintHelp();
-      return 0;
-    } else {
-      std::fprintf(stderr, "kvtier-bench engine: unknown argument '%s' (try --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  if (const int rc = ParseQuickFlags(argc, argv, "engine", PrintHelp, &quick); rc >= 0) return rc;
   const Sizes& z = quick ? kQuick : kFull;
   const MachineInfo machine = ReadMachineInfo();
   Progress("kvtier-bench engine%s on %s (%u cores)\n", quick ? " --quick (smoke-test sizes)" : "",

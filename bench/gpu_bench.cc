@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -123,17 +122,7 @@ void PrintHelp() {
 
 int RunGpuBench(int argc, char** argv) {
   bool quick = false;
-  for (int i = 0; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) {
-      quick = true;
-    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      PrintHelp();
-      return 0;
-    } else {
-      std::fprintf(stderr, "kvtier-bench gpu: unknown argument '%s' (try --help)\n", argv[i]);
-      return 2;
-    }
-  }
+  if (const int rc = ParseQuickFlags(argc, argv, "gpu", PrintHelp, &quick); rc >= 0) return rc;
   const tiering::GpuInfo gpu = tiering::DetectGpu();
   if (gpu.devices == 0) {
     std::fprintf(stderr, "kvtier-bench gpu: no CUDA device (%s)\n", gpu.error.c_str());

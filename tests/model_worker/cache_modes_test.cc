@@ -10,6 +10,7 @@
 
 #include "chat.h"
 #include "process.h"
+#include "tiny_model.h"
 #include "transformer.h"
 #include "workload.h"
 
@@ -20,7 +21,7 @@ using namespace std::chrono_literals;
 using kvtier::testing::DaemonProcess;
 using kvtier::testing::Process;
 
-// The daemon's profile matches the model below: 2 layers x 2 kv heads x 16 dim,
+// The daemon's profile matches TinyModel(): 2 layers x 2 kv heads x 16 dim,
 // fp32, 16-token blocks (4 KiB). The GPU tier is small on purpose.
 constexpr const char* kConfig = R"(backend: host
 log_level: info
@@ -35,24 +36,16 @@ profiles:
     host_blocks: 1024
 )";
 
-ModelConfig Tiny() {
-  ModelConfig c;
-  c.name = "test";
-  c.layers = 2;
-  c.hidden = 64;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  c.intermediate = 96;
-  c.vocab = 260;
-  c.seed = 7;
-  return c;
-}
-
-// Flags that give kvtier-worker the same model and workload.
+// Flags that give kvtier-worker the same model.
 std::vector<std::string> WorkerFlags() {
-  return {"--set", "layers=2", "--set", "hidden=64", "--set", "heads=4", "--set", "kv_heads=2",
-          "--set", "head_dim=16", "--set", "intermediate=96", "--set", "vocab=260", "--set", "seed=7"};
+  const ModelConfig c = TinyModel();
+  std::vector<std::string> out;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, uint64_t>>{
+           {"layers", c.layers}, {"hidden", c.hidden}, {"heads", c.heads}, {"kv_heads", c.kv_heads},
+           {"head_dim", c.head_dim}, {"intermediate", c.intermediate}, {"vocab", c.vocab}, {"seed", c.seed}}) {
+    out.insert(out.end(), {"--set", key + "=" + std::to_string(value)});
+  }
+  return out;
 }
 
 WorkloadOptions Workload() {
@@ -89,7 +82,7 @@ class CacheModesTest : public ::testing::Test {
     ASSERT_TRUE(daemon_->Start().ok()) << daemon_->log();
     client_ = Connect(daemon_->socket());
     ASSERT_NE(client_, nullptr);
-    auto m = Transformer::Create(Tiny());
+    auto m = Transformer::Create(TinyModel());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
   }
@@ -199,7 +192,7 @@ TEST_F(CacheModesTest, SecondWorkerProcessReusesTheSharedSystemPrompt) {
 }
 
 TEST_F(CacheModesTest, WorkerRejectsADaemonProfileThatDoesNotFitTheModel) {
-  ModelConfig wider = Tiny();
+  ModelConfig wider = TinyModel();
   wider.kv_heads = 4;
   auto m = Transformer::Create(wider);
   ASSERT_TRUE(m.ok());

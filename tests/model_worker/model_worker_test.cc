@@ -12,27 +12,12 @@
 #include "model_config.h"
 #include "safetensors.h"
 #include "tokenizer.h"
+#include "tiny_model.h"
 #include "transformer.h"
 #include "workload.h"
 
 namespace kvtier::model {
 namespace {
-
-// Small enough to run in milliseconds, with every feature on: GQA (4 heads
-// over 2 kv heads), several layers, a SwiGLU wider than hidden.
-ModelConfig Tiny() {
-  ModelConfig c;
-  c.name = "test";
-  c.layers = 2;
-  c.hidden = 64;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 16;
-  c.intermediate = 96;
-  c.vocab = 260;
-  c.seed = 7;
-  return c;
-}
 
 std::string TempPath(const std::string& name) {
   return "/tmp/kvtier-model-test-" + std::to_string(::getpid()) + "-" + name;
@@ -144,19 +129,19 @@ TEST(Safetensors, RejectsMalformedFilesWithAReason) {
 
 TEST(Transformer, WeightsRoundTripThroughSafetensors) {
   const std::string path = TempPath("weights.safetensors");
-  auto seeded = Transformer::Create(Tiny());
+  auto seeded = Transformer::Create(TinyModel());
   ASSERT_TRUE(seeded.ok()) << seeded.status().ToString();
   ASSERT_TRUE((*seeded)->SaveWeights(path).ok());
 
-  ModelConfig from_file = Tiny();
+  ModelConfig from_file = TinyModel();
   from_file.seed = 12345;  // Ignored: the file wins.
   from_file.weights = path;
   auto loaded = Transformer::Create(from_file);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   const std::vector<TokenId> t = Tokens(37, 1);
   KvBuffer a, b;
-  a.Reserve(Tiny(), 37, (*seeded)->options());
-  b.Reserve(Tiny(), 37, (*loaded)->options());
+  a.Reserve(TinyModel(), 37, (*seeded)->options());
+  b.Reserve(TinyModel(), 37, (*loaded)->options());
   EXPECT_EQ(MaxAbsDiff((*seeded)->Forward(t, a), (*loaded)->Forward(t, b)), 0.0);
 
   // The names are Hugging Face's.
@@ -179,7 +164,7 @@ TEST(Transformer, WeightsRoundTripThroughSafetensors) {
 TEST(Transformer, LoadsHalfPrecisionAndTiedEmbeddings) {
   // A bf16 checkpoint without lm_head (tie_word_embeddings), loaded into fp32.
   const std::string path = TempPath("bf16.safetensors");
-  ModelConfig c = Tiny();
+  ModelConfig c = TinyModel();
   c.dtype = DType::kBF16;
   c.tie_embeddings = true;
   auto bf16 = Transformer::Create(c);
@@ -190,7 +175,7 @@ TEST(Transformer, LoadsHalfPrecisionAndTiedEmbeddings) {
   EXPECT_EQ((*file)->Find("lm_head.weight"), nullptr);
   EXPECT_EQ((*file)->Find("model.norm.weight")->dtype, StDType::kBF16);
 
-  ModelConfig f32 = Tiny();
+  ModelConfig f32 = TinyModel();
   f32.weights = path;
   auto loaded = Transformer::Create(f32);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
@@ -212,7 +197,7 @@ TEST(Transformer, LoadsHalfPrecisionAndTiedEmbeddings) {
   ::unlink(widened.c_str());
   ::unlink(path.c_str());
 
-  ModelConfig missing = Tiny();
+  ModelConfig missing = TinyModel();
   missing.weights = TempPath("absent.safetensors");
   EXPECT_EQ(Transformer::Create(missing).status().code(), StatusCode::kNotFound);
 }
@@ -220,16 +205,16 @@ TEST(Transformer, LoadsHalfPrecisionAndTiedEmbeddings) {
 // The KV cache contract at the model level: prefilling a prefix, then the rest,
 // then decoding token by token gives the logits of one full pass.
 TEST(Transformer, IncrementalForwardMatchesAFullPass) {
-  auto m = Transformer::Create(Tiny());
+  auto m = Transformer::Create(TinyModel());
   ASSERT_TRUE(m.ok());
   const std::vector<TokenId> t = Tokens(70, 3);
   KvBuffer full, inc;
-  full.Reserve(Tiny(), 70, (*m)->options());
-  inc.Reserve(Tiny(), 32, (*m)->options());
+  full.Reserve(TinyModel(), 70, (*m)->options());
+  inc.Reserve(TinyModel(), 32, (*m)->options());
   const at::Tensor expect = (*m)->Forward(t, full);
   EXPECT_GT(expect.abs().max().item<double>(), 0.5);  // Logits of order one: the bound below means something.
   (*m)->Forward(std::span<const TokenId>(t).first(32), inc);
-  inc.Reserve(Tiny(), 70, (*m)->options());  // Grows, keeping the 32 rows.
+  inc.Reserve(TinyModel(), 70, (*m)->options());  // Grows, keeping the 32 rows.
   (*m)->Forward(std::span<const TokenId>(t).subspan(32, 37), inc);
   const at::Tensor got = (*m)->Forward(std::span<const TokenId>(t).subspan(69, 1), inc);
   EXPECT_EQ(inc.length, 70);
@@ -240,7 +225,7 @@ TEST(Transformer, IncrementalForwardMatchesAFullPass) {
   }
   // Position matters (rotary embeddings): the same tokens later give other keys.
   KvBuffer shifted;
-  shifted.Reserve(Tiny(), 80, (*m)->options());
+  shifted.Reserve(TinyModel(), 80, (*m)->options());
   (*m)->Forward(Tokens(10, 9), shifted);
   (*m)->Forward(std::span<const TokenId>(t).first(5), shifted);
   EXPECT_GT(MaxAbsDiff(shifted.k[0].narrow(0, 10, 5), full.k[0].narrow(0, 0, 5)), 1e-3);
@@ -248,7 +233,7 @@ TEST(Transformer, IncrementalForwardMatchesAFullPass) {
 
 // The local cache against recomputation over a whole conversation.
 TEST(ChatRunner, LocalCacheAgreesWithRecompute) {
-  auto m = Transformer::Create(Tiny());
+  auto m = Transformer::Create(TinyModel());
   ASSERT_TRUE(m.ok());
   for (bool token_granular : {false, true}) {
     ChatOptions none{.mode = CacheMode::kNone, .keep_logits = true};
@@ -271,7 +256,9 @@ TEST(ChatRunner, LocalCacheAgreesWithRecompute) {
         EXPECT_EQ(a->cached_tokens, 0u);
         if (turn > 0) {
           EXPECT_GT(b->cached_tokens, 0u);
-          if (!token_granular) EXPECT_EQ(b->cached_tokens % 16, 0u);
+          if (!token_granular) {
+            EXPECT_EQ(b->cached_tokens % 16, 0u);
+          }
         }
         EXPECT_EQ(b->cached_tokens + b->computed_tokens, prompt.size());
         chat.AddReply(a->output);

@@ -6,15 +6,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "copy_kernels.h"
 #include "copy_planner.h"
+#include "fence_board.h"
 #include "kvtier/shm_segment.h"
 #include "kvtier/tiering/gpu_pool_handle.h"
 
@@ -177,11 +178,7 @@ class CudaBackendImpl final : public CudaBackend {
     o.replace_existing = options_.replace_stale;
     auto fences = ShmSegment::Create("/" + options_.name_prefix + ".fences", sizeof(FenceSegment), o);
     if (!fences.ok()) return fences.status();
-    fence_segment_ = std::move(fences).value();
-    state_ = reinterpret_cast<FenceSegment*>(fence_segment_.data());
-    std::memset(state_, 0, sizeof(FenceSegment));
-    state_->magic = kFenceMagic;
-    state_->abi_version = kShmAbiVersion;
+    board_.emplace(std::move(fences).value());
     return Status::Ok();
   }
 
@@ -266,36 +263,17 @@ class CudaBackendImpl final : public CudaBackend {
       --submitted_[s];
       return CudaStatus(err, "cudaLaunchHostFunc");
     }
-    std::atomic_ref<uint64_t>(state_->submitted[s]).store(seq, std::memory_order_relaxed);
+    board_->Submitted(s, seq);
     return Fence{seq, dir};
   }
 
-  bool IsComplete(const Fence& fence) const override {
-    if (fence.IsNull()) return true;
-    return std::atomic_ref<uint64_t>(state_->completed[static_cast<int>(fence.stream)])
-               .load(std::memory_order_acquire) >= fence.seq;
-  }
-
+  bool IsComplete(const Fence& fence) const override { return board_->IsComplete(fence); }
   Status Wait(const Fence& fence, std::chrono::milliseconds timeout) const override {
-    if (IsComplete(fence)) return Status::Ok();
-    std::unique_lock lock(mu_);
-    if (!done_cv_.wait_for(lock, timeout, [&] { return IsComplete(fence); })) {
-      return Status(StatusCode::kTimeout, "copy fence " + std::to_string(fence.seq) + " still pending");
-    }
-    return Status::Ok();
+    return board_->Wait(fence, timeout);
   }
-
-  void SetCompletionNotifier(std::function<void()> notify) override {
-    std::lock_guard lock(notify_mu_);  // Once this returns, the old notifier is not running.
-    notify_ = std::move(notify);
-  }
-
-  std::string FenceSegmentName() const override { return fence_segment_.name(); }
-
-  CopyStats copy_stats(CopyDirection dir) const override {
-    std::lock_guard lock(mu_);
-    return stats_[static_cast<int>(dir)];
-  }
+  void SetCompletionNotifier(std::function<void()> notify) override { board_->SetNotifier(std::move(notify)); }
+  std::string FenceSegmentName() const override { return board_->name(); }
+  CopyStats copy_stats(CopyDirection dir) const override { return board_->stats(dir); }
 
   std::array<uint8_t, 64> CopyEventHandle(CopyDirection dir) const override {
     std::array<uint8_t, 64> out;
@@ -360,23 +338,16 @@ class CudaBackendImpl final : public CudaBackend {
   // Runs on a CUDA runtime thread: no CUDA calls here.
   void Complete(const BatchDone& done) {
     const Clock::time_point now = Clock::now();
+    Clock::time_point start;
     {
       std::lock_guard lock(mu_);
       // Busy time starts when the batch could start: at submission, or when the
       // stream's previous batch finished, whichever is later.
-      const Clock::time_point start = std::max(done.submitted, last_done_[done.stream]);
+      start = std::max(done.submitted, last_done_[done.stream]);
       last_done_[done.stream] = now;
-      CopyStats& st = stats_[done.stream];
-      ++st.batches;
-      st.blocks += done.blocks;
-      st.bytes += done.bytes;
-      st.busy_seconds += std::chrono::duration<double>(now - start).count();
-      std::atomic_ref<uint64_t>(state_->completed[done.stream]).store(done.seq, std::memory_order_release);
-      done_cv_.notify_all();
     }
-    // Outside mu_, as on the host backend: the notifier may take its caller's locks.
-    std::lock_guard notify_lock(notify_mu_);
-    if (notify_) notify_();
+    board_->Completed(done.stream, done.seq, done.blocks, done.bytes,
+                      std::chrono::duration<double>(now - start).count());
   }
 
   CudaBackendOptions options_;
@@ -387,8 +358,7 @@ class CudaBackendImpl final : public CudaBackend {
   cudaEvent_t events_[kCopyStreams] = {nullptr, nullptr};
   cudaIpcEventHandle_t event_handles_[kCopyStreams] = {};
   bool batched_ = false;  // Submitting thread only.
-  ShmSegment fence_segment_;
-  FenceSegment* state_ = nullptr;
+  std::optional<FenceBoard> board_;  // Made by Init.
 
   // Submission scratch, reused (submitting thread only).
   GatherCopyBatch gather_{};
@@ -396,13 +366,9 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable done_cv_;
+  std::mutex mu_;
   uint64_t submitted_[kCopyStreams] = {0, 0};       // GUARDED_BY(mu_)
-  CopyStats stats_[kCopyStreams];                   // GUARDED_BY(mu_)
   Clock::time_point last_done_[kCopyStreams] = {};  // GUARDED_BY(mu_)
-  std::mutex notify_mu_;
-  std::function<void()> notify_;  // GUARDED_BY(notify_mu_)
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "fence_board.h"
 #include "kvtier/shm_segment.h"
 
 namespace kvtier::tiering {
@@ -43,11 +44,7 @@ struct CopyJob {
 class HostBackend final : public Backend {
  public:
   HostBackend(HostBackendOptions options, ShmSegment fences)
-      : options_(std::move(options)), fence_segment_(std::move(fences)) {
-    state_ = reinterpret_cast<FenceSegment*>(fence_segment_.data());
-    std::memset(state_, 0, sizeof(FenceSegment));
-    state_->magic = kFenceMagic;
-    state_->abi_version = kShmAbiVersion;
+      : options_(std::move(options)), board_(std::move(fences)) {
     worker_ = std::thread([this] { Run(); });
   }
 
@@ -91,44 +88,22 @@ class HostBackend final : public Backend {
     {
       std::lock_guard lock(mu_);
       seq = job.seq = ++submitted_[s];
-      std::atomic_ref<uint64_t>(state_->submitted[s]).store(job.seq, std::memory_order_relaxed);
+      board_.Submitted(s, seq);
       queues_[s].push_back(std::move(job));
     }
     work_cv_.notify_one();
     return Fence{seq, dir};
   }
 
-  bool IsComplete(const Fence& fence) const override {
-    if (fence.IsNull()) return true;
-    return completed(static_cast<int>(fence.stream)) >= fence.seq;
-  }
-
+  bool IsComplete(const Fence& fence) const override { return board_.IsComplete(fence); }
   Status Wait(const Fence& fence, std::chrono::milliseconds timeout) const override {
-    if (IsComplete(fence)) return Status::Ok();
-    std::unique_lock lock(mu_);
-    if (!done_cv_.wait_for(lock, timeout, [&] { return IsComplete(fence); })) {
-      return Status(StatusCode::kTimeout, "copy fence " + std::to_string(fence.seq) + " still pending");
-    }
-    return Status::Ok();
+    return board_.Wait(fence, timeout);
   }
-
-  void SetCompletionNotifier(std::function<void()> notify) override {
-    std::lock_guard lock(notify_mu_);  // Once this returns, the old notifier is not running.
-    notify_ = std::move(notify);
-  }
-
-  std::string FenceSegmentName() const override { return fence_segment_.name(); }
-
-  CopyStats copy_stats(CopyDirection dir) const override {
-    std::lock_guard lock(mu_);
-    return stats_[static_cast<int>(dir)];
-  }
+  void SetCompletionNotifier(std::function<void()> notify) override { board_.SetNotifier(std::move(notify)); }
+  std::string FenceSegmentName() const override { return board_.name(); }
+  CopyStats copy_stats(CopyDirection dir) const override { return board_.stats(dir); }
 
  private:
-  uint64_t completed(int s) const {
-    return std::atomic_ref<uint64_t>(state_->completed[s]).load(std::memory_order_acquire);
-  }
-
   void Run() {
     std::unique_lock lock(mu_);
     for (;;) {
@@ -149,37 +124,18 @@ class HostBackend final : public Backend {
         std::memcpy(job.dst + size_t{op.dst_slot} * job.bytes, job.src + size_t{op.src_slot} * job.bytes, job.bytes);
       }
       const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      lock.lock();
-      CopyStats& st = stats_[s];
-      ++st.batches;
-      st.blocks += job.ops.size();
-      st.bytes += job.ops.size() * job.bytes;
-      st.busy_seconds += took.count();
-      std::atomic_ref<uint64_t>(state_->completed[s]).store(job.seq, std::memory_order_release);
-      done_cv_.notify_all();
-      lock.unlock();
-      {
-        // Outside mu_: the notifier may take its caller's locks, and those callers
-        // may submit or wait meanwhile.
-        std::lock_guard notify_lock(notify_mu_);
-        if (notify_) notify_();
-      }
+      board_.Completed(s, job.seq, job.ops.size(), job.ops.size() * job.bytes, took.count());
       lock.lock();
     }
   }
 
   HostBackendOptions options_;
-  ShmSegment fence_segment_;
-  FenceSegment* state_ = nullptr;
+  FenceBoard board_;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable done_cv_;
+  std::mutex mu_;
   std::condition_variable work_cv_;
   std::deque<CopyJob> queues_[kCopyStreams];  // GUARDED_BY(mu_)
   uint64_t submitted_[kCopyStreams] = {0, 0}; // GUARDED_BY(mu_)
-  CopyStats stats_[kCopyStreams];             // GUARDED_BY(mu_)
-  std::mutex notify_mu_;
-  std::function<void()> notify_;              // GUARDED_BY(notify_mu_)
   bool stopping_ = false;                     // GUARDED_BY(mu_)
   std::thread worker_;
 };
