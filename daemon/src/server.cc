@@ -92,7 +92,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     client_.id = server_.service.NextClientId();
   }
 
-  void Start() { Read(); }
+  void Start() {
+    if (refused_) Send(0, wire::FromStatus(why_refused_));
+    Read();
+  }
+  void SetPeer(const PeerCredentials& peer) { client_.peer = peer; }
+  // The peer may not use kvtierd: it gets `why` (permission_denied) at once,
+  // and whatever it sends (its Hello, usually on its way already) is discarded
+  // until it closes. Closing first would fail its Hello with EPIPE before it
+  // could read why.
+  void Refuse(const Status& why) {
+    refused_ = true;
+    why_refused_ = why;
+  }
 
   // Ends the connection now (shutdown); its leases end with it.
   void Close() {
@@ -129,6 +141,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Handles the complete frames in in_. False when the connection is closing.
   bool HandleFrames() {
+    if (refused_) {
+      in_begin_ = in_end_ = 0;
+      return true;
+    }
     while (in_end_ - in_begin_ >= wire::kHeaderBytes) {
       const uint8_t* at = in_.data() + in_begin_;
       auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(at, wire::kHeaderBytes));
@@ -198,6 +214,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::vector<uint8_t>> out_;
   bool close_after_write_ = false;
   bool closed_ = false;
+  bool refused_ = false;
+  Status why_refused_;
 };
 
 void Server::Impl::Accept() {
@@ -207,7 +225,16 @@ void Server::Impl::Accept() {
       if (!stopping && ec != asio::error::operation_aborted) Accept();
       return;
     }
+    // Who the peer is, from the kernel; one not allowed gets a permission_denied
+    // error frame (request id 0) and is closed before anything else.
+    auto peer = GetPeerCredentials(socket.native_handle());
+    Status allowed = peer.ok() ? service.access().CheckConnect(*peer) : peer.status();
+    if (!allowed.ok()) {
+      service.CountRefused();
+      LogWarn("refused a connection: " + allowed.message());
+    }
     auto conn = std::make_shared<Connection>(*this, std::move(socket));
+    if (allowed.ok()) conn->SetPeer(*peer); else conn->Refuse(allowed);
     connections.insert(conn);
     conn->Start();
     Accept();
@@ -374,11 +401,25 @@ Status Server::Start() {
   }
   boost::system::error_code ec;
   m.acceptor.open(stream_protocol(), ec);
-  if (!ec) m.acceptor.bind(stream_protocol::endpoint(path), ec);
-  if (!ec) m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  {
+    // The socket file is born 0600 whatever the umask, then gets the configured
+    // group and mode before anyone can be let in by them.
+    const mode_t old = ::umask(0177);
+    if (!ec) m.acceptor.bind(stream_protocol::endpoint(path), ec);
+    ::umask(old);
+  }
   if (ec) return Unavailable("cannot listen on " + path + ": " + ec.message());
   m.listening = true;
-  ::chmod(path.c_str(), 0660);
+  const uint32_t group = m.config.access.group_gid;
+  if (group != AccessConfig::kNoGroup && ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    return Status(StatusCode::kPermissionDenied, "cannot give socket " + path + " to group " + m.config.access.group +
+                                                     ": " + std::strerror(errno));
+  }
+  if (::chmod(path.c_str(), m.config.access.mode) != 0) {
+    return Unavailable("cannot chmod socket " + path + ": " + std::strerror(errno));
+  }
+  m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Unavailable("cannot listen on " + path + ": " + ec.message());
 
   if (!m.config.metrics_listen.empty()) {
     auto address = ParseListenAddress(m.config.metrics_listen);

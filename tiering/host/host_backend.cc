@@ -69,6 +69,8 @@ class HostBackend final : public Backend {
     ShmSegment::CreateOptions o;
     o.populate = options_.populate;
     o.replace_existing = options_.replace_stale;
+    o.mode = options_.segment_mode;
+    o.group = options_.segment_group;
     auto seg = ShmSegment::Create("/" + options_.name_prefix + "." + spec.name, spec.slot_bytes * spec.slots, o);
     if (!seg.ok()) return seg.status();
     return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value()));
@@ -147,6 +149,8 @@ const char* BackendKindName(BackendKind kind) { return kind == BackendKind::kCud
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options) {
   ShmSegment::CreateOptions o;
   o.replace_existing = options.replace_stale;
+  o.mode = options.segment_mode;
+  o.group = options.segment_group;
   auto fences = ShmSegment::Create("/" + options.name_prefix + ".fences", sizeof(FenceSegment), o);
   if (!fences.ok()) return fences.status();
   return std::unique_ptr<Backend>(new HostBackend(options, std::move(fences).value()));
