@@ -98,8 +98,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   void SetPeer(const PeerCredentials& peer) { client_.peer = peer; }
   // The peer may not use kvtierd: it gets `why` (permission_denied) at once,
-  // and whatever it sends (its Hello, usually on its way already) is discarded
-  // until it closes. Closing first would fail its Hello with EPIPE before it
+  // and the connection ends once its first bytes (its Hello, usually on its way
+  // already) arrived. Closing first would fail its Hello with EPIPE before it
   // could read why.
   void Refuse(const Status& why) {
     refused_ = true;
@@ -142,8 +142,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Handles the complete frames in in_. False when the connection is closing.
   bool HandleFrames() {
     if (refused_) {
+      // What it sent is read (closing with unread bytes would reset the peer
+      // before it read the error), discarded, and the connection ends.
       in_begin_ = in_end_ = 0;
-      return true;
+      close_after_write_ = true;
+      if (out_.empty()) Close();
+      return false;
     }
     while (in_end_ - in_begin_ >= wire::kHeaderBytes) {
       const uint8_t* at = in_.data() + in_begin_;
