@@ -120,11 +120,15 @@ TEST_F(SecurityTest, APeerNotAllowedIsRefusedWithPermissionDenied) {
   auto admin = Connect(daemon_);
   ASSERT_TRUE(admin.ok()) << admin.status().ToString();
   EXPECT_EQ(Stat(**admin, "refused_connections"), 1);
+  EXPECT_EQ((*admin)->ns(), Namespace::Make((*admin)->profile().Fingerprint(), "default"))
+      << "a peer in no tenant maps to the default one";
 
   // A tenant member is let in, as its tenant, whatever it asks for.
   const int member = RunAs(kAliceUid, kGroup, {kGroup}, [&] {
     auto c = Connect(daemon_);
     if (!c.ok()) return 1;
+    // The namespace salt is the authenticated tenant, not what the client asked for.
+    if ((*c)->ns() != Namespace::Make((*c)->profile().Fingerprint(), "a")) return 4;
     auto as_b = Connect(daemon_, "b");  // b is requestable, but only by its members.
     if (as_b.ok() || as_b.status().code() != StatusCode::kPermissionDenied) return 2;
     return CommitChain(**c, "chat", Tokens(2, 1)).ok() ? 0 : 3;
