@@ -102,7 +102,13 @@ Result<std::string> AccessPolicy::TenantFor(const PeerCredentials& p, const std:
   if (!requested.empty()) {
     const TenantConfig* t = FindTenant(requested);
     if (t == nullptr) {
-      if (requested == kDefaultTenant) return requested;
+      if (requested == kDefaultTenant) {
+        // The default tenant is for peers in no tenant (and admins).
+        auto mapped = TenantFor(p, "");
+        if (IsAdmin(p) || (mapped.ok() && *mapped == kDefaultTenant)) return requested;
+        return Status(StatusCode::kPermissionDenied, p.Describe() + " belongs to tenant '" + (mapped.ok() ? *mapped : "?") +
+                                                         "', not to the default tenant");
+      }
       return Status(StatusCode::kPermissionDenied, "no tenant named '" + requested + "' is configured");
     }
     if (Contains(t->uids, p.uid) || IsAdmin(p)) return requested;  // A user's own tenant; an operator's any.

@@ -44,7 +44,8 @@ class AccessPolicy {
   // configured tenants the request is taken as given (a label). With tenants, a
   // non-empty request must name a tenant with allow_requested that lists the
   // peer, or the peer's own (by uid) tenant; an administrator may request any (kPermissionDenied otherwise); an empty one maps the peer to the tenant
-  // listing its uid, else one of its groups, else "default".
+  // listing its uid, else one of its groups, else "default" (which only such
+  // peers and admins may request).
   Result<std::string> TenantFor(const PeerCredentials& peer, const std::string& requested) const;
 
   // The configured tenant named `name`, or null ("default" and labels have none).

@@ -131,6 +131,8 @@ TEST_F(SecurityTest, APeerNotAllowedIsRefusedWithPermissionDenied) {
     if ((*c)->ns() != Namespace::Make((*c)->profile().Fingerprint(), "a")) return 4;
     auto as_b = Connect(daemon_, "b");  // b is requestable, but only by its members.
     if (as_b.ok() || as_b.status().code() != StatusCode::kPermissionDenied) return 2;
+    auto as_default = Connect(daemon_, "default");  // The default tenant is for peers in none.
+    if (as_default.ok() || as_default.status().code() != StatusCode::kPermissionDenied) return 5;
     return CommitChain(**c, "chat", Tokens(2, 1)).ok() ? 0 : 3;
   });
   EXPECT_EQ(member, 0);
