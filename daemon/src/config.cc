@@ -379,6 +379,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_frame_bytes", &frame));
       if (frame < 4096 || frame > (16u << 20)) return s.Error("max_frame_bytes", "must be in [4KiB, 16MiB]");
       c.max_frame_bytes = static_cast<uint32_t>(frame);
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("hello_timeout_ms", &c.hello_timeout_ms, 10, 600000));
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }
     if (YAML::Node m = top.Get("metrics")) {
@@ -442,6 +443,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
     << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
+    << "  hello_timeout_ms: " << c.hello_timeout_ms << "\n"
     << "metrics:\n"
     << "  listen: \"" << c.metrics_listen << "\"\n";
   char mode[8];
@@ -539,6 +541,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("limits.max_leases_per_client", std::to_string(c.max_leases_per_client), true);
   add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);
   add("limits.max_frame_bytes", std::to_string(c.max_frame_bytes), false);
+  add("limits.hello_timeout_ms", std::to_string(c.hello_timeout_ms), true);
   add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
   add("access.allow_users", IdList(c.access.allow_users), false);
   add("access.allow_groups", IdList(c.access.allow_groups), false);
@@ -576,6 +579,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.tick_ms = loaded.tick_ms;
   n.max_clients = loaded.max_clients;
   n.max_leases_per_client = loaded.max_leases_per_client;
+  n.hello_timeout_ms = loaded.hello_timeout_ms;
 
   const std::vector<Setting> before = Flatten(running), after = Flatten(loaded);
   auto find = [](const std::vector<Setting>& in, const std::string& key) -> const Setting* {

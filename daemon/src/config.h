@@ -66,6 +66,7 @@ struct DaemonConfig {
   uint32_t max_leases_per_client = 4096;
   uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
+  uint32_t hello_timeout_ms = 10000;  // A connection must send Hello this soon, else it is closed.
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.
@@ -86,8 +87,8 @@ struct ListenAddress {
 Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
-// effect at once (log_level, tiering.*, limits.max_clients and
-// limits.max_leases_per_client); the rest shape shared memory, the socket or
+// effect at once (log_level, tiering.*, limits.max_clients,
+// limits.max_leases_per_client and limits.hello_timeout_ms); the rest shape shared memory, the socket or
 // what clients were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.

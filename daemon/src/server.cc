@@ -78,6 +78,8 @@ struct Server::Impl {
 
   void Accept();
   void ScheduleTick();
+  // Closes connections that sent no Hello within limits.hello_timeout_ms.
+  void CloseSilentConnections();
   void WaitForReload();
   void Reload();
   void ScheduleWatchdog(std::chrono::microseconds interval);
@@ -91,6 +93,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : server_(server), socket_(std::move(socket)) {
     client_.id = server_.service.NextClientId();
   }
+
+  bool welcomed() const { return client_.welcomed; }
+  std::chrono::steady_clock::time_point accepted() const { return accepted_; }
 
   void Start() {
     if (refused_) Send(0, wire::FromStatus(why_refused_));
@@ -220,6 +225,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_ = false;
   bool refused_ = false;
   Status why_refused_;
+  std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
 };
 
 void Server::Impl::Accept() {
@@ -245,11 +251,25 @@ void Server::Impl::Accept() {
   });
 }
 
+void Server::Impl::CloseSilentConnections() {
+  const auto deadline = std::chrono::steady_clock::now() - std::chrono::milliseconds(config.hello_timeout_ms);
+  std::vector<std::shared_ptr<Connection>> silent;
+  for (const auto& c : connections) {
+    if (!c->welcomed() && c->accepted() < deadline) silent.push_back(c);
+  }
+  for (const auto& c : silent) {
+    LogWarn("closing a connection that sent no Hello within limits.hello_timeout_ms (" +
+            std::to_string(config.hello_timeout_ms) + " ms)");
+    c->Close();
+  }
+}
+
 void Server::Impl::ScheduleTick() {
   ticker.expires_after(std::chrono::milliseconds(config.tick_ms));
   ticker.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping) return;
     service.Tick();
+    CloseSilentConnections();
     ScheduleTick();
   });
 }

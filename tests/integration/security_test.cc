@@ -281,7 +281,7 @@ class LimitsTest : public ::testing::Test {
   }
   DaemonProcess daemon_{std::string(testing::kSmallDaemonConfig) +
                         "limits:\n  max_clients: 2\n  max_leases_per_client: 2\n  max_blocks_per_request: 8\n"
-                        "  max_frame_bytes: 4KiB\n  max_sessions_per_tenant: 2\n"};
+                        "  max_frame_bytes: 4KiB\n  max_sessions_per_tenant: 2\n  hello_timeout_ms: 100\n"};
 };
 
 TEST_F(LimitsTest, MaxClients) {
@@ -355,6 +355,23 @@ TEST_F(LimitsTest, MaxFrameBytes) {
   ASSERT_NE(err, nullptr);
   EXPECT_EQ(err->code, StatusCode::kResourceExhausted);
   EXPECT_NE(err->message.find("limits.max_frame_bytes (4096)"), std::string::npos) << err->message;
+}
+
+TEST_F(LimitsTest, HelloTimeout) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, daemon_.socket().c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{30, 0};  // Only a bound against hanging; kvtierd closes it after 100 ms.
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char byte = 0;
+  EXPECT_EQ(::read(fd, &byte, 1), 0) << "a silent connection is closed (EOF)";
+  ::close(fd);
+  EXPECT_NE(daemon_.log().find("sent no Hello within limits.hello_timeout_ms (100 ms)"), std::string::npos);
+  auto c = Connect(daemon_);  // A prompt client is unaffected.
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
 }
 
 }  // namespace
