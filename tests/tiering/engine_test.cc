@@ -1854,7 +1854,9 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
           tokens.insert(tokens.end(), known.begin(), known.end());
         }
         // A demotion cancelled because a reader leased its block meanwhile leaves
-        // the tenant above its quota until its next commit; promotions never add to it.
+        // the tenant above its quota until its next commit (settled here first);
+        // promotions never add to it.
+        ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
         const uint32_t before = std::max(Usage(ns_, Tier::kGpu), 6u);
         auto l = engine_->Acquire(session, ns_, info->chain, tokens, rng() % 2 == 0);
         ASSERT_TRUE(l.ok()) << l.status().ToString();

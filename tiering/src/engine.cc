@@ -719,11 +719,15 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
       const Record& rec = m.records[r];
       to_promote += rec.state == BlockState::kReady && rec.tier == Tier::kHost && rec.readers == 0;
     }
+    // Making room may drop host blocks: pin the matched ones meanwhile, so
+    // that none of them is dropped (or freed) before it is leased below.
+    for (uint32_t r : recs) ++m.records[r].readers;
     if (to_promote > m.alloc[kGpu].free_count()) m.MakeGpuRoom(to_promote);
     // Under a GPU quota, the tenant's colder GPU blocks make way (this session
     // was just touched: it is the last the walk reaches).
     const uint32_t room = m.Room(NamespaceTag(ns), Tier::kGpu);
     if (to_promote > room) m.DemoteColdest(to_promote - room, NamespaceTag(ns));
+    for (uint32_t r : recs) --m.records[r].readers;  // Taken again below, or freed after it.
   }
   for (uint32_t r : recs) {
     Record& rec = m.records[r];
@@ -735,6 +739,11 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
     ++rec.readers;
     lease.items.push_back(r);
   }
+  // A matched block left out of the lease (no room to promote) whose last
+  // session reference went while it was pinned is freed now.
+  m.dropping = true;
+  for (size_t i = lease.items.size(); i < recs.size(); ++i) m.MaybeFree(recs[i]);
+  m.dropping = false;
   m.Flush(CopyDirection::kHostToGpu);
   // Locations are read after the flush: if the backend refused a batch, its moves
   // were cancelled and those blocks are leased where they are.
