@@ -59,6 +59,16 @@ int64_t NowNs() {
       .count();
 }
 
+std::string Hex(const std::byte* p, size_t n) {
+  std::string out;
+  char buf[4];
+  for (size_t i = 0; i < n; ++i) {
+    std::snprintf(buf, sizeof(buf), "%02x", static_cast<unsigned>(p[i]));
+    out += buf;
+  }
+  return out;
+}
+
 enum class Op { kProbe, kRead, kTurn, kAbandon, kHold, kDemote, kPrefetch, kEvict };
 
 const char* OpName(Op op) {
@@ -213,8 +223,14 @@ class Worker {
     }
     for (size_t i = 0; i < lease.size(); ++i) {
       if (!testing::PayloadIntact(keys[i], lease.block(i).data, lease.slot_bytes())) {
-        Fatal(4, "block " + std::to_string(i) + " (" + keys[i].ToHex() + ") in " + TierName(lease.block(i).tier) +
-                     " slot " + std::to_string(lease.block(i).slot) + " does not hold its payload");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const bool later = testing::PayloadIntact(keys[i], lease.block(i).data, lease.slot_bytes());
+        Fatal(4, std::string(OpName(op_)) + ": block " + std::to_string(i) + " of " + std::to_string(lease.size()) +
+                     " (" + keys[i].ToHex() + ") in " + TierName(lease.block(i).tier) + " slot " +
+                     std::to_string(lease.block(i).slot) + " does not hold its payload (promoted " +
+                     std::to_string(lease.promoted()) + ", fence seq " + std::to_string(lease.fence().seq) +
+                     (later ? "; it does 50 ms later" : "; nor 50 ms later") + "; starts " +
+                     Hex(lease.block(i).data, 16) + ")");
       }
       ++verified_;
     }
@@ -222,6 +238,7 @@ class Worker {
   }
 
   Status Do(Op op) {
+    op_ = op;
     Client& c = *client_;
     const uint32_t conv = static_cast<uint32_t>(rng_() % chaos::kConversations);
     const uint32_t blocks = 1 + static_cast<uint32_t>(rng_() % chaos::kMaxBlocks);
@@ -295,6 +312,7 @@ class Worker {
   std::vector<Lease> held_;
   std::map<std::string, uint64_t> ops_, errors_;
   uint64_t verified_ = 0, committed_ = 0;
+  Op op_ = Op::kProbe;
 };
 
 }  // namespace
