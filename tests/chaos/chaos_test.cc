@@ -162,9 +162,12 @@ class Workers {
 
   std::string LogPath(uint32_t i) const { return daemon_.dir() + "/worker-" + std::to_string(i) + ".log"; }
 
-  static std::string Tail(const std::string& path) {
+  static std::string Read(const std::string& path) {
     std::ifstream in(path);
-    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  static std::string Tail(const std::string& path) {
+    const std::string all = Read(path);
     return all.size() > 4000 ? all.substr(all.size() - 4000) : all;
   }
 
@@ -281,6 +284,31 @@ void PrintDone(const std::vector<std::string>& done) {
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
+// Sanitizer reports (or UBSan's runtime errors) in a log.
+bool HasSanitizerReport(const std::string& text) {
+  for (const char* marker : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "WARNING: ThreadSanitizer",
+                             "ERROR: ThreadSanitizer", "runtime error:"}) {
+    if (text.find(marker) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The end of every test: kvtierd stops cleanly on SIGTERM (exit 0, which a
+// sanitizer report would change), removes its segments, and no process of the
+// test, killed ones included, logged a sanitizer report.
+void StopAndCheck(DaemonProcess& daemon, const Workers& workers, const ShmJanitor& janitor) {
+  daemon.Kill(SIGTERM);
+  auto rc = daemon.Wait(std::chrono::seconds(60));
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  EXPECT_EQ(*rc, 0) << "kvtierd did not exit cleanly:\n" << daemon.log();
+  EXPECT_FALSE(HasSanitizerReport(daemon.log())) << daemon.log();
+  EXPECT_TRUE(janitor.Leftovers().empty()) << "kvtierd left segments behind";
+  for (uint32_t i = 0; i < workers.size(); ++i) {
+    const std::string log = Workers::Read(workers.LogPath(i));
+    EXPECT_FALSE(HasSanitizerReport(log)) << "worker " << i << ":\n" << log;
+  }
+}
+
 TEST(Chaos, WorkerKills) {
   const uint64_t seed = Seed();
   const uint64_t kills = EnvU64("KVTIER_CHAOS_KILLS", 200);
@@ -312,6 +340,8 @@ TEST(Chaos, WorkerKills) {
   ASSERT_NE(c, nullptr);
   const auto s = CheckAccounting(*c);
   VerifyAll(*c, seed, s.at("blocks"));
+  c.reset();
+  StopAndCheck(daemon, workers, janitor);
   PrintDone(done);
   std::printf("FIGURES chaos_worker_kills: kills %llu, workers %u, daemon requests %g, committed blocks %g, "
               "dropped %g, evicted sessions %g, time %.1f s\n",
@@ -386,6 +416,8 @@ TEST(Chaos, DaemonRestarts) {
   ASSERT_NE(c, nullptr);
   const auto s = CheckAccounting(*c);
   VerifyAll(*c, seed, s.at("blocks"));
+  c.reset();
+  StopAndCheck(daemon, workers, janitor);
   PrintDone(done);
   std::printf("FIGURES chaos_daemon_restarts: restarts %llu, workers %u, worst reconnect %.3f s after ready "
               "(%.3f s after the kill; worst kill-to-ready %.3f s), time %.1f s\n",
@@ -438,6 +470,8 @@ TEST(Soak, MixedLoad) {
   ASSERT_NE(c, nullptr);
   const auto s = CheckAccounting(*c);
   VerifyAll(*c, seed, s.at("blocks"));
+  c.reset();
+  StopAndCheck(daemon, workers, janitor);
   PrintDone(done);
   std::printf("daemon VmRSS samples (s: KiB):");
   for (const auto& [t, kib] : samples) std::printf(" %.1f:%ld", t, kib);
