@@ -66,12 +66,14 @@ uint64_t Seed() {
   return seed;
 }
 
-// Removes what a SIGKILLed kvtierd of `instance` leaves in /dev/shm, whatever
-// way the test ends. A daemon stopped cleanly has removed them already.
+// Removes what a SIGKILLed kvtierd of an instance leaves in /dev/shm, whatever
+// way the test ends. A daemon stopped cleanly has removed them already. Declared
+// before the DaemonProcess, so that it runs after the daemon is gone.
 class ShmJanitor {
  public:
-  explicit ShmJanitor(std::string instance) : instance_(std::move(instance)) {}
+  void Watch(std::string instance) { instance_ = std::move(instance); }
   ~ShmJanitor() {
+    if (instance_.empty()) return;
     for (const std::string& f : Leftovers()) {
       std::error_code ec;
       std::filesystem::remove("/dev/shm/" + f, ec);
@@ -79,6 +81,7 @@ class ShmJanitor {
   }
   std::vector<std::string> Leftovers() const {
     std::vector<std::string> out;
+    if (instance_.empty()) return out;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
       const std::string name = e.path().filename().string();
@@ -314,8 +317,9 @@ TEST(Chaos, WorkerKills) {
   const uint64_t kills = EnvU64("KVTIER_CHAOS_KILLS", 200);
   constexpr uint32_t kWorkers = 4;
   const auto started = Clock::now();
+  ShmJanitor janitor;
   DaemonProcess daemon(kChaosDaemonConfig);
-  ShmJanitor janitor(daemon.instance());
+  janitor.Watch(daemon.instance());
   const Status start = daemon.Start();
   ASSERT_TRUE(start.ok()) << start.ToString();
   Workers workers(daemon, seed, kWorkers);
@@ -355,8 +359,9 @@ TEST(Chaos, DaemonRestarts) {
   const uint64_t restarts = EnvU64("KVTIER_CHAOS_RESTARTS", 20);
   constexpr uint32_t kWorkers = 4;
   const auto started = Clock::now();
+  ShmJanitor janitor;
   DaemonProcess daemon(kChaosDaemonConfig);
-  ShmJanitor janitor(daemon.instance());
+  janitor.Watch(daemon.instance());
   const Status start = daemon.Start();
   ASSERT_TRUE(start.ok()) << start.ToString();
   Workers workers(daemon, seed, kWorkers);
@@ -442,8 +447,9 @@ TEST(Soak, MixedLoad) {
   const uint64_t seconds = EnvU64("KVTIER_SOAK_SECONDS", KVTIER_SOAK_DEFAULT_SECONDS);
   if (seconds == 0) GTEST_SKIP() << "KVTIER_SOAK_SECONDS=0";
   constexpr uint32_t kWorkers = 8;
+  ShmJanitor janitor;
   DaemonProcess daemon(kChaosDaemonConfig);
-  ShmJanitor janitor(daemon.instance());
+  janitor.Watch(daemon.instance());
   const Status start = daemon.Start();
   ASSERT_TRUE(start.ok()) << start.ToString();
   Workers workers(daemon, seed, kWorkers);
