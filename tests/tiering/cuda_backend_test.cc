@@ -22,7 +22,7 @@
 
 #include "copy_kernels.h"
 #include "kvtier/tiering/backend_select.h"
-#include "kvtier/tiering/gpu_pool_handle.h"
+#include "kvtier/gpu_pool_handle.h"
 #include "support/test_names.h"
 
 namespace kvtier::tiering {
