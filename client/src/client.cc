@@ -148,7 +148,6 @@ Result<std::shared_ptr<Attachment>> Attach(wire::Welcome welcome) {
   }
   if (!cuda && !welcome.fence_events.empty()) return ProtocolError("Welcome: fence events from a host backend");
   if (welcome.pools.size() != kTierCount) return ProtocolError("Welcome must describe 2 pools");
-  std::optional<GpuPoolHandle> gpu_pool;
   for (int t = 0; t < kTierCount; ++t) {
     const wire::PoolDesc& d = welcome.pools[t];
     if (static_cast<int>(d.tier) != t) return ProtocolError("Welcome pools out of order");
@@ -157,7 +156,11 @@ Result<std::shared_ptr<Attachment>> Attach(wire::Welcome welcome) {
       auto h = DecodeGpuPoolHandle(d.ipc_handle);
       if (!h.ok()) return Status(h.status().code(), "Welcome: " + h.status().message());
       if (h->bytes < d.slot_bytes * d.slots) return ProtocolError("Welcome: GPU pool smaller than its slots");
-      gpu_pool = *h;
+      // Opened here, once per connection, never on the request path (milliseconds
+      // each); before any segment, so a worker without a usable driver learns that first.
+      auto gpu = OpenGpu(welcome, *h);
+      if (!gpu.ok()) return gpu.status();
+      att->gpu = std::move(gpu).value();
       continue;
     }
     auto seg = ShmSegment::Open(d.shm_name, /*writable=*/true);
@@ -181,12 +184,6 @@ Result<std::shared_ptr<Attachment>> Attach(wire::Welcome welcome) {
   if (att->fence_segment.size() < sizeof(FenceSegment)) return Corrupt("fence segment too small");
   att->fences = reinterpret_cast<const FenceSegment*>(att->fence_segment.data());
   if (att->fences->magic != kFenceMagic) return Corrupt("fence segment has a bad magic number");
-  if (gpu_pool) {
-    // Opened here, once per connection, never on the request path (milliseconds each).
-    auto gpu = OpenGpu(welcome, *gpu_pool);
-    if (!gpu.ok()) return gpu.status();
-    att->gpu = std::move(gpu).value();
-  }
   att->welcome = std::move(welcome);
   return att;
 }

@@ -1,7 +1,13 @@
 // Backend selection in a real kvtierd and what a client gets on each backend,
 // on a machine with or without a GPU, plus libkvtier's CUDA driver loader.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -10,6 +16,8 @@
 #include "cuda_driver.h"
 #include "daemon_config.h"
 #include "kvtier/client.h"
+#include "kvtier/gpu_pool_handle.h"
+#include "kvtier/wire.h"
 #include "payload.h"
 #include "process.h"
 
@@ -72,6 +80,78 @@ TEST(CudaDriverTest, DefaultDriverLoadsOrSaysWhyNot) {
   EXPECT_EQ(d.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(d.status().message().find("libcuda.so.1"), std::string::npos) << d.status().ToString();
   std::printf("no CUDA driver here: %s\n", d.status().ToString().c_str());
+}
+
+// A socket that answers one Hello with `welcome` (what a cuda-backend kvtierd
+// says), so a client's attach runs here without a GPU.
+class FakeDaemon {
+ public:
+  explicit FakeDaemon(wire::Welcome welcome)
+      : path_("/tmp/kvtier-fake-" + std::to_string(::getpid()) + ".sock"), welcome_(std::move(welcome)) {
+    ::unlink(path_.c_str());
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(fd_, 1), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeDaemon() {
+    thread_.join();
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  void Serve() {
+    const int c = ::accept(fd_, nullptr, nullptr);
+    if (c < 0) return;
+    std::array<uint8_t, wire::kHeaderBytes> header{};
+    if (::recv(c, header.data(), header.size(), MSG_WAITALL) == static_cast<ssize_t>(header.size())) {
+      auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(header));
+      std::vector<uint8_t> payload(h.ok() ? h->payload_length : 0);
+      if (h.ok() && ::recv(c, payload.data(), payload.size(), MSG_WAITALL) == static_cast<ssize_t>(payload.size())) {
+        const std::vector<uint8_t> reply = wire::EncodeFrame(h->request_id, welcome_);
+        (void)!::send(c, reply.data(), reply.size(), MSG_NOSIGNAL);
+      }
+    }
+    uint8_t byte = 0;
+    while (::recv(c, &byte, 1, 0) > 0) {
+    }  // Until the client hangs up.
+    ::close(c);
+  }
+
+  std::string path_;
+  wire::Welcome welcome_;
+  int fd_ = -1;
+  std::thread thread_;
+};
+
+TEST(ClientAttachTest, CudaKvtierdWithoutADriverIsAClearErrorAtConnect) {
+  if (CudaDriver::Default().ok()) GTEST_SKIP() << "this machine has a CUDA driver";
+  wire::Welcome w;
+  w.profile = ModelProfile{"it", 2, 2, 32, DType::kF16, 16};
+  w.backend = "cuda";
+  GpuPoolHandle gpu;
+  gpu.bytes = w.profile.BlockBytes() * 256;
+  gpu.device_uuid.fill(0x42);
+  gpu.raw.fill(7);
+  w.pools.push_back(wire::PoolDesc{Tier::kGpu, w.profile.BlockBytes(), 256, "", EncodeGpuPoolHandle(gpu)});
+  w.pools.push_back(wire::PoolDesc{Tier::kHost, w.profile.BlockBytes(), 1024, "/kvtier-fake.host", {}});
+  w.index_segment = "/kvtier-fake.index";
+  w.fence_segment = "/kvtier-fake.fences";
+  w.fence_events.resize(64);
+  FakeDaemon fake(w);
+  ClientOptions o;
+  o.socket_path = fake.path();
+  o.reconnect = false;
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok()) << "attached to a GPU pool without a CUDA driver";
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("kvtierd runs the cuda backend"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("libcuda.so.1"), std::string::npos) << c.status().ToString();
 }
 
 TEST(BackendChoiceTest, CudaWithoutAGpuRefusesToStartAndSaysWhy) {
