@@ -2,9 +2,11 @@
 //
 //   auto client = kvtier::Client::Connect({.socket_path = "/run/kvtier/kvtierd.sock"});
 //   auto lease = (*client)->Acquire("chat-42", prompt_tokens);   // cached prefix, pinned
-//   lease->Wait(...);                 // promoted blocks have landed
+//   lease->Wait(...);                 // promoted blocks have landed (CPU wait), or
+//   lease->WaitOnStream(stream, ...); // the same as a GPU-side wait on the worker's stream
 //   ... attend over lease->data(i) for i < lease->size(), prefill the rest ...
 //   auto w = (*client)->Allocate(n);  // slots for the new blocks; write KV into w->data(i)
+//   w->RecordWritten(stream);         // cuda backend: after the kernels that write them
 //   (*client)->Commit(*w, "chat-42", parent, start_block, new_tokens);
 //
 // KV bytes never cross the socket: the client maps the daemon's pools and its
