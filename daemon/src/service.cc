@@ -1,5 +1,7 @@
 #include "service.h"
 
+#include <sys/mman.h>
+
 #include <random>
 
 #include "kvtier/index_layout.h"
@@ -29,7 +31,50 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.name = p.profile.name;
   o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
+  o.warm_restart = config.warm_restart;
   return o;
+}
+
+std::string WarmSegment(const DaemonConfig& config, const ProfileConfig& p) {
+  return "/" + config.instance + "." + p.profile.name + ".warm";
+}
+
+std::string Millis(std::chrono::microseconds us) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(us.count()) / 1000.0);
+  return buf;
+}
+
+// Before the engine exists: with warm restart off, what an earlier run with it
+// on left behind (manifest and host pool) is removed.
+void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
+  const std::string manifest = WarmSegment(config, p);
+  if (shm_unlink(manifest.c_str()) == 0) {
+    const std::string pool = "/" + config.instance + "." + p.profile.name + ".host";
+    shm_unlink(pool.c_str());
+    LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
+  }
+}
+
+// After the engine exists: adopt the host tier an earlier run left, and say what happened.
+Status AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
+  const std::string manifest = WarmSegment(config, p);
+  auto report = engine.AdoptWarm(manifest);
+  if (!report.ok()) return report.status();
+  const std::string who = "warm restart, profile '" + p.profile.name + "': ";
+  if (!report->found) {
+    LogInfo(who + "no manifest " + manifest + "; starting cold");
+  } else if (!report->compatible) {
+    LogWarn(who + "removed stale segment " + manifest + " (" + report->reason + "); starting cold");
+  } else {
+    LogInfo(who + "adopted " + std::to_string(report->adopted_blocks) + " of " +
+            std::to_string(report->listed_blocks) + " host blocks (" + std::to_string(report->dropped_blocks) +
+            " dropped) and " + std::to_string(report->adopted_sessions) + " sessions (" +
+            std::to_string(report->dropped_sessions) + " dropped) from a " +
+            (report->clean ? "clean-shutdown manifest" : "snapshot (unclean shutdown)") + " in " +
+            Millis(report->took));
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -46,12 +91,18 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
   for (const ProfileConfig& p : config.profiles) {
+    if (!config.warm_restart) RemoveWarmLeftovers(config, p);
     auto engine = Engine::Create(EngineOptionsFor(config, p), *svc->backend_);
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
+    if (config.warm_restart) {
+      const Status st = AdoptWarm(**engine, config, p);
+      if (!st.ok()) return Status(st.code(), "profile '" + p.profile.name + "': warm restart: " + st.message());
+    }
     svc->engines_.push_back(std::move(engine).value());
   }
+  svc->last_snapshot_ = std::chrono::steady_clock::now();
   return svc;
 }
 
@@ -77,6 +128,43 @@ std::string Service::Describe() const {
 
 void Service::Tick() {
   for (auto& e : engines_) e->Tick();
+  if (config_.warm_restart && config_.warm_snapshot_ms > 0 &&
+      std::chrono::steady_clock::now() - last_snapshot_ >= std::chrono::milliseconds(config_.warm_snapshot_ms)) {
+    last_snapshot_ = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < engines_.size(); ++i) {
+      if (!engines_[i]->warm_dirty()) continue;
+      auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), false);
+      if (!r.ok()) {
+        LogWarn("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "' failed: " +
+                r.status().ToString());
+      } else {
+        LogDebug("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "': " +
+                 std::to_string(r->blocks) + " blocks, " + std::to_string(r->sessions) + " sessions in " +
+                 Millis(r->took));
+      }
+    }
+  }
+}
+
+void Service::SaveForRestart(std::chrono::milliseconds budget) {
+  if (!config_.warm_restart) return;
+  const auto start = std::chrono::steady_clock::now();
+  uint32_t demoted = 0;
+  for (auto& e : engines_) demoted += e->DemoteForShutdown();
+  const Status idle = WaitIdle(budget);
+  if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    const std::string& name = config_.profiles[i].profile.name;
+    auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), true);
+    if (!r.ok()) {
+      LogError("warm restart: cannot write the manifest of profile '" + name + "': " + r.status().ToString());
+      continue;
+    }
+    LogInfo("warm restart, profile '" + name + "': saved " + std::to_string(r->blocks) + " host blocks of " +
+            std::to_string(r->sessions) + " sessions (" + std::to_string(r->bytes) + " bytes of manifest)");
+  }
+  LogInfo("warm restart: demoted " + std::to_string(demoted) + " blocks and wrote the manifests in " +
+          Millis(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start)));
 }
 
 void Service::Poll() {
@@ -356,6 +444,10 @@ wire::Message Service::OnStats(ClientState& c) {
   add("dropped_blocks", static_cast<double>(s.dropped_blocks));
   add("evicted_sessions", static_cast<double>(s.evicted_sessions));
   add("allocation_failures", static_cast<double>(s.allocation_failures));
+  add("warm_adopted_blocks", static_cast<double>(s.warm_adopted_blocks));
+  add("warm_dropped_blocks", static_cast<double>(s.warm_dropped_blocks));
+  add("warm_adopted_sessions", static_cast<double>(s.warm_adopted_sessions));
+  add("warm_snapshots", static_cast<double>(s.warm_snapshots));
   // Tokens are counted in whole blocks: a prompt's partial last block never reaches the daemon.
   const double bt = engines_[c.profile]->profile().block_tokens;
   const double block_bytes = static_cast<double>(engines_[c.profile]->profile().BlockBytes());
@@ -497,6 +589,13 @@ std::string Service::RenderMetrics() const {
               [&](size_t i) { return stats[i].evicted_sessions; });
   per_profile("kvtier_allocation_failures_total", Type::kCounter, "Allocate requests refused for want of GPU slots",
               [&](size_t i) { return stats[i].allocation_failures; });
+  per_profile("kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
+              [&](size_t i) { return stats[i].warm_adopted_blocks; });
+  per_profile("kvtier_warm_dropped_blocks", Type::kGauge,
+              "Blocks of the previous run's manifest not adopted (failed a check, or orphaned)",
+              [&](size_t i) { return stats[i].warm_dropped_blocks; });
+  per_profile("kvtier_warm_snapshots_total", Type::kCounter, "Warm-restart manifests written",
+              [&](size_t i) { return stats[i].warm_snapshots; });
   per_profile("kvtier_priority_expirations_total", Type::kCounter, "Session priorities reset to 0 when their TTL ended",
               [&](size_t i) { return stats[i].expired_priorities; });
 
