@@ -31,7 +31,6 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.name = p.profile.name;
   o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
-  o.warm_restart = config.warm_restart;
   return o;
 }
 
@@ -90,13 +89,21 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = tiering::CreateHostBackend(bo);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
+  // Warm restart keeps shared-memory pools: the host backend's. Another backend starts cold.
+  svc->warm_ = config.warm_restart && svc->backend_->kind() == tiering::BackendKind::kHost;
+  if (config.warm_restart && !svc->warm_) {
+    LogWarn(std::string("warm_restart is ignored with the ") + tiering::BackendKindName(svc->backend_->kind()) +
+            " backend (host backend only)");
+  }
   for (const ProfileConfig& p : config.profiles) {
     if (!config.warm_restart) RemoveWarmLeftovers(config, p);
-    auto engine = Engine::Create(EngineOptionsFor(config, p), *svc->backend_);
+    tiering::EngineOptions options = EngineOptionsFor(config, p);
+    options.warm_restart = svc->warm_;
+    auto engine = Engine::Create(options, *svc->backend_);
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
-    if (config.warm_restart) {
+    if (svc->warm_) {
       const Status st = AdoptWarm(**engine, config, p);
       if (!st.ok()) return Status(st.code(), "profile '" + p.profile.name + "': warm restart: " + st.message());
     }
@@ -128,7 +135,7 @@ std::string Service::Describe() const {
 
 void Service::Tick() {
   for (auto& e : engines_) e->Tick();
-  if (config_.warm_restart && config_.warm_snapshot_ms > 0 &&
+  if (warm_ && config_.warm_snapshot_ms > 0 &&
       std::chrono::steady_clock::now() - last_snapshot_ >= std::chrono::milliseconds(config_.warm_snapshot_ms)) {
     last_snapshot_ = std::chrono::steady_clock::now();
     for (size_t i = 0; i < engines_.size(); ++i) {
@@ -147,7 +154,7 @@ void Service::Tick() {
 }
 
 void Service::SaveForRestart(std::chrono::milliseconds budget) {
-  if (!config_.warm_restart) return;
+  if (!warm_) return;
   const auto start = std::chrono::steady_clock::now();
   uint32_t demoted = 0;
   for (auto& e : engines_) demoted += e->DemoteForShutdown();

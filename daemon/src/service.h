@@ -108,6 +108,7 @@ class Service {
   std::unordered_map<uint32_t, std::string> tenant_names_;  // Namespace tag -> tenant.
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_snapshot_{};
+  bool warm_ = false;  // config_.warm_restart on a backend that supports it.
   uint64_t requests_ = 0;
   uint64_t errors_ = 0;
   uint64_t connections_ = 0;  // Clients welcomed since start.

@@ -74,7 +74,7 @@ class HostBackend final : public Backend {
     if (spec.persistent) {
       // Adopt a segment an earlier run left, if it has this pool's size; any
       // other is stale and replaced below.
-      auto old = ShmSegment::Open(name, true);
+      auto old = ShmSegment::Open(name, true, options_.populate);
       if (old.ok() && old->size() == bytes) {
         return std::unique_ptr<Pool>(new HostPool(spec, std::move(old).value(), true));
       }
