@@ -48,6 +48,7 @@ std::string Millis(std::chrono::microseconds us) {
 // on left behind (manifest and host pool) is removed.
 void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
   const std::string manifest = WarmSegment(config, p);
+  shm_unlink((manifest + ".tmp").c_str());  // A write the earlier run did not finish.
   if (shm_unlink(manifest.c_str()) == 0) {
     const std::string pool = "/" + config.instance + "." + p.profile.name + ".host";
     shm_unlink(pool.c_str());
@@ -55,13 +56,17 @@ void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
   }
 }
 
-// After the engine exists: adopt the host tier an earlier run left, and say what happened.
-Status AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
+// After the engine exists: adopt the host tier an earlier run left, and say
+// what happened. Nothing here stops a start: what cannot be adopted is removed.
+void AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
   const std::string manifest = WarmSegment(config, p);
   auto report = engine.AdoptWarm(manifest);
-  if (!report.ok()) return report.status();
   const std::string who = "warm restart, profile '" + p.profile.name + "': ";
-  if (!report->found) {
+  if (!report.ok()) {
+    shm_unlink(manifest.c_str());
+    LogWarn(who + "removed " + manifest + ", which cannot be read (" + report.status().ToString() +
+            "); starting cold");
+  } else if (!report->found) {
     LogInfo(who + "no manifest " + manifest + "; starting cold");
   } else if (!report->compatible) {
     LogWarn(who + "removed stale segment " + manifest + " (" + report->reason + "); starting cold");
@@ -73,7 +78,6 @@ Status AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig
             (report->clean ? "clean-shutdown manifest" : "snapshot (unclean shutdown)") + " in " +
             Millis(report->took));
   }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -103,10 +107,7 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
-    if (svc->warm_) {
-      const Status st = AdoptWarm(**engine, config, p);
-      if (!st.ok()) return Status(st.code(), "profile '" + p.profile.name + "': warm restart: " + st.message());
-    }
+    if (svc->warm_) AdoptWarm(**engine, config, p);
     svc->engines_.push_back(std::move(engine).value());
   }
   svc->last_snapshot_ = std::chrono::steady_clock::now();

@@ -216,5 +216,24 @@ TEST_F(WarmRestartTest, BlockCorruptedBetweenRunsIsDroppedWithItsDescendants) {
   EXPECT_EQ(VerifiedHits(*c, "a", a), 2u);
 }
 
+TEST_F(WarmRestartTest, AGarbledManifestNeverBlocksAStart) {
+  const auto a = Tokens(7, 2);
+  {
+    auto c = Connect();
+    ASSERT_NE(c, nullptr);
+    Put(*c, "a", a);
+  }
+  Stop(SIGTERM);
+  std::ofstream(Shm("warm"), std::ios::trunc) << "not a manifest";
+  ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+  EXPECT_NE(daemon_.log().find("removed stale segment"), std::string::npos);
+  EXPECT_NE(::access(Shm("warm").c_str(), F_OK), 0);
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(VerifiedHits(*c, "a", a), 0u);
+  Put(*c, "a", a);  // And it serves.
+  EXPECT_EQ(VerifiedHits(*c, "a", a), 2u);
+}
+
 }  // namespace
 }  // namespace kvtier::testing
