@@ -29,6 +29,7 @@ write_config() {  # $1: warm_restart
 instance: $instance
 socket: $run/kvtierd.sock
 backend: host
+log_level: debug
 warm_restart: $1
 profiles:
   - name: big
@@ -81,6 +82,7 @@ for s in $(seq 0 $(( sessions - 1 ))); do
   "$worker" "$run/kvtierd.sock" commit "s$s" "$s" "$blocks_per_session" >/dev/null
 done
 sleep 1  # watermark demotions and a snapshot
+echo "periodic snapshot while serving (debug log): $(grep -o 'snapshot of profile .* in [0-9.]* ms' "$run/kvtierd.log" | tail -1)"
 stop TERM
 echo "clean stop (demote what fits + manifest):  ${took} ms  [$(grep -o 'demoted [0-9]* blocks and wrote the manifests in [0-9.]* ms' "$run/kvtierd.log")]"
 start

@@ -2,6 +2,7 @@
 // (SIGKILL) keep the host tier and its sessions; a changed profile, or a block
 // whose bytes changed between runs, is not adopted.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -10,8 +11,6 @@
 #include <fstream>
 #include <map>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "daemon_config.h"
 #include "kvtier/client.h"
@@ -23,7 +22,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const std::string kWarmConfig = std::string(kSmallDaemonConfig) + "warm_restart: true\ntiering:\n  warm_snapshot_ms: 50\n";
+const std::string kWarmConfig =
+    std::string(kSmallDaemonConfig) + "warm_restart: true\ntiering:\n  warm_snapshot_ms: 50\n";
 
 std::map<std::string, double> StatsOf(Client& c) {
   std::map<std::string, double> out;
@@ -163,7 +163,8 @@ TEST_F(WarmRestartTest, ChangedProfileStartsColdAndRemovesTheStaleSegments) {
     const std::string from = "host_blocks: 1024", to = "host_blocks: 512";
     config.replace(config.find(from), from.size(), to);
     std::ofstream(daemon_.config_path()) << "instance: " << daemon_.instance() << "\nsocket: " << daemon_.socket()
-                                         << "\n" << config;
+                                         << "\n"
+                                         << config;
   }
   ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
   EXPECT_NE(daemon_.log().find("removed stale segment"), std::string::npos);

@@ -1,8 +1,7 @@
 // Warm restart: the manifest format (encode, decode, every rejection) and the
 // engine's adoption rules, on the real host backend with its persistent pool.
-#include <sys/mman.h>
-
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstring>
 #include <memory>

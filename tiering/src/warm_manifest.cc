@@ -30,7 +30,7 @@ struct WarmHeader {
   uint32_t session_count;
   uint32_t reserved0;
   uint64_t written_unix_ms;
-  uint64_t body_checksum;    // XXH3-64 of bytes [header_bytes, total_bytes).
+  uint64_t body_checksum;  // XXH3-64 of bytes [header_bytes, total_bytes).
   uint8_t reserved[40];
   uint64_t header_checksum;  // XXH3-64 of the header before this field.
 };
@@ -114,8 +114,8 @@ std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m) {
   Writer w(&out);
   const uint32_t bt = m.geometry.block_tokens;
   for (const WarmBlock& b : m.blocks) {
-    const WarmBlockEntry e{b.key.lo, b.key.hi, b.parent.lo, b.parent.hi, b.ns.id.lo, b.ns.id.hi,
-                           b.checksum, b.host_slot, 0};
+    const WarmBlockEntry e{b.key.lo,    b.key.hi, b.parent.lo, b.parent.hi, b.ns.id.lo, b.ns.id.hi, b.checksum,
+                           b.host_slot, 0};
     w.Put(&e, sizeof(e));
     std::vector<TokenId> tokens = b.tokens;
     tokens.resize(bt, 0);  // REQUIRES: block_tokens tokens; a short row stays decodable (and fails its key).
@@ -151,7 +151,8 @@ std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m) {
 
 Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const WarmGeometry& expected) {
   WarmHeader h;
-  if (bytes.size() < sizeof(h)) return Corrupt("warm manifest of " + std::to_string(bytes.size()) + " bytes has no header");
+  if (bytes.size() < sizeof(h))
+    return Corrupt("warm manifest of " + std::to_string(bytes.size()) + " bytes has no header");
   std::memcpy(&h, bytes.data(), sizeof(h));
   if (h.magic != kWarmMagic) return Corrupt("warm manifest has a bad magic number");
   if (h.format_version != kWarmFormatVersion || h.header_bytes != sizeof(WarmHeader)) {
@@ -172,7 +173,8 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
                     static_cast<unsigned long long>(g.block_bytes), g.block_tokens, g.host_slots);
       return std::string(buf);
     };
-    return FailedPrecondition("warm manifest is for " + describe(got) + "; this configuration has " + describe(expected));
+    return FailedPrecondition("warm manifest is for " + describe(got) + "; this configuration has " +
+                              describe(expected));
   }
   if (XXH3_64bits(bytes.data() + sizeof(h), bytes.size() - sizeof(h)) != h.body_checksum) {
     return Corrupt("warm manifest body checksum mismatch");
@@ -193,8 +195,10 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
     if (!r.Get(&e, sizeof(e)) || !r.Get(b.tokens.data(), h.block_tokens * sizeof(TokenId)) || !r.Align()) {
       return Corrupt("warm manifest truncated in block " + std::to_string(i));
     }
-    if (e.host_slot >= h.host_slots) return Corrupt("warm manifest block " + std::to_string(i) + " has an out-of-range slot");
-    if (slot_seen[e.host_slot]++) return Corrupt("warm manifest lists host slot " + std::to_string(e.host_slot) + " twice");
+    if (e.host_slot >= h.host_slots)
+      return Corrupt("warm manifest block " + std::to_string(i) + " has an out-of-range slot");
+    if (slot_seen[e.host_slot]++)
+      return Corrupt("warm manifest lists host slot " + std::to_string(e.host_slot) + " twice");
     b.key = BlockKey{e.key_lo, e.key_hi};
     b.parent = BlockKey{e.parent_lo, e.parent_hi};
     b.ns.id = BlockKey{e.ns_lo, e.ns_hi};
@@ -207,7 +211,8 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
     WarmSession& s = m.sessions[i];
     const std::string where = "warm manifest session " + std::to_string(i);
     if (!r.Get(&e, sizeof(e))) return Corrupt(where + " is truncated");
-    if (e.id_bytes == 0 || e.id_bytes > kMaxSessionIdBytes) return Corrupt(where + " has an id of " + std::to_string(e.id_bytes) + " bytes");
+    if (e.id_bytes == 0 || e.id_bytes > kMaxSessionIdBytes)
+      return Corrupt(where + " has an id of " + std::to_string(e.id_bytes) + " bytes");
     if (e.chain_len > h.block_count) return Corrupt(where + " has a chain longer than the block list");
     s.id.resize(e.id_bytes);
     s.chain.resize(e.chain_len);
@@ -216,7 +221,8 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
       return Corrupt(where + " is truncated");
     }
     for (uint32_t b : s.chain) {
-      if (b >= h.block_count) return Corrupt(where + " names block " + std::to_string(b) + " of " + std::to_string(h.block_count));
+      if (b >= h.block_count)
+        return Corrupt(where + " names block " + std::to_string(b) + " of " + std::to_string(h.block_count));
     }
     s.priority = e.priority;
   }

@@ -42,22 +42,22 @@ struct WarmGeometry {
 
 struct WarmBlock {
   BlockKey key;
-  BlockKey parent;       // Null for block 0 of a chain.
-  Namespace ns;          // Needed to recompute the key.
-  uint64_t checksum = 0; // XXH3-64 of the slot's bytes when the manifest was written.
+  BlockKey parent;        // Null for block 0 of a chain.
+  Namespace ns;           // Needed to recompute the key.
+  uint64_t checksum = 0;  // XXH3-64 of the slot's bytes when the manifest was written.
   uint32_t host_slot = 0;
   std::vector<TokenId> tokens;  // block_tokens of them.
 };
 
 struct WarmSession {
-  std::string id;               // Opaque (may hold a tenant prefix "<tenant>/<id>").
+  std::string id;  // Opaque (may hold a tenant prefix "<tenant>/<id>").
   int32_t priority = 0;
   std::vector<uint32_t> chain;  // Indices into WarmManifest::blocks, block 0 first.
 };
 
 struct WarmManifest {
   WarmGeometry geometry;
-  bool clean = false;           // Written at a clean shutdown (else a periodic snapshot).
+  bool clean = false;  // Written at a clean shutdown (else a periodic snapshot).
   uint64_t written_unix_ms = 0;
   std::vector<WarmBlock> blocks;
   std::vector<WarmSession> sessions;  // Coldest first.
