@@ -149,6 +149,41 @@ TEST(WarmManifestTest, SegmentIsReplacedWhole) {
   EXPECT_FALSE(WriteWarmSegment("no-slash", second).ok());
 }
 
+// --- The persistent host pool ----------------------------------------------------
+
+TEST(PersistentPoolTest, AdoptsASegmentOfTheSameSizeAndReplacesAnother) {
+  const std::string prefix = testing::UniqueShmPrefix("warm");
+  HostBackendOptions o;
+  o.name_prefix = prefix;
+  auto backend = CreateHostBackend(o);
+  ASSERT_TRUE(backend.ok());
+  const std::string name = "/" + prefix + ".p";
+  PoolSpec spec{Tier::kHost, 4096, 8, "p"};
+  spec.persistent = true;
+  {
+    auto pool = (*backend)->CreatePool(spec);
+    ASSERT_TRUE(pool.ok()) << pool.status().ToString();
+    EXPECT_FALSE((*pool)->adopted());
+    (*pool)->slot_data(7)[4095] = std::byte{0x5a};
+  }
+  {
+    auto pool = (*backend)->CreatePool(spec);  // The segment outlived the pool.
+    ASSERT_TRUE(pool.ok());
+    EXPECT_TRUE((*pool)->adopted());
+    EXPECT_EQ((*pool)->slot_data(7)[4095], std::byte{0x5a});
+  }
+  spec.slots = 16;
+  {
+    auto pool = (*backend)->CreatePool(spec);
+    ASSERT_TRUE(pool.ok());
+    EXPECT_FALSE((*pool)->adopted());
+    EXPECT_EQ((*pool)->slot_data(7)[4095], std::byte{0});
+  }
+  spec.persistent = false;
+  { ASSERT_TRUE((*backend)->CreatePool(spec).ok()); }
+  EXPECT_FALSE(ShmSegment::Open(name, false).ok()) << "a pool that is not persistent is unlinked";
+}
+
 // --- Adoption --------------------------------------------------------------------
 
 std::byte ByteOf(const BlockKey& key, size_t i) {
