@@ -44,6 +44,10 @@ class WarmRestartTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log(); }
   void TearDown() override {
+    const std::string log = daemon_.log();
+    for (const char* bad : {"ThreadSanitizer", "AddressSanitizer", "LeakSanitizer", "runtime error:"}) {
+      EXPECT_EQ(log.find(bad), std::string::npos) << "kvtierd's log reports " << bad;
+    }
     if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
   }
 
