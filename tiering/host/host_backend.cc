@@ -16,8 +16,8 @@ namespace {
 
 class HostPool final : public Pool {
  public:
-  HostPool(const PoolSpec& spec, ShmSegment segment)
-      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data()), segment_(std::move(segment)) {}
+  HostPool(const PoolSpec& spec, ShmSegment segment, bool adopted)
+      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data(), adopted), segment_(std::move(segment)) {}
 
   PoolHandle Export() const override {
     PoolHandle h;
@@ -66,12 +66,24 @@ class HostBackend final : public Backend {
     if (spec.slot_bytes == 0 || spec.slots == 0) {
       return InvalidArgument("pool '" + spec.name + "' needs slot_bytes > 0 and slots > 0");
     }
+    const std::string name = "/" + options_.name_prefix + "." + spec.name;
+    const size_t bytes = spec.slot_bytes * spec.slots;
     ShmSegment::CreateOptions o;
     o.populate = options_.populate;
     o.replace_existing = options_.replace_stale;
-    auto seg = ShmSegment::Create("/" + options_.name_prefix + "." + spec.name, spec.slot_bytes * spec.slots, o);
+    if (spec.persistent) {
+      // Adopt a segment an earlier run left, if it has this pool's size; any
+      // other is stale and replaced below.
+      auto old = ShmSegment::Open(name, true, options_.populate);
+      if (old.ok() && old->size() == bytes) {
+        return std::unique_ptr<Pool>(new HostPool(spec, std::move(old).value(), true));
+      }
+      if (old.ok()) o.replace_existing = true;
+    }
+    auto seg = ShmSegment::Create(name, bytes, o);
     if (!seg.ok()) return seg.status();
-    return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value()));
+    if (spec.persistent) seg->Release();  // Never unlinked by this process.
+    return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value(), false));
   }
 
   Result<Fence> SubmitCopies(CopyDirection dir, const Pool& src, const Pool& dst,
