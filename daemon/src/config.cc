@@ -75,6 +75,20 @@ class Section {
     return Status::Ok();
   }
 
+  Status ReadBool(const char* key, bool* out) {
+    YAML::Node n = Get(key);
+    if (!n) return Status::Ok();
+    const std::string v = n.IsScalar() ? n.Scalar() : std::string();
+    if (v == "true") {
+      *out = true;
+    } else if (v == "false") {
+      *out = false;
+    } else {
+      return Error(key, "expected true or false, got '" + (n.IsScalar() ? v : std::string("a ") + Kind(n)) + "'");
+    }
+    return Status::Ok();
+  }
+
   Status ReadBytes(const char* key, uint64_t* out) {
     YAML::Node n = Get(key);
     if (!n) return Status::Ok();
@@ -336,6 +350,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
     if (c.socket_path.empty() || c.socket_path.size() > 107) return top.Error("socket", "must be a path of 1-107 bytes");
     KVTIER_RETURN_IF_ERROR(top.ReadString("backend", &c.backend, {"auto", "host", "cuda"}));
     KVTIER_RETURN_IF_ERROR(top.ReadString("log_level", &c.log_level, {"error", "warn", "info", "debug"}));
+    KVTIER_RETURN_IF_ERROR(top.ReadBool("warm_restart", &c.warm_restart));
 
     YAML::Node profiles = top.Get("profiles");
     if (!profiles || !profiles.IsSequence() || profiles.size() == 0) {
@@ -361,6 +376,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_copy_batch", &c.max_copy_batch, 1, 65536));
       KVTIER_RETURN_IF_ERROR(s.ReadString("policy", &c.policy, {"lru"}));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("tick_ms", &c.tick_ms, 1, 60000));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("warm_snapshot_ms", &c.warm_snapshot_ms, 0, 3600000));
       if (c.gpu_low_watermark > c.gpu_high_watermark) return s.Error("gpu_low_watermark", "must not exceed gpu_high_watermark");
       if (c.host_low_watermark > c.host_high_watermark) return s.Error("host_low_watermark", "must not exceed host_high_watermark");
       if (c.gpu_low_watermark <= 0) return s.Error("gpu_low_watermark", "must be > 0");
@@ -417,6 +433,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "socket: " << c.socket_path << "\n"
     << "backend: " << c.backend << "\n"
     << "log_level: " << c.log_level << "\n"
+    << "warm_restart: " << (c.warm_restart ? "true" : "false") << "\n"
     << "profiles:\n";
   for (const ProfileConfig& p : c.profiles) {
     o << "  - name: " << p.profile.name << "\n"
@@ -436,6 +453,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_copy_batch: " << c.max_copy_batch << "\n"
     << "  policy: " << c.policy << "\n"
     << "  tick_ms: " << c.tick_ms << "\n"
+    << "  warm_snapshot_ms: " << c.warm_snapshot_ms << "\n"
     << "limits:\n"
     << "  max_clients: " << c.max_clients << "\n"
     << "  max_sessions: " << c.max_sessions << "\n"
@@ -516,6 +534,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("socket", c.socket_path, false);
   add("backend", c.backend, false);
   add("log_level", c.log_level, true);
+  add("warm_restart", c.warm_restart ? "true" : "false", false);
   for (size_t i = 0; i < c.profiles.size(); ++i) {
     const ProfileConfig& p = c.profiles[i];
     const std::string k = "profiles[" + std::to_string(i) + "].";
@@ -535,6 +554,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("tiering.max_copy_batch", std::to_string(c.max_copy_batch), true);
   add("tiering.policy", c.policy, true);
   add("tiering.tick_ms", std::to_string(c.tick_ms), true);
+  add("tiering.warm_snapshot_ms", std::to_string(c.warm_snapshot_ms), true);
   add("limits.max_clients", std::to_string(c.max_clients), true);
   add("limits.max_sessions", std::to_string(c.max_sessions), false);
   add("limits.max_sessions_per_tenant", std::to_string(c.max_sessions_per_tenant), false);
@@ -577,6 +597,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.max_copy_batch = loaded.max_copy_batch;
   n.policy = loaded.policy;
   n.tick_ms = loaded.tick_ms;
+  n.warm_snapshot_ms = loaded.warm_snapshot_ms;
   n.max_clients = loaded.max_clients;
   n.max_leases_per_client = loaded.max_leases_per_client;
   n.hello_timeout_ms = loaded.hello_timeout_ms;

@@ -51,6 +51,11 @@ struct DaemonConfig {
   std::string backend = "auto";     // auto | host | cuda
   std::string log_level = "info";   // error | warn | info | debug
   std::vector<ProfileConfig> profiles;  // The first is the default.
+  // Keep the host tier and a manifest of it across a restart (host backend):
+  // /<instance>.<profile>.host stays after exit, /<instance>.<profile>.warm holds
+  // the manifest. Off by default: the segments hold host memory while the daemon
+  // is down. Not reloadable.
+  bool warm_restart = false;
 
   double gpu_high_watermark = 0.90;
   double gpu_low_watermark = 0.75;
@@ -59,6 +64,9 @@ struct DaemonConfig {
   uint32_t max_copy_batch = 64;
   std::string policy = "lru";
   uint32_t tick_ms = 20;            // Watermark check period.
+  // With warm_restart, how often a changed manifest is rewritten while serving
+  // (what a crash restart can adopt); 0: only at a clean shutdown.
+  uint32_t warm_snapshot_ms = 2000;
 
   uint32_t max_clients = 256;
   uint32_t max_sessions = 65536;

@@ -352,6 +352,7 @@ void Server::Impl::Shutdown(const char* why) {
   for (const auto& c : conns) c->Close();
   const Status st = service.WaitIdle(std::chrono::seconds(10));
   if (!st.ok()) LogWarn("copies still in flight at shutdown: " + st.ToString());
+  service.SaveForRestart(std::chrono::seconds(10));
   io.stop();
 }
 

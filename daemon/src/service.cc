@@ -1,5 +1,6 @@
 #include "service.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +53,52 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   return o;
 }
 
+std::string WarmSegment(const DaemonConfig& config, const ProfileConfig& p) {
+  return "/" + config.instance + "." + p.profile.name + ".warm";
+}
+
+std::string Millis(std::chrono::microseconds us) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(us.count()) / 1000.0);
+  return buf;
+}
+
+// Before the engine exists: with warm restart off, what an earlier run with it
+// on left behind (manifest and host pool) is removed.
+void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
+  const std::string manifest = WarmSegment(config, p);
+  shm_unlink((manifest + ".tmp").c_str());  // A write the earlier run did not finish.
+  if (shm_unlink(manifest.c_str()) == 0) {
+    const std::string pool = "/" + config.instance + "." + p.profile.name + ".host";
+    shm_unlink(pool.c_str());
+    LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
+  }
+}
+
+// After the engine exists: adopt the host tier an earlier run left, and say
+// what happened. Nothing here stops a start: what cannot be adopted is removed.
+void AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
+  const std::string manifest = WarmSegment(config, p);
+  auto report = engine.AdoptWarm(manifest);
+  const std::string who = "warm restart, profile '" + p.profile.name + "': ";
+  if (!report.ok()) {
+    shm_unlink(manifest.c_str());
+    LogWarn(who + "removed " + manifest + ", which cannot be read (" + report.status().ToString() +
+            "); starting cold");
+  } else if (!report->found) {
+    LogInfo(who + "no manifest " + manifest + "; starting cold");
+  } else if (!report->compatible) {
+    LogWarn(who + "removed stale segment " + manifest + " (" + report->reason + "); starting cold");
+  } else {
+    LogInfo(who + "adopted " + std::to_string(report->adopted_blocks) + " of " +
+            std::to_string(report->listed_blocks) + " host blocks (" + std::to_string(report->dropped_blocks) +
+            " dropped) and " + std::to_string(report->adopted_sessions) + " sessions (" +
+            std::to_string(report->dropped_sessions) + " dropped) from a " +
+            (report->clean ? "clean-shutdown manifest" : "snapshot (unclean shutdown)") + " in " +
+            Millis(report->took));
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -99,13 +146,24 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = CreateBackend(config);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
+  // Warm restart keeps shared-memory pools: the host backend's. Another backend starts cold.
+  svc->warm_ = config.warm_restart && svc->backend_->kind() == tiering::BackendKind::kHost;
+  if (config.warm_restart && !svc->warm_) {
+    LogWarn(std::string("warm_restart is ignored with the ") + tiering::BackendKindName(svc->backend_->kind()) +
+            " backend (host backend only)");
+  }
   for (const ProfileConfig& p : config.profiles) {
-    auto engine = Engine::Create(EngineOptionsFor(config, p), *svc->backend_);
+    if (!config.warm_restart) RemoveWarmLeftovers(config, p);
+    tiering::EngineOptions options = EngineOptionsFor(config, p);
+    options.warm_restart = svc->warm_;
+    auto engine = Engine::Create(options, *svc->backend_);
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
+    if (svc->warm_) AdoptWarm(**engine, config, p);
     svc->engines_.push_back(std::move(engine).value());
   }
+  svc->last_snapshot_ = std::chrono::steady_clock::now();
   return svc;
 }
 
@@ -132,6 +190,43 @@ std::string Service::Describe() const {
 
 void Service::Tick() {
   for (auto& e : engines_) e->Tick();
+  if (warm_ && config_.warm_snapshot_ms > 0 &&
+      std::chrono::steady_clock::now() - last_snapshot_ >= std::chrono::milliseconds(config_.warm_snapshot_ms)) {
+    last_snapshot_ = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < engines_.size(); ++i) {
+      if (!engines_[i]->warm_dirty()) continue;
+      auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), false);
+      if (!r.ok()) {
+        LogWarn("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "' failed: " +
+                r.status().ToString());
+      } else {
+        LogDebug("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "': " +
+                 std::to_string(r->blocks) + " blocks, " + std::to_string(r->sessions) + " sessions in " +
+                 Millis(r->took));
+      }
+    }
+  }
+}
+
+void Service::SaveForRestart(std::chrono::milliseconds budget) {
+  if (!warm_) return;
+  const auto start = std::chrono::steady_clock::now();
+  uint32_t demoted = 0;
+  for (auto& e : engines_) demoted += e->DemoteForShutdown();
+  const Status idle = WaitIdle(budget);
+  if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    const std::string& name = config_.profiles[i].profile.name;
+    auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), true);
+    if (!r.ok()) {
+      LogError("warm restart: cannot write the manifest of profile '" + name + "': " + r.status().ToString());
+      continue;
+    }
+    LogInfo("warm restart, profile '" + name + "': saved " + std::to_string(r->blocks) + " host blocks of " +
+            std::to_string(r->sessions) + " sessions (" + std::to_string(r->bytes) + " bytes of manifest)");
+  }
+  LogInfo("warm restart: demoted " + std::to_string(demoted) + " blocks and wrote the manifests in " +
+          Millis(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start)));
 }
 
 void Service::Poll() {
@@ -466,6 +561,10 @@ wire::Message Service::OnStats(ClientState& c) {
   add("dropped_blocks", static_cast<double>(s.dropped_blocks));
   add("evicted_sessions", static_cast<double>(s.evicted_sessions));
   add("allocation_failures", static_cast<double>(s.allocation_failures));
+  add("warm_adopted_blocks", static_cast<double>(s.warm_adopted_blocks));
+  add("warm_dropped_blocks", static_cast<double>(s.warm_dropped_blocks));
+  add("warm_adopted_sessions", static_cast<double>(s.warm_adopted_sessions));
+  add("warm_snapshots", static_cast<double>(s.warm_snapshots));
   // Tokens are counted in whole blocks: a prompt's partial last block never reaches the daemon.
   const double bt = engines_[c.profile]->profile().block_tokens;
   const double block_bytes = static_cast<double>(engines_[c.profile]->profile().BlockBytes());
@@ -633,6 +732,13 @@ std::string Service::RenderMetrics() const {
               [&](size_t i) { return stats[i].evicted_sessions; });
   per_profile("kvtier_allocation_failures_total", Type::kCounter, "Allocate requests refused for want of GPU slots",
               [&](size_t i) { return stats[i].allocation_failures; });
+  per_profile("kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
+              [&](size_t i) { return stats[i].warm_adopted_blocks; });
+  per_profile("kvtier_warm_dropped_blocks", Type::kGauge,
+              "Blocks of the previous run's manifest not adopted (failed a check, or orphaned)",
+              [&](size_t i) { return stats[i].warm_dropped_blocks; });
+  per_profile("kvtier_warm_snapshots_total", Type::kCounter, "Warm-restart manifests written",
+              [&](size_t i) { return stats[i].warm_snapshots; });
   per_profile("kvtier_priority_expirations_total", Type::kCounter, "Session priorities reset to 0 when their TTL ended",
               [&](size_t i) { return stats[i].expired_priorities; });
 

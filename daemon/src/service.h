@@ -55,6 +55,10 @@ class Service {
   void Tick();
   void Poll();
   Status WaitIdle(std::chrono::milliseconds timeout);
+  // With warm_restart: demotes what fits from the GPU tier to the host tier,
+  // waits up to `budget` for the copies, and writes each profile's manifest
+  // (clean). Call at shutdown, after the clients are gone.
+  void SaveForRestart(std::chrono::milliseconds budget);
 
   // Metrics the server measures: a request of `type` was answered `took` after
   // its frame was decoded (reply encoded and queued); a frame did not decode.
@@ -115,6 +119,8 @@ class Service {
   std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
   uint64_t refused_connections_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_snapshot_{};
+  bool warm_ = false;  // config_.warm_restart on a backend that supports it.
   uint64_t requests_ = 0;
   uint64_t errors_ = 0;
   uint64_t connections_ = 0;  // Clients welcomed since start.

@@ -96,7 +96,7 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, size_t bytes, con
   return seg;
 }
 
-Result<ShmSegment> ShmSegment::Open(const std::string& name, bool writable) {
+Result<ShmSegment> ShmSegment::Open(const std::string& name, bool writable, bool populate) {
   const int fd = shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) return Errno("shm_open", name);
   struct stat st {};
@@ -110,7 +110,8 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, bool writable) {
     return Corrupt("shared-memory segment '" + name + "' is empty");
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                 MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   close(fd);
   if (p == MAP_FAILED) return Errno("mmap", name);
   ShmSegment seg;

@@ -369,6 +369,30 @@ TEST(ConfigTest, AccessAndTenantsWaitForARestart) {
   };
   EXPECT_TRUE(kept("access.mode"));
   EXPECT_TRUE(kept("tenants[0].name"));
+
+TEST(ConfigTest, WarmRestartIsOffByDefaultRoundTripsAndIsNotReloadable) {
+  auto off = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->warm_restart);
+  EXPECT_EQ(off->warm_snapshot_ms, 2000u);
+  auto on = ParseConfig(std::string(kMinimal) + "warm_restart: true\ntiering:\n  warm_snapshot_ms: 0\n", "test.yaml");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_TRUE(on->warm_restart);
+  EXPECT_EQ(on->warm_snapshot_ms, 0u);
+  auto again = ParseConfig(DumpConfig(*on), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->warm_restart);
+  EXPECT_EQ(again->warm_snapshot_ms, 0u);
+  EXPECT_EQ(DumpConfig(*again), DumpConfig(*on));
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "warm_restart: yes please\n").find("warm_restart: expected true or false"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "tiering:\n  warm_snapshot_ms: -1\n").find("tiering.warm_snapshot_ms"),
+            std::string::npos);
+  const ReloadPlan plan = PlanReload(*off, *on);
+  EXPECT_FALSE(plan.next.warm_restart);
+  EXPECT_EQ(plan.next.warm_snapshot_ms, 0u);
+  ASSERT_EQ(plan.kept.size(), 1u);
+  EXPECT_EQ(plan.kept[0], "warm_restart: false -> true");
 }
 
 }  // namespace

@@ -76,8 +76,9 @@ cleanup() {
   if [ -n "$daemon" ]; then
     kill -KILL "$daemon" 2>/dev/null || true
     wait "$daemon" 2>/dev/null || true
-    rm -f /dev/shm/"$instance".*
   fi
+  # Whatever the daemon left (after a crash, or warm_restart's kept segments).
+  rm -f /dev/shm/"$instance".*
   rm -rf "$run"
 }
 trap cleanup EXIT

@@ -132,6 +132,17 @@ DaemonProcess::~DaemonProcess() {
   process_ = Process();
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
+  RemoveSegments();
+}
+
+void DaemonProcess::RemoveSegments() const {
+  // What the daemon leaves on purpose (warm_restart's host pool and manifest)
+  // or after a crash: every /dev/shm/<instance>.* entry.
+  std::error_code ec;
+  const std::string prefix = instance_ + ".";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), ec);
+  }
 }
 
 std::string DaemonProcess::log() const {

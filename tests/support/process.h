@@ -59,6 +59,9 @@ class DaemonProcess {
   const std::string& dir() const { return dir_; }
   const std::string& config_path() const { return config_path_; }
   std::string log() const;
+  // Removes every /dev/shm/<instance>.* segment. REQUIRES: the daemon is not
+  // running. The destructor calls it.
+  void RemoveSegments() const;
 
  private:
   std::string dir_, socket_, instance_, config_path_, log_path_;

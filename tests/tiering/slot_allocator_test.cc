@@ -85,3 +85,30 @@ TEST(SlotAllocatorDeathTest, FreeOfUnknownSlotAborts) {
 
 }  // namespace
 }  // namespace kvtier::tiering
+
+namespace kvtier::tiering {
+namespace {
+
+TEST(SlotAllocatorTakeTest, TakesExactlyTheGivenSlots) {
+  SlotAllocator a(6);
+  const uint32_t take[] = {4, 1};
+  ASSERT_TRUE(a.Take(take));
+  EXPECT_EQ(a.used(), 2u);
+  EXPECT_TRUE(a.in_use(1));
+  EXPECT_TRUE(a.in_use(4));
+  EXPECT_EQ(a.Allocate(), 0u);  // Lowest free first again.
+  EXPECT_EQ(a.Allocate(), 2u);
+  const uint32_t dup[] = {3, 3};
+  EXPECT_FALSE(a.Take(dup));
+  const uint32_t taken[] = {5, 1};
+  EXPECT_FALSE(a.Take(taken));
+  const uint32_t out_of_range[] = {6};
+  EXPECT_FALSE(a.Take(out_of_range));
+  EXPECT_EQ(a.used(), 4u);  // A refused Take changed nothing.
+  EXPECT_FALSE(a.in_use(5));
+  a.Free(4);
+  EXPECT_EQ(a.Allocate(), 4u);
+}
+
+}  // namespace
+}  // namespace kvtier::tiering

@@ -1,5 +1,11 @@
 #include "kvtier/tiering/host_backend.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -14,10 +20,23 @@
 namespace kvtier::tiering {
 namespace {
 
+// Gives the existing segment `name` `group` (unless -1) and `mode`.
+Status RestrictSegment(const std::string& name, mode_t mode, gid_t group) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  bool ok = fd >= 0;
+  if (ok && group != static_cast<gid_t>(-1)) ok = ::fchown(fd, static_cast<uid_t>(-1), group) == 0;
+  if (ok) ok = ::fchmod(fd, mode) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok) return Status(StatusCode::kPermissionDenied, "segment '" + name + "': cannot set its mode or group: " +
+                                                             std::strerror(err));
+  return Status::Ok();
+}
+
 class HostPool final : public Pool {
  public:
-  HostPool(const PoolSpec& spec, ShmSegment segment)
-      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data()), segment_(std::move(segment)) {}
+  HostPool(const PoolSpec& spec, ShmSegment segment, bool adopted)
+      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data(), adopted), segment_(std::move(segment)) {}
 
   PoolHandle Export() const override {
     PoolHandle h;
@@ -66,14 +85,29 @@ class HostBackend final : public Backend {
     if (spec.slot_bytes == 0 || spec.slots == 0) {
       return InvalidArgument("pool '" + spec.name + "' needs slot_bytes > 0 and slots > 0");
     }
+    const std::string name = "/" + options_.name_prefix + "." + spec.name;
+    const size_t bytes = spec.slot_bytes * spec.slots;
     ShmSegment::CreateOptions o;
     o.populate = options_.populate;
     o.replace_existing = options_.replace_stale;
     o.mode = options_.segment_mode;
     o.group = options_.segment_group;
-    auto seg = ShmSegment::Create("/" + options_.name_prefix + "." + spec.name, spec.slot_bytes * spec.slots, o);
+    if (spec.persistent) {
+      // Adopt a segment an earlier run left, if it has this pool's size; any
+      // other is stale and replaced below.
+      auto old = ShmSegment::Open(name, true, options_.populate);
+      if (old.ok() && old->size() == bytes) {
+        // It keeps its blocks, and takes this run's mode and group.
+        const Status access = RestrictSegment(name, o.mode, o.group);
+        if (!access.ok()) return access;
+        return std::unique_ptr<Pool>(new HostPool(spec, std::move(old).value(), true));
+      }
+      if (old.ok()) o.replace_existing = true;
+    }
+    auto seg = ShmSegment::Create(name, bytes, o);
     if (!seg.ok()) return seg.status();
-    return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value()));
+    if (spec.persistent) seg->Release();  // Never unlinked by this process.
+    return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value(), false));
   }
 
   Result<Fence> SubmitCopies(CopyDirection dir, const Pool& src, const Pool& dst,

@@ -1,6 +1,7 @@
 #include "kvtier/tiering/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -13,6 +14,7 @@
 #include "kvtier/tiering/policy.h"
 #include "session.h"
 #include "slot_allocator.h"
+#include "warm_manifest.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -31,6 +33,9 @@ struct Record {
   Tier tier = Tier::kGpu;
   BlockState state = BlockState::kFree;
   bool doomed = false;    // Out of the index; freed when its copy completes.
+  bool checksummed = false;  // `checksum` holds the host-tier payload's XXH3 (warm restart).
+  uint64_t checksum = 0;
+  Namespace ns;           // Full namespace id: a warm restart recomputes the key with it.
 
   bool moving() const { return state == BlockState::kDemoting || state == BlockState::kPromoting; }
 };
@@ -85,6 +90,8 @@ struct Engine::Impl {
   std::unordered_map<uint32_t, TenantQuota> quotas;
   std::unordered_map<uint32_t, uint32_t> tenant_sessions;  // Namespace tag -> sessions.
   bool dropping = false;     // Frees now happen under pressure (reported as drops).
+  uint64_t changes = 1;      // Bumped when sessions or the host tier change (warm snapshots).
+  uint64_t saved_changes = 0;
   EngineStats st;
 
   uint32_t bt() const { return opt.profile.block_tokens; }
@@ -117,6 +124,7 @@ struct Engine::Impl {
     Usage& u = usage[rec.ns_tag];
     --u.blocks[static_cast<int>(rec.tier)];
     if (rec.moving()) --u.moving_to[static_cast<int>(Other(rec.tier))];  // Doomed: no longer counted.
+    ++changes;
     if (dropping) ++st.dropped_blocks;
     if (opt.on_free) opt.on_free(rec.key, dropping);
     if (rec.moving()) {
@@ -163,6 +171,7 @@ struct Engine::Impl {
   }
 
   void Touch(Session* s) {
+    ++changes;
     s->last_use = clock;
     s->used_at = std::chrono::steady_clock::now();
     policy->Touch(s);
@@ -177,6 +186,7 @@ struct Engine::Impl {
   }
 
   void EraseSession(Session* s) {
+    ++changes;
     Truncate(s, 0);
     policy->Untrack(s);
     ++st.evicted_sessions;
@@ -256,6 +266,8 @@ struct Engine::Impl {
     rec.tier = Other(rec.tier);
     rec.slot = rec.dst_slot;
     rec.state = BlockState::kReady;
+    rec.checksummed = false;
+    ++changes;
     if (demote) ++st.demoted_blocks; else ++st.promoted_blocks;
     if (rec.doomed) {
       alloc[static_cast<int>(rec.tier)].Free(rec.slot);
@@ -507,6 +519,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   const size_t bytes = o.profile.BlockBytes();
   for (Tier t : {Tier::kGpu, Tier::kHost}) {
     PoolSpec spec{t, bytes, t == Tier::kGpu ? o.gpu_slots : o.host_slots, o.name + "." + TierName(t)};
+    spec.persistent = o.warm_restart && t == Tier::kHost;
     auto pool = backend.CreatePool(spec);
     if (!pool.ok()) return pool.status();
     impl->pools[static_cast<int>(t)] = std::move(pool).value();
@@ -649,6 +662,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
       rec.tier = Tier::kGpu;
       rec.state = BlockState::kReady;
       rec.ns_tag = NamespaceTag(ns);
+      rec.ns = ns;
       m.index.WriteRow(r, prev, block);
       m.index.Insert(key, r, rec.ns_tag, Tier::kGpu);
       ++m.usage[rec.ns_tag].blocks[kGpu];
@@ -841,6 +855,7 @@ Status Engine::SetPriority(std::string_view session_id, int priority, std::chron
   if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
   s->priority = priority;
   s->priority_until = {};
+  ++impl_->changes;
   if (ttl.count() > 0) {
     s->priority_until = std::chrono::steady_clock::now() + ttl;
     impl_->expiries.emplace(s->priority_until, s->id);
@@ -930,6 +945,200 @@ Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
   }
   m.Poll();
   return Status::Ok();
+}
+
+// --- Warm restart ------------------------------------------------------------------
+
+namespace {
+
+std::chrono::microseconds Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+}
+
+}  // namespace
+
+bool Engine::warm_dirty() const { return impl_->changes != impl_->saved_changes; }
+
+Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, bool clean) {
+  Impl& m = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  const Pool& host = *m.pools[kHost];
+  WarmManifest manifest;
+  manifest.geometry = WarmGeometry{m.opt.profile.Fingerprint(), host.slot_bytes(), m.bt(), host.slots()};
+  manifest.clean = clean;
+  manifest.written_unix_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       std::chrono::system_clock::now().time_since_epoch())
+                                                       .count());
+  WarmSaveReport report;
+  std::vector<Session*> coldest_first;
+  m.policy->VisitColdest([&](Session* s) {
+    coldest_first.push_back(s);
+    return true;
+  });
+  std::unordered_map<uint32_t, uint32_t> listed;  // Record -> index in manifest.blocks.
+  for (Session* s : coldest_first) {
+    WarmSession ws;
+    for (uint32_t r : s->chain) {
+      // Only the host-tier prefix: a block whose parent is not kept is of no use.
+      Record& rec = m.records[r];
+      if (rec.state != BlockState::kReady || rec.tier != Tier::kHost) break;
+      auto [it, added] = listed.try_emplace(r, static_cast<uint32_t>(manifest.blocks.size()));
+      if (added) {
+        if (!rec.checksummed) {
+          rec.checksum = PayloadChecksum(host.slot_data(rec.slot), host.slot_bytes());
+          rec.checksummed = true;
+          ++report.checksummed;
+        }
+        WarmBlock b;
+        b.key = rec.key;
+        b.parent = m.index.parent(r);
+        b.ns = rec.ns;
+        b.checksum = rec.checksum;
+        b.host_slot = rec.slot;
+        b.tokens.assign(m.index.tokens(r), m.index.tokens(r) + m.bt());
+        manifest.blocks.push_back(std::move(b));
+      }
+      ws.chain.push_back(it->second);
+    }
+    if (ws.chain.empty()) continue;
+    ws.id = s->id;
+    ws.priority = s->priority;
+    manifest.sessions.push_back(std::move(ws));
+  }
+  const std::vector<std::byte> bytes = EncodeWarmManifest(manifest);
+  KVTIER_RETURN_IF_ERROR(WriteWarmSegment(manifest_segment, bytes));
+  m.saved_changes = m.changes;
+  ++m.st.warm_snapshots;
+  report.blocks = static_cast<uint32_t>(manifest.blocks.size());
+  report.sessions = static_cast<uint32_t>(manifest.sessions.size());
+  report.bytes = bytes.size();
+  report.took = Since(start);
+  return report;
+}
+
+uint32_t Engine::DemoteForShutdown() {
+  Impl& m = *impl_;
+  std::vector<Session*> coldest_first;
+  m.policy->VisitColdest([&](Session* s) {
+    coldest_first.push_back(s);
+    return true;
+  });
+  uint32_t scheduled = 0;
+  for (auto it = coldest_first.rbegin(); it != coldest_first.rend(); ++it) {
+    for (uint32_t r : (*it)->chain) {
+      if (m.alloc[kHost].free_count() == 0) break;
+      if (m.Demotable(m.records[r])) {
+        m.ScheduleMove(r, CopyDirection::kGpuToHost);
+        ++scheduled;
+      }
+    }
+  }
+  m.Flush(CopyDirection::kGpuToHost);
+  return scheduled;
+}
+
+Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
+  Impl& m = *impl_;
+  if (!m.opt.warm_restart) return FailedPrecondition("warm restart is off for this engine");
+  if (m.index.size() != 0 || !m.sessions.empty() || !m.leases.empty()) {
+    return FailedPrecondition("a warm restart adopts into an empty engine only");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  WarmAdoptReport report;
+  auto bytes = ReadWarmSegment(manifest_segment);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == StatusCode::kNotFound) return report;
+    return bytes.status();
+  }
+  report.found = true;
+  Pool& host = *m.pools[kHost];
+  const WarmGeometry expected{m.opt.profile.Fingerprint(), host.slot_bytes(), m.bt(), host.slots()};
+  auto decoded = DecodeWarmManifest(*bytes, expected);
+  if (!decoded.ok() || !host.adopted()) {
+    report.reason = !decoded.ok() ? decoded.status().message()
+                                  : "the host pool segment was missing or had another size, so its blocks are gone";
+    RemoveWarmSegment(manifest_segment);
+    report.took = Since(start);
+    return report;
+  }
+  const WarmManifest& manifest = *decoded;
+  report.compatible = true;
+  report.clean = manifest.clean;
+  report.listed_blocks = static_cast<uint32_t>(manifest.blocks.size());
+
+  // Blocks, parents first: each must chain from an adopted parent (or the null
+  // key), recompute to its key, and still hold the bytes it was saved with.
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+  std::vector<uint32_t> record_of(manifest.blocks.size(), kNoRecord);
+  std::vector<uint32_t> slots;
+  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
+    const WarmBlock& b = manifest.blocks[i];
+    if (!b.parent.IsNull() && by_key.find(b.parent) == by_key.end()) continue;
+    if (by_key.find(b.key) != by_key.end()) continue;
+    if (ChainKey(b.parent, b.ns, b.tokens) != b.key) continue;
+    if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
+    const uint32_t r = m.NewRecord();
+    Record& rec = m.records[r];
+    rec.key = b.key;
+    rec.slot = b.host_slot;
+    rec.tier = Tier::kHost;
+    rec.state = BlockState::kReady;
+    rec.ns = b.ns;
+    rec.ns_tag = NamespaceTag(b.ns);
+    rec.checksum = b.checksum;
+    rec.checksummed = true;
+    m.index.WriteRow(r, b.parent, b.tokens);
+    m.index.Insert(b.key, r, rec.ns_tag, Tier::kHost);
+    ++m.usage[rec.ns_tag].blocks[kHost];
+    by_key.emplace(b.key, r);
+    record_of[i] = r;
+    slots.push_back(b.host_slot);
+  }
+  if (!m.alloc[kHost].Take(slots)) std::abort();  // Decode guarantees distinct, in-range slots.
+
+  // Sessions, coldest first (so the LRU order comes back), each cut at its first
+  // block that was not adopted or does not continue the chain.
+  for (const WarmSession& ws : manifest.sessions) {
+    std::vector<uint32_t> chain;
+    BlockKey prev;
+    for (uint32_t i : ws.chain) {
+      const uint32_t r = record_of[i];
+      if (r == kNoRecord || manifest.blocks[i].parent != prev) break;
+      chain.push_back(r);
+      prev = manifest.blocks[i].key;
+    }
+    if (chain.empty() || m.FindSession(ws.id) != nullptr) {
+      ++report.dropped_sessions;
+      continue;
+    }
+    ++m.clock;
+    for (uint32_t r : chain) {
+      m.Ref(r);
+      m.records[r].last_use = m.clock;
+    }
+    Session* s = m.GetOrCreateSession(ws.id, m.records[chain.front()].ns_tag);
+    s->chain = std::move(chain);
+    s->priority = std::clamp(ws.priority, kMinPriority, kMaxPriority);
+    m.policy->Track(s);
+    m.Touch(s);
+    ++report.adopted_sessions;
+  }
+  // What no session holds would be freed at once: let it go now.
+  for (uint32_t r : record_of) {
+    if (r == kNoRecord || m.records[r].refs != 0) continue;
+    m.index.Erase(m.records[r].key);
+    --m.usage[m.records[r].ns_tag].blocks[kHost];
+    m.alloc[kHost].Free(m.records[r].slot);
+    m.ReleaseRecord(r);
+  }
+  report.adopted_blocks = m.index.size();
+  report.dropped_blocks = report.listed_blocks - report.adopted_blocks;
+  m.st.warm_adopted_blocks += report.adopted_blocks;
+  m.st.warm_dropped_blocks += report.dropped_blocks;
+  m.st.warm_adopted_sessions += report.adopted_sessions;
+  ++m.changes;  // The next snapshot replaces the old (clean) manifest.
+  report.took = Since(start);
+  return report;
 }
 
 EngineStats Engine::stats() const {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <vector>
 
 namespace kvtier::tiering {
@@ -26,6 +27,23 @@ class SlotAllocator {
     free_.pop_back();
     in_use_[slot] = 1;
     return slot;
+  }
+
+  // Marks exactly `slots` in use (adoption of an earlier run's pool). Returns
+  // false, changing nothing, if a slot is out of range, listed twice or taken.
+  // O(capacity). Afterwards the lowest free slot is handed out first again.
+  bool Take(std::span<const uint32_t> slots) {
+    std::vector<uint8_t> next = in_use_;
+    for (uint32_t s : slots) {
+      if (s >= next.size() || next[s] != 0) return false;
+      next[s] = 1;
+    }
+    in_use_ = std::move(next);
+    free_.clear();
+    for (uint32_t i = capacity(); i > 0; --i) {
+      if (in_use_[i - 1] == 0) free_.push_back(i - 1);
+    }
+    return true;
   }
 
   void Free(uint32_t slot) {

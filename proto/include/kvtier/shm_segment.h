@@ -35,8 +35,10 @@ class ShmSegment {
   static Result<ShmSegment> Create(const std::string& name, size_t bytes) {
     return Create(name, bytes, CreateOptions{});
   }
-  // Maps an existing segment, whole; read-only unless `writable`. Never unlinks it.
-  static Result<ShmSegment> Open(const std::string& name, bool writable);
+  // Maps an existing segment, whole; read-only unless `writable`; with
+  // `populate`, every page is mapped now (one call instead of a fault per page).
+  // Never unlinks it.
+  static Result<ShmSegment> Open(const std::string& name, bool writable, bool populate = false);
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }

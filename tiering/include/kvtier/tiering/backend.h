@@ -29,6 +29,10 @@ struct PoolSpec {
   size_t slot_bytes = 0;
   uint32_t slots = 0;
   std::string name;  // Unique within the backend; used to name shared segments.
+  // Host backend: the pool's segment outlives the daemon (it is never unlinked),
+  // and an existing segment of that name and size is adopted with its contents
+  // (Pool::adopted()); one of another size is replaced. Other backends ignore it.
+  bool persistent = false;
 };
 
 // What another process needs to map a pool.
@@ -52,17 +56,21 @@ class Pool {
   // REQUIRES: i < slots().
   std::byte* slot_data(uint32_t i) const { return base_ + size_t{i} * slot_bytes_; }
   std::byte* base() const { return base_; }
+  // True when the memory was adopted from an earlier run (PoolSpec::persistent)
+  // rather than created empty.
+  bool adopted() const { return adopted_; }
   virtual PoolHandle Export() const = 0;
 
  protected:
-  Pool(Tier tier, size_t slot_bytes, uint32_t slots, std::byte* base)
-      : tier_(tier), slot_bytes_(slot_bytes), slots_(slots), base_(base) {}
+  Pool(Tier tier, size_t slot_bytes, uint32_t slots, std::byte* base, bool adopted = false)
+      : tier_(tier), slot_bytes_(slot_bytes), slots_(slots), base_(base), adopted_(adopted) {}
 
  private:
   Tier tier_;
   size_t slot_bytes_;
   uint32_t slots_;
   std::byte* base_;
+  bool adopted_;
 };
 
 struct CopyOp {

@@ -66,6 +66,9 @@ struct EngineOptions {
   std::string index_segment;         // Shared-memory name of the index ("/..."); required.
   uint32_t segment_mode = 0600;      // The index segment's mode and group (0xffffffff: the creator's).
   uint32_t segment_group = 0xffffffffu;
+  // Keep the host pool's segment across runs (PoolSpec::persistent), so that
+  // AdoptWarm can take its blocks back after a restart.
+  bool warm_restart = false;
   // Called whenever a block leaves the cache: `dropped` is true when pressure
   // (watermarks, a full tier) pushed it out, false when its last holder let go.
   std::function<void(const BlockKey& key, bool dropped)> on_free;
@@ -133,6 +136,32 @@ struct EngineStats {
   uint64_t evicted_sessions = 0;
   uint64_t allocation_failures = 0;
   uint64_t expired_priorities = 0;  // Priorities set back to 0 when their TTL ran out.
+  uint64_t warm_adopted_blocks = 0;  // Host blocks taken over from the previous run.
+  uint64_t warm_dropped_blocks = 0;  // Blocks the previous run's manifest listed that failed a check.
+  uint64_t warm_adopted_sessions = 0;
+  uint64_t warm_snapshots = 0;       // Manifests written (SaveWarm).
+};
+
+// What AdoptWarm found and did.
+struct WarmAdoptReport {
+  bool found = false;       // A manifest segment existed.
+  bool compatible = false;  // It decoded and matched this engine (format, profile, host pool geometry).
+  bool clean = false;       // It was written at a clean shutdown, not by a periodic snapshot.
+  std::string reason;       // Why a found manifest was rejected whole (then it was removed).
+  uint32_t listed_blocks = 0;
+  uint32_t adopted_blocks = 0;
+  uint32_t dropped_blocks = 0;  // listed - adopted.
+  uint32_t adopted_sessions = 0;
+  uint32_t dropped_sessions = 0;
+  std::chrono::microseconds took{0};
+};
+
+struct WarmSaveReport {
+  uint32_t blocks = 0;
+  uint32_t sessions = 0;
+  uint32_t checksummed = 0;  // Payload checksums computed now (the rest were cached).
+  uint64_t bytes = 0;
+  std::chrono::microseconds took{0};
 };
 
 // The longest time a priority may be set for (SetPriority's ttl).
@@ -215,6 +244,27 @@ class Engine {
   Status Retune(const EngineOptions& options);
   // Waits for every copy in flight and applies it. kTimeout if they do not finish.
   Status WaitIdle(std::chrono::milliseconds timeout);
+
+  // --- Warm restart (host tier only) -----------------------------------------
+  // Writes the manifest of every session's host-tier prefix (see
+  // warm_manifest.h) to the shared-memory segment `manifest_segment`, replacing
+  // the old one atomically. `clean` marks a shutdown manifest. Payload checksums
+  // are computed once per block and cached while it stays in the host tier.
+  Result<WarmSaveReport> SaveWarm(const std::string& manifest_segment, bool clean);
+  // True when sessions or the host tier changed since the last SaveWarm.
+  bool warm_dirty() const;
+  // Schedules demotion of the GPU-tier blocks of every session, warmest session
+  // first, while the host tier has free slots (nothing in it is dropped for
+  // room). Leased and moving blocks stay. Returns how many; WaitIdle lands them.
+  uint32_t DemoteForShutdown();
+  // Takes over the host tier an earlier run left (REQUIRES: options().warm_restart,
+  // and nothing cached or in a session yet). A block is adopted only if its parent is
+  // the null key or an adopted block, its key recomputes from parent + namespace
+  // + tokens, and its slot's bytes match the payload checksum; sessions keep the
+  // adopted prefix of their chain. A manifest that does not decode or match is
+  // removed. No manifest: found == false, nothing changes.
+  // kFailedPrecondition if the engine is not empty or warm_restart is off.
+  Result<WarmAdoptReport> AdoptWarm(const std::string& manifest_segment);
 
   EngineStats stats() const;
   // Blocks of the tenant with namespace tag `ns_tag` per tier.
