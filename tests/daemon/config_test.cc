@@ -369,6 +369,7 @@ TEST(ConfigTest, AccessAndTenantsWaitForARestart) {
   };
   EXPECT_TRUE(kept("access.mode"));
   EXPECT_TRUE(kept("tenants[0].name"));
+}
 
 TEST(ConfigTest, WarmRestartIsOffByDefaultRoundTripsAndIsNotReloadable) {
   auto off = ParseConfig(kMinimal, "test.yaml");
