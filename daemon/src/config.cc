@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -156,15 +157,48 @@ Status ParseProfile(const YAML::Node& node, const std::string& path, const std::
     if (bytes == 0 && blocks < 0) return s.Error(bytes_key, "is required (or " + blocks_key + ")");
     if (bytes != 0) blocks = static_cast<int64_t>(bytes / block);
     if (blocks < 1) return s.Error(bytes_key, "holds no whole block of " + std::to_string(block) + " bytes");
+    if (blocks > int64_t{1} << 28) {
+      return s.Error(bytes_key, "holds " + std::to_string(blocks) + " blocks of " + std::to_string(block) +
+                                    " bytes, more than the 2^28 slots a tier may have");
+    }
     (tier[0] == 'g' ? out->gpu_blocks : out->host_blocks) = static_cast<uint32_t>(blocks);
   }
   return s.CheckUnknown();
 }
 
+// The shortest text that reads back as exactly `v`.
 std::string FmtDouble(double v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+// `v` as a YAML scalar that reads back as the same string: plain when it is
+// unambiguous (names, paths), otherwise double-quoted with escapes.
+std::string YamlString(const std::string& v) {
+  const bool plain =
+      !v.empty() && v != "null" && v != "Null" && v != "NULL" && v != "~" &&
+      (std::isalnum(static_cast<unsigned char>(v[0])) || v[0] == '/' || v[0] == '_') &&
+      std::all_of(v.begin(), v.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '/' || ch == '_' || ch == '-' || ch == '.';
+      });
+  if (plain) return v;
+  std::string out = "\"";
+  for (const char ch : v) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += ch;  // UTF-8 bytes pass through.
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -175,7 +209,15 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   const size_t start = i;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   if (i == start) return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 4096, 512MiB, 2GiB)");
-  const double value = std::stod(std::string(text.substr(start, i - start)));
+  double value = 0;
+  const char* const digits_end = text.data() + i;
+  const auto parsed = std::from_chars(text.data() + start, digits_end, value, std::chars_format::fixed);
+  if (parsed.ec == std::errc::result_out_of_range) {
+    return InvalidArgument("size '" + std::string(text) + "' is out of range");
+  }
+  if (parsed.ec != std::errc() || parsed.ptr != digits_end) {
+    return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 4096, 512MiB, 2GiB)");
+  }
   while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
   const std::string unit(text.substr(i));
   double mult = 0;
@@ -285,13 +327,13 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path) {
 
 std::string DumpConfig(const DaemonConfig& c) {
   std::ostringstream o;
-  o << "instance: " << c.instance << "\n"
-    << "socket: " << c.socket_path << "\n"
+  o << "instance: " << YamlString(c.instance) << "\n"
+    << "socket: " << YamlString(c.socket_path) << "\n"
     << "backend: " << c.backend << "\n"
     << "log_level: " << c.log_level << "\n"
     << "profiles:\n";
   for (const ProfileConfig& p : c.profiles) {
-    o << "  - name: " << p.profile.name << "\n"
+    o << "  - name: " << YamlString(p.profile.name) << "\n"
       << "    layers: " << p.profile.layers << "\n"
       << "    kv_heads: " << p.profile.kv_heads << "\n"
       << "    head_dim: " << p.profile.head_dim << "\n"
@@ -315,7 +357,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
     << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
     << "metrics:\n"
-    << "  listen: \"" << c.metrics_listen << "\"\n";
+    << "  listen: " << (c.metrics_listen.empty() ? "\"\"" : YamlString(c.metrics_listen)) << "\n";
   return o.str();
 }
 
