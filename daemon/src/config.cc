@@ -166,6 +166,14 @@ Status ParseProfile(const YAML::Node& node, const std::string& path, const std::
   return s.CheckUnknown();
 }
 
+// A NUL would cut a shared-memory or socket name short; no name needs the others.
+bool HasControlCharacter(const std::string& v) {
+  return std::any_of(v.begin(), v.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+
 // The shortest text that reads back as exactly `v`.
 std::string FmtDouble(double v) {
   char buf[64];
@@ -249,11 +257,13 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
   try {
     Section top(root, "", source);
     KVTIER_RETURN_IF_ERROR(top.ReadString("instance", &c.instance));
-    if (c.instance.empty() || c.instance.size() > 64 || c.instance.find('/') != std::string::npos) {
-      return top.Error("instance", "must be 1-64 characters without '/'");
+    if (c.instance.empty() || c.instance.size() > 64 || c.instance.find('/') != std::string::npos ||
+        HasControlCharacter(c.instance)) {
+      return top.Error("instance", "must be 1-64 characters without '/' or control characters");
     }
     KVTIER_RETURN_IF_ERROR(top.ReadString("socket", &c.socket_path));
     if (c.socket_path.empty() || c.socket_path.size() > 107) return top.Error("socket", "must be a path of 1-107 bytes");
+    if (HasControlCharacter(c.socket_path)) return top.Error("socket", "must not hold control characters");
     KVTIER_RETURN_IF_ERROR(top.ReadString("backend", &c.backend, {"auto", "host", "cuda"}));
     KVTIER_RETURN_IF_ERROR(top.ReadString("log_level", &c.log_level, {"error", "warn", "info", "debug"}));
 
@@ -372,6 +382,7 @@ Result<ListenAddress> ParseListenAddress(std::string_view text) {
     if (host.size() < 3 || host.back() != ']') return InvalidArgument(usage);
     host = host.substr(1, host.size() - 2);
   }
+  if (host.find('\0') != std::string_view::npos) return InvalidArgument(usage);  // inet_pton would stop there.
   ListenAddress out;
   out.host = std::string(host);
   unsigned char buf[sizeof(in6_addr)];

@@ -278,12 +278,28 @@ TEST(ConfigTest, ByteSizesBeyondTheSlotLimitAreErrors) {
   EXPECT_NE(err.find("profiles[0].gpu_bytes: holds 4398046511104 blocks"), std::string::npos) << err;
 }
 
+// Found in the fuzz corpus (found_instance_bad_utf8_nul): a quoted instance
+// name with a NUL was accepted, and the shared-memory names made from it would
+// end at the NUL. Control characters in the instance or socket, and a NUL in
+// the metrics address, are errors.
+TEST(ConfigTest, NamesWithControlCharactersAreErrors) {
+  EXPECT_NE(ErrorOf(std::string("instance: \"a\\0b\"\n") + kMinimal).find("instance: must be 1-64 characters"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string("instance: \"a\\tb\"\n") + kMinimal).find("instance: must be"), std::string::npos);
+  EXPECT_NE(ErrorOf(std::string("socket: \"/tmp/a\\nb\"\n") + kMinimal).find("socket: must not hold control"),
+            std::string::npos);
+  const std::string listen = ErrorOf(std::string(kMinimal) + "metrics:\n  listen: \"127.0.0.1\\0junk:80\"\n");
+  EXPECT_NE(listen.find("metrics.listen: "), std::string::npos) << listen;
+  EXPECT_FALSE(ParseListenAddress(std::string_view("127.0.0.1\0:80", 13)).ok());
+  EXPECT_EQ(ErrorOf(std::string("instance: \"caf\\u00e9 #2\"\n") + kMinimal), "");
+}
+
 // What --check-config and `cachectl config` print parses back to the same config,
 // for strings YAML would otherwise read as something else, and for doubles that
 // need more than six significant digits.
 TEST(ConfigTest, TheDumpQuotesStringsAndKeepsEveryDigit) {
   const std::string yaml = std::string(R"(instance: "a: b # c"
-socket: "/tmp/x\"y\\z\t\x01 \u00e9"
+socket: "/tmp/x\"y\\z \u00e9"
 )") + kMinimal + R"(tiering:
   gpu_high_watermark: 0.123456789
   gpu_low_watermark: 0.1
@@ -295,7 +311,7 @@ metrics:
   auto c = ParseConfig(named, "t.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->instance, "a: b # c");
-  EXPECT_EQ(c->socket_path, "/tmp/x\"y\\z\t\x01 \xc3\xa9");
+  EXPECT_EQ(c->socket_path, "/tmp/x\"y\\z \xc3\xa9");
   EXPECT_EQ(c->profiles[0].profile.name, "null");
   const std::string dump = DumpConfig(*c);
   auto again = ParseConfig(dump, "dump");
