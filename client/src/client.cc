@@ -10,8 +10,11 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "cuda_driver.h"
+#include "kvtier/gpu_pool_handle.h"
 #include "kvtier/shm_segment.h"
 
 namespace kvtier {
@@ -19,18 +22,85 @@ namespace client_internal {
 
 using Clock = std::chrono::steady_clock;
 
+// A writer event from GpuState's pool, handed back to it when the last lease holding it goes.
+struct WriterEvent {
+  CUevent event = nullptr;
+  wire::IpcEventHandle handle{};
+};
+
+// The cuda backend's GPU side of an attachment: the pool opened through CUDA
+// IPC and the promotion fence events, opened once at attach in the primary
+// context of the device with the pool's UUID, closed when the last lease goes.
+struct GpuState {
+  std::shared_ptr<const CudaDriver> driver;
+  CUdevice device = 0;
+  CUcontext ctx = nullptr;  // Retained primary context.
+  CUdeviceptr base = 0;     // The GPU pool, mapped.
+  std::vector<CUevent> fence_events;
+  std::mutex mu;
+  std::vector<WriterEvent*> free_writer_events;  // GUARDED_BY(mu)
+  std::vector<std::unique_ptr<WriterEvent>> writer_events;  // GUARDED_BY(mu); all ever made
+
+  ~GpuState() {
+    if (!driver || ctx == nullptr) return;
+    {
+      ScopedContext scope(*driver, ctx);
+      for (auto& w : writer_events) driver->cuEventDestroy(w->event);
+      for (CUevent e : fence_events) driver->cuEventDestroy(e);
+      if (base != 0) driver->cuIpcCloseMemHandle(base);
+    }
+    driver->cuDevicePrimaryCtxRelease(device);
+  }
+
+  // A pooled interprocess event; returned to the pool when the pointer goes.
+  Result<std::shared_ptr<const WriterEvent>> TakeWriterEvent(const std::shared_ptr<const Attachment>& owner) {
+    WriterEvent* w = nullptr;
+    {
+      std::lock_guard lock(mu);
+      if (!free_writer_events.empty()) {
+        w = free_writer_events.back();
+        free_writer_events.pop_back();
+      }
+    }
+    if (w == nullptr) {
+      auto made = std::make_unique<WriterEvent>();
+      ScopedContext scope(*driver, ctx);
+      KVTIER_RETURN_IF_ERROR(
+          driver->Check(driver->cuEventCreate(&made->event, kCuEventInterprocess | kCuEventDisableTiming),
+                        "cuEventCreate(interprocess) for a writer event"));
+      CUipcEventHandle h{};
+      const Status st = driver->Check(driver->cuIpcGetEventHandle(&h, made->event), "cuIpcGetEventHandle");
+      if (!st.ok()) {
+        driver->cuEventDestroy(made->event);
+        return st;
+      }
+      std::memcpy(made->handle.data(), h.reserved, made->handle.size());
+      w = made.get();
+      std::lock_guard lock(mu);
+      writer_events.push_back(std::move(made));
+    }
+    // The deleter keeps the attachment (and so this GpuState) alive.
+    return std::shared_ptr<const WriterEvent>(w, [this, owner](const WriterEvent* e) {
+      std::lock_guard lock(mu);
+      free_writer_events.push_back(const_cast<WriterEvent*>(e));
+    });
+  }
+};
+
 // The daemon's segments as this process maps them, for one connection generation.
 struct Attachment {
   wire::Welcome welcome;
   ShmSegment index_segment;
-  ShmSegment pools[kTierCount];
+  ShmSegment pools[kTierCount];  // The GPU tier's stays empty on the cuda backend.
   ShmSegment fence_segment;
   IndexView index;
   const FenceSegment* fences = nullptr;
+  std::unique_ptr<GpuState> gpu;  // Cuda backend only.
 
   std::byte* SlotData(Tier tier, uint32_t slot) const {
-    const ShmSegment& p = pools[static_cast<int>(tier)];
-    return p.data() + size_t{slot} * welcome.pools[static_cast<int>(tier)].slot_bytes;
+    const size_t offset = size_t{slot} * welcome.pools[static_cast<int>(tier)].slot_bytes;
+    if (tier == Tier::kGpu && gpu) return reinterpret_cast<std::byte*>(static_cast<uintptr_t>(gpu->base)) + offset;
+    return pools[static_cast<int>(tier)].data() + offset;
   }
   uint64_t Completed(CopyDirection stream) const {
     return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(fences->completed[static_cast<int>(stream)]))
@@ -38,17 +108,61 @@ struct Attachment {
   }
 };
 
+// Opens the GPU pool and the fence events of a cuda-backend Welcome.
+Result<std::unique_ptr<GpuState>> OpenGpu(const wire::Welcome& welcome, const GpuPoolHandle& pool) {
+  auto driver = CudaDriver::Default();
+  if (!driver.ok()) {
+    return Status(driver.status().code(), "kvtierd runs the cuda backend, so this client must open its GPU pool: " +
+                                              driver.status().message());
+  }
+  auto gpu = std::make_unique<GpuState>();
+  const CudaDriver& d = **driver;
+  auto dev = d.DeviceByUuid(pool.device_uuid);
+  if (!dev.ok()) return dev.status();
+  KVTIER_RETURN_IF_ERROR(d.Check(d.cuDevicePrimaryCtxRetain(&gpu->ctx, *dev), "cuDevicePrimaryCtxRetain"));
+  gpu->driver = *driver;  // From here on, ~GpuState undoes what was done.
+  gpu->device = *dev;
+  ScopedContext scope(d, gpu->ctx);
+  if (!scope.ok()) return Internal("cannot make the primary context of " + FormatGpuUuid(pool.device_uuid) + " current");
+  CUipcMemHandle mem{};
+  std::memcpy(mem.reserved, pool.raw.data(), sizeof(mem.reserved));
+  KVTIER_RETURN_IF_ERROR(d.Check(d.cuIpcOpenMemHandle(&gpu->base, mem, kCuIpcMemLazyEnablePeerAccess),
+                                 "opening kvtierd's GPU pool (cuIpcOpenMemHandle on " +
+                                     FormatGpuUuid(pool.device_uuid) + ")"));
+  for (const wire::IpcEventHandle& h : welcome.fence_events) {
+    CUipcEventHandle raw{};
+    std::memcpy(raw.reserved, h.data(), sizeof(raw.reserved));
+    CUevent e = nullptr;
+    KVTIER_RETURN_IF_ERROR(d.Check(d.cuIpcOpenEventHandle(&e, raw), "opening a promotion fence event (cuIpcOpenEventHandle)"));
+    gpu->fence_events.push_back(e);
+  }
+  return gpu;
+}
+
 Result<std::shared_ptr<Attachment>> Attach(wire::Welcome welcome) {
   auto att = std::make_shared<Attachment>();
-  if (welcome.backend != "host") {
+  const bool cuda = welcome.backend == "cuda";
+  if (!cuda && welcome.backend != "host") {
     return Status(StatusCode::kFailedPrecondition, "kvtierd runs the '" + welcome.backend +
-                                                       "' backend; this client can map host-backend pools only");
+                                                       "' backend; this client knows the host and cuda backends");
   }
+  if (!cuda && !welcome.fence_events.empty()) return ProtocolError("Welcome: fence events from a host backend");
   if (welcome.pools.size() != kTierCount) return ProtocolError("Welcome must describe 2 pools");
   for (int t = 0; t < kTierCount; ++t) {
     const wire::PoolDesc& d = welcome.pools[t];
     if (static_cast<int>(d.tier) != t) return ProtocolError("Welcome pools out of order");
     if (d.slot_bytes != welcome.profile.BlockBytes()) return ProtocolError("pool slot size does not match the profile");
+    if (cuda && d.tier == Tier::kGpu) {
+      auto h = DecodeGpuPoolHandle(d.ipc_handle);
+      if (!h.ok()) return Status(h.status().code(), "Welcome: " + h.status().message());
+      if (h->bytes < d.slot_bytes * d.slots) return ProtocolError("Welcome: GPU pool smaller than its slots");
+      // Opened here, once per connection, never on the request path (milliseconds
+      // each); before any segment, so a worker without a usable driver learns that first.
+      auto gpu = OpenGpu(welcome, *h);
+      if (!gpu.ok()) return gpu.status();
+      att->gpu = std::move(gpu).value();
+      continue;
+    }
     auto seg = ShmSegment::Open(d.shm_name, /*writable=*/true);
     if (!seg.ok()) return Status(seg.status().code(), "mapping pool: " + seg.status().message());
     if (seg->size() < d.slot_bytes * d.slots) return Corrupt("pool segment " + d.shm_name + " is smaller than announced");
@@ -343,6 +457,39 @@ Status Lease::Wait(std::chrono::milliseconds timeout) const {
   return client_internal::WaitCompleted(*attachment_, fence_, timeout);
 }
 
+Status Lease::WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const {
+  if (!attachment_ || fence_.IsNull() || attachment_->Completed(fence_.stream) >= fence_.seq) return Status::Ok();
+  const client_internal::GpuState* gpu = attachment_->gpu.get();
+  if (gpu == nullptr || gpu->fence_events.empty() || fence_.stream != CopyDirection::kHostToGpu) {
+    return client_internal::WaitCompleted(*attachment_, fence_, host_timeout);
+  }
+  // The batch of fence seq recorded this event before the fence reached us; if
+  // the slot was recorded again since, the wait covers a later batch too.
+  const auto& d = *gpu->driver;
+  client_internal::ScopedContext scope(d, gpu->ctx);
+  const client_internal::CUevent event = gpu->fence_events[fence_.seq % gpu->fence_events.size()];
+  return d.Check(d.cuStreamWaitEvent(static_cast<client_internal::CUstream>(stream), event, 0),
+                 "cuStreamWaitEvent on promotion fence " + std::to_string(fence_.seq));
+}
+
+Status WriteLease::RecordWritten(void* stream) {
+  if (!attachment_ || id_ == 0) return FailedPrecondition("RecordWritten on a released write lease");
+  client_internal::GpuState* gpu = attachment_->gpu.get();
+  if (gpu == nullptr) {
+    return FailedPrecondition("RecordWritten: kvtierd runs the " + attachment_->welcome.backend +
+                              " backend, whose blocks the CPU writes; there is no GPU work to record");
+  }
+  if (!writer_event_) {
+    auto e = gpu->TakeWriterEvent(attachment_);
+    if (!e.ok()) return e.status();
+    writer_event_ = std::move(e).value();
+  }
+  const auto& d = *gpu->driver;
+  client_internal::ScopedContext scope(d, gpu->ctx);
+  return d.Check(d.cuEventRecord(writer_event_->event, static_cast<client_internal::CUstream>(stream)),
+                 "cuEventRecord of the writer event");
+}
+
 // --- Client ------------------------------------------------------------------------
 
 Client::Client(ClientOptions options) : options_(std::move(options)), core_(std::make_shared<Core>(options_)) {}
@@ -478,6 +625,7 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
     if (i >= lease.slots_.size()) return InvalidArgument("commit: slot index " + std::to_string(i) + " out of range");
     req.slots.push_back(lease.slots_[i]);
   }
+  if (lease.writer_event_) req.writer_event = lease.writer_event_->handle;
   auto reply = Expect<wire::CommitResponse>(core_->Call(req, /*retry=*/false));
   if (!reply.ok()) return reply.status();
   // Committed slots now belong to the cache, not to the lease.

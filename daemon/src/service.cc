@@ -3,8 +3,13 @@
 #include <random>
 
 #include "kvtier/index_layout.h"
+#include "kvtier/tiering/backend_select.h"
 #include "kvtier/tiering/host_backend.h"
+#ifdef KVTIER_HAVE_CUDA_BACKEND
+#include "kvtier/tiering/cuda_backend.h"
+#endif
 #include "log.h"
+#include "notify.h"
 
 namespace kvtier::daemon {
 
@@ -34,15 +39,47 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
 
 }  // namespace
 
-Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
-  if (config.backend == "cuda") {
-    return Status(StatusCode::kFailedPrecondition,
-                  "backend 'cuda' was requested, but this kvtierd has no usable CUDA backend (no GPU or built "
-                  "without KVTIER_WITH_CUDA); use 'auto' or 'host'");
+namespace {
+
+// The backend named by `backend:` (auto|host|cuda), or why it cannot run here.
+Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& config) {
+  auto choice = tiering::ChooseBackend(config.backend);
+  if (!choice.ok()) return choice.status();
+  LogInfo(choice->reason);
+  if (choice->kind == tiering::BackendKind::kCuda) {
+#ifdef KVTIER_HAVE_CUDA_BACKEND
+    tiering::CudaBackendOptions co;
+    co.name_prefix = config.instance;
+    // Pinning a large host tier takes seconds: say how far it got, in the log and to systemd.
+    co.pin_progress = [last_percent = -1](const std::string& pool, size_t pinned, size_t total) mutable {
+      const int percent = total == 0 ? 100 : static_cast<int>(pinned * 100 / total);
+      if (percent / 10 == last_percent / 10 && pinned != total) return;
+      last_percent = percent;
+      const std::string line = "pinning host pool '" + pool + "': " + std::to_string(pinned >> 20) + " of " +
+                               std::to_string(total >> 20) + " MiB (" + std::to_string(percent) + "%)";
+      LogInfo(line);
+      notify::SetStatus(line);
+      if (pinned == total) last_percent = -1;
+    };
+    auto cuda = tiering::CreateCudaBackend(co);
+    if (!cuda.ok()) return Status(cuda.status().code(), "backend cuda: " + cuda.status().message());
+    LogInfo((*cuda)->Describe());
+    return std::unique_ptr<tiering::Backend>(std::move(cuda).value());
+#else
+    return FailedPrecondition("backend: cuda: this kvtierd was built without the CUDA backend");
+#endif
   }
   tiering::HostBackendOptions bo;
   bo.name_prefix = config.instance;
-  auto backend = tiering::CreateHostBackend(bo);
+  auto host = tiering::CreateHostBackend(bo);
+  if (!host.ok()) return host.status();
+  return std::unique_ptr<tiering::Backend>(std::move(host).value());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
+  auto backend = CreateBackend(config);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
   for (const ProfileConfig& p : config.profiles) {
@@ -230,6 +267,7 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.fence_segment = backend_->FenceSegmentName();
   w.max_blocks_per_request = config_.max_blocks_per_request;
   w.max_payload = config_.max_frame_bytes;
+  w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + m.client_name + " (pid " + std::to_string(m.pid) +
           ", tenant '" + m.tenant + "', profile " + e.profile().name + ")");
   return {std::move(w), false};
@@ -248,6 +286,11 @@ wire::Message Service::OnAllocate(ClientState& c, const wire::AllocateRequest& m
 
 wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
   if (!c.leases.count(m.lease_id)) return Error(NotFound("lease " + std::to_string(m.lease_id) + " is not yours"));
+  if (m.writer_event) {
+    // Before the blocks become demotable: no GPU->host copy may overtake the writer.
+    const Status st = backend_->OrderAfterWriter(*m.writer_event);
+    if (!st.ok()) return Error(Status(st.code(), "commit: " + st.message()));
+  }
   auto r = engines_[c.profile]->Commit(m.lease_id, m.session, c.ns, m.parent, m.start_block, m.tokens, m.slots);
   if (!r.ok()) return Error(r.status());
   return wire::CommitResponse{r->stored, r->duplicates};

@@ -3,6 +3,7 @@
 #include <concepts>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 namespace kvtier::wire {
@@ -71,6 +72,40 @@ void Fields(IO& io, M& s) {
   io.U64("tokens", s.tokens);
 }
 
+// Welcome.fence_events: an extension byte string of whole event handles.
+inline void FenceEvents(Writer& w, const std::vector<IpcEventHandle>& events) {
+  w.Require(events.size() <= kMaxFenceEvents, "fence_events", "has more than kMaxFenceEvents entries");
+  std::vector<uint8_t> flat;
+  flat.reserve(events.size() * kIpcEventHandleBytes);
+  for (const IpcEventHandle& e : events) flat.insert(flat.end(), e.begin(), e.end());
+  w.ExtensionBytes("fence_events", flat, kMaxFenceEvents * kIpcEventHandleBytes);
+}
+inline void FenceEvents(Reader& r, std::vector<IpcEventHandle>& events) {
+  std::vector<uint8_t> flat;
+  events.clear();
+  if (!r.ExtensionBytes("fence_events", flat, kMaxFenceEvents * kIpcEventHandleBytes)) return;
+  if (!r.Require(flat.size() % kIpcEventHandleBytes == 0, "fence_events", "is not a whole number of 64-byte handles")) {
+    return;
+  }
+  events.resize(flat.size() / kIpcEventHandleBytes);
+  for (size_t i = 0; i < events.size(); ++i) {
+    std::memcpy(events[i].data(), flat.data() + i * kIpcEventHandleBytes, kIpcEventHandleBytes);
+  }
+}
+
+// CommitRequest.writer_event: an extension byte string of one event handle.
+inline void WriterEvent(Writer& w, const std::optional<IpcEventHandle>& event) {
+  if (event) w.ExtensionBytes("writer_event", *event, kIpcEventHandleBytes);
+}
+inline void WriterEvent(Reader& r, std::optional<IpcEventHandle>& event) {
+  std::vector<uint8_t> bytes;
+  event.reset();
+  if (!r.ExtensionBytes("writer_event", bytes, kIpcEventHandleBytes) || bytes.empty()) return;
+  if (!r.Require(bytes.size() == kIpcEventHandleBytes, "writer_event", "is not one 64-byte event handle")) return;
+  event.emplace();
+  std::memcpy(event->data(), bytes.data(), kIpcEventHandleBytes);
+}
+
 template <typename IO, Is<Hello> M>
 void Fields(IO& io, M& m) {
   io.U16("min_version", m.min_version);
@@ -97,6 +132,7 @@ void Fields(IO& io, M& m) {
   io.String("fence_segment", m.fence_segment);
   io.U32("max_blocks_per_request", m.max_blocks_per_request);
   io.U32("max_payload", m.max_payload);
+  FenceEvents(io, m.fence_events);
 }
 
 template <typename IO, Is<AllocateRequest> M>
@@ -119,6 +155,7 @@ void Fields(IO& io, M& m) {
   io.U32("start_block", m.start_block);
   io.U32s("tokens", m.tokens);
   io.U32s("slots", m.slots);
+  WriterEvent(io, m.writer_event);
 }
 
 template <typename IO, Is<CommitResponse> M>

@@ -82,6 +82,23 @@ int main(int argc, char** argv) {
     const Bytes welcome = wire::EncodeFrame(2, m);
     ok &= Write(dir, "bad_truncated_welcome", Bytes(welcome.begin(), welcome.begin() + 60));
   }
+  // Byte-string extensions: encoded empty (a second encoding), and a Welcome's
+  // fence events one byte short of whole handles.
+  for (const auto& m : wire::testing::SampleMessages()) {
+    const wire::Message without = wire::testing::WithoutExtensions(m);
+    if (without == m || std::holds_alternative<wire::SetPriorityRequest>(m)) continue;
+    const std::string name = wire::MessageTypeName(wire::TypeOf(m));
+    Bytes empty = wire::EncodeFrame(3, without);
+    const size_t older = empty.size();
+    empty.insert(empty.end(), 4, 0);
+    SetLength(empty);
+    ok &= Write(dir, "bad_extension_empty_" + name, empty);
+    Bytes ragged = wire::EncodeFrame(3, m);
+    ragged.pop_back();
+    wire::StoreLE<uint32_t>(ragged.data() + older, static_cast<uint32_t>(ragged.size() - older - 4));
+    SetLength(ragged);
+    ok &= Write(dir, "bad_extension_ragged_" + name, ragged);
+  }
 
   // AllocateResponse whose slot count far exceeds the payload.
   Bytes payload(12, 0);

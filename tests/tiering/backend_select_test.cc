@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include "kvtier/tiering/gpu_pool_handle.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -78,33 +77,6 @@ TEST(BackendSelectTest, RealDetectionIsConsistent) {
     EXPECT_FALSE(gpu.error.empty());
     std::printf("no GPU here: auto -> %s; cuda -> %s\n", a->reason.c_str(), c.status().ToString().c_str());
   }
-}
-
-TEST(GpuPoolHandleTest, RoundTrips) {
-  GpuPoolHandle h;
-  h.bytes = uint64_t{80} << 30;
-  for (size_t i = 0; i < h.raw.size(); ++i) h.raw[i] = static_cast<uint8_t>(i * 37 + 1);
-  const std::vector<uint8_t> enc = EncodeGpuPoolHandle(h);
-  EXPECT_EQ(enc.size(), 16u + kCudaIpcHandleBytes);
-  auto back = DecodeGpuPoolHandle(enc);
-  ASSERT_TRUE(back.ok()) << back.status().ToString();
-  EXPECT_EQ(*back, h);
-}
-
-TEST(GpuPoolHandleTest, RejectsBadEncodings) {
-  const std::vector<uint8_t> good = EncodeGpuPoolHandle(GpuPoolHandle{});
-  EXPECT_EQ(DecodeGpuPoolHandle({}).status().code(), StatusCode::kProtocolError);
-  std::vector<uint8_t> shorter(good.begin(), good.end() - 1);
-  EXPECT_EQ(DecodeGpuPoolHandle(shorter).status().code(), StatusCode::kProtocolError);
-  std::vector<uint8_t> longer = good;
-  longer.push_back(0);
-  EXPECT_EQ(DecodeGpuPoolHandle(longer).status().code(), StatusCode::kProtocolError);
-  std::vector<uint8_t> version = good;
-  version[0] = 2;
-  EXPECT_EQ(DecodeGpuPoolHandle(version).status().code(), StatusCode::kProtocolError);
-  std::vector<uint8_t> kind = good;
-  kind[1] = 7;
-  EXPECT_EQ(DecodeGpuPoolHandle(kind).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@
 
 #include "copy_kernels.h"
 #include "kvtier/tiering/backend_select.h"
-#include "kvtier/tiering/gpu_pool_handle.h"
+#include "kvtier/gpu_pool_handle.h"
 #include "support/test_names.h"
 
 namespace kvtier::tiering {
@@ -108,6 +108,35 @@ TEST(CudaBackendWithoutGpuTest, CreationFailsAsUnavailable) {
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().ToString();
   EXPECT_NE(b.status().message().find("cudaSetDevice"), std::string::npos) << b.status().ToString();
+}
+
+// The promotion fence ring: kFenceEventRing distinct interprocess event
+// handles; the export carries the device's UUID; a writer event that is no
+// live process's event is refused, and the demotion stream still works after.
+TEST_F(CudaBackendTest, ExportsFenceEventsAndRefusesABogusWriterEvent) {
+  const std::vector<wire::IpcEventHandle> events = backend_->PromotionFenceEvents();
+  ASSERT_EQ(events.size(), kFenceEventRing);
+  for (size_t i = 0; i < events.size(); ++i) {
+    for (size_t j = i + 1; j < events.size(); ++j) EXPECT_NE(events[i], events[j]) << i << " " << j;
+  }
+  auto gpu = MakePool(Tier::kGpu, 64 * kKiB, 8, "fence-gpu");
+  auto host = MakePool(Tier::kHost, 64 * kKiB, 8, "fence-host");
+  ASSERT_TRUE(gpu && host);
+  auto decoded = DecodeGpuPoolHandle(gpu->Export().ipc_handle);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  cudaDeviceProp prop{};
+  ASSERT_CUDA(cudaGetDeviceProperties(&prop, 0));
+  EXPECT_EQ(std::memcmp(decoded->device_uuid.data(), &prop.uuid, kGpuUuidBytes), 0);
+  std::printf("pool on %s\n", FormatGpuUuid(decoded->device_uuid).c_str());
+
+  wire::IpcEventHandle bogus{};
+  for (size_t i = 0; i < bogus.size(); ++i) bogus[i] = static_cast<uint8_t>(0x5a ^ i);
+  const Status st = backend_->OrderAfterWriter(bogus);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  const std::vector<CopyOp> ops = {{0, 1}, {2, 3}};
+  auto fence = backend_->SubmitCopies(CopyDirection::kGpuToHost, *gpu, *host, ops);
+  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+  EXPECT_TRUE(backend_->Wait(*fence, std::chrono::seconds(10)).ok());
 }
 
 // Batch shapes: one block, a contiguous run, scattered, reversed, and a batch

@@ -902,6 +902,33 @@ TEST_F(EngineTest, PromotionStopsWhereTheGpuTierCannotMakeRoom) {
   ExpectConsistent();
 }
 
+// Regression (found by the chaos soak): making GPU room for a promotion may drop
+// host-tier blocks of the coldest sessions, and those must not be the very blocks
+// the acquire is about to lease. Here the prefix is only in the host tier, held
+// by the coldest session, and the host tier is full.
+TEST_F(EngineTest, MakingRoomForAPromotionNeverDropsThePrefixBeingAcquired) {
+  Start(Options(4, 4));
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  Put("b", b);  // Both tiers full; "a" is the coldest session.
+  auto lease = Get("", a);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_INVARIANTS();
+  ExpectLeaseHolds(*lease, a);
+  if (lease->id != 0) {
+    ASSERT_TRUE(engine_->Release(lease->id).ok());
+  }
+  EXPECT_FALSE(WasFreed(a.keys[0], true)) << "the prefix being acquired was dropped";
+  EXPECT_EQ(Matched(a), 4u);
+  ExpectChainHolds(a, 4);
+  ExpectChainHolds(b, 4);
+  ExpectConsistent();
+}
+
 TEST_F(EngineTest, DemoteMakesRoomInTheHostTierByDroppingColderBlocks) {
   Start(Options(8, 4));
   const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);

@@ -449,5 +449,16 @@ TEST(HostBackendCreateTest, TwoBackendsNeedTwoPrefixesAndStaleSegmentsAreReplace
   EXPECT_EQ(ShmSegment::Open("/" + prefix + ".stale.fences", false).status().code(), StatusCode::kNotFound);
 }
 
+// No GPU writes on the host backend: no fence events to export, and a commit's
+// writer event is refused rather than silently ignored.
+TEST_F(HostBackendTest, HasNoGpuFencesAndRefusesWriterEvents) {
+  EXPECT_TRUE(backend_->PromotionFenceEvents().empty());
+  wire::IpcEventHandle event{};
+  event[0] = 1;
+  const Status st = backend_->OrderAfterWriter(event);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("backend host"), std::string::npos) << st.ToString();
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

@@ -43,6 +43,11 @@ std::vector<Message> SampleMessages() {
   w.fence_segment = "/kvtier.1.fence";
   w.max_blocks_per_request = 8192;
   w.max_payload = kMaxPayload;
+  for (int e = 0; e < 3; ++e) {
+    IpcEventHandle h{};
+    for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint8_t>(e * 64 + i);
+    w.fence_events.push_back(h);
+  }
   out.push_back(w);
 
   out.push_back(Ping{0x0123456789abcdefULL});
@@ -61,6 +66,8 @@ std::vector<Message> SampleMessages() {
   c.start_block = 2;
   for (uint32_t t = 0; t < 32; ++t) c.tokens.push_back(128000 + t * 7);
   c.slots = {3, 1};
+  c.writer_event.emplace();
+  for (size_t i = 0; i < c.writer_event->size(); ++i) (*c.writer_event)[i] = static_cast<uint8_t>(255 - i);
   out.push_back(c);
   out.push_back(CommitResponse{1, 1});
 
@@ -98,6 +105,14 @@ std::vector<Message> SampleMessages() {
   out.push_back(StatsResponse{{{"gpu.slots_used", 123.0}, {"host.slots_used", 4.5e9}, {"hit_ratio", -0.25}}});
   out.push_back(ConfigRequest{});
   out.push_back(ConfigResponse{"device: auto\ngpu:\n  slots: 4096\nhost:\n  slots: 16384\n"});
+  return out;
+}
+
+Message WithoutExtensions(const Message& m) {
+  Message out = m;
+  if (auto* w = std::get_if<Welcome>(&out)) w->fence_events.clear();
+  if (auto* c = std::get_if<CommitRequest>(&out)) c->writer_event.reset();
+  if (auto* p = std::get_if<SetPriorityRequest>(&out)) p->ttl_ms = 0;
   return out;
 }
 

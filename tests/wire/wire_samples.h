@@ -11,4 +11,8 @@ namespace kvtier::wire::testing {
 // Exactly one message per MessageType.
 std::vector<Message> SampleMessages();
 
+// `m` with every extension field (wire.h) at its default: the message an older
+// peer would send, and what a frame cut right before the extension decodes to.
+Message WithoutExtensions(const Message& m);
+
 }  // namespace kvtier::wire::testing

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -17,13 +18,18 @@
 #include "copy_planner.h"
 #include "fence_board.h"
 #include "kvtier/shm_segment.h"
-#include "kvtier/tiering/gpu_pool_handle.h"
+#include "kvtier/gpu_pool_handle.h"
 
 namespace kvtier::tiering {
 namespace {
 
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes);
-static_assert(sizeof(cudaIpcEventHandle_t) == 64);
+static_assert(sizeof(cudaIpcEventHandle_t) == wire::kIpcEventHandleBytes);
+static_assert(sizeof(cudaUUID_t) == kGpuUuidBytes);
+static_assert(kFenceEventRing <= wire::kMaxFenceEvents);
+
+// Writer events opened from clients are cached; past this many the cache starts over.
+constexpr size_t kMaxWriterEvents = 1024;
 
 using Clock = std::chrono::steady_clock;
 
@@ -130,9 +136,10 @@ class CudaBackendImpl final : public CudaBackend {
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamSynchronize(s);
     }
-    for (cudaEvent_t e : events_) {
+    for (cudaEvent_t e : fence_events_) {
       if (e != nullptr) cudaEventDestroy(e);
     }
+    ForgetWriterEvents();
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -158,10 +165,14 @@ class CudaBackendImpl final : public CudaBackend {
     for (int s = 0; s < kCopyStreams; ++s) {
       KVTIER_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&streams_[s], cudaStreamNonBlocking, priority_[s]),
                                         "cudaStreamCreateWithPriority"));
+    }
+    for (size_t i = 0; i < kFenceEventRing; ++i) {
       KVTIER_RETURN_IF_ERROR(CudaStatus(
-          cudaEventCreateWithFlags(&events_[s], cudaEventInterprocess | cudaEventDisableTiming), "cudaEventCreate"));
-      KVTIER_RETURN_IF_ERROR(
-          CudaStatus(cudaIpcGetEventHandle(&event_handles_[s], events_[s]), "cudaIpcGetEventHandle"));
+          cudaEventCreateWithFlags(&fence_events_[i], cudaEventInterprocess | cudaEventDisableTiming),
+          "cudaEventCreateWithFlags(interprocess)"));
+      cudaIpcEventHandle_t raw;
+      KVTIER_RETURN_IF_ERROR(CudaStatus(cudaIpcGetEventHandle(&raw, fence_events_[i]), "cudaIpcGetEventHandle"));
+      std::memcpy(fence_handles_[i].data(), &raw, sizeof(raw));
     }
 
 #if CUDART_VERSION >= 13000  // The call's 12.8 signature differs; older toolkits lack it.
@@ -208,6 +219,7 @@ class CudaBackendImpl final : public CudaBackend {
                                         "pool '" + spec.name + "': cudaMalloc of " + std::to_string(bytes) + " bytes"));
       GpuPoolHandle handle;
       handle.bytes = bytes;
+      std::memcpy(handle.device_uuid.data(), &prop_.uuid, kGpuUuidBytes);
       cudaIpcMemHandle_t raw;
       const cudaError_t err = cudaIpcGetMemHandle(&raw, base);
       if (err != cudaSuccess) {
@@ -245,23 +257,29 @@ class CudaBackendImpl final : public CudaBackend {
     const CopyPlan plan = PlanCopies(ops, src.slot_bytes(), po);
     const int s = static_cast<int>(dir);
     const Clock::time_point now = Clock::now();
-    for (const std::vector<PlannedCopy>& sub : plan.submissions) {
-      KVTIER_RETURN_IF_ERROR(plan.path == CopyPath::kKernel ? Gather(sub, src, dst, s) : Memcpy(sub, src, dst, s));
-    }
-    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(events_[s], streams_[s]), "cudaEventRecord"));
-
     uint64_t seq = 0;
     {
       std::lock_guard lock(mu_);
-      seq = ++submitted_[s];
+      seq = submitted_[s] + 1;  // Only this (the submitting) thread advances it.
+    }
+    for (const std::vector<PlannedCopy>& sub : plan.submissions) {
+      KVTIER_RETURN_IF_ERROR(plan.path == CopyPath::kKernel ? Gather(sub, src, dst, s) : Memcpy(sub, src, dst, s));
+    }
+    if (dir == CopyDirection::kHostToGpu) {
+      // Recorded before the fence is handed out: a client waiting on this slot
+      // waits for this batch, or for a later one if the slot was recorded again.
+      KVTIER_RETURN_IF_ERROR(
+          CudaStatus(cudaEventRecord(fence_events_[seq % kFenceEventRing], streams_[s]), "cudaEventRecord"));
     }
     auto* done = new BatchDone{this, s, seq, ops.size(), ops.size() * src.slot_bytes(), now};
     const cudaError_t err = cudaLaunchHostFunc(streams_[s], &OnBatchDone, done);
     if (err != cudaSuccess) {
       delete done;
-      std::lock_guard lock(mu_);
-      --submitted_[s];
       return CudaStatus(err, "cudaLaunchHostFunc");
+    }
+    {
+      std::lock_guard lock(mu_);
+      submitted_[s] = seq;
     }
     board_->Submitted(s, seq);
     return Fence{seq, dir};
@@ -275,10 +293,29 @@ class CudaBackendImpl final : public CudaBackend {
   std::string FenceSegmentName() const override { return board_->name(); }
   CopyStats copy_stats(CopyDirection dir) const override { return board_->stats(dir); }
 
-  std::array<uint8_t, 64> CopyEventHandle(CopyDirection dir) const override {
-    std::array<uint8_t, 64> out;
-    std::memcpy(out.data(), &event_handles_[static_cast<int>(dir)], out.size());
-    return out;
+  std::vector<wire::IpcEventHandle> PromotionFenceEvents() const override {
+    return {fence_handles_.begin(), fence_handles_.end()};
+  }
+
+  Status OrderAfterWriter(const wire::IpcEventHandle& writer_event) override {
+    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    auto it = writer_events_.find(writer_event);
+    if (it == writer_events_.end()) {
+      if (writer_events_.size() >= kMaxWriterEvents) ForgetWriterEvents();
+      cudaIpcEventHandle_t raw;
+      std::memcpy(&raw, writer_event.data(), sizeof(raw));
+      cudaEvent_t event = nullptr;
+      const cudaError_t err = cudaIpcOpenEventHandle(&event, raw);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        return InvalidArgument("writer event: cudaIpcOpenEventHandle: " + CudaErrorText(err) +
+                               " (not an interprocess event of a live process on this GPU)");
+      }
+      it = writer_events_.emplace(writer_event, event).first;
+    }
+    // Every demotion queued after this waits, on the GPU, for the writer's work.
+    return CudaStatus(cudaStreamWaitEvent(streams_[static_cast<int>(CopyDirection::kGpuToHost)], it->second, 0),
+                      "cudaStreamWaitEvent(demotion stream, writer event)");
   }
 
   bool batched_memcpy() const override { return batched_; }
@@ -288,6 +325,11 @@ class CudaBackendImpl final : public CudaBackend {
   static Status Usable(cudaError_t err, const std::string& what) {
     if (err == cudaSuccess) return Status::Ok();
     return Unavailable("cuda backend: " + what + ": " + CudaErrorText(err));
+  }
+
+  void ForgetWriterEvents() {
+    for (auto& [handle, event] : writer_events_) cudaEventDestroy(event);
+    writer_events_.clear();
   }
 
   Status Gather(const std::vector<PlannedCopy>& sub, const Pool& src, const Pool& dst, int s) {
@@ -355,8 +397,9 @@ class CudaBackendImpl final : public CudaBackend {
   CopyPlannerOptions planner_;
   int priority_[kCopyStreams] = {0, 0};
   cudaStream_t streams_[kCopyStreams] = {nullptr, nullptr};
-  cudaEvent_t events_[kCopyStreams] = {nullptr, nullptr};
-  cudaIpcEventHandle_t event_handles_[kCopyStreams] = {};
+  cudaEvent_t fence_events_[kFenceEventRing] = {};
+  std::array<wire::IpcEventHandle, kFenceEventRing> fence_handles_{};
+  std::map<wire::IpcEventHandle, cudaEvent_t> writer_events_;  // Opened client events (submitting thread only).
   bool batched_ = false;  // Submitting thread only.
   std::optional<FenceBoard> board_;  // Made by Init.
 

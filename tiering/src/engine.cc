@@ -613,7 +613,13 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
       const Record& rec = m.records[r];
       to_promote += rec.state == BlockState::kReady && rec.tier == Tier::kHost && rec.readers == 0;
     }
-    if (to_promote > m.alloc[kGpu].free_count()) m.MakeGpuRoom(to_promote);
+    if (to_promote > m.alloc[kGpu].free_count()) {
+      // Making room may drop host-tier blocks of the coldest sessions: pin this
+      // prefix meanwhile, or a block about to be leased could be freed under it.
+      for (uint32_t r : recs) ++m.records[r].readers;
+      m.MakeGpuRoom(to_promote);
+      for (uint32_t r : recs) --m.records[r].readers;
+    }
   }
   for (uint32_t r : recs) {
     Record& rec = m.records[r];

@@ -2,13 +2,17 @@
 //
 //   auto client = kvtier::Client::Connect({.socket_path = "/run/kvtier/kvtierd.sock"});
 //   auto lease = (*client)->Acquire("chat-42", prompt_tokens);   // cached prefix, pinned
-//   lease->Wait(...);                 // promoted blocks have landed
+//   lease->Wait(...);                 // promoted blocks have landed (CPU wait), or
+//   lease->WaitOnStream(stream, ...); // the same as a GPU-side wait on the worker's stream
 //   ... attend over lease->data(i) for i < lease->size(), prefill the rest ...
 //   auto w = (*client)->Allocate(n);  // slots for the new blocks; write KV into w->data(i)
+//   w->RecordWritten(stream);         // cuda backend: after the kernels that write them
 //   (*client)->Commit(*w, "chat-42", parent, start_block, new_tokens);
 //
 // KV bytes never cross the socket: the client maps the daemon's pools and its
-// block index (shared memory on the host backend). A Client is safe to use from
+// block index (shared memory on the host backend; on the cuda backend the GPU
+// pool is opened once at connect through CUDA IPC, with the driver loaded by
+// dlopen, so the worker needs a driver but libkvtier links no CUDA library). A Client is safe to use from
 // several threads; requests on one Client are serialized. If the daemon goes
 // away, the next call reconnects (with backoff, within connect_timeout) and maps
 // the new daemon's segments; leases from before fail with kUnavailable, and the
@@ -49,6 +53,7 @@ class Client;
 namespace client_internal {
 struct Attachment;
 struct Core;
+struct WriterEvent;
 
 // What every lease holds: the connection it was made on and its id there.
 // Move-only; ends the lease (if still held) when destroyed or assigned over.
@@ -100,6 +105,12 @@ class Lease : public client_internal::LeaseHandle {
 
   // Waits until promoted blocks have landed in the GPU tier.
   Status Wait(std::chrono::milliseconds timeout) const;
+  // Makes work queued on `stream` (a cudaStream_t / CUstream of this process's
+  // primary context; nullptr is the legacy default stream) wait until promoted
+  // blocks have landed, without stalling the CPU: on a cuda-backend kvtierd it
+  // enqueues cuStreamWaitEvent on the promotion fence's event. Where there is no
+  // GPU-side fence (host backend) it waits on the CPU, as Wait(host_timeout).
+  Status WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const;
   // Ends the lease (idempotent). kUnavailable if the daemon restarted meanwhile.
   Status Release() { return ReleaseHandle(); }
 
@@ -124,15 +135,23 @@ class WriteLease : public client_internal::LeaseHandle {
   const std::vector<uint32_t>& slots() const { return slots_; }
   std::byte* data(size_t i) const { return data_[i]; }
   size_t slot_bytes() const { return slot_bytes_; }
+  // Records, on `stream` (as in Lease::WaitOnStream), an interprocess event after
+  // the work that writes this lease's blocks; the next Commit sends it and
+  // kvtierd orders every demotion of the committed blocks after it. Call it
+  // after queueing the writes and before Commit. Cuda backend only: on the host
+  // backend the blocks are written by the CPU (kFailedPrecondition).
+  Status RecordWritten(void* stream);
   // Gives the uncommitted slots back (idempotent).
   Status Release() {
     slots_.clear();
     data_.clear();
+    writer_event_.reset();
     return ReleaseHandle();
   }
 
  private:
   friend class Client;
+  std::shared_ptr<const client_internal::WriterEvent> writer_event_;  // Set by RecordWritten.
   size_t slot_bytes_ = 0;
   std::vector<uint32_t> slots_;
   std::vector<std::byte*> data_;

@@ -30,11 +30,15 @@
 // message keeps exactly one encoding and a frame without the extension is byte
 // for byte the older layout. A receiver that predates an extension rejects a
 // message carrying it (trailing bytes), so senders set one only where an older
-// peer must fail rather than ignore it.
+// peer must fail rather than ignore it. Extension fields are u64s (ExtensionU64)
+// or byte strings (ExtensionBytes: a u32 length and at least one byte); a
+// message has at most one, so "absent" can only mean "the last field is absent".
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -55,6 +59,11 @@ inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayload = uint32_t{16} << 20;  // 16 MiB.
 inline constexpr size_t kMaxIpcHandle = 256;                 // PoolDesc.ipc_handle bytes.
+inline constexpr size_t kIpcEventHandleBytes = 64;           // sizeof(cudaIpcEventHandle_t / CUipcEventHandle).
+inline constexpr size_t kMaxFenceEvents = 1024;              // Welcome.fence_events entries.
+
+// A CUDA interprocess event handle, opaque to everything but the CUDA driver.
+using IpcEventHandle = std::array<uint8_t, kIpcEventHandleBytes>;
 
 enum class MessageType : uint16_t {
   // Handshake and generic replies.
@@ -168,6 +177,14 @@ struct Welcome {
   std::string fence_segment;
   uint32_t max_blocks_per_request = 0;
   uint32_t max_payload = kMaxPayload;
+  // Extension (cuda backend): a ring of interprocess events on the promotion
+  // stream. The batch of promotion fence `seq` recorded fence_events[seq % size()]
+  // before its fence was handed out, so a client that waits on that event on its
+  // own stream (cuStreamWaitEvent) waits for that batch or, if the slot was
+  // recorded again meanwhile, for a later one: never for less. Empty (absent) on
+  // the host backend; at most kMaxFenceEvents. Encoded as ExtensionBytes of
+  // size() * kIpcEventHandleBytes bytes.
+  std::vector<IpcEventHandle> fence_events;
   friend bool operator==(const Welcome&, const Welcome&) = default;
 };
 
@@ -195,6 +212,10 @@ struct CommitRequest {
   uint32_t start_block = 0;
   std::vector<TokenId> tokens;
   std::vector<uint32_t> slots;
+  // Extension (cuda backend): an interprocess event the writer recorded on its
+  // stream after writing these blocks; the daemon orders every later demotion
+  // after it. Encoded as ExtensionBytes of exactly kIpcEventHandleBytes bytes.
+  std::optional<IpcEventHandle> writer_event;
   friend bool operator==(const CommitRequest&, const CommitRequest&) = default;
 };
 

@@ -102,6 +102,10 @@ class Writer {
   void ExtensionU64(const char*, uint64_t v) {
     if (v != 0) Put(v);
   }
+  // An extension byte string: written only when not empty, as Bytes writes it.
+  void ExtensionBytes(const char* field, std::span<const uint8_t> b, size_t max) {
+    if (!b.empty()) Bytes(field, b, max);
+  }
 
   // `element(Writer&, const T&)` writes one element. `min_element_bytes` is unused
   // here; it mirrors Reader::Array so that one codec serves both directions.
@@ -209,6 +213,14 @@ class Reader {
     if (!ok() || remaining() == 0) return ok();
     if (!Get(field, v)) return false;
     return Require(v != 0, field, "is encoded with its default 0; omit it instead");
+  }
+  // An extension byte string: empty when no bytes remain; otherwise a length
+  // (at most `max`) and the bytes, which must not be empty (one encoding only).
+  bool ExtensionBytes(const char* field, std::vector<uint8_t>& b, size_t max) {
+    b.clear();
+    if (!ok() || remaining() == 0) return ok();
+    if (!Bytes(field, b, max)) return false;
+    return Require(!b.empty(), field, "is encoded empty; omit it instead");
   }
 
   // Reads an element count: at most `max`, and no more elements than the

@@ -17,6 +17,7 @@
 #include "kvtier/fence_layout.h"
 #include "kvtier/index_layout.h"
 #include "kvtier/status.h"
+#include "kvtier/wire.h"
 
 namespace kvtier::tiering {
 
@@ -105,6 +106,21 @@ class Backend {
 
   // Counts completed copies only. May be called from any thread.
   virtual CopyStats copy_stats(CopyDirection dir) const = 0;
+
+  // GPU-side fences for clients (Welcome.fence_events): interprocess events on
+  // the promotion stream; promotion fence `seq` recorded events[seq % size()]
+  // before SubmitCopies returned it. Empty when the backend has none (host).
+  virtual std::vector<wire::IpcEventHandle> PromotionFenceEvents() const { return {}; }
+
+  // Orders every demotion submitted after this call behind `writer_event`, an
+  // interprocess event a client recorded on its stream after writing GPU-tier
+  // blocks (CommitRequest.writer_event), so a GPU->host copy never reads a block
+  // before the compute that wrote it has finished. Engine thread only.
+  // Default (host backend: no GPU writes to order after): kFailedPrecondition.
+  virtual Status OrderAfterWriter(const wire::IpcEventHandle& /*writer_event*/) {
+    return FailedPrecondition(std::string("backend ") + BackendKindName(kind()) +
+                              " has no GPU writes to order after: a commit must not carry a writer event");
+  }
 };
 
 }  // namespace kvtier::tiering

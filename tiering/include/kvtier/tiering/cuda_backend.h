@@ -1,13 +1,17 @@
 // CudaBackend: the backend on a GPU host.
 //
 // The GPU tier is one cudaMalloc per pool, exported to clients with
-// cudaIpcGetMemHandle (PoolHandle::ipc_handle holds an encoded GpuPoolHandle).
+// cudaIpcGetMemHandle (PoolHandle::ipc_handle holds an encoded GpuPoolHandle,
+// with the device's UUID).
 // The host tier is a shared-memory segment, as on the host backend, pinned in
 // place with cudaHostRegister so the copy engines reach it and clients still map
 // it by name. Copies run on two streams: promotions (host->gpu) at the highest
 // stream priority, demotions at the lowest. Fences are the host backend's:
 // after each batch a host function advances the stream's completed counter in
 // the shared fence segment, so clients poll fences the same way on both backends.
+// GPU-side fences: the promotion stream records one of kFenceEventRing
+// interprocess events per batch (PromotionFenceEvents); OrderAfterWriter makes
+// the demotion stream wait for a client's writer event (opened once, cached).
 //
 // Built only with KVTIER_WITH_CUDA (target kvtier::cuda_backend).
 #pragma once
@@ -22,6 +26,8 @@
 #include "kvtier/tiering/backend.h"
 
 namespace kvtier::tiering {
+
+inline constexpr size_t kFenceEventRing = 64;  // Promotion fence events (seq % 64).
 
 struct CudaBackendOptions {
   // Prefix of every segment name: "/<prefix>.<pool>", "/<prefix>.fences". Unique per instance.
@@ -38,12 +44,6 @@ struct CudaBackendOptions {
 
 class CudaBackend : public Backend {
  public:
-  // The cudaIpcEventHandle_t (64 bytes) of an interprocess event recorded after
-  // every batch on the `dir` stream, for GPU-side waits in client processes.
-  // Nothing uses it yet: a recorded event names only its latest batch, so a
-  // waiter needs a per-fence scheme first; fences complete through the shared
-  // fence segment.
-  virtual std::array<uint8_t, 64> CopyEventHandle(CopyDirection dir) const = 0;
   // True when large-block batches go through cudaMemcpyBatchAsync (CUDA 13 toolkit, driver >= 12.8);
   // false: one cudaMemcpyAsync per copy.
   virtual bool batched_memcpy() const = 0;
