@@ -18,6 +18,8 @@ struct ProfileConfig {
   ModelProfile profile;
   uint32_t gpu_blocks = 0;   // Slots in the GPU tier.
   uint32_t host_blocks = 0;  // Slots in the host tier.
+
+  friend bool operator==(const ProfileConfig&, const ProfileConfig&) = default;
 };
 
 struct DaemonConfig {
@@ -52,6 +54,9 @@ struct DaemonConfig {
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.
   std::string metrics_listen;
+
+  // Field by field; DumpConfig then ParseConfig gives back an equal config.
+  friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
 
 struct ListenAddress {
