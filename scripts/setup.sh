@@ -3,6 +3,8 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang
+  # libFuzzer's runtime (libclang_rt.fuzzer*.a) for scripts/fuzz.sh; Debian 12's clang is 14.
+  libclang-rt-14-dev
   libxxhash-dev libyaml-cpp-dev libboost-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
   redis-server libhiredis-dev

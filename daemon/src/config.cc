@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -173,6 +174,10 @@ Status ParseProfile(const YAML::Node& node, const std::string& path, const std::
     if (bytes == 0 && blocks < 0) return s.Error(bytes_key, "is required (or " + blocks_key + ")");
     if (bytes != 0) blocks = static_cast<int64_t>(bytes / block);
     if (blocks < 1) return s.Error(bytes_key, "holds no whole block of " + std::to_string(block) + " bytes");
+    if (blocks > int64_t{1} << 28) {
+      return s.Error(bytes_key, "holds " + std::to_string(blocks) + " blocks of " + std::to_string(block) +
+                                    " bytes, more than the 2^28 slots a tier may have");
+    }
     (tier[0] == 'g' ? out->gpu_blocks : out->host_blocks) = static_cast<uint32_t>(blocks);
   }
   return s.CheckUnknown();
@@ -291,16 +296,56 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
   return Status::Ok();
 }
 
+std::string YamlString(const std::string& v);
+
+// ["a", "1001"]: user or group names as written.
 std::string IdList(const std::vector<std::string>& items) {
   std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", \"" : "\"") + items[i] + "\"";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + YamlString(items[i]);
   return out + "]";
 }
 
+// A NUL would cut a shared-memory or socket name short; no name needs the others.
+bool HasControlCharacter(const std::string& v) {
+  return std::any_of(v.begin(), v.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+
+// The shortest text that reads back as exactly `v`.
 std::string FmtDouble(double v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+// `v` as a YAML scalar that reads back as the same string: plain when it is
+// unambiguous (names, paths), otherwise double-quoted with escapes.
+std::string YamlString(const std::string& v) {
+  const bool plain =
+      !v.empty() && v != "null" && v != "Null" && v != "NULL" && v != "~" &&
+      (std::isalnum(static_cast<unsigned char>(v[0])) || v[0] == '/' || v[0] == '_') &&
+      std::all_of(v.begin(), v.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '/' || ch == '_' || ch == '-' || ch == '.';
+      });
+  if (plain) return v;
+  std::string out = "\"";
+  for (const char ch : v) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (u < 0x20 || u == 0x7f) {
+      static const char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += ch;  // UTF-8 bytes pass through.
+    }
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -311,7 +356,15 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   const size_t start = i;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   if (i == start) return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 4096, 512MiB, 2GiB)");
-  const double value = std::stod(std::string(text.substr(start, i - start)));
+  double value = 0;
+  const char* const digits_end = text.data() + i;
+  const auto parsed = std::from_chars(text.data() + start, digits_end, value, std::chars_format::fixed);
+  if (parsed.ec == std::errc::result_out_of_range) {
+    return InvalidArgument("size '" + std::string(text) + "' is out of range");
+  }
+  if (parsed.ec != std::errc() || parsed.ptr != digits_end) {
+    return InvalidArgument("'" + std::string(text) + "' is not a size (e.g. 4096, 512MiB, 2GiB)");
+  }
   while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
   const std::string unit(text.substr(i));
   double mult = 0;
@@ -343,11 +396,13 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
   try {
     Section top(root, "", source);
     KVTIER_RETURN_IF_ERROR(top.ReadString("instance", &c.instance));
-    if (c.instance.empty() || c.instance.size() > 64 || c.instance.find('/') != std::string::npos) {
-      return top.Error("instance", "must be 1-64 characters without '/'");
+    if (c.instance.empty() || c.instance.size() > 64 || c.instance.find('/') != std::string::npos ||
+        HasControlCharacter(c.instance)) {
+      return top.Error("instance", "must be 1-64 characters without '/' or control characters");
     }
     KVTIER_RETURN_IF_ERROR(top.ReadString("socket", &c.socket_path));
     if (c.socket_path.empty() || c.socket_path.size() > 107) return top.Error("socket", "must be a path of 1-107 bytes");
+    if (HasControlCharacter(c.socket_path)) return top.Error("socket", "must not hold control characters");
     KVTIER_RETURN_IF_ERROR(top.ReadString("backend", &c.backend, {"auto", "host", "cuda"}));
     KVTIER_RETURN_IF_ERROR(top.ReadString("log_level", &c.log_level, {"error", "warn", "info", "debug"}));
     KVTIER_RETURN_IF_ERROR(top.ReadBool("warm_restart", &c.warm_restart));
@@ -429,14 +484,14 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path) {
 
 std::string DumpConfig(const DaemonConfig& c) {
   std::ostringstream o;
-  o << "instance: " << c.instance << "\n"
-    << "socket: " << c.socket_path << "\n"
+  o << "instance: " << YamlString(c.instance) << "\n"
+    << "socket: " << YamlString(c.socket_path) << "\n"
     << "backend: " << c.backend << "\n"
     << "log_level: " << c.log_level << "\n"
     << "warm_restart: " << (c.warm_restart ? "true" : "false") << "\n"
     << "profiles:\n";
   for (const ProfileConfig& p : c.profiles) {
-    o << "  - name: " << p.profile.name << "\n"
+    o << "  - name: " << YamlString(p.profile.name) << "\n"
       << "    layers: " << p.profile.layers << "\n"
       << "    kv_heads: " << p.profile.kv_heads << "\n"
       << "    head_dim: " << p.profile.head_dim << "\n"
@@ -463,7 +518,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
     << "  hello_timeout_ms: " << c.hello_timeout_ms << "\n"
     << "metrics:\n"
-    << "  listen: \"" << c.metrics_listen << "\"\n";
+    << "  listen: " << (c.metrics_listen.empty() ? "\"\"" : YamlString(c.metrics_listen)) << "\n";
   char mode[8];
   std::snprintf(mode, sizeof(mode), "%04o", c.access.mode);
   o << "access:\n"
@@ -472,11 +527,11 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  admin_users: " << IdList(c.access.admin_users) << "\n"
     << "  admin_groups: " << IdList(c.access.admin_groups) << "\n"
     << "  allow_root: " << (c.access.allow_root ? "true" : "false") << "\n"
-    << "  group: \"" << c.access.group << "\"\n"
+    << "  group: " << (c.access.group.empty() ? "\"\"" : YamlString(c.access.group)) << "\n"
     << "  mode: \"" << mode << "\"\n";
   o << "tenants:" << (c.tenants.empty() ? " []" : "") << "\n";
   for (const TenantConfig& t : c.tenants) {
-    o << "  - name: " << t.name << "\n"
+    o << "  - name: " << YamlString(t.name) << "\n"
       << "    users: " << IdList(t.users) << "\n"
       << "    groups: " << IdList(t.groups) << "\n"
       << "    allow_requested: " << (t.allow_requested ? "true" : "false") << "\n"
@@ -497,6 +552,7 @@ Result<ListenAddress> ParseListenAddress(std::string_view text) {
     if (host.size() < 3 || host.back() != ']') return InvalidArgument(usage);
     host = host.substr(1, host.size() - 2);
   }
+  if (host.find('\0') != std::string_view::npos) return InvalidArgument(usage);  // inet_pton would stop there.
   ListenAddress out;
   out.host = std::string(host);
   unsigned char buf[sizeof(in6_addr)];

@@ -18,6 +18,8 @@ struct ProfileConfig {
   ModelProfile profile;
   uint32_t gpu_blocks = 0;   // Slots in the GPU tier.
   uint32_t host_blocks = 0;  // Slots in the host tier.
+
+  friend bool operator==(const ProfileConfig&, const ProfileConfig&) = default;
 };
 
 // Who may connect (access:). Users and groups are written as names or numeric
@@ -85,6 +87,9 @@ struct DaemonConfig {
   // box where every allowed peer is trusted alike). Otherwise peers map to the
   // tenant listing their uid or a gid, else to "default".
   std::vector<TenantConfig> tenants;
+
+  // Field by field; DumpConfig then ParseConfig gives back an equal config.
+  friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
 
 struct ListenAddress {

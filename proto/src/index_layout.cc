@@ -76,20 +76,22 @@ bool IndexView::Find(const BlockKey& key, const BlockKey& parent, uint32_t ns_ta
         if (LoadRelaxed(s.seq) == s1) next_slot = true;  // Stable and another key.
         continue;
       }
-      bool same = record < max_records_ && LoadRelaxed(s.ns_tag) == ns_tag;
-      const TokenId* row = tokens_ + size_t{record} * (kRowHeaderWords + block_tokens_);
+      // A record outside the segment or a tier that does not exist is a corrupt
+      // entry: a miss, and its row is never read.
+      const uint8_t tier = LoadRelaxed(s.tier);
+      bool same = record < max_records_ && tier < kTierCount && LoadRelaxed(s.ns_tag) == ns_tag;
       if (same) {
+        const TokenId* row = tokens_ + size_t{record} * (kRowHeaderWords + block_tokens_);
         const uint64_t plo = LoadRelaxed(row[0]) | (uint64_t{LoadRelaxed(row[1])} << 32);
         const uint64_t phi = LoadRelaxed(row[2]) | (uint64_t{LoadRelaxed(row[3])} << 32);
         same = plo == parent.lo && phi == parent.hi;
+        row += kRowHeaderWords;
+        for (uint32_t t = 0; same && t < block_tokens_; ++t) same = LoadRelaxed(row[t]) == tokens[t];
       }
-      row += kRowHeaderWords;
-      for (uint32_t t = 0; same && t < block_tokens_; ++t) same = LoadRelaxed(row[t]) == tokens[t];
-      const uint8_t tier = LoadRelaxed(s.tier);
       const uint8_t moving = LoadRelaxed(s.moving);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (LoadRelaxed(s.seq) != s1) continue;  // Torn: read again.
-      if (!same) return false;  // Key matched but tokens or tenant did not: a miss, never a wrong hit.
+      if (!same) return false;  // Key matched but tokens, tenant or the entry itself did not: a miss, never a wrong hit.
       if (out != nullptr) *out = IndexEntry{record, static_cast<Tier>(tier), moving != 0};
       return true;
     }

@@ -396,5 +396,94 @@ TEST(ConfigTest, WarmRestartIsOffByDefaultRoundTripsAndIsNotReloadable) {
   EXPECT_EQ(plan.kept[0], "warm_restart: false -> true");
 }
 
+// Found by kvtier-fuzz-config (tests/fuzz/corpus/config/found_*): malformed
+// numbers used to escape ParseByteSize as std::invalid_argument / out_of_range.
+TEST(ConfigTest, MalformedByteSizesAreErrorsNotExceptions) {
+  for (const char* text : {".", "..", ".nan", "1.2.3", "1..5KiB", " . MiB"}) {
+    auto v = ParseByteSize(text);
+    ASSERT_FALSE(v.ok()) << text;
+    EXPECT_NE(v.status().message().find("is not a size"), std::string::npos) << v.status().message();
+  }
+  const std::string huge(400, '9');
+  auto v = ParseByteSize(huge + "KiB");
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("out of range"), std::string::npos) << v.status().message();
+  EXPECT_FALSE(ParseByteSize("1000TiB").ok());  // Over the 1e15-byte cap.
+  EXPECT_EQ(*ParseByteSize("1."), 1u);
+  EXPECT_EQ(*ParseByteSize(".5KiB"), 512u);
+  std::string p = kMinimal;
+  p.replace(p.find("gpu_blocks: 10"), 14, "gpu_bytes: " + huge);
+  EXPECT_NE(ErrorOf(p).find("profiles[0].gpu_bytes: size '"), std::string::npos) << ErrorOf(p);
+}
+
+// A tier size in bytes may not stand for more slots than gpu_blocks/host_blocks
+// allow (2^28); it used to wrap around in the uint32_t slot count.
+TEST(ConfigTest, ByteSizesBeyondTheSlotLimitAreErrors) {
+  const std::string tiny = R"(profiles:
+  - name: p
+    layers: 1
+    kv_heads: 1
+    head_dim: 1
+    block_tokens: 1
+    host_blocks: 1
+)";
+  auto ok = ParseConfig(tiny + "    gpu_bytes: 1GiB\n", "t.yaml");  // 4-byte blocks: exactly 2^28.
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->profiles[0].gpu_blocks, 1u << 28);
+  const std::string err = ErrorOf(tiny + "    gpu_bytes: 16TiB\n");
+  EXPECT_NE(err.find("profiles[0].gpu_bytes: holds 4398046511104 blocks"), std::string::npos) << err;
+}
+
+// Found in the fuzz corpus (found_instance_bad_utf8_nul): a quoted instance
+// name with a NUL was accepted, and the shared-memory names made from it would
+// end at the NUL. Control characters in the instance or socket, and a NUL in
+// the metrics address, are errors.
+TEST(ConfigTest, NamesWithControlCharactersAreErrors) {
+  EXPECT_NE(ErrorOf(std::string("instance: \"a\\0b\"\n") + kMinimal).find("instance: must be 1-64 characters"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string("instance: \"a\\tb\"\n") + kMinimal).find("instance: must be"), std::string::npos);
+  EXPECT_NE(ErrorOf(std::string("socket: \"/tmp/a\\nb\"\n") + kMinimal).find("socket: must not hold control"),
+            std::string::npos);
+  const std::string listen = ErrorOf(std::string(kMinimal) + "metrics:\n  listen: \"127.0.0.1\\0junk:80\"\n");
+  EXPECT_NE(listen.find("metrics.listen: "), std::string::npos) << listen;
+  EXPECT_FALSE(ParseListenAddress(std::string_view("127.0.0.1\0:80", 13)).ok());
+  EXPECT_EQ(ErrorOf(std::string("instance: \"caf\\u00e9 #2\"\n") + kMinimal), "");
+}
+
+// What --check-config and `cachectl config` print parses back to the same config,
+// for strings YAML would otherwise read as something else, and for doubles that
+// need more than six significant digits.
+TEST(ConfigTest, TheDumpQuotesStringsAndKeepsEveryDigit) {
+  const std::string yaml = std::string(R"(instance: "a: b # c"
+socket: "/tmp/x\"y\\z \u00e9"
+)") + kMinimal + R"(tiering:
+  gpu_high_watermark: 0.123456789
+  gpu_low_watermark: 0.1
+metrics:
+  listen: "[::1]:0"
+)";
+  std::string named = yaml;
+  named.replace(named.find("name: p"), 7, "name: \"null\"");
+  auto c = ParseConfig(named, "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->instance, "a: b # c");
+  EXPECT_EQ(c->socket_path, "/tmp/x\"y\\z \xc3\xa9");
+  EXPECT_EQ(c->profiles[0].profile.name, "null");
+  const std::string dump = DumpConfig(*c);
+  auto again = ParseConfig(dump, "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << dump;
+  EXPECT_TRUE(*again == *c) << dump;
+  EXPECT_EQ(again->gpu_high_watermark, 0.123456789);
+  EXPECT_NE(dump.find("instance: \"a: b # c\"\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("  - name: \"null\"\n"), std::string::npos) << dump;
+  // Plain names and paths stay unquoted.
+  auto plain = ParseConfig(kMinimal, "t.yaml");
+  ASSERT_TRUE(plain.ok());
+  const std::string plain_dump = DumpConfig(*plain);
+  EXPECT_NE(plain_dump.find("instance: kvtier\n"), std::string::npos) << plain_dump;
+  EXPECT_NE(plain_dump.find("socket: /run/kvtier/kvtierd.sock\n"), std::string::npos) << plain_dump;
+  EXPECT_NE(plain_dump.find("gpu_high_watermark: 0.9\n"), std::string::npos) << plain_dump;
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

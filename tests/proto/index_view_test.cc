@@ -197,6 +197,39 @@ TEST_F(IndexViewTest, LongestPrefix) {
   EXPECT_EQ(view_.LongestPrefix(BlockKey{}, {}, tag_, {}), 0u);
 }
 
+// Found by kvtier-fuzz-index (tests/fuzz/corpus/index/found_bad_tier): a slot
+// whose tier byte names no tier was reported as a hit in that "tier". A corrupt
+// slot (bad tier, record index outside the segment) is a miss, and the record's
+// row is not read.
+TEST_F(IndexViewTest, CorruptSlotIsAMissNeverAHit) {
+  const std::vector<TokenId> tokens = {21, 22, 23, 24};
+  const BlockKey key = ChainKey(BlockKey{}, ns_, tokens);
+  Put(key, BlockKey{}, tokens, 5, tag_, Tier::kHost);
+  auto copy = CopyOf(mapping_);
+  auto view = IndexView::Attach(copy.get(), mapping_.size());
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  ASSERT_TRUE(view->Find(key, BlockKey{}, tag_, tokens, nullptr));
+  auto* table = reinterpret_cast<IndexSlot*>(copy.get() + view->header().table_offset);
+  IndexSlot& slot = table[HomeSlot(key, view->header().table_slots)];
+  ASSERT_EQ(slot.record, 5u);
+
+  for (uint8_t bad_tier : {uint8_t{2}, uint8_t{7}, uint8_t{255}}) {
+    slot.tier = bad_tier;
+    IndexEntry e;
+    EXPECT_FALSE(view->Find(key, BlockKey{}, tag_, tokens, &e)) << "tier " << int{bad_tier};
+    std::vector<Tier> tiers(1);
+    EXPECT_EQ(view->LongestPrefix(BlockKey{}, std::span<const BlockKey>(&key, 1), tag_, tokens, tiers), 0u);
+  }
+  slot.tier = static_cast<uint8_t>(Tier::kHost);
+  ASSERT_TRUE(view->Find(key, BlockKey{}, tag_, tokens, nullptr));
+
+  // max_records is 32: records 32 and up lie outside the rows.
+  for (uint32_t bad_record : {32u, 33u, 0x7fffffffu, 0xfffffffeu}) {
+    slot.record = bad_record;
+    EXPECT_FALSE(view->Find(key, BlockKey{}, tag_, tokens, nullptr)) << "record " << bad_record;
+  }
+}
+
 // --- Attach validation ---------------------------------------------------------
 
 class AttachTest : public IndexViewTest {
