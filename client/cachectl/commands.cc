@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +29,8 @@ int ExitCodeFor(StatusCode code) {
       return kExitNotFound;
     case StatusCode::kUnavailable:
       return kExitUnavailable;
+    case StatusCode::kPermissionDenied:
+      return kExitPermission;
     default:
       return kExitError;
   }
@@ -57,7 +60,8 @@ std::unique_ptr<Client> ConnectOrFail(const GlobalOptions& g, int* rc) {
   if (!c.ok()) {
     const StatusCode code = c.status().code();
     const bool unreachable = code == StatusCode::kUnavailable || code == StatusCode::kTimeout;
-    *rc = Fail("connect", c.status(), unreachable ? kExitUnavailable : kExitError);
+    *rc = Fail("connect", c.status(),
+               unreachable ? kExitUnavailable : code == StatusCode::kPermissionDenied ? kExitPermission : kExitError);
     return nullptr;
   }
   return std::move(c).value();
@@ -343,12 +347,12 @@ struct EvictArgs {
 };
 
 int CmdEvict(const GlobalOptions& g, const EvictArgs& a) {
-  const int given = (a.session.empty() ? 0 : 1) + (a.tenant.empty() ? 0 : 1) + (a.all ? 1 : 0);
-  if (given != 1) return Usage("evict: give exactly one of a session ID, --tenant T or --all");
+  const int given = (a.session.empty() && a.tenant.empty() ? 0 : 1) + (a.all ? 1 : 0);
+  if (given != 1) return Usage("evict: give a session ID (with --tenant T: that tenant's), --tenant T or --all");
   int rc = 0;
   auto c = ConnectOrFail(g, &rc);
   if (!c) return rc;
-  Result<uint32_t> r = !a.session.empty() ? c->Evict(a.session)
+  Result<uint32_t> r = !a.session.empty() ? c->Evict(a.session, a.tenant)
                        : a.all            ? c->EvictAll()
                                           : c->EvictTenant(a.tenant);
   const std::string what =
@@ -409,6 +413,7 @@ int CmdPriority(const GlobalOptions& g, const std::string& verb, const std::stri
 }
 
 struct StatsArgs {
+  std::string tenant;  // Only this tenant's per-tenant figures.
   double watch = 0;
   bool watching = false;
   uint64_t count = 0;
@@ -467,12 +472,34 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
   if (!c) return rc;
   const auto period = std::chrono::duration<double>(a.watch);
   auto next = std::chrono::steady_clock::now();
+  if (!a.tenant.empty()) {
+    // The daemon decides who may see another tenant: its session list says so.
+    auto allowed = c->ListSessions(a.tenant);
+    if (!allowed.ok()) return Fail("stats --tenant '" + a.tenant + "'", allowed.status());
+  }
   for (uint64_t n = 0;; ++n) {
     auto r = c->Stats();
     if (!r.ok()) return Fail("stats", r.status());
+    // "tenant.<name>.<what>" entries: kept for the --tenant one only, and
+    // gathered per tenant for the summary and JSON.
+    std::map<std::string, std::map<std::string, double>> tenants;
+    std::erase_if(*r, [&](const auto& kv) {
+      const std::string& k = kv.first;
+      if (k.rfind("tenant.", 0) != 0) return false;
+      const size_t dot = k.rfind('.');
+      const std::string name = k.substr(7, dot - 7);
+      if (!a.tenant.empty() && name != a.tenant) return true;
+      tenants[name][k.substr(dot + 1)] = kv.second;
+      return false;
+    });
     if (g.json) {
       json j = json::object();
       for (const auto& [k, v] : *r) j[k] = Number(v);
+      json t = json::object();
+      for (const auto& [name, values] : tenants) {
+        for (const auto& [what, v] : values) t[name][what] = Number(v);
+      }
+      j["tenants"] = t;
       const StatsSummary d = Summarize(*r);
       j["hit_rate_blocks"] = NumberOrNull(d.hit_rate_blocks);
       j["hit_rate_tokens"] = NumberOrNull(d.hit_rate_tokens);
@@ -482,6 +509,16 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
     } else {
       if (a.watching && n > 0) std::printf("\n");
       PrintStatsSummary(*r);
+      for (const auto& [name, v] : tenants) {
+        auto quota = [&](const char* key) {
+          auto it = v.find(key);
+          return it == v.end() || it->second == 0 ? std::string("unlimited") : FormatNumber(it->second);
+        };
+        auto get = [&](const char* key) { auto it = v.find(key); return it == v.end() ? 0.0 : it->second; };
+        std::printf("tenant %-8s gpu %s blocks (quota %s), host %s blocks (quota %s)\n", name.c_str(),
+                    FormatNumber(get("gpu_blocks")).c_str(), quota("gpu_quota").c_str(),
+                    FormatNumber(get("host_blocks")).c_str(), quota("host_quota").c_str());
+      }
       std::printf("\n");
       size_t width = 0;
       for (const auto& kv : *r) width = std::max(width, kv.first.size());
@@ -536,9 +573,10 @@ void AddCommands(CLI::App& app, const GlobalOptions& global, std::function<int()
   auto evict_args = std::make_shared<EvictArgs>();
   auto* evict = app.add_subcommand("evict", "Drop a session, a tenant's sessions, or all sessions");
   auto* evict_id = evict->add_option("ID", evict_args->session, "Session id");
-  auto* evict_tenant = evict->add_option("--tenant", evict_args->tenant, "Every session of this tenant");
+  auto* evict_tenant = evict->add_option("--tenant", evict_args->tenant,
+                                         "Every session of this tenant; with ID, that tenant's session ID");
   auto* evict_all = evict->add_flag("--all", evict_args->all, "Every session");
-  evict_id->excludes(evict_tenant)->excludes(evict_all);
+  evict_id->excludes(evict_all);
   evict_tenant->excludes(evict_all);
   evict->callback([=] { *act = [=] { return CmdEvict(*g, *evict_args); }; });
 
@@ -577,6 +615,7 @@ void AddCommands(CLI::App& app, const GlobalOptions& global, std::function<int()
   auto stats_args = std::make_shared<StatsArgs>();
   auto* stats = app.add_subcommand(
       "stats", "Hit rates, bytes moved, copy speed, RPC latency percentiles, evictions; then every counter and gauge");
+  stats->add_option("--tenant", stats_args->tenant, "Only this tenant's blocks per tier (others': admins only)");
   auto* watch = stats->add_option("--watch", stats_args->watch, "Print again every SECONDS")
                     ->check(CLI::PositiveNumber);
   stats->add_option("--count", stats_args->count, "With --watch: stop after N reports (0: never)")

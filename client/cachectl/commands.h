@@ -19,6 +19,7 @@ inline constexpr int kExitError = 1;
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitUnavailable = 3;
 inline constexpr int kExitNotFound = 4;
+inline constexpr int kExitPermission = 5;  // kvtierd refused: not allowed, or another tenant's and not an admin.
 
 // Options every command shares.
 struct GlobalOptions {

@@ -654,8 +654,9 @@ Result<uint32_t> Client::Demote(std::string_view session) {
   return r->count;
 }
 
-Result<uint32_t> Client::Evict(std::string_view session) {
-  auto r = Expect<wire::CountResponse>(core_->Call(wire::EvictRequest{std::string(session), "", false}, true));
+Result<uint32_t> Client::Evict(std::string_view session, std::string_view tenant) {
+  auto r = Expect<wire::CountResponse>(
+      core_->Call(wire::EvictRequest{std::string(session), std::string(tenant), false}, true));
   if (!r.ok()) return r.status();
   return r->count;
 }

@@ -1,13 +1,16 @@
 #include "config.h"
 
 #include <arpa/inet.h>
+#include <grp.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -180,6 +183,128 @@ Status ParseProfile(const YAML::Node& node, const std::string& path, const std::
   return s.CheckUnknown();
 }
 
+// "alice" or "1001" -> a uid (a numeric id needs no passwd entry).
+Result<uint32_t> ResolveId(const std::string& text, bool user) {
+  if (!text.empty() && std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    if (text.size() > 10 || std::stoull(text) >= 0xffffffffull) return InvalidArgument("id " + text + " is out of range");
+    return static_cast<uint32_t>(std::stoul(text));
+  }
+  std::vector<char> buf(16384);
+  if (user) {
+    passwd pw{}, *found = nullptr;
+    if (::getpwnam_r(text.c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) return found->pw_uid;
+    return NotFound("unknown user '" + text + "'");
+  }
+  group gr{}, *found = nullptr;
+  if (::getgrnam_r(text.c_str(), &gr, buf.data(), buf.size(), &found) == 0 && found != nullptr) return found->gr_gid;
+  return NotFound("unknown group '" + text + "'");
+}
+
+// A name, an id, or a list of them -> both spellings, resolved.
+Status ReadIds(Section& s, const char* key, bool user, std::vector<std::string>* names, std::vector<uint32_t>* ids) {
+  YAML::Node n = s.Get(key);
+  if (!n || n.IsNull()) return Status::Ok();
+  std::vector<std::string> items;
+  if (n.IsScalar()) {
+    items.push_back(n.Scalar());
+  } else if (n.IsSequence()) {
+    for (const auto& e : n) {
+      if (!e.IsScalar()) return s.Error(key, "expected a list of user or group names or ids");
+      items.push_back(e.Scalar());
+    }
+  } else {
+    return s.Error(key, "expected a list of user or group names or ids");
+  }
+  for (const std::string& item : items) {
+    auto id = ResolveId(item, user);
+    if (!id.ok()) return s.Error(key, id.status().message());
+    if (std::find(names->begin(), names->end(), item) != names->end()) return s.Error(key, "'" + item + "' appears twice");
+    names->push_back(item);
+    ids->push_back(*id);
+  }
+  return Status::Ok();
+}
+
+Status ReadBool(Section& s, const char* key, bool* out) {
+  YAML::Node n = s.Get(key);
+  if (!n) return Status::Ok();
+  const std::string v = n.IsScalar() ? n.Scalar() : "";
+  if (v == "true" || v == "yes") *out = true;
+  else if (v == "false" || v == "no") *out = false;
+  else return s.Error(key, "expected true or false, got '" + v + "'");
+  return Status::Ok();
+}
+
+Status ParseAccess(const YAML::Node& node, const std::string& source, AccessConfig* a) {
+  if (!node.IsMap()) return InvalidArgument(source + ": access: expected a mapping");
+  Section s(node, "access", source);
+  KVTIER_RETURN_IF_ERROR(
+      s.Known({"allow_users", "allow_groups", "admin_users", "admin_groups", "allow_root", "group", "mode"}));
+  KVTIER_RETURN_IF_ERROR(ReadIds(s, "allow_users", true, &a->allow_users, &a->allow_uids));
+  KVTIER_RETURN_IF_ERROR(ReadIds(s, "allow_groups", false, &a->allow_groups, &a->allow_gids));
+  KVTIER_RETURN_IF_ERROR(ReadIds(s, "admin_users", true, &a->admin_users, &a->admin_uids));
+  KVTIER_RETURN_IF_ERROR(ReadIds(s, "admin_groups", false, &a->admin_groups, &a->admin_gids));
+  KVTIER_RETURN_IF_ERROR(ReadBool(s, "allow_root", &a->allow_root));
+  KVTIER_RETURN_IF_ERROR(s.ReadString("group", &a->group));
+  if (!a->group.empty()) {
+    auto gid = ResolveId(a->group, false);
+    if (!gid.ok()) return s.Error("group", gid.status().message());
+    a->group_gid = *gid;
+  }
+  if (YAML::Node m = s.Get("mode")) {
+    // Written as 0660 (YAML reads it as a decimal-looking string) or "0600".
+    const std::string v = m.IsScalar() ? m.Scalar() : "";
+    if (v == "0660" || v == "660") a->mode = 0660;
+    else if (v == "0600" || v == "600") a->mode = 0600;
+    else return s.Error("mode", "'" + v + "' is not 0660 or 0600 (others never get access)");
+  }
+  return s.CheckUnknown();
+}
+
+Status ParseTenants(const YAML::Node& node, const std::string& source, std::vector<TenantConfig>* out) {
+  if (!node.IsSequence()) return InvalidArgument(source + ": tenants: expected a list of tenants");
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string path = "tenants[" + std::to_string(i) + "]";
+    if (!node[i].IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
+    Section s(node[i], path, source);
+    KVTIER_RETURN_IF_ERROR(s.Known({"name", "users", "groups", "allow_requested", "gpu_blocks", "host_blocks"}));
+    TenantConfig t;
+    KVTIER_RETURN_IF_ERROR(s.ReadString("name", &t.name));
+    if (t.name.empty() || t.name.size() > 64) return s.Error("name", "is required: 1-64 characters");
+    for (char c : t.name) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+        return s.Error("name", "'" + t.name + "' may hold only letters, digits, '-', '_' and '.'");
+      }
+    }
+    KVTIER_RETURN_IF_ERROR(ReadIds(s, "users", true, &t.users, &t.uids));
+    KVTIER_RETURN_IF_ERROR(ReadIds(s, "groups", false, &t.groups, &t.gids));
+    KVTIER_RETURN_IF_ERROR(ReadBool(s, "allow_requested", &t.allow_requested));
+    KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("gpu_blocks", &t.gpu_blocks, 0, 1u << 28));
+    KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("host_blocks", &t.host_blocks, 0, 1u << 28));
+    for (const TenantConfig& o : *out) {
+      if (o.name == t.name) return s.Error("name", "tenant '" + t.name + "' appears twice");
+      for (size_t k = 0; k < t.uids.size(); ++k) {
+        if (std::find(o.uids.begin(), o.uids.end(), t.uids[k]) != o.uids.end()) {
+          return s.Error("users", "user '" + t.users[k] + "' is already in tenant '" + o.name +
+                                      "' (a user maps to one tenant)");
+        }
+      }
+    }
+    KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
+    out->push_back(std::move(t));
+  }
+  return Status::Ok();
+}
+
+std::string YamlString(const std::string& v);
+
+// ["a", "1001"]: user or group names as written.
+std::string IdList(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + YamlString(items[i]);
+  return out + "]";
+}
+
 // A NUL would cut a shared-memory or socket name short; no name needs the others.
 bool HasControlCharacter(const std::string& v) {
   return std::any_of(v.begin(), v.end(), [](char ch) {
@@ -318,12 +443,14 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       Section s(l, "limits", source);
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients", &c.max_clients, 1, 1u << 20));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions", &c.max_sessions, 1, 1u << 28));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions_per_tenant", &c.max_sessions_per_tenant, 0, 1u << 28));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_leases_per_client", &c.max_leases_per_client, 1, 1u << 24));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_blocks_per_request", &c.max_blocks_per_request, 1, 1u << 20));
       uint64_t frame = c.max_frame_bytes;
       KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_frame_bytes", &frame));
       if (frame < 4096 || frame > (16u << 20)) return s.Error("max_frame_bytes", "must be in [4KiB, 16MiB]");
       c.max_frame_bytes = static_cast<uint32_t>(frame);
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("hello_timeout_ms", &c.hello_timeout_ms, 10, 600000));
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }
     if (YAML::Node m = top.Get("metrics")) {
@@ -335,6 +462,10 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
         if (!addr.ok()) return s.Error("listen", addr.status().message());
       }
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
+    }
+    if (YAML::Node a = top.Get("access")) KVTIER_RETURN_IF_ERROR(ParseAccess(a, source, &c.access));
+    if (YAML::Node t = top.Get("tenants")) {
+      if (!t.IsNull()) KVTIER_RETURN_IF_ERROR(ParseTenants(t, source, &c.tenants));
     }
     KVTIER_RETURN_IF_ERROR(top.CheckUnknown());
   } catch (const YAML::Exception& e) {
@@ -381,11 +512,32 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "limits:\n"
     << "  max_clients: " << c.max_clients << "\n"
     << "  max_sessions: " << c.max_sessions << "\n"
+    << "  max_sessions_per_tenant: " << c.max_sessions_per_tenant << "\n"
     << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
     << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
+    << "  hello_timeout_ms: " << c.hello_timeout_ms << "\n"
     << "metrics:\n"
     << "  listen: " << (c.metrics_listen.empty() ? "\"\"" : YamlString(c.metrics_listen)) << "\n";
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%04o", c.access.mode);
+  o << "access:\n"
+    << "  allow_users: " << IdList(c.access.allow_users) << "\n"
+    << "  allow_groups: " << IdList(c.access.allow_groups) << "\n"
+    << "  admin_users: " << IdList(c.access.admin_users) << "\n"
+    << "  admin_groups: " << IdList(c.access.admin_groups) << "\n"
+    << "  allow_root: " << (c.access.allow_root ? "true" : "false") << "\n"
+    << "  group: " << (c.access.group.empty() ? "\"\"" : YamlString(c.access.group)) << "\n"
+    << "  mode: \"" << mode << "\"\n";
+  o << "tenants:" << (c.tenants.empty() ? " []" : "") << "\n";
+  for (const TenantConfig& t : c.tenants) {
+    o << "  - name: " << YamlString(t.name) << "\n"
+      << "    users: " << IdList(t.users) << "\n"
+      << "    groups: " << IdList(t.groups) << "\n"
+      << "    allow_requested: " << (t.allow_requested ? "true" : "false") << "\n"
+      << "    gpu_blocks: " << t.gpu_blocks << "\n"
+      << "    host_blocks: " << t.host_blocks << "\n";
+  }
   return o.str();
 }
 
@@ -461,10 +613,29 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("tiering.warm_snapshot_ms", std::to_string(c.warm_snapshot_ms), true);
   add("limits.max_clients", std::to_string(c.max_clients), true);
   add("limits.max_sessions", std::to_string(c.max_sessions), false);
+  add("limits.max_sessions_per_tenant", std::to_string(c.max_sessions_per_tenant), false);
   add("limits.max_leases_per_client", std::to_string(c.max_leases_per_client), true);
   add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);
   add("limits.max_frame_bytes", std::to_string(c.max_frame_bytes), false);
+  add("limits.hello_timeout_ms", std::to_string(c.hello_timeout_ms), true);
   add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
+  add("access.allow_users", IdList(c.access.allow_users), false);
+  add("access.allow_groups", IdList(c.access.allow_groups), false);
+  add("access.admin_users", IdList(c.access.admin_users), false);
+  add("access.admin_groups", IdList(c.access.admin_groups), false);
+  add("access.allow_root", c.access.allow_root ? "true" : "false", false);
+  add("access.group", "\"" + c.access.group + "\"", false);
+  add("access.mode", std::to_string(c.access.mode), false);
+  for (size_t i = 0; i < c.tenants.size(); ++i) {
+    const TenantConfig& t = c.tenants[i];
+    const std::string k = "tenants[" + std::to_string(i) + "].";
+    add(k + "name", t.name, false);
+    add(k + "users", IdList(t.users), false);
+    add(k + "groups", IdList(t.groups), false);
+    add(k + "allow_requested", t.allow_requested ? "true" : "false", false);
+    add(k + "gpu_blocks", std::to_string(t.gpu_blocks), false);
+    add(k + "host_blocks", std::to_string(t.host_blocks), false);
+  }
   return out;
 }
 
@@ -485,6 +656,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.warm_snapshot_ms = loaded.warm_snapshot_ms;
   n.max_clients = loaded.max_clients;
   n.max_leases_per_client = loaded.max_leases_per_client;
+  n.hello_timeout_ms = loaded.hello_timeout_ms;
 
   const std::vector<Setting> before = Flatten(running), after = Flatten(loaded);
   auto find = [](const std::vector<Setting>& in, const std::string& key) -> const Setting* {

@@ -22,6 +22,31 @@ struct ProfileConfig {
   friend bool operator==(const ProfileConfig&, const ProfileConfig&) = default;
 };
 
+// Who may connect (access:). Users and groups are written as names or numeric
+// ids; parsing resolves them (an unknown name is an error) into the *_ids lists.
+struct AccessConfig {
+  std::vector<std::string> allow_users, allow_groups, admin_users, admin_groups;  // As written.
+  std::vector<uint32_t> allow_uids, allow_gids, admin_uids, admin_gids;            // Resolved.
+  bool allow_root = true;   // uid 0 may connect and is an admin.
+  std::string group;        // Group that owns the socket and segments; empty: the daemon's own.
+  uint32_t group_gid = kNoGroup;
+  uint32_t mode = 0660;     // Socket and segments: 0660 or 0600.
+  static constexpr uint32_t kNoGroup = 0xffffffffu;
+  friend bool operator==(const AccessConfig&, const AccessConfig&) = default;
+};
+
+// A tenant (tenants: [...]): a namespace of blocks and sessions, the users and
+// groups that map to it, and its quotas per tier (0 = unlimited).
+struct TenantConfig {
+  std::string name;
+  std::vector<std::string> users, groups;  // As written.
+  std::vector<uint32_t> uids, gids;        // Resolved.
+  bool allow_requested = false;  // A member may ask for this tenant at Hello.
+  uint32_t gpu_blocks = 0;
+  uint32_t host_blocks = 0;
+  friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
+};
+
 struct DaemonConfig {
   std::string instance = "kvtier";  // Shared-memory names: /<instance>.<profile>.{gpu,host,index}, /<instance>.fences
   std::string socket_path = "/run/kvtier/kvtierd.sock";
@@ -47,13 +72,21 @@ struct DaemonConfig {
 
   uint32_t max_clients = 256;
   uint32_t max_sessions = 65536;
+  uint32_t max_sessions_per_tenant = 0;  // 0: no limit of its own (max_sessions applies).
   uint32_t max_leases_per_client = 4096;
   uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
+  uint32_t hello_timeout_ms = 10000;  // A connection must send Hello this soon, else it is closed.
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.
   std::string metrics_listen;
+
+  AccessConfig access;
+  // Empty: no tenant mapping; a client's Hello names its tenant (a label, for a
+  // box where every allowed peer is trusted alike). Otherwise peers map to the
+  // tenant listing their uid or a gid, else to "default".
+  std::vector<TenantConfig> tenants;
 
   // Field by field; DumpConfig then ParseConfig gives back an equal config.
   friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
@@ -67,8 +100,8 @@ struct ListenAddress {
 Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
-// effect at once (log_level, tiering.*, limits.max_clients and
-// limits.max_leases_per_client); the rest shape shared memory, the socket or
+// effect at once (log_level, tiering.*, limits.max_clients,
+// limits.max_leases_per_client and limits.hello_timeout_ms); the rest shape shared memory, the socket or
 // what clients were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.

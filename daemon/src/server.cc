@@ -78,6 +78,8 @@ struct Server::Impl {
 
   void Accept();
   void ScheduleTick();
+  // Closes connections that sent no Hello within limits.hello_timeout_ms.
+  void CloseSilentConnections();
   void WaitForReload();
   void Reload();
   void ScheduleWatchdog(std::chrono::microseconds interval);
@@ -92,7 +94,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     client_.id = server_.service.NextClientId();
   }
 
-  void Start() { Read(); }
+  bool welcomed() const { return client_.welcomed; }
+  std::chrono::steady_clock::time_point accepted() const { return accepted_; }
+
+  void Start() {
+    if (refused_) Send(0, wire::FromStatus(why_refused_));
+    Read();
+  }
+  void SetPeer(const PeerCredentials& peer) { client_.peer = peer; }
+  // The peer may not use kvtierd: it gets `why` (permission_denied) at once,
+  // and the connection ends once its first bytes (its Hello, usually on its way
+  // already) arrived. Closing first would fail its Hello with EPIPE before it
+  // could read why.
+  void Refuse(const Status& why) {
+    refused_ = true;
+    why_refused_ = why;
+  }
 
   // Ends the connection now (shutdown); its leases end with it.
   void Close() {
@@ -129,6 +146,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Handles the complete frames in in_. False when the connection is closing.
   bool HandleFrames() {
+    if (refused_) {
+      // What it sent is read (closing with unread bytes would reset the peer
+      // before it read the error), discarded, and the connection ends.
+      in_begin_ = in_end_ = 0;
+      close_after_write_ = true;
+      if (out_.empty()) Close();
+      return false;
+    }
     while (in_end_ - in_begin_ >= wire::kHeaderBytes) {
       const uint8_t* at = in_.data() + in_begin_;
       auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(at, wire::kHeaderBytes));
@@ -198,6 +223,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::vector<uint8_t>> out_;
   bool close_after_write_ = false;
   bool closed_ = false;
+  bool refused_ = false;
+  Status why_refused_;
+  std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
 };
 
 void Server::Impl::Accept() {
@@ -207,11 +235,33 @@ void Server::Impl::Accept() {
       if (!stopping && ec != asio::error::operation_aborted) Accept();
       return;
     }
+    // Who the peer is, from the kernel; one not allowed gets a permission_denied
+    // error frame (request id 0) and is closed before anything else.
+    auto peer = GetPeerCredentials(socket.native_handle());
+    Status allowed = peer.ok() ? service.access().CheckConnect(*peer) : peer.status();
+    if (!allowed.ok()) {
+      service.CountRefused();
+      LogWarn("refused a connection: " + allowed.message());
+    }
     auto conn = std::make_shared<Connection>(*this, std::move(socket));
+    if (allowed.ok()) conn->SetPeer(*peer); else conn->Refuse(allowed);
     connections.insert(conn);
     conn->Start();
     Accept();
   });
+}
+
+void Server::Impl::CloseSilentConnections() {
+  const auto deadline = std::chrono::steady_clock::now() - std::chrono::milliseconds(config.hello_timeout_ms);
+  std::vector<std::shared_ptr<Connection>> silent;
+  for (const auto& c : connections) {
+    if (!c->welcomed() && c->accepted() < deadline) silent.push_back(c);
+  }
+  for (const auto& c : silent) {
+    LogWarn("closing a connection that sent no Hello within limits.hello_timeout_ms (" +
+            std::to_string(config.hello_timeout_ms) + " ms)");
+    c->Close();
+  }
 }
 
 void Server::Impl::ScheduleTick() {
@@ -219,6 +269,7 @@ void Server::Impl::ScheduleTick() {
   ticker.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping) return;
     service.Tick();
+    CloseSilentConnections();
     ScheduleTick();
   });
 }
@@ -375,11 +426,25 @@ Status Server::Start() {
   }
   boost::system::error_code ec;
   m.acceptor.open(stream_protocol(), ec);
-  if (!ec) m.acceptor.bind(stream_protocol::endpoint(path), ec);
-  if (!ec) m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  {
+    // The socket file is born 0600 whatever the umask, then gets the configured
+    // group and mode before anyone can be let in by them.
+    const mode_t old = ::umask(0177);
+    if (!ec) m.acceptor.bind(stream_protocol::endpoint(path), ec);
+    ::umask(old);
+  }
   if (ec) return Unavailable("cannot listen on " + path + ": " + ec.message());
   m.listening = true;
-  ::chmod(path.c_str(), 0660);
+  const uint32_t group = m.config.access.group_gid;
+  if (group != AccessConfig::kNoGroup && ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    return Status(StatusCode::kPermissionDenied, "cannot give socket " + path + " to group " + m.config.access.group +
+                                                     ": " + std::strerror(errno));
+  }
+  if (::chmod(path.c_str(), m.config.access.mode) != 0) {
+    return Unavailable("cannot chmod socket " + path + ": " + std::strerror(errno));
+  }
+  m.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Unavailable("cannot listen on " + path + ": " + ec.message());
 
   if (!m.config.metrics_listen.empty()) {
     auto address = ParseListenAddress(m.config.metrics_listen);

@@ -1,7 +1,9 @@
 #include "service.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "kvtier/index_layout.h"
@@ -33,9 +35,21 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.host_low_watermark = config.host_low_watermark;
   o.max_copy_batch = config.max_copy_batch;
   o.max_sessions = config.max_sessions;
+  o.max_sessions_per_tenant = config.max_sessions_per_tenant;
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.name = p.profile.name;
   o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
+  o.segment_mode = config.access.mode;
+  o.segment_group = config.access.group_gid;
+  for (const TenantConfig& t : config.tenants) {
+    if (t.gpu_blocks == 0 && t.host_blocks == 0) continue;
+    tiering::TenantQuota q;
+    q.ns_tag = NamespaceTag(Namespace::Make(p.profile.Fingerprint(), t.name));
+    q.name = t.name;
+    q.blocks[static_cast<int>(Tier::kGpu)] = t.gpu_blocks;
+    q.blocks[static_cast<int>(Tier::kHost)] = t.host_blocks;
+    o.quotas.push_back(q);
+  }
   return o;
 }
 
@@ -119,6 +133,8 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
   }
   tiering::HostBackendOptions bo;
   bo.name_prefix = config.instance;
+  bo.segment_mode = config.access.mode;
+  bo.segment_group = config.access.group_gid;
   auto host = tiering::CreateHostBackend(bo);
   if (!host.ok()) return host.status();
   return std::unique_ptr<tiering::Backend>(std::move(host).value());
@@ -152,7 +168,8 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
 }
 
 Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
-    : config_(std::move(config)), backend_(std::move(backend)) {
+    : config_(std::move(config)), backend_(std::move(backend)), access_(config_, ::geteuid()) {
+  for (const TenantConfig& t : config_.tenants) tenants_seen_.push_back(t.name);
   std::random_device rd;
   instance_id_ = (uint64_t{rd()} << 32) | rd();
 }
@@ -233,11 +250,27 @@ void Service::Disconnect(ClientState& c) {
   c.welcomed = false;
 }
 
-const std::string& Service::TenantName(uint32_t ns_tag) const {
-  static const std::string kUnknown = "?";
-  auto it = tenant_names_.find(ns_tag);
-  return it == tenant_names_.end() ? kUnknown : it->second;
+std::string Service::Scoped(const std::string& tenant, std::string_view id) { return tenant + "/" + std::string(id); }
+
+namespace {
+// "<tenant>/<id>" -> tenant, id.
+std::pair<std::string, std::string> SplitScoped(const std::string& scoped) {
+  const size_t slash = scoped.find('/');
+  if (slash == std::string::npos) return {"", scoped};
+  return {scoped.substr(0, slash), scoped.substr(slash + 1)};
 }
+}  // namespace
+
+Result<std::string> Service::TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const {
+  if (wanted.empty() || wanted == c.tenant) return c.tenant;
+  if (!c.admin) {
+    return Status(StatusCode::kPermissionDenied, std::string(what) + " of tenant '" + wanted + "': client of tenant '" +
+                                                     c.tenant + "' (" + c.peer.Describe() + ") is not an admin");
+  }
+  return wanted;
+}
+
+std::vector<std::string> Service::KnownTenants() const { return tenants_seen_; }
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
   ++requests_;
@@ -273,11 +306,11 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
         } else if constexpr (std::is_same_v<T, wire::ReleaseRequest>) {
           return OnRelease(c, m);
         } else if constexpr (std::is_same_v<T, wire::PrefetchRequest>) {
-          auto r = e.Prefetch(m.session);
+          auto r = e.Prefetch(Scoped(c.tenant, m.session));
           if (!r.ok()) return Error(r.status());
           return wire::CountResponse{*r};
         } else if constexpr (std::is_same_v<T, wire::DemoteRequest>) {
-          auto r = e.Demote(m.session);
+          auto r = e.Demote(Scoped(c.tenant, m.session));
           if (!r.ok()) return Error(r.status());
           return wire::CountResponse{*r};
         } else if constexpr (std::is_same_v<T, wire::EvictRequest>) {
@@ -288,7 +321,7 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
                                          std::to_string(tiering::kMaxPriorityTtl.count()) + " hours"));
           }
           const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
-          const Status st = e.SetPriority(m.session, m.priority, ttl);
+          const Status st = e.SetPriority(Scoped(c.tenant, m.session), m.priority, ttl);
           if (!st.ok()) return Error(st);
           if (m.ttl_ms > 0) {
             LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
@@ -302,6 +335,11 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
         } else if constexpr (std::is_same_v<T, wire::StatsRequest>) {
           return OnStats(c);
         } else if constexpr (std::is_same_v<T, wire::ConfigRequest>) {
+          if (!c.admin) {
+            return Error(Status(StatusCode::kPermissionDenied,
+                                "the configuration is for admins (access.admin_users / admin_groups); " +
+                                    c.peer.Describe() + " is not an admin"));
+          }
           return wire::ConfigResponse{DumpConfig(config_)};
         } else if constexpr (std::is_same_v<T, wire::Ping>) {
           return wire::Pong{m.nonce};
@@ -337,14 +375,23 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
     return {Error(ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients")),
             true};
   }
+  if (m.tenant.find('/') != std::string::npos) {
+    return {Error(InvalidArgument("tenant '" + m.tenant + "' may not contain '/'")), true};
+  }
+  auto tenant = access_.TenantFor(c.peer, m.tenant);
+  if (!tenant.ok()) return {Error(tenant.status()), true};
   Engine& e = *engines_[profile];
   c.welcomed = true;
   c.name = m.client_name;
   c.pid = m.pid;
-  c.tenant = m.tenant;
+  c.tenant = *tenant;
+  c.admin = access_.IsAdmin(c.peer);
   c.profile = profile;
-  c.ns = Namespace::Make(e.profile().Fingerprint(), m.tenant);
-  tenant_names_[NamespaceTag(c.ns)] = m.tenant;
+  // The namespace salt is the authenticated tenant, never a name the client chose.
+  c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
+  if (std::find(tenants_seen_.begin(), tenants_seen_.end(), c.tenant) == tenants_seen_.end()) {
+    tenants_seen_.push_back(c.tenant);
+  }
   ++connected_;
   ++connections_;
 
@@ -365,7 +412,7 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + m.client_name + " (pid " + std::to_string(m.pid) +
-          ", tenant '" + m.tenant + "', profile " + e.profile().name + ")");
+          ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", profile " + e.profile().name + ")");
   return {std::move(w), false};
 }
 
@@ -387,7 +434,8 @@ wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
     const Status st = backend_->OrderAfterWriter(*m.writer_event);
     if (!st.ok()) return Error(Status(st.code(), "commit: " + st.message()));
   }
-  auto r = engines_[c.profile]->Commit(m.lease_id, m.session, c.ns, m.parent, m.start_block, m.tokens, m.slots);
+  auto r = engines_[c.profile]->Commit(m.lease_id, Scoped(c.tenant, m.session), c.ns, m.parent, m.start_block,
+                                       m.tokens, m.slots);
   if (!r.ok()) return Error(r.status());
   return wire::CommitResponse{r->stored, r->duplicates};
 }
@@ -397,7 +445,7 @@ wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m) 
     return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
                                    " leases, the limit (limits.max_leases_per_client)"));
   }
-  auto r = engines_[c.profile]->Acquire(m.session, c.ns, m.keys, m.tokens, (m.flags & wire::kAcquirePromote) != 0);
+  auto r = engines_[c.profile]->Acquire(m.session.empty() ? std::string() : Scoped(c.tenant, m.session), c.ns, m.keys, m.tokens, (m.flags & wire::kAcquirePromote) != 0);
   if (!r.ok()) return Error(r.status());
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
@@ -419,16 +467,28 @@ wire::Message Service::OnRelease(ClientState& c, const wire::ReleaseRequest& m) 
 
 wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
   Engine& e = *engines_[c.profile];
+  if (m.all && !c.admin) {
+    return Error(Status(StatusCode::kPermissionDenied,
+                        "evict --all is for admins (access.admin_users / admin_groups); " + c.peer.Describe() +
+                            " is not an admin"));
+  }
   if (!m.session.empty()) {
-    const Status st = e.Evict(m.session);
+    // With a tenant too: that tenant's session (admins only, unless it is the client's own).
+    auto tenant = TenantToActOn(c, m.tenant, "evict a session");
+    if (!tenant.ok()) return Error(tenant.status());
+    const Status st = e.Evict(Scoped(*tenant, m.session));
     if (!st.ok()) return Error(st);
-    LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "'");
+    LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "' of tenant '" + *tenant + "'");
     return wire::CountResponse{1};
   }
   if (!m.all && m.tenant.empty()) return Error(InvalidArgument("evict needs a session, a tenant or all"));
+  if (!m.all) {
+    auto tenant = TenantToActOn(c, m.tenant, "evict the sessions");
+    if (!tenant.ok()) return Error(tenant.status());
+  }
   uint32_t n = 0;
   for (const tiering::SessionInfo& s : e.ListSessions()) {
-    if (m.all || TenantName(s.ns_tag) == m.tenant) n += e.Evict(s.id).ok() ? 1 : 0;
+    if (m.all || SplitScoped(s.id).first == m.tenant) n += e.Evict(s.id).ok() ? 1 : 0;
   }
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
@@ -437,8 +497,7 @@ wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
 
 wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
   wire::SessionSummary out;
-  out.id = s.id;
-  out.tenant = TenantName(s.ns_tag);
+  std::tie(out.tenant, out.id) = SplitScoped(s.id);
   out.priority = s.priority;
   out.last_use_ms_ago = s.idle_ms;
   out.blocks = s.blocks;
@@ -450,9 +509,16 @@ wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
 }
 
 wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRequest& m) {
+  // A client sees its own tenant's sessions; an admin every tenant's (or one's).
+  std::string only = m.tenant_filter;
+  if (!c.admin) {
+    auto tenant = TenantToActOn(c, m.tenant_filter, "list the sessions");
+    if (!tenant.ok()) return Error(tenant.status());
+    only = *tenant;
+  }
   wire::ListSessionsResponse out;
   for (const tiering::SessionInfo& s : engines_[c.profile]->ListSessions()) {
-    if (!m.tenant_filter.empty() && TenantName(s.ns_tag) != m.tenant_filter) continue;
+    if ((!c.admin || !only.empty()) && SplitScoped(s.id).first != only) continue;
     out.sessions.push_back(Summarize(s));
     if (out.sessions.size() >= wire::kMaxArray / 4) break;
   }
@@ -460,7 +526,7 @@ wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRe
 }
 
 wire::Message Service::OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m) {
-  auto r = engines_[c.profile]->GetSession(m.session);
+  auto r = engines_[c.profile]->GetSession(Scoped(c.tenant, m.session));
   if (!r.ok()) return Error(r.status());
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
@@ -520,6 +586,19 @@ wire::Message Service::OnStats(ClientState& c) {
   add("rpc_latency_p90_s", all.Quantile(0.90));
   add("rpc_latency_p99_s", all.Quantile(0.99));
   add("bad_frames", static_cast<double>(bad_frames_));
+  add("refused_connections", static_cast<double>(refused_connections_));
+  // Blocks per tier of each tenant (a non-admin sees its own), and their quotas.
+  for (const std::string& t : KnownTenants()) {
+    if (!c.admin && t != c.tenant) continue;
+    const std::string label = t.empty() ? "-" : t;
+    const auto u = engines_[c.profile]->tenant_usage(NamespaceTag(Namespace::Make(engines_[c.profile]->profile().Fingerprint(), t)));
+    add("tenant." + label + ".gpu_blocks", u.blocks[static_cast<int>(Tier::kGpu)]);
+    add("tenant." + label + ".host_blocks", u.blocks[static_cast<int>(Tier::kHost)]);
+    if (const TenantConfig* q = access_.FindTenant(t)) {
+      add("tenant." + label + ".gpu_quota", q->gpu_blocks);
+      add("tenant." + label + ".host_quota", q->host_blocks);
+    }
+  }
   return out;
 }
 
@@ -560,6 +639,19 @@ std::string Service::RenderMetrics() const {
   x.Sample({}, static_cast<double>(connections_));
   x.Family("kvtier_bad_frames_total", Type::kCounter, "Frames that did not decode; each closed its connection");
   x.Sample({}, static_cast<double>(bad_frames_));
+  x.Family("kvtier_refused_connections_total", Type::kCounter,
+           "Connections refused at accept: the peer's uid/gids are not allowed (access:)");
+  x.Sample({}, static_cast<double>(refused_connections_));
+  x.Family("kvtier_tenant_blocks", Type::kGauge, "Blocks a tenant holds, by profile and tier (moves count where they land)");
+  for (const auto& eng : engines_) {
+    for (const std::string& t : KnownTenants()) {
+      const auto u = eng->tenant_usage(NamespaceTag(Namespace::Make(eng->profile().Fingerprint(), t)));
+      for (Tier tier : {Tier::kGpu, Tier::kHost}) {
+        x.Sample({{"profile", eng->profile().name}, {"tenant", t}, {"tier", TierName(tier)}},
+                 u.blocks[static_cast<int>(tier)]);
+      }
+    }
+  }
   x.Family("kvtier_config_reloads_total", Type::kCounter, "Configuration reloads (SIGHUP) by result");
   x.Sample({{"result", "applied"}}, static_cast<double>(reloads_applied_));
   x.Sample({{"result", "rejected"}}, static_cast<double>(reloads_rejected_));

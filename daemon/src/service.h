@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "access.h"
 #include "config.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
@@ -29,7 +30,9 @@ struct ClientState {
   bool welcomed = false;
   std::string name;
   uint32_t pid = 0;
-  std::string tenant;
+  std::string tenant;    // Authenticated at Hello (AccessPolicy::TenantFor).
+  PeerCredentials peer;  // From the kernel at accept.
+  bool admin = false;    // May act on other tenants, evict all, read the configuration.
   int profile = -1;  // Index into the profiles; valid once welcomed.
   Namespace ns;
   std::unordered_set<uint64_t> leases;
@@ -61,6 +64,8 @@ class Service {
   // its frame was decoded (reply encoded and queued); a frame did not decode.
   void ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took);
   void CountBadFrame() { ++bad_frames_; }
+  void CountRefused() { ++refused_connections_; }
+  const AccessPolicy& access() const { return access_; }
   void CountReload(bool applied) { ++(applied ? reloads_applied_ : reloads_rejected_); }
 
   // Runs with `next` from now on: PlanReload(config(), loaded).next, which
@@ -97,7 +102,12 @@ class Service {
   wire::Message OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m);
   wire::Message OnStats(ClientState& c);
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
-  const std::string& TenantName(uint32_t ns_tag) const;
+  // A client's session id as the engine knows it: "<tenant>/<id>".
+  static std::string Scoped(const std::string& tenant, std::string_view id);
+  // The tenant named by `wanted` (empty: the client's own); kPermissionDenied
+  // for another tenant unless the client is an admin.
+  Result<std::string> TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const;
+  std::vector<std::string> KnownTenants() const;
 
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
@@ -105,7 +115,9 @@ class Service {
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
   uint32_t connected_ = 0;
-  std::unordered_map<uint32_t, std::string> tenant_names_;  // Namespace tag -> tenant.
+  AccessPolicy access_;
+  std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
+  uint64_t refused_connections_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_snapshot_{};
   bool warm_ = false;  // config_.warm_restart on a backend that supports it.

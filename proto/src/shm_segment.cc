@@ -59,8 +59,21 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, size_t bytes, con
   if (options.replace_existing) shm_unlink(name.c_str());
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, options.mode);
   if (fd < 0) return Errno("shm_open", name);
-  // shm_open applies the umask; the caller's mode is what it asked for.
-  fchmod(fd, options.mode);
+  // shm_open applies the umask; the caller's mode is what it asked for. The
+  // group first: fchown may clear mode bits, and a failure leaves the segment
+  // to its owner alone, never wider.
+  if (options.group != static_cast<gid_t>(-1) && fchown(fd, static_cast<uid_t>(-1), options.group) != 0) {
+    Status st = Errno("fchown to group " + std::to_string(options.group), name);
+    close(fd);
+    shm_unlink(name.c_str());
+    return st;
+  }
+  if (fchmod(fd, options.mode) != 0) {
+    Status st = Errno("fchmod", name);
+    close(fd);
+    shm_unlink(name.c_str());
+    return st;
+  }
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     Status st = Errno("ftruncate", name);
     close(fd);

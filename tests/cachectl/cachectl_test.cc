@@ -1,4 +1,5 @@
 // cachectl against a real kvtierd: every command, --json output, exit codes.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,6 +24,7 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 constexpr const char* kConfig = kSmallDaemonConfig;
+constexpr int kPermissionExit = 5;  // cachectl: permission denied.
 
 struct CtlRun {
   int rc = -1;
@@ -44,9 +46,11 @@ std::string ReadFile(const std::string& path) {
 }
 
 // Runs cachectl with `args` (the socket first when given), reads all of its stdout.
-CtlRun Ctl(const std::string& socket, const std::vector<std::string>& args) {
+// `as`: a command line that runs what follows as another user (setpriv ...).
+CtlRun Ctl(const std::string& socket, const std::vector<std::string>& args, const std::vector<std::string>& as = {}) {
   CtlRun run;
-  std::vector<std::string> argv = {CACHECTL_PATH};
+  std::vector<std::string> argv = as;
+  argv.push_back(CACHECTL_PATH);
   if (!socket.empty()) {
     argv.push_back("--socket");
     argv.push_back(socket);
@@ -436,6 +440,102 @@ TEST_F(CachectlTest, Config) {
   std::string yaml = r.Json()["yaml"].get<std::string>();
   if (!yaml.empty() && yaml.back() != '\n') yaml += '\n';
   EXPECT_EQ(yaml, text.out());
+}
+
+// ---- Tenants and permissions ----
+
+constexpr uint32_t kAliceUid = 4243;  // Tenant "a", not an admin.
+
+class CachectlTenantTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+    chmod(daemon_.dir().c_str(), 0755);
+    for (const auto& [tenant, blocks] : {std::pair<std::string, uint32_t>{"a", 2}, {"b", 3}}) {
+      ClientOptions o;
+      o.socket_path = daemon_.socket();
+      o.tenant = tenant;  // The test runs as root: an admin may act as any tenant.
+      auto c = Client::Connect(o);
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      std::vector<TokenId> tokens(blocks * (*c)->block_tokens(), 7);
+      auto w = (*c)->Allocate(blocks);
+      ASSERT_TRUE(w.ok());
+      ASSERT_TRUE((*c)->Commit(*w, "chat", BlockKey{}, 0, tokens).ok());
+    }
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
+  }
+  CtlRun Run(const std::vector<std::string>& args) { return Ctl(daemon_.socket(), args); }
+  CtlRun RunAs(uint32_t uid, const std::vector<std::string>& args) {
+    return Ctl(daemon_.socket(), args,
+               {"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=4242", "--clear-groups"});
+  }
+  static bool Root() { return geteuid() == 0; }
+
+  DaemonProcess daemon_{std::string(kConfig) +
+                        "access:\n  group: \"4242\"\n"
+                        "tenants:\n  - name: a\n    users: [\"4243\"]\n    gpu_blocks: 8\n"
+                        "  - name: b\n    users: [\"4244\"]\n"};
+};
+
+TEST_F(CachectlTenantTest, AnAdminSeesEveryTenantAndFiltersByOne) {
+  auto all = Run({"--json", "sessions"});
+  ASSERT_EQ(all.rc, 0) << all.err;
+  const json j = all.Json();
+  ASSERT_EQ(j["count"], 2) << "the same session id in two tenants is two sessions";
+  EXPECT_NE(j["sessions"][0]["tenant"], j["sessions"][1]["tenant"]);
+  auto stats = Run({"--json", "stats", "--tenant", "a"});
+  ASSERT_EQ(stats.rc, 0) << stats.err;
+  const json s = stats.Json();
+  ASSERT_TRUE(s["tenants"].contains("a")) << s.dump();
+  EXPECT_FALSE(s["tenants"].contains("b"));
+  EXPECT_EQ(s["tenants"]["a"]["gpu_blocks"], 2);
+  EXPECT_EQ(s["tenants"]["a"]["gpu_quota"], 8);
+  auto text = Run({"stats"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out().find("tenant b"), std::string::npos) << text.out();
+  // An admin addresses another tenant's session with --tenant.
+  auto ev = Run({"--json", "evict", "chat", "--tenant", "b"});
+  ASSERT_EQ(ev.rc, 0) << ev.err;
+  auto left = Run({"--json", "sessions", "--tenant", "a"}).Json();
+  EXPECT_EQ(left["count"], 1);
+}
+
+TEST_F(CachectlTenantTest, ANonAdminActingOnAnotherTenantGetsExitCode5) {
+  if (!Root()) GTEST_SKIP() << "needs root to run cachectl as another uid (setpriv)";
+  auto mine = RunAs(kAliceUid, {"--json", "sessions"});
+  ASSERT_EQ(mine.rc, 0) << mine.err;
+  ASSERT_EQ(mine.Json()["count"], 1);
+  EXPECT_EQ(mine.Json()["sessions"][0]["tenant"], "a");
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"sessions", "--tenant", "b"},
+                                             {"evict", "--tenant", "b"},
+                                             {"evict", "chat", "--tenant", "b"},
+                                             {"evict", "--all"},
+                                             {"stats", "--tenant", "b"},
+                                             {"config"}}) {
+    auto r = RunAs(kAliceUid, args);
+    EXPECT_EQ(r.rc, kPermissionExit) << args[0] << " " << args.back() << ": " << r.err;
+    EXPECT_NE(r.err.find("not an admin"), std::string::npos) << r.err;
+  }
+  auto stats = RunAs(kAliceUid, {"--json", "stats"});
+  ASSERT_EQ(stats.rc, 0) << stats.err;
+  EXPECT_TRUE(stats.Json()["tenants"].contains("a"));
+  EXPECT_FALSE(stats.Json()["tenants"].contains("b")) << "another tenant's figures are not shown";
+  // Its own "chat" is a's; b's stays.
+  auto ev = RunAs(kAliceUid, {"evict", "chat"});
+  ASSERT_EQ(ev.rc, 0) << ev.err;
+  auto left = Run({"--json", "sessions"}).Json();
+  ASSERT_EQ(left["count"], 1);
+  EXPECT_EQ(left["sessions"][0]["tenant"], "b");
+}
+
+TEST_F(CachectlTenantTest, APeerNotAllowedGetsExitCode5) {
+  if (!Root()) GTEST_SKIP() << "needs root to run cachectl as another uid (setpriv)";
+  auto r = RunAs(4246, {"status"});
+  EXPECT_EQ(r.rc, kPermissionExit) << r.err;
+  EXPECT_NE(r.err.find("uid 4246"), std::string::npos) << r.err;
 }
 
 }  // namespace

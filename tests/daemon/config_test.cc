@@ -240,6 +240,137 @@ TEST(ConfigTest, ByteSizes) {
   EXPECT_FALSE(ParseByteSize("12 parsecs").ok());
 }
 
+// ---- access: and tenants: ----
+
+constexpr const char* kAccess = R"(access:
+  allow_users: [root, "1001"]
+  allow_groups: ["2000"]
+  admin_users: ["0"]
+  admin_groups: [root]
+  allow_root: false
+  group: "4242"
+  mode: 0600
+tenants:
+  - name: acme
+    users: ["1001"]
+    groups: ["3000"]
+    allow_requested: true
+    gpu_blocks: 8
+    host_blocks: 32
+  - name: beta
+    users: ["1002"]
+)";
+
+TEST(ConfigTest, AccessAndTenantsParseAndResolveIds) {
+  auto c = ParseConfig(std::string(kMinimal) + kAccess, "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const AccessConfig& a = c->access;
+  EXPECT_EQ(a.allow_users, (std::vector<std::string>{"root", "1001"}));
+  EXPECT_EQ(a.allow_uids, (std::vector<uint32_t>{0, 1001}));
+  EXPECT_EQ(a.allow_gids, (std::vector<uint32_t>{2000}));
+  EXPECT_EQ(a.admin_gids, (std::vector<uint32_t>{0}));
+  EXPECT_FALSE(a.allow_root);
+  EXPECT_EQ(a.group_gid, 4242u);
+  EXPECT_EQ(a.mode, 0600u);
+  ASSERT_EQ(c->tenants.size(), 2u);
+  EXPECT_EQ(c->tenants[0].name, "acme");
+  EXPECT_EQ(c->tenants[0].uids, (std::vector<uint32_t>{1001}));
+  EXPECT_EQ(c->tenants[0].gids, (std::vector<uint32_t>{3000}));
+  EXPECT_TRUE(c->tenants[0].allow_requested);
+  EXPECT_EQ(c->tenants[0].gpu_blocks, 8u);
+  EXPECT_EQ(c->tenants[0].host_blocks, 32u);
+  EXPECT_FALSE(c->tenants[1].allow_requested);
+  EXPECT_EQ(c->tenants[1].gpu_blocks, 0u);  // Unlimited.
+}
+
+TEST(ConfigTest, AccessDefaultsKeepASingleUserBoxWorking) {
+  auto c = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->access.allow_root);
+  EXPECT_EQ(c->access.mode, 0660u);
+  EXPECT_EQ(c->access.group_gid, AccessConfig::kNoGroup);
+  EXPECT_TRUE(c->access.allow_users.empty());
+  EXPECT_TRUE(c->tenants.empty());
+}
+
+TEST(ConfigTest, AccessAndTenantsRoundTripThroughTheDump) {
+  auto c = ParseConfig(std::string(kMinimal) + kAccess, "test.yaml");
+  ASSERT_TRUE(c.ok());
+  auto again = ParseConfig(DumpConfig(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << DumpConfig(*c);
+  EXPECT_EQ(again->access, c->access);
+  EXPECT_EQ(again->tenants, c->tenants);
+  EXPECT_EQ(DumpConfig(*again), DumpConfig(*c));
+  // And the defaults, with no tenants.
+  auto plain = ParseConfig(kMinimal, "test.yaml");
+  auto plain_again = ParseConfig(DumpConfig(*plain), "dump");
+  ASSERT_TRUE(plain_again.ok()) << plain_again.status().ToString();
+  EXPECT_EQ(plain_again->access, plain->access);
+  EXPECT_TRUE(plain_again->tenants.empty());
+}
+
+TEST(ConfigTest, AccessMistakesNameTheKey) {
+  const std::string m = kMinimal;
+  auto has = [](const std::string& error, const std::string& want) {
+    return error.find(want) != std::string::npos;
+  };
+  std::string e = ErrorOf(m + "access:\n  allow_users: [no-such-user-kvtier]\n");
+  EXPECT_TRUE(has(e, "access.allow_users: unknown user 'no-such-user-kvtier'")) << e;
+  e = ErrorOf(m + "access:\n  admin_groups: [no-such-group-kvtier]\n");
+  EXPECT_TRUE(has(e, "access.admin_groups: unknown group 'no-such-group-kvtier'")) << e;
+  e = ErrorOf(m + "access:\n  group: no-such-group-kvtier\n");
+  EXPECT_TRUE(has(e, "access.group: unknown group")) << e;
+  e = ErrorOf(m + "access:\n  mode: 0666\n");
+  EXPECT_TRUE(has(e, "access.mode: '0666' is not 0660 or 0600")) << e;
+  e = ErrorOf(m + "access:\n  mode: 0644\n");
+  EXPECT_TRUE(has(e, "access.mode")) << e;
+  e = ErrorOf(m + "access:\n  allow_root: maybe\n");
+  EXPECT_TRUE(has(e, "access.allow_root: expected true or false")) << e;
+  e = ErrorOf(m + "access:\n  allow_userz: [root]\n");
+  EXPECT_TRUE(has(e, "access.allow_userz: unknown key")) << e;
+  e = ErrorOf(m + "access:\n  allow_users: [\"99999999999\"]\n");
+  EXPECT_TRUE(has(e, "out of range")) << e;
+}
+
+TEST(ConfigTest, TenantMistakesNameTheTenant) {
+  const std::string m = kMinimal;
+  auto has = [](const std::string& error, const std::string& want) {
+    return error.find(want) != std::string::npos;
+  };
+  std::string e = ErrorOf(m + "tenants:\n  - name: a\n  - name: a\n");
+  EXPECT_TRUE(has(e, "tenants[1].name: tenant 'a' appears twice")) << e;
+  e = ErrorOf(m + "tenants:\n  - name: a\n    users: [\"1001\"]\n  - name: b\n    users: [\"1001\"]\n");
+  EXPECT_TRUE(has(e, "tenants[1].users: user '1001' is already in tenant 'a'")) << e;
+  e = ErrorOf(m + "tenants:\n  - users: [\"1001\"]\n");
+  EXPECT_TRUE(has(e, "tenants[0].name: is required")) << e;
+  e = ErrorOf(m + "tenants:\n  - name: a/b\n");
+  EXPECT_TRUE(has(e, "tenants[0].name: 'a/b' may hold only")) << e;
+  e = ErrorOf(m + "tenants:\n  - name: a\n    users: [no-such-user-kvtier]\n");
+  EXPECT_TRUE(has(e, "tenants[0].users: unknown user")) << e;
+  e = ErrorOf(m + "tenants:\n  - name: a\n    gpu_blocks: -1\n");
+  EXPECT_TRUE(has(e, "tenants[0].gpu_blocks: must be in")) << e;
+  e = ErrorOf(m + "tenants:\n  - name: a\n    quota: 3\n");
+  EXPECT_TRUE(has(e, "tenants[0].quota: unknown key")) << e;
+  e = ErrorOf(m + "tenants:\n  name: a\n");
+  EXPECT_TRUE(has(e, "tenants: expected a list")) << e;
+  e = ErrorOf(m + "access:\n  allow_users: [root, root]\n");
+  EXPECT_TRUE(has(e, "'root' appears twice")) << e;
+}
+
+TEST(ConfigTest, AccessAndTenantsWaitForARestart) {
+  auto running = ParseConfig(kMinimal, "c.yaml");
+  auto loaded = ParseConfig(std::string(kMinimal) + kAccess, "c.yaml");
+  ASSERT_TRUE(running.ok() && loaded.ok());
+  const ReloadPlan plan = PlanReload(*running, *loaded);
+  EXPECT_EQ(plan.next.access, running->access);
+  EXPECT_TRUE(plan.next.tenants.empty());
+  auto kept = [&](const std::string& key) {
+    return std::any_of(plan.kept.begin(), plan.kept.end(), [&](const std::string& k) { return k.rfind(key, 0) == 0; });
+  };
+  EXPECT_TRUE(kept("access.mode"));
+  EXPECT_TRUE(kept("tenants[0].name"));
+}
+
 TEST(ConfigTest, WarmRestartIsOffByDefaultRoundTripsAndIsNotReloadable) {
   auto off = ParseConfig(kMinimal, "test.yaml");
   ASSERT_TRUE(off.ok());

@@ -1,5 +1,11 @@
 #include "kvtier/tiering/host_backend.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -13,6 +19,19 @@
 
 namespace kvtier::tiering {
 namespace {
+
+// Gives the existing segment `name` `group` (unless -1) and `mode`.
+Status RestrictSegment(const std::string& name, mode_t mode, gid_t group) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  bool ok = fd >= 0;
+  if (ok && group != static_cast<gid_t>(-1)) ok = ::fchown(fd, static_cast<uid_t>(-1), group) == 0;
+  if (ok) ok = ::fchmod(fd, mode) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok) return Status(StatusCode::kPermissionDenied, "segment '" + name + "': cannot set its mode or group: " +
+                                                             std::strerror(err));
+  return Status::Ok();
+}
 
 class HostPool final : public Pool {
  public:
@@ -71,11 +90,16 @@ class HostBackend final : public Backend {
     ShmSegment::CreateOptions o;
     o.populate = options_.populate;
     o.replace_existing = options_.replace_stale;
+    o.mode = options_.segment_mode;
+    o.group = options_.segment_group;
     if (spec.persistent) {
       // Adopt a segment an earlier run left, if it has this pool's size; any
       // other is stale and replaced below.
       auto old = ShmSegment::Open(name, true, options_.populate);
       if (old.ok() && old->size() == bytes) {
+        // It keeps its blocks, and takes this run's mode and group.
+        const Status access = RestrictSegment(name, o.mode, o.group);
+        if (!access.ok()) return access;
         return std::unique_ptr<Pool>(new HostPool(spec, std::move(old).value(), true));
       }
       if (old.ok()) o.replace_existing = true;
@@ -159,6 +183,8 @@ const char* BackendKindName(BackendKind kind) { return kind == BackendKind::kCud
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options) {
   ShmSegment::CreateOptions o;
   o.replace_existing = options.replace_stale;
+  o.mode = options.segment_mode;
+  o.group = options.segment_group;
   auto fences = ShmSegment::Create("/" + options.name_prefix + ".fences", sizeof(FenceSegment), o);
   if (!fences.ok()) return fences.status();
   return std::unique_ptr<Backend>(new HostBackend(options, std::move(fences).value()));

@@ -6,11 +6,13 @@
 namespace kvtier::tiering {
 
 Result<BlockIndex> BlockIndex::Create(const std::string& name, uint32_t block_tokens, uint32_t max_records,
-                                      uint64_t profile_fingerprint) {
+                                      uint64_t profile_fingerprint, mode_t mode, gid_t group) {
   if (max_records == 0 || max_records > (1u << 30)) return InvalidArgument("index capacity must be in [1, 2^30]");
   const IndexGeometry g = IndexGeometry::For(block_tokens, max_records);
   ShmSegment::CreateOptions o;
   o.replace_existing = true;
+  o.mode = mode;
+  o.group = group;
   auto seg = ShmSegment::Create(name, g.segment_bytes(), o);
   if (!seg.ok()) return seg.status();
   BlockIndex index;

@@ -19,8 +19,10 @@ namespace kvtier::tiering {
 class BlockIndex {
  public:
   // Creates the segment `name` for up to `max_records` records of `block_tokens`.
+  // `mode` and `group` as in ShmSegment::CreateOptions.
   static Result<BlockIndex> Create(const std::string& name, uint32_t block_tokens, uint32_t max_records,
-                                   uint64_t profile_fingerprint);
+                                   uint64_t profile_fingerprint, mode_t mode = 0600,
+                                   gid_t group = static_cast<gid_t>(-1));
 
   BlockIndex(BlockIndex&&) noexcept = default;
   BlockIndex& operator=(BlockIndex&&) noexcept = default;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <deque>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -78,6 +80,15 @@ struct Engine::Impl {
   using Expiry = std::pair<std::chrono::steady_clock::time_point, std::string>;
   std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries;
   uint32_t demoting = 0;     // Records being demoted: GPU slots that will come free.
+  // Per tenant (namespace tag): indexed blocks per tier (a moving block in its
+  // source tier) and moves in flight, for quotas and stats.
+  struct Usage {
+    uint32_t blocks[kTierCount] = {0, 0};
+    uint32_t moving_to[kTierCount] = {0, 0};
+  };
+  std::unordered_map<uint32_t, Usage> usage;
+  std::unordered_map<uint32_t, TenantQuota> quotas;
+  std::unordered_map<uint32_t, uint32_t> tenant_sessions;  // Namespace tag -> sessions.
   bool dropping = false;     // Frees now happen under pressure (reported as drops).
   uint64_t changes = 1;      // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
@@ -110,6 +121,9 @@ struct Engine::Impl {
     Record& rec = records[r];
     if (rec.refs != 0 || rec.readers != 0 || rec.doomed) return;
     index.Erase(rec.key);
+    Usage& u = usage[rec.ns_tag];
+    --u.blocks[static_cast<int>(rec.tier)];
+    if (rec.moving()) --u.moving_to[static_cast<int>(Other(rec.tier))];  // Doomed: no longer counted.
     ++changes;
     if (dropping) ++st.dropped_blocks;
     if (opt.on_free) opt.on_free(rec.key, dropping);
@@ -140,10 +154,20 @@ struct Engine::Impl {
     auto s = std::make_unique<Session>();
     s->id = std::string(id);
     s->ns_tag = ns_tag;
+    ++tenant_sessions[ns_tag];
     Session* raw = s.get();
     sessions.emplace(raw->id, std::move(s));
     policy->Track(raw);
     return raw;
+  }
+
+  // kResourceExhausted if `id` is new and its tenant holds max_sessions_per_tenant.
+  Status CheckNewSession(std::string_view id, uint32_t ns_tag) const {
+    if (opt.max_sessions_per_tenant == 0 || FindSession(id) != nullptr) return Status::Ok();
+    auto it = tenant_sessions.find(ns_tag);
+    if (it == tenant_sessions.end() || it->second < opt.max_sessions_per_tenant) return Status::Ok();
+    return ResourceExhausted("session '" + std::string(id) + "': its tenant holds " + std::to_string(it->second) +
+                             " sessions, the limit (limits.max_sessions_per_tenant); evict one first");
   }
 
   void Touch(Session* s) {
@@ -166,6 +190,7 @@ struct Engine::Impl {
     Truncate(s, 0);
     policy->Untrack(s);
     ++st.evicted_sessions;
+    --tenant_sessions[s->ns_tag];
     sessions.erase(s->id);
   }
 
@@ -178,6 +203,7 @@ struct Engine::Impl {
     rec.state = dir == CopyDirection::kGpuToHost ? BlockState::kDemoting : BlockState::kPromoting;
     rec.move_seq = 0;
     if (dir == CopyDirection::kGpuToHost) ++demoting;
+    ++usage[rec.ns_tag].moving_to[static_cast<int>(dst)];
     index.SetLocation(rec.key, rec.tier, true);
     pending[Dir(dir)].push_back(r);
   }
@@ -209,6 +235,7 @@ struct Engine::Impl {
   void Cancel(uint32_t r) {
     Record& rec = records[r];
     if (rec.state == BlockState::kDemoting) --demoting;
+    if (!rec.doomed) --usage[rec.ns_tag].moving_to[static_cast<int>(Other(rec.tier))];
     alloc[static_cast<int>(Other(rec.tier))].Free(rec.dst_slot);
     rec.state = BlockState::kReady;
     if (rec.doomed) {
@@ -229,6 +256,12 @@ struct Engine::Impl {
       return;
     }
     if (demote) --demoting;
+    Usage& u = usage[rec.ns_tag];
+    if (!rec.doomed) {
+      --u.moving_to[static_cast<int>(Other(rec.tier))];
+      --u.blocks[static_cast<int>(rec.tier)];
+      ++u.blocks[static_cast<int>(Other(rec.tier))];
+    }
     alloc[static_cast<int>(rec.tier)].Free(rec.slot);
     rec.tier = Other(rec.tier);
     rec.slot = rec.dst_slot;
@@ -259,11 +292,14 @@ struct Engine::Impl {
   // --- Pressure ----------------------------------------------------------------
   // Cuts the tails of the coldest sessions while their last block sits in `tier`,
   // unleased and not moving, until `need` slots of `tier` came free.
-  uint32_t DropFromTier(Tier tier, uint32_t need) {
+  // With `only`, just that tenant's sessions, except `keep`.
+  uint32_t DropFromTier(Tier tier, uint32_t need, std::optional<uint32_t> only = std::nullopt,
+                        const Session* keep = nullptr) {
     const uint32_t before = alloc[static_cast<int>(tier)].free_count();
     std::vector<Session*> emptied;
     dropping = true;
     policy->VisitColdest([&](Session* s) {
+      if ((only && s->ns_tag != *only) || s == keep) return true;
       while (!s->chain.empty() && alloc[static_cast<int>(tier)].free_count() - before < need) {
         const Record& rec = records[s->chain.back()];
         if (rec.state != BlockState::kReady || rec.tier != tier || rec.readers != 0) break;
@@ -277,6 +313,7 @@ struct Engine::Impl {
     dropping = false;
     for (Session* s : emptied) {
       policy->Untrack(s);
+      --tenant_sessions[s->ns_tag];
       sessions.erase(s->id);
     }
     return alloc[static_cast<int>(tier)].free_count() - before;
@@ -300,6 +337,50 @@ struct Engine::Impl {
     return freed;
   }
 
+  // --- Quotas ------------------------------------------------------------------
+  const TenantQuota* QuotaOf(uint32_t tag) const {
+    auto it = quotas.find(tag);
+    return it == quotas.end() ? nullptr : &it->second;
+  }
+  // Blocks the tenant holds in `tier` once its moves in flight land.
+  uint32_t Held(uint32_t tag, Tier tier) const {
+    auto it = usage.find(tag);
+    if (it == usage.end()) return 0;
+    const int t = static_cast<int>(tier), o = static_cast<int>(Other(tier));
+    return it->second.blocks[t] + it->second.moving_to[t] - it->second.moving_to[o];
+  }
+  // How many more blocks the tenant may hold in `tier` (UINT32_MAX: no quota).
+  uint32_t Room(uint32_t tag, Tier tier) const {
+    const TenantQuota* q = QuotaOf(tag);
+    const uint32_t limit = q == nullptr ? 0 : q->blocks[static_cast<int>(tier)];
+    if (limit == 0) return UINT32_MAX;
+    const uint32_t held = Held(tag, tier);
+    return held >= limit ? 0 : limit - held;
+  }
+  uint32_t HostRoom(uint32_t tag) const { return Room(tag, Tier::kHost); }
+
+  // Makes room under the tenant's GPU quota for `n` new blocks: its coldest GPU
+  // blocks are demoted, then dropped (never those of session `keep`).
+  Status MakeQuotaRoom(uint32_t tag, uint32_t n, const Session* keep) {
+    const TenantQuota* q = QuotaOf(tag);
+    if (q == nullptr || q->blocks[kGpu] == 0 || Room(tag, Tier::kGpu) >= n) return Status::Ok();
+    const uint32_t limit = q->blocks[kGpu];
+    auto describe = [&] {
+      return "tenant '" + q->name + "' holds " + std::to_string(Held(tag, Tier::kGpu)) + " gpu blocks, its quota is " +
+             std::to_string(limit) + " (tenants: gpu_blocks)";
+    };
+    if (n > limit) {
+      return ResourceExhausted("commit of " + std::to_string(n) + " new blocks: " + describe());
+    }
+    DemoteColdest(n - Room(tag, Tier::kGpu), tag);
+    if (Room(tag, Tier::kGpu) < n) DropFromTier(Tier::kGpu, n - Room(tag, Tier::kGpu), tag, keep);
+    if (Room(tag, Tier::kGpu) < n) {
+      return ResourceExhausted("commit of " + std::to_string(n) + " new blocks: " + describe() +
+                               ", and its other blocks are leased, moving or in use by this session");
+    }
+    return Status::Ok();
+  }
+
   bool Demotable(const Record& rec) const {
     return rec.state == BlockState::kReady && rec.tier == Tier::kGpu && rec.readers == 0;
   }
@@ -308,16 +389,24 @@ struct Engine::Impl {
   // used by a warmer session since this session's last use is left for that
   // session's turn; if a whole walk does not find enough, a second walk takes such
   // blocks too (the warmer user may be gone: evicted, or cut off the block).
-  uint32_t DemoteColdest(uint32_t need) {
+  // With `only`, just that tenant's blocks, and room in the host tier is made
+  // from that tenant's blocks too. Without, a block whose tenant is at its host
+  // quota is skipped (its tenant's own commits make room for it).
+  uint32_t DemoteColdest(uint32_t need, std::optional<uint32_t> only = std::nullopt) {
+    if (only) {
+      const uint32_t room = HostRoom(*only);
+      if (room < need) DropFromTier(Tier::kHost, need - room, only);
+    }
     const uint32_t host_free = alloc[kHost].free_count();
-    if (host_free < need) DropFromTier(Tier::kHost, need - host_free);
+    if (host_free < need) DropFromTier(Tier::kHost, need - host_free, only);
     uint32_t scheduled = 0;
     for (const bool defer_shared : {true, false}) {
       policy->VisitColdest([&](Session* s) {
+        if (only && s->ns_tag != *only) return true;
         for (uint32_t r : s->chain) {
           if (scheduled >= need || alloc[kHost].free_count() == 0) return false;
           const Record& rec = records[r];
-          if (Demotable(rec) && (!defer_shared || rec.last_use <= s->last_use)) {
+          if (Demotable(rec) && (!defer_shared || rec.last_use <= s->last_use) && HostRoom(rec.ns_tag) > 0) {
             ScheduleMove(r, CopyDirection::kGpuToHost);
             ++scheduled;
           }
@@ -423,7 +512,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   if (o.index_segment.empty()) return InvalidArgument("index_segment must name a shared-memory segment");
 
   const uint32_t max_records = o.gpu_slots + o.host_slots;
-  auto index = BlockIndex::Create(o.index_segment, o.profile.block_tokens, max_records, o.profile.Fingerprint());
+  auto index = BlockIndex::Create(o.index_segment, o.profile.block_tokens, max_records, o.profile.Fingerprint(),
+                                 static_cast<mode_t>(o.segment_mode), static_cast<gid_t>(o.segment_group));
   if (!index.ok()) return index.status();
   auto impl = std::make_unique<Impl>(o, backend, std::move(index).value());
   const size_t bytes = o.profile.BlockBytes();
@@ -438,6 +528,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   impl->free_records.reserve(max_records);
   for (uint32_t r = max_records; r > 0; --r) impl->free_records.push_back(r - 1);
   impl->policy = policy ? std::move(policy) : MakeLruPolicy();
+  for (const TenantQuota& q : o.quotas) {
+    if (!impl->quotas.emplace(q.ns_tag, q).second) return InvalidArgument("two quotas for tenant '" + q.name + "'");
+  }
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -527,6 +620,17 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
       return InvalidArgument("a commit at block 0 must have the null parent key");
     }
   }
+  KVTIER_RETURN_IF_ERROR(m.CheckNewSession(session_id, NamespaceTag(ns)));
+  if (m.QuotaOf(NamespaceTag(ns)) != nullptr) {
+    // New blocks count against the tenant's GPU quota; duplicates do not.
+    uint32_t fresh = 0;
+    BlockKey prev = parent;
+    for (size_t i = 0; i < n; ++i) {
+      prev = ChainKey(prev, ns, tokens.subspan(i * m.bt(), m.bt()));
+      fresh += m.index.Find(prev) == kNoRecord ? 1 : 0;
+    }
+    KVTIER_RETURN_IF_ERROR(m.MakeQuotaRoom(NamespaceTag(ns), fresh, m.FindSession(session_id)));
+  }
   ++m.clock;
   Session* s = m.GetOrCreateSession(session_id, NamespaceTag(ns));
   // The chain past start_block is replaced; its references go only after the new
@@ -561,6 +665,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, std::string_view session_i
       rec.ns = ns;
       m.index.WriteRow(r, prev, block);
       m.index.Insert(key, r, rec.ns_tag, Tier::kGpu);
+      ++m.usage[rec.ns_tag].blocks[kGpu];
       ++result.stored;
     }
     m.records[r].last_use = m.clock;
@@ -594,6 +699,7 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
     return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
                            std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
   }
+  if (!session_id.empty()) KVTIER_RETURN_IF_ERROR(m.CheckNewSession(session_id, NamespaceTag(ns)));
   ++m.clock;
   std::vector<uint32_t> recs;
   const uint32_t matched = m.MatchRecords(ns, keys, tokens, &recs);
@@ -627,23 +733,31 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
       const Record& rec = m.records[r];
       to_promote += rec.state == BlockState::kReady && rec.tier == Tier::kHost && rec.readers == 0;
     }
-    if (to_promote > m.alloc[kGpu].free_count()) {
-      // Making room may drop host-tier blocks of the coldest sessions: pin this
-      // prefix meanwhile, or a block about to be leased could be freed under it.
-      for (uint32_t r : recs) ++m.records[r].readers;
-      m.MakeGpuRoom(to_promote);
-      for (uint32_t r : recs) --m.records[r].readers;
-    }
+    // Making room may drop host blocks: pin the matched ones meanwhile, so
+    // that none of them is dropped (or freed) before it is leased below.
+    for (uint32_t r : recs) ++m.records[r].readers;
+    if (to_promote > m.alloc[kGpu].free_count()) m.MakeGpuRoom(to_promote);
+    // Under a GPU quota, the tenant's colder GPU blocks make way (this session
+    // was just touched: it is the last the walk reaches).
+    const uint32_t room = m.Room(NamespaceTag(ns), Tier::kGpu);
+    if (to_promote > room) m.DemoteColdest(to_promote - room, NamespaceTag(ns));
+    for (uint32_t r : recs) --m.records[r].readers;  // Taken again below, or freed after it.
   }
   for (uint32_t r : recs) {
     Record& rec = m.records[r];
-    if (rec.state == BlockState::kReady && rec.tier == Tier::kHost && promote && rec.readers == 0) {
+    if (rec.state == BlockState::kReady && rec.tier == Tier::kHost && promote && rec.readers == 0 &&
+        m.Room(rec.ns_tag, Tier::kGpu) > 0) {
       if (m.alloc[kGpu].free_count() == 0) break;  // No room to promote: lease what we have.
       m.ScheduleMove(r, CopyDirection::kHostToGpu);
     }
     ++rec.readers;
     lease.items.push_back(r);
   }
+  // A matched block left out of the lease (no room to promote) whose last
+  // session reference went while it was pinned is freed now.
+  m.dropping = true;
+  for (size_t i = lease.items.size(); i < recs.size(); ++i) m.MaybeFree(recs[i]);
+  m.dropping = false;
   m.Flush(CopyDirection::kHostToGpu);
   // Locations are read after the flush: if the backend refused a batch, its moves
   // were cancelled and those blocks are leased where they are.
@@ -694,10 +808,13 @@ Result<uint32_t> Engine::Demote(std::string_view session_id) {
   if (s == nullptr) return NotFound("session '" + std::string(session_id) + "' does not exist");
   uint32_t want = 0;
   for (uint32_t r : s->chain) want += m.Demotable(m.records[r]) ? 1 : 0;
+  if (const uint32_t room = m.HostRoom(s->ns_tag); want > room) {
+    m.DropFromTier(Tier::kHost, want - room, s->ns_tag, s);  // Under its host quota: its own blocks go.
+  }
   if (want > m.alloc[kHost].free_count()) m.DropFromTier(Tier::kHost, want - m.alloc[kHost].free_count());
   uint32_t scheduled = 0;
   for (uint32_t r : s->chain) {  // The session may have lost blocks to the drop above.
-    if (m.alloc[kHost].free_count() == 0) break;
+    if (m.alloc[kHost].free_count() == 0 || m.HostRoom(s->ns_tag) == 0) break;
     if (m.Demotable(m.records[r])) {
       m.ScheduleMove(r, CopyDirection::kGpuToHost);
       ++scheduled;
@@ -717,7 +834,7 @@ Result<uint32_t> Engine::Prefetch(std::string_view session_id) {
     Record& rec = m.records[r];
     rec.last_use = m.clock;
     if (rec.state != BlockState::kReady || rec.tier != Tier::kHost || rec.readers != 0) continue;
-    if (m.alloc[kGpu].free_count() == 0) break;
+    if (m.alloc[kGpu].free_count() == 0 || m.Room(rec.ns_tag, Tier::kGpu) == 0) break;
     m.ScheduleMove(r, CopyDirection::kHostToGpu);
     ++scheduled;
   }
@@ -972,6 +1089,7 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
     rec.checksummed = true;
     m.index.WriteRow(r, b.parent, b.tokens);
     m.index.Insert(b.key, r, rec.ns_tag, Tier::kHost);
+    ++m.usage[rec.ns_tag].blocks[kHost];
     by_key.emplace(b.key, r);
     record_of[i] = r;
     slots.push_back(b.host_slot);
@@ -1009,6 +1127,7 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
   for (uint32_t r : record_of) {
     if (r == kNoRecord || m.records[r].refs != 0) continue;
     m.index.Erase(m.records[r].key);
+    --m.usage[m.records[r].ns_tag].blocks[kHost];
     m.alloc[kHost].Free(m.records[r].slot);
     m.ReleaseRecord(r);
   }
@@ -1036,6 +1155,12 @@ EngineStats Engine::stats() const {
     for (const auto& b : q) s.copies_in_flight += static_cast<uint32_t>(b.records.size());
   }
   return s;
+}
+
+TenantUsage Engine::tenant_usage(uint32_t ns_tag) const {
+  TenantUsage out;
+  for (Tier t : {Tier::kGpu, Tier::kHost}) out.blocks[static_cast<int>(t)] = impl_->Held(ns_tag, t);
+  return out;
 }
 
 Status Engine::CheckInvariants() const {
@@ -1085,6 +1210,30 @@ Status Engine::CheckInvariants() const {
     if (rec.refs == 0 && rec.readers == 0) return fail("block " + rec.key.ToHex() + " is held by no one");
     if (m.index.Find(rec.key) != r) return fail("block " + rec.key.ToHex() + " is not indexed under its key");
     ++live;
+  }
+  {
+    std::unordered_map<uint32_t, Impl::Usage> usage;
+    for (const Record& rec : m.records) {
+      if (rec.state == BlockState::kFree || rec.doomed) continue;
+      Impl::Usage& u = usage[rec.ns_tag];
+      ++u.blocks[static_cast<int>(rec.tier)];
+      if (rec.moving()) ++u.moving_to[static_cast<int>(Other(rec.tier))];
+    }
+    for (const auto& [tag, u] : m.usage) {
+      const Impl::Usage& want = usage[tag];
+      for (int t = 0; t < kTierCount; ++t) {
+        if (u.blocks[t] != want.blocks[t] || u.moving_to[t] != want.moving_to[t]) {
+          return fail("tenant usage of namespace " + std::to_string(tag) + " is off");
+        }
+      }
+    }
+  }
+  {
+    std::unordered_map<uint32_t, uint32_t> counts;
+    for (const auto& [id, s] : m.sessions) ++counts[s->ns_tag];
+    for (const auto& [tag, n] : m.tenant_sessions) {
+      if (counts[tag] != n) return fail("session count of namespace " + std::to_string(tag) + " is off");
+    }
   }
   if (live != m.index.size()) return fail("index holds " + std::to_string(m.index.size()) + " entries for " + std::to_string(live) + " blocks");
   if (demoting != m.demoting) return fail("demotion count is off");

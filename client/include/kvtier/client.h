@@ -204,7 +204,9 @@ class Client {
 
   Result<uint32_t> Prefetch(std::string_view session);
   Result<uint32_t> Demote(std::string_view session);
-  Result<uint32_t> Evict(std::string_view session);
+  // With a tenant: that tenant's session (kPermissionDenied unless it is this
+  // client's own tenant or the client is an admin).
+  Result<uint32_t> Evict(std::string_view session, std::string_view tenant = {});
   Result<uint32_t> EvictTenant(std::string_view tenant);
   Result<uint32_t> EvictAll();
   // Priority 0..7 (higher is kept longer). With a ttl > 0 the daemon sets it

@@ -16,7 +16,8 @@ namespace kvtier {
 class ShmSegment {
  public:
   struct CreateOptions {
-    mode_t mode = 0600;
+    mode_t mode = 0600;             // Set with fchmod after creation: the umask does not apply.
+    gid_t group = static_cast<gid_t>(-1);  // With a group: fchown to it (the owner stays).
     bool replace_existing = false;  // Unlink a segment of that name first (stale after a crash).
     bool populate = true;           // Fault every page in now, not on the first copy.
   };

@@ -33,6 +33,19 @@ namespace kvtier::tiering {
 
 using LeaseId = uint64_t;
 
+// A tenant's block quota per tier in one engine (0 = unlimited). The tenant is
+// its namespace tag (NamespaceTag of its Namespace for this profile).
+struct TenantQuota {
+  uint32_t ns_tag = 0;
+  std::string name;                      // For errors: "tenant 'acme'".
+  uint32_t blocks[kTierCount] = {0, 0};  // Indexed by Tier.
+};
+
+// Blocks a tenant holds per tier; a block in flight counts in its destination.
+struct TenantUsage {
+  uint32_t blocks[kTierCount] = {0, 0};
+};
+
 struct EngineOptions {
   ModelProfile profile;
   uint32_t gpu_slots = 0;
@@ -44,15 +57,28 @@ struct EngineOptions {
   double host_low_watermark = 0.85;
   uint32_t max_copy_batch = 64;      // Blocks per backend submission.
   uint32_t max_sessions = 1 << 20;   // Beyond this the coldest session is evicted.
+  // Sessions one tenant (namespace) may hold; 0 = no limit. A new session past
+  // it is refused (kResourceExhausted), so one tenant cannot push another's
+  // sessions out through max_sessions.
+  uint32_t max_sessions_per_tenant = 0;
   uint32_t max_blocks_per_request = 1 << 16;
   std::string name = "default";      // Pool names "<name>.gpu" / "<name>.host".
   std::string index_segment;         // Shared-memory name of the index ("/..."); required.
+  uint32_t segment_mode = 0600;      // The index segment's mode and group (0xffffffff: the creator's).
+  uint32_t segment_group = 0xffffffffu;
   // Keep the host pool's segment across runs (PoolSpec::persistent), so that
   // AdoptWarm can take its blocks back after a restart.
   bool warm_restart = false;
   // Called whenever a block leaves the cache: `dropped` is true when pressure
   // (watermarks, a full tier) pushed it out, false when its last holder let go.
   std::function<void(const BlockKey& key, bool dropped)> on_free;
+  // Per-tenant quotas. A tenant at its GPU quota that commits new blocks has its
+  // own coldest GPU blocks demoted (or, failing that, dropped) first, never
+  // another tenant's; a demotion that would pass its host quota drops its own
+  // coldest host blocks first. When that cannot make room: kResourceExhausted
+  // naming the quota. Promotions past the GPU quota are not made (the block is
+  // leased where it is, in the host tier).
+  std::vector<TenantQuota> quotas;
 };
 
 struct BlockLocation {
@@ -241,6 +267,8 @@ class Engine {
   Result<WarmAdoptReport> AdoptWarm(const std::string& manifest_segment);
 
   EngineStats stats() const;
+  // Blocks of the tenant with namespace tag `ns_tag` per tier.
+  TenantUsage tenant_usage(uint32_t ns_tag) const;
   // Full consistency check (slot ownership, index, references); for tests. O(state).
   Status CheckInvariants() const;
 

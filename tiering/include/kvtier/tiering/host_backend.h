@@ -6,6 +6,8 @@
 // demotions (gpu->host), as on a GPU with a high-priority copy stream.
 #pragma once
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string>
 
@@ -18,6 +20,8 @@ struct HostBackendOptions {
   std::string name_prefix = "kvtier";
   bool populate = true;          // Pre-fault pool pages at creation.
   bool replace_stale = true;     // Replace segments left by a crashed instance.
+  mode_t segment_mode = 0600;    // Every segment's mode and group (-1: the creator's), umask-independent.
+  gid_t segment_group = static_cast<gid_t>(-1);
 };
 
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
