@@ -187,6 +187,8 @@ class CudaBackendImpl final : public CudaBackend {
 
     ShmSegment::CreateOptions o;
     o.replace_existing = options_.replace_stale;
+    o.mode = static_cast<mode_t>(options_.segment_mode);
+    o.group = static_cast<gid_t>(options_.segment_group);
     auto fences = ShmSegment::Create("/" + options_.name_prefix + ".fences", sizeof(FenceSegment), o);
     if (!fences.ok()) return fences.status();
     board_.emplace(std::move(fences).value());
@@ -232,6 +234,8 @@ class CudaBackendImpl final : public CudaBackend {
     ShmSegment::CreateOptions o;
     o.populate = options_.populate;
     o.replace_existing = options_.replace_stale;
+    o.mode = static_cast<mode_t>(options_.segment_mode);
+    o.group = static_cast<gid_t>(options_.segment_group);
     auto seg = ShmSegment::Create("/" + options_.name_prefix + "." + spec.name, bytes, o);
     if (!seg.ok()) return seg.status();
     auto pool = std::make_unique<PinnedHostPool>(spec, std::move(seg).value());
