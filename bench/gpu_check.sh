@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh [BUILD_DIR [RESULTS_DIR]]: the GPU checks, for a machine with a CUDA
-# device, in under 8 minutes: build the CUDA backend's tests and kvtier-bench
+# device, in under 8 minutes (its step timeouts add up to 470 s): build the CUDA
+# backend's tests and kvtier-bench
 # (skipped when BUILD_DIR already holds them), run `ctest -L gpu`, then
 # `kvtier-bench gpu`. The gpu tests are the backend's own (cuda_backend_test) and
 # kvtierd on the cuda backend with worker processes (gpu_integration_test: IPC
@@ -27,7 +28,7 @@ if [[ ! -x $build/tests/tiering/cuda_backend_test || ! -x $build/tests/integrati
     -DKVTIER_BUILD_BENCH=ON "${launcher[@]}" > "$results/configure.log" 2>&1 ||
     { tail -30 "$results/configure.log"; exit 1; }
   # Only what the checks run: the full suite is scripts/test.sh's job.
-  timeout 300 cmake --build "$build" -j "$(nproc)" \
+  timeout 170 cmake --build "$build" -j "$(nproc)" \
     --target cuda_backend_test backend_select_test cuda_planner_test gpu_integration_test kvtier-gpu-test-worker \
     kvtierd backend_test kvtier-bench > "$results/build.log" 2>&1 ||
     { tail -40 "$results/build.log"; exit 1; }
@@ -35,7 +36,7 @@ fi
 
 status=0
 log "ctest -L gpu"
-timeout 180 ctest --test-dir "$build" -L gpu --output-on-failure -V 2>&1 | tee "$results/ctest-gpu.log" ||
+timeout 100 ctest --test-dir "$build" -L gpu --output-on-failure -V 2>&1 | tee "$results/ctest-gpu.log" ||
   status=1
 if grep -q "needs a GPU" "$results/ctest-gpu.log"; then
   log "the gpu tests skipped: this machine's CUDA device was not usable"
@@ -43,11 +44,11 @@ if grep -q "needs a GPU" "$results/ctest-gpu.log"; then
 fi
 
 log "backend_test (backend choice with a GPU present)"
-timeout 60 ctest --test-dir "$build" -R '^backend_test$' --output-on-failure 2>&1 | tee "$results/ctest-backend.log" ||
+timeout 30 ctest --test-dir "$build" -R '^backend_test$' --output-on-failure 2>&1 | tee "$results/ctest-backend.log" ||
   status=1
 
 log "kvtier-bench gpu"
-if timeout 240 "$build/bench/kvtier-bench" gpu 2>&1 | tee "$results/bench-gpu.log"; then
+if timeout 170 "$build/bench/kvtier-bench" gpu 2>&1 | tee "$results/bench-gpu.log"; then
   tail -n 1 "$results/bench-gpu.log" > "$results/bench-gpu.json"
 else
   status=1
