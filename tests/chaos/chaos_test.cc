@@ -154,9 +154,9 @@ class Workers {
       }
       auto rc = procs_[i].Wait(std::chrono::seconds(10));
       if (!rc.ok() || *rc != 0 || done.empty()) {
-        return ::testing::AssertionFailure() << "worker " << i << " ended with "
-                                             << (rc.ok() ? std::to_string(*rc) : rc.status().ToString()) << ":\n"
-                                             << out << Tail(LogPath(i));
+        return ::testing::AssertionFailure()
+               << "worker " << i << " ended with " << (rc.ok() ? std::to_string(*rc) : rc.status().ToString()) << ":\n"
+               << out << Tail(LogPath(i));
       }
       done_lines->push_back(done);
     }
@@ -207,13 +207,15 @@ std::map<std::string, double> CheckAccounting(Client& c) {
   const auto deadline = Clock::now() + std::chrono::seconds(20);
   for (;;) {
     s = Stats(c);
-    const bool quiet = s["read_leases"] == 0 && s["write_leases"] == 0 && s["copies_in_flight"] == 0 && s["clients"] == 1;
+    const bool quiet =
+        s["read_leases"] == 0 && s["write_leases"] == 0 && s["copies_in_flight"] == 0 && s["clients"] == 1;
     if (quiet || Clock::now() > deadline) break;
     std::this_thread::sleep_for(milliseconds(20));
   }
-  std::printf("accounting: gpu %g/%g used, host %g/%g used, blocks %g, sessions %g, leases %g+%g, copies %g, clients %g\n",
-              s["gpu_used"], s["gpu_slots"], s["host_used"], s["host_slots"], s["blocks"], s["sessions"],
-              s["read_leases"], s["write_leases"], s["copies_in_flight"], s["clients"]);
+  std::printf(
+      "accounting: gpu %g/%g used, host %g/%g used, blocks %g, sessions %g, leases %g+%g, copies %g, clients %g\n",
+      s["gpu_used"], s["gpu_slots"], s["host_used"], s["host_slots"], s["blocks"], s["sessions"], s["read_leases"],
+      s["write_leases"], s["copies_in_flight"], s["clients"]);
   EXPECT_EQ(s["clients"], 1) << "connections of dead workers are still open";
   EXPECT_EQ(s["read_leases"], 0) << "read leases leaked";
   EXPECT_EQ(s["write_leases"], 0) << "write leases leaked";
@@ -278,11 +280,12 @@ double Sum(const std::vector<std::string>& lines, const std::string& key) {
 
 void PrintDone(const std::vector<std::string>& done) {
   for (const auto& l : done) std::printf("  %s\n", l.c_str());
-  std::printf("survivors: %g ops, %g blocks verified, %g committed; errors: unavailable %g, timeout %g, "
-              "resource_exhausted %g, failed_precondition %g, not_found %g\n",
-              Sum(done, "ops"), Sum(done, "verified_blocks"), Sum(done, "committed_blocks"), Sum(done, "err_unavailable"),
-              Sum(done, "err_timeout"), Sum(done, "err_resource_exhausted"), Sum(done, "err_failed_precondition"),
-              Sum(done, "err_not_found"));
+  std::printf(
+      "survivors: %g ops, %g blocks verified, %g committed; errors: unavailable %g, timeout %g, "
+      "resource_exhausted %g, failed_precondition %g, not_found %g\n",
+      Sum(done, "ops"), Sum(done, "verified_blocks"), Sum(done, "committed_blocks"), Sum(done, "err_unavailable"),
+      Sum(done, "err_timeout"), Sum(done, "err_resource_exhausted"), Sum(done, "err_failed_precondition"),
+      Sum(done, "err_not_found"));
 }
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
@@ -312,18 +315,53 @@ void StopAndCheck(DaemonProcess& daemon, const Workers& workers, const ShmJanito
   }
 }
 
+// One test's kvtierd and chaos workers. The janitor is declared first, so it
+// removes the instance's segments after the daemon and workers are gone.
+struct Rig {
+  Rig(uint64_t run_seed, uint32_t count)
+      : daemon(kChaosDaemonConfig), workers(daemon, run_seed, count), seed(run_seed) {
+    janitor.Watch(daemon.instance());
+  }
+
+  // Starts kvtierd, then every worker.
+  void Start() {
+    const Status start = daemon.Start();
+    ASSERT_TRUE(start.ok()) << start.ToString();
+    for (uint32_t i = 0; i < workers.size(); ++i) ASSERT_TRUE(workers.Spawn(i));
+  }
+
+  // Stops the workers; kvtierd must still be serving. Then checks the
+  // accounting and every block's payload through a fresh client, stops kvtierd
+  // (StopAndCheck) and prints how the workers ended. *stats: the daemon's
+  // counters; *done (if given): each worker's last line.
+  void Finish(std::map<std::string, double>* stats, std::vector<std::string>* done_out = nullptr) {
+    std::vector<std::string> done;
+    ASSERT_TRUE(workers.StopAll(&done));
+    ASSERT_EQ(daemon.Wait(milliseconds(0)).status().code(), StatusCode::kTimeout) << "kvtierd died:\n" << daemon.log();
+    auto c = Connect(daemon);
+    ASSERT_NE(c, nullptr);
+    *stats = CheckAccounting(*c);
+    VerifyAll(*c, seed, stats->at("blocks"));
+    c.reset();
+    StopAndCheck(daemon, workers, janitor);
+    PrintDone(done);
+    if (done_out != nullptr) *done_out = std::move(done);
+  }
+
+  ShmJanitor janitor;
+  DaemonProcess daemon;
+  Workers workers;
+  const uint64_t seed;
+};
+
 TEST(Chaos, WorkerKills) {
   const uint64_t seed = Seed();
   const uint64_t kills = EnvU64("KVTIER_CHAOS_KILLS", 200);
   constexpr uint32_t kWorkers = 4;
   const auto started = Clock::now();
-  ShmJanitor janitor;
-  DaemonProcess daemon(kChaosDaemonConfig);
-  janitor.Watch(daemon.instance());
-  const Status start = daemon.Start();
-  ASSERT_TRUE(start.ok()) << start.ToString();
-  Workers workers(daemon, seed, kWorkers);
-  for (uint32_t i = 0; i < kWorkers; ++i) ASSERT_TRUE(workers.Spawn(i));
+  Rig rig(seed, kWorkers);
+  ASSERT_NO_FATAL_FAILURE(rig.Start());
+  Workers& workers = rig.workers;
   std::mt19937_64 rng(seed);
   for (uint64_t k = 0; k < kills; ++k) {
     std::this_thread::sleep_for(milliseconds(rng() % 60));  // A random moment of a random operation.
@@ -331,26 +369,19 @@ TEST(Chaos, WorkerKills) {
     const uint32_t victim = static_cast<uint32_t>(rng() % kWorkers);
     workers.at(victim).Kill(SIGKILL);
     auto rc = workers.at(victim).Wait(std::chrono::seconds(10));
-    ASSERT_TRUE(rc.ok() && *rc == 128 + SIGKILL) << "worker " << victim << " ended by itself: "
-                                                 << (rc.ok() ? std::to_string(*rc) : rc.status().ToString());
+    ASSERT_TRUE(rc.ok() && *rc == 128 + SIGKILL)
+        << "worker " << victim << " ended by itself: " << (rc.ok() ? std::to_string(*rc) : rc.status().ToString());
     ASSERT_TRUE(workers.Spawn(victim));
   }
   std::this_thread::sleep_for(milliseconds(500));  // The last respawns get going.
   ASSERT_TRUE(workers.AllRunning());
-  std::vector<std::string> done;
-  ASSERT_TRUE(workers.StopAll(&done));
-  ASSERT_TRUE(daemon.Wait(milliseconds(0)).status().code() == StatusCode::kTimeout) << "kvtierd died:\n" << daemon.log();
-  auto c = Connect(daemon);
-  ASSERT_NE(c, nullptr);
-  const auto s = CheckAccounting(*c);
-  VerifyAll(*c, seed, s.at("blocks"));
-  c.reset();
-  StopAndCheck(daemon, workers, janitor);
-  PrintDone(done);
-  std::printf("FIGURES chaos_worker_kills: kills %llu, workers %u, daemon requests %g, committed blocks %g, "
-              "dropped %g, evicted sessions %g, time %.1f s\n",
-              static_cast<unsigned long long>(kills), kWorkers, s.at("requests"), s.at("committed_blocks"),
-              s.at("dropped_blocks"), s.at("evicted_sessions"), Seconds(started));
+  std::map<std::string, double> s;
+  ASSERT_NO_FATAL_FAILURE(rig.Finish(&s));
+  std::printf(
+      "FIGURES chaos_worker_kills: kills %llu, workers %u, daemon requests %g, committed blocks %g, "
+      "dropped %g, evicted sessions %g, time %.1f s\n",
+      static_cast<unsigned long long>(kills), kWorkers, s.at("requests"), s.at("committed_blocks"),
+      s.at("dropped_blocks"), s.at("evicted_sessions"), Seconds(started));
   EXPECT_GE(s.at("requests"), static_cast<double>(kills)) << "the workers hardly ran";
 }
 
@@ -359,13 +390,10 @@ TEST(Chaos, DaemonRestarts) {
   const uint64_t restarts = EnvU64("KVTIER_CHAOS_RESTARTS", 20);
   constexpr uint32_t kWorkers = 4;
   const auto started = Clock::now();
-  ShmJanitor janitor;
-  DaemonProcess daemon(kChaosDaemonConfig);
-  janitor.Watch(daemon.instance());
-  const Status start = daemon.Start();
-  ASSERT_TRUE(start.ok()) << start.ToString();
-  Workers workers(daemon, seed, kWorkers);
-  for (uint32_t i = 0; i < kWorkers; ++i) ASSERT_TRUE(workers.Spawn(i));
+  Rig rig(seed, kWorkers);
+  ASSERT_NO_FATAL_FAILURE(rig.Start());
+  DaemonProcess& daemon = rig.daemon;
+  Workers& workers = rig.workers;
 
   // Each worker announces the first operation that succeeds on each daemon instance.
   std::vector<double> instance(kWorkers, -1);
@@ -385,7 +413,8 @@ TEST(Chaos, DaemonRestarts) {
     }
     return std::nullopt;
   };
-  for (uint32_t w = 0; w < kWorkers; ++w) ASSERT_TRUE(await_new_instance(w, std::chrono::seconds(20))) << "worker " << w;
+  for (uint32_t w = 0; w < kWorkers; ++w)
+    ASSERT_TRUE(await_new_instance(w, std::chrono::seconds(20))) << "worker " << w;
 
   std::mt19937_64 rng(seed);
   double worst_after_ready = 0, worst_after_kill = 0, worst_start = 0;
@@ -398,7 +427,7 @@ TEST(Chaos, DaemonRestarts) {
     ASSERT_TRUE(daemon.Wait(std::chrono::seconds(10)).ok());
     // What the dead daemon left must not stop the next one.
     ASSERT_TRUE(std::filesystem::exists(daemon.socket())) << "no stale socket to test against";
-    ASSERT_FALSE(janitor.Leftovers().empty()) << "no stale segments to test against";
+    ASSERT_FALSE(rig.janitor.Leftovers().empty()) << "no stale segments to test against";
     const Status st = daemon.Start();
     ASSERT_TRUE(st.ok()) << "restart " << r << ": " << st.ToString();
     const auto ready = Clock::now();
@@ -415,19 +444,13 @@ TEST(Chaos, DaemonRestarts) {
   }
   std::this_thread::sleep_for(milliseconds(300));
   ASSERT_TRUE(workers.AllRunning());
-  std::vector<std::string> done;
-  ASSERT_TRUE(workers.StopAll(&done));
-  auto c = Connect(daemon);
-  ASSERT_NE(c, nullptr);
-  const auto s = CheckAccounting(*c);
-  VerifyAll(*c, seed, s.at("blocks"));
-  c.reset();
-  StopAndCheck(daemon, workers, janitor);
-  PrintDone(done);
-  std::printf("FIGURES chaos_daemon_restarts: restarts %llu, workers %u, worst reconnect %.3f s after ready "
-              "(%.3f s after the kill; worst kill-to-ready %.3f s), time %.1f s\n",
-              static_cast<unsigned long long>(restarts), kWorkers, worst_after_ready, worst_after_kill, worst_start,
-              Seconds(started));
+  std::map<std::string, double> s;
+  ASSERT_NO_FATAL_FAILURE(rig.Finish(&s));
+  std::printf(
+      "FIGURES chaos_daemon_restarts: restarts %llu, workers %u, worst reconnect %.3f s after ready "
+      "(%.3f s after the kill; worst kill-to-ready %.3f s), time %.1f s\n",
+      static_cast<unsigned long long>(restarts), kWorkers, worst_after_ready, worst_after_kill, worst_start,
+      Seconds(started));
   // The requirement: once a new kvtierd is up, every client is back within 1 s.
   EXPECT_LE(worst_after_ready, 1.0) << "a worker took " << worst_after_ready << " s to reconnect";
 }
@@ -452,13 +475,10 @@ TEST(Soak, MixedLoad) {
   // would look like growth; a small quarantine keeps the RSS check meaningful.
   if (std::getenv("ASAN_OPTIONS") == nullptr) ::setenv("ASAN_OPTIONS", "quarantine_size_mb=16", 1);
 #endif
-  ShmJanitor janitor;
-  DaemonProcess daemon(kChaosDaemonConfig);
-  janitor.Watch(daemon.instance());
-  const Status start = daemon.Start();
-  ASSERT_TRUE(start.ok()) << start.ToString();
-  Workers workers(daemon, seed, kWorkers);
-  for (uint32_t i = 0; i < kWorkers; ++i) ASSERT_TRUE(workers.Spawn(i));
+  Rig rig(seed, kWorkers);
+  ASSERT_NO_FATAL_FAILURE(rig.Start());
+  DaemonProcess& daemon = rig.daemon;
+  Workers& workers = rig.workers;
   const auto started = Clock::now();
   const auto end = started + std::chrono::seconds(seconds);
   // Warm-up: the pools fill, the session table reaches its limit, caches settle.
@@ -475,25 +495,20 @@ TEST(Soak, MixedLoad) {
     }
   }
   samples.emplace_back(Seconds(started), RssKiB(daemon.pid()));
+  std::map<std::string, double> s;
   std::vector<std::string> done;
-  ASSERT_TRUE(workers.StopAll(&done));
-  auto c = Connect(daemon);
-  ASSERT_NE(c, nullptr);
-  const auto s = CheckAccounting(*c);
-  VerifyAll(*c, seed, s.at("blocks"));
-  c.reset();
-  StopAndCheck(daemon, workers, janitor);
-  PrintDone(done);
+  ASSERT_NO_FATAL_FAILURE(rig.Finish(&s, &done));
   std::printf("daemon VmRSS samples (s: KiB):");
   for (const auto& [t, kib] : samples) std::printf(" %.1f:%ld", t, kib);
   std::printf("\n");
   ASSERT_GE(samples.size(), 2u);
   const long first = samples.front().second, last = samples.back().second;
   ASSERT_GT(first, 0);
-  std::printf("FIGURES soak_mixed_load: %llu s, %u workers, %g ops by workers, daemon requests %g, "
-              "RSS %ld -> %ld KiB (%+.1f%%)\n",
-              static_cast<unsigned long long>(seconds), kWorkers, Sum(done, "ops"), s.at("requests"), first, last,
-              100.0 * (last - first) / first);
+  std::printf(
+      "FIGURES soak_mixed_load: %llu s, %u workers, %g ops by workers, daemon requests %g, "
+      "RSS %ld -> %ld KiB (%+.1f%%)\n",
+      static_cast<unsigned long long>(seconds), kWorkers, Sum(done, "ops"), s.at("requests"), first, last,
+      100.0 * (last - first) / first);
   // Generous: a leak of a few hundred bytes per request over a minute shows;
   // allocator and sanitizer noise does not.
   const long bound = first / 2 + KVTIER_SOAK_RSS_SLACK_KIB;
