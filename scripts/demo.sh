@@ -12,7 +12,17 @@ run=$(mktemp -d /tmp/kvtier-demo.XXXXXX)
 sock="$run/kvtierd.sock"
 ./build/daemon/kvtierd --config configs/kvtierd.yaml --socket "$sock" --instance "kvtier-demo-$$" 2>"$run/kvtierd.log" &
 daemon=$!
-trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null; rm -rf "$run"; rm -f /dev/shm/kvtier-demo-$$.*' EXIT
+# The daemon is normally stopped (and reaped) before the script ends; under set -e
+# a failing kill or wait in the trap would become the script's exit status.
+cleanup() {
+  local rc=$?
+  kill -TERM "$daemon" 2>/dev/null || true
+  wait "$daemon" 2>/dev/null || true
+  rm -rf "$run"
+  rm -f /dev/shm/kvtier-demo-$$.*
+  exit "$rc"
+}
+trap cleanup EXIT
 for _ in $(seq 100); do grep -q "ready:" "$run/kvtierd.log" && break; sleep 0.05; done
 grep "ready:" "$run/kvtierd.log" || { cat "$run/kvtierd.log"; exit 1; }
 echo "== two workers, six chats of four turns sharing a system prompt, in each cache mode"
