@@ -1,12 +1,16 @@
 #include "kvtier/client.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -21,6 +25,33 @@ namespace kvtier {
 namespace client_internal {
 
 using Clock = std::chrono::steady_clock;
+
+std::string UserName(uid_t uid) {
+  const passwd* pw = ::getpwuid(uid);
+  return pw ? std::string(pw->pw_name) + " (uid " + std::to_string(uid) + ")" : "uid " + std::to_string(uid);
+}
+
+std::string GroupName(gid_t gid) {
+  const group* gr = ::getgrgid(gid);
+  return gr ? std::string(gr->gr_name) + " (gid " + std::to_string(gid) + ")" : "gid " + std::to_string(gid);
+}
+
+// connect() refused by the socket's (or its directory's) permissions: say who
+// may open it and who the caller is, so the fix (a group, a socket) is obvious.
+Status SocketPermissionDenied(const std::string& path, const std::string& error) {
+  std::string msg = "cannot connect to kvtierd at " + path + ": " + error;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    msg += std::string("; the socket has mode ") + mode + ", owner " + UserName(st.st_uid) + ", group " +
+           GroupName(st.st_gid) + ", and you are " + UserName(::geteuid()) +
+           ": connect as a member of that group (or one access: allows), or use a socket you may open";
+  } else {
+    msg += "; a directory on the way to the socket does not let you in (" + std::string(std::strerror(errno)) + ")";
+  }
+  return Status(StatusCode::kPermissionDenied, msg);
+}
 
 // A writer event from GpuState's pool, handed back to it when the last lease holding it goes.
 struct WriterEvent {
@@ -325,8 +356,11 @@ struct Core {
         ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         break;
       }
-      last_error = std::strerror(errno);
+      const int err = errno;
+      last_error = std::strerror(err);
       Disconnect();
+      // Retrying cannot help a peer the socket's permissions keep out.
+      if (err == EACCES || err == EPERM) return SocketPermissionDenied(options.socket_path, last_error);
       if (Clock::now() + backoff > deadline) {
         return Unavailable("cannot connect to kvtierd at " + options.socket_path + ": " + last_error +
                            " (is kvtierd running?)");

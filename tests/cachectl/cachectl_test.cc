@@ -467,9 +467,10 @@ class CachectlTenantTest : public ::testing::Test {
     if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
   }
   CtlRun Run(const std::vector<std::string>& args) { return Ctl(daemon_.socket(), args); }
-  CtlRun RunAs(uint32_t uid, const std::vector<std::string>& args) {
+  CtlRun RunAs(uint32_t uid, const std::vector<std::string>& args, uint32_t gid = 4242) {
     return Ctl(daemon_.socket(), args,
-               {"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=4242", "--clear-groups"});
+               {"/usr/bin/setpriv", "--reuid=" + std::to_string(uid), "--regid=" + std::to_string(gid),
+                "--clear-groups"});
   }
   static bool Root() { return geteuid() == 0; }
 
@@ -536,6 +537,17 @@ TEST_F(CachectlTenantTest, APeerNotAllowedGetsExitCode5) {
   auto r = RunAs(4246, {"status"});
   EXPECT_EQ(r.rc, kPermissionExit) << r.err;
   EXPECT_NE(r.err.find("uid 4246"), std::string::npos) << r.err;
+}
+
+TEST_F(CachectlTenantTest, APeerOutsideTheSocketsGroupGetsExitCode5NamingModeAndGroup) {
+  if (!Root()) GTEST_SKIP() << "needs root to run cachectl as another uid (setpriv)";
+  // gid 4247 is not the socket's group (4242), so connect() itself is refused.
+  auto r = RunAs(4246, {"status"}, 4247);
+  EXPECT_EQ(r.rc, kPermissionExit) << r.err;
+  EXPECT_NE(r.err.find("mode 0660"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("4242"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("uid 4246"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("is kvtierd running"), std::string::npos) << r.err;
 }
 
 }  // namespace
