@@ -4,9 +4,10 @@
 //   kNone    recompute the whole conversation every turn;
 //   kLocal   an in-process cache of each session's keys/values, as a single-process
 //            server keeps it (block-granular by default, like a paged prefix cache);
-//   kKvtier  kvtierd: acquire the cached prefix (lease + fence), attend over its
-//            blocks as mapped, prefill only the rest, and commit the new full blocks
-//            under the session id after decoding.
+//   kKvtier  kvtierd: probe the shared index, acquire the cached prefix (lease +
+//            fence) when the probe found any, copy its blocks' rows into the turn's
+//            K/V buffer (one copy per plane and block), prefill only the rest, and
+//            commit the new full blocks under the session id after decoding.
 //
 // Only full blocks are shared; a partial tail block is recomputed next turn.
 #pragma once
@@ -45,10 +46,16 @@ struct TurnResult {
   uint32_t committed_blocks = 0;  // New blocks stored (kKvtier).
   std::vector<TokenId> output;   // Greedy tokens.
   std::vector<at::Tensor> logits;  // [vocab] fp32 per output token, if keep_logits.
+  bool acquired = false;  // kKvtier: an Acquire round trip was made (not when the
+                          // shared-memory probe found nothing cached).
   double lookup_ms = 0;  // Cache lookup: acquire + fence wait + gather (kKvtier), or local.
   double ttft_ms = 0;    // Start of the turn to the first output token.
   double turn_ms = 0;    // Whole turn, decode and commit included.
   double commit_ms = 0;
+  // CPU time of the whole process (every thread: the model's and BLAS's) over
+  // the same spans, so a faster wall time bought with more cores shows.
+  double ttft_cpu_ms = 0;
+  double turn_cpu_ms = 0;
   std::string cache_error;  // A cache failure the turn survived (it recomputed instead).
 };
 

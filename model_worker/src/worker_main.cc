@@ -1,13 +1,18 @@
 // kvtier-worker: a model worker. Loads (or seeds) a Llama-family transformer,
-// serves the chat workload's sessions with one cache mode, and reports every
-// turn (time to first token, tokens reused and computed) as text or JSON lines.
+// serves the chat workload's sessions with one cache mode or several, and
+// reports every turn (time to first token, tokens reused and computed, CPU
+// time) as text or JSON lines.
 //
 //   kvtier-worker --cache kvtier --socket /run/kvtier/kvtierd.sock --sessions 8 --turns 6
 //   kvtier-worker --cache none --json ...          # the recompute baseline
+//   kvtier-worker --cache kvtier,local,none --json # every turn in each mode, back to back
 //   kvtier-worker --save-weights model.safetensors # write the seeded weights and exit
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <malloc.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -25,13 +30,50 @@ struct Args {
   std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant, name;
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
-  bool local_token_granular = false, json = false, show_text = false;
+  bool local_token_granular = false, json = false, show_text = false, keep_memory = true;
   WorkloadOptions workload;
 };
 
 int Fail(const std::string& what, const Status& s) {
   std::fprintf(stderr, "kvtier-worker: %s: %s\n", what.c_str(), s.ToString().c_str());
   return 1;
+}
+
+// Sizes the BLAS library's own thread pool to the model's: OpenBLAS (what
+// libtorch calls for its matrix products on Debian) otherwise starts one thread
+// per core beside ATen's, and two workers on two cores then run four busy
+// threads. Looked up at run time because which BLAS is loaded is the system's
+// choice. Returns the BLAS's name, or "" if it has no such knob.
+std::string SetBlasThreads(int threads) {
+  using SetThreads = void (*)(int);
+  if (auto* f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    f(threads);
+    return "openblas";
+  }
+  if (auto* f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads"))) {
+    f(threads);
+    return "mkl";
+  }
+  return "";
+}
+
+// Keeps freed memory in the process: by default glibc returns the top of the
+// heap and large blocks to the kernel between prefills, and the next prefill
+// takes thousands of page faults to get them back. Large blocks still come from
+// mmap past 32 MiB (glibc's ceiling for the threshold).
+void KeepFreedMemory() {
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  ::mallopt(M_TOP_PAD, 64 << 20);
+}
+
+std::vector<std::string> SplitModes(const std::string& list) {
+  if (list == "all") return {"kvtier", "local", "none"};
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (size_t e; (e = list.find(',', b)) != std::string::npos; b = e + 1) out.push_back(list.substr(b, e - b));
+  out.push_back(list.substr(b));
+  return out;
 }
 
 }  // namespace
@@ -43,7 +85,18 @@ int main(int argc, char** argv) {
   app.add_option("--model", a.model_file, "Model config YAML (keys as in configs/model.yaml)");
   app.add_option("--set", a.sets, "Override one model key, e.g. --set layers=8 (repeatable)");
   app.add_option("--save-weights", a.save_weights, "Write the model's weights (safetensors) and exit");
-  app.add_option("--cache", a.cache, "kvtier | local | none")->check(CLI::IsMember({"kvtier", "local", "none"}))
+  app.add_option("--cache", a.cache,
+                 "kvtier | local | none, or a comma list (or all): every turn is served in each mode back to back, "
+                 "the order rotating from turn to turn, with identical prompts")
+      ->check([](const std::string& v) -> std::string {
+        std::vector<std::string> seen;
+        for (const std::string& m : SplitModes(v)) {
+          if (!ParseCacheMode(m).ok()) return "unknown cache mode '" + m + "' (kvtier, local, none, all)";
+          if (std::find(seen.begin(), seen.end(), m) != seen.end()) return "cache mode '" + m + "' given twice";
+          seen.push_back(m);
+        }
+        return "";
+      })
       ->capture_default_str();
   app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")->envname("KVTIER_SOCKET")->capture_default_str();
   app.add_option("--tenant", a.tenant, "Tenant whose blocks this worker shares");
@@ -54,7 +107,10 @@ int main(int argc, char** argv) {
                "Local cache reuses every cached token, not only full blocks");
   app.add_option("--device", a.device, "Where the model runs: auto (CUDA when libtorch has it), cpu, cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
-  app.add_option("--threads", a.threads, "Intra-op threads for the model")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--threads", a.threads, "Threads for the model (ATen's intra-op pool and the BLAS library's)")
+      ->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_flag("!--no-keep-memory", a.keep_memory,
+               "Let glibc return freed memory to the kernel between turns (the default keeps it)");
   WorkloadOptions& w = a.workload;
   app.add_option("--sessions", w.sessions, "Sessions in total (across workers)")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--turns", w.turns, "Turns per session")->check(CLI::Range(1, 10000))->capture_default_str();
@@ -89,8 +145,10 @@ int main(int argc, char** argv) {
                                        : SetModelField(mc, kv.substr(0, eq), kv.substr(eq + 1));
     if (!s.ok()) return Fail("--set", s);
   }
+  if (a.keep_memory) KeepFreedMemory();
   at::set_num_threads(static_cast<int>(a.threads));
   at::set_num_interop_threads(1);
+  const std::string blas = SetBlasThreads(static_cast<int>(a.threads));
   if (a.device == "cuda" && !at::hasCUDA()) {
     std::fprintf(stderr, "kvtier-worker: --device cuda: this libtorch has no CUDA support\n");
     return 2;
@@ -114,13 +172,10 @@ int main(int argc, char** argv) {
     (void)(*model)->Forward(std::span<const TokenId>(warm).first(1), kv);
   }
 
-  ChatOptions co;
-  co.mode = *ParseCacheMode(a.cache);
-  co.block_tokens = a.block_tokens;
-  co.local_token_granular = a.local_token_granular;
+  const std::vector<std::string> mode_names = SplitModes(a.cache);
   const std::string name = a.name.empty() ? "worker-" + std::to_string(w.worker_index) : a.name;
   std::unique_ptr<Client> client;
-  if (co.mode == CacheMode::kKvtier) {
+  if (std::find(mode_names.begin(), mode_names.end(), "kvtier") != mode_names.end()) {
     ClientOptions opts;
     opts.socket_path = a.socket;
     opts.client_name = name;
@@ -128,63 +183,99 @@ int main(int argc, char** argv) {
     auto c = Client::Connect(opts);
     if (!c.ok()) return Fail("connect to " + a.socket, c.status());
     client = std::move(*c);
-    co.client = client.get();
   }
-  auto runner = ChatRunner::Create(**model, co);
-  if (!runner.ok()) return Fail("cache", runner.status());
+  std::vector<std::unique_ptr<ChatRunner>> runners;
+  for (const std::string& m : mode_names) {
+    ChatOptions co;
+    co.mode = *ParseCacheMode(m);
+    co.block_tokens = a.block_tokens;
+    co.local_token_granular = a.local_token_granular;
+    co.client = client.get();
+    auto runner = ChatRunner::Create(**model, co);
+    if (!runner.ok()) return Fail("cache " + m, runner.status());
+    runners.push_back(std::move(*runner));
+  }
   if (!a.json) {
-    std::printf("[%s] %s, cache %s, %u-token blocks\n", name.c_str(), mc.Describe().c_str(), a.cache.c_str(),
-                (*runner)->block_tokens());
+    std::printf("[%s] %s, cache %s, %u-token blocks, %u thread(s)%s\n", name.c_str(), mc.Describe().c_str(),
+                a.cache.c_str(), runners[0]->block_tokens(), a.threads, blas.empty() ? "" : (" (" + blas + " too)").c_str());
   }
 
+  struct Totals {
+    uint64_t prompt = 0, cached = 0, computed = 0, output = 0, errors = 0;
+  };
+  std::vector<Totals> totals(runners.size());
+  uint64_t mismatches = 0, pair = 0;
   std::vector<Conversation> chats;
   for (uint32_t s : WorkerSessions(w)) chats.emplace_back(w, s);
-  uint64_t prompt = 0, cached = 0, computed = 0, output = 0, errors = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t turn = 0; turn < w.turns; ++turn) {
     for (Conversation& chat : chats) {
-      const std::vector<TokenId>& p = chat.NextPrompt(turn);
-      auto r = (*runner)->Turn(chat.id(), p, w.output_tokens);
-      if (!r.ok()) return Fail(chat.id() + " turn " + std::to_string(turn), r.status());
-      chat.AddReply(r->output);
-      prompt += r->prompt_tokens;
-      cached += r->cached_tokens;
-      computed += r->computed_tokens;
-      output += r->output.size();
-      errors += r->cache_error.empty() ? 0 : 1;
-      if (a.json) {
-        nlohmann::ordered_json j = {
-            {"worker", w.worker_index}, {"mode", a.cache}, {"session", chat.id()}, {"turn", turn},
-            {"prompt_tokens", r->prompt_tokens}, {"cached_tokens", r->cached_tokens},
-            {"computed_tokens", r->computed_tokens}, {"promoted_blocks", r->promoted_blocks},
-            {"committed_blocks", r->committed_blocks}, {"output_tokens", r->output.size()},
-            {"lookup_ms", r->lookup_ms}, {"ttft_ms", r->ttft_ms}, {"commit_ms", r->commit_ms},
-            {"turn_ms", r->turn_ms}};
-        if (!r->cache_error.empty()) j["cache_error"] = r->cache_error;
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        std::printf("[%s] %-8s turn %u: prompt %5u = %5u cached + %5u computed%s, ttft %8.1f ms, turn %8.1f ms%s\n",
-                    name.c_str(), chat.id().c_str(), turn, r->prompt_tokens, r->cached_tokens, r->computed_tokens,
-                    r->promoted_blocks ? (" (" + std::to_string(r->promoted_blocks) + " blocks promoted)").c_str() : "",
-                    r->ttft_ms, r->turn_ms, r->cache_error.empty() ? "" : ("  [" + r->cache_error + "]").c_str());
-        if (a.show_text) std::printf("    reply: %s\n", Decode(r->output).c_str());
+      const std::vector<TokenId> p = chat.NextPrompt(turn);
+      // Every mode serves the same prompt; the order rotates so that none is
+      // always first (caches warm) or last.
+      std::vector<std::vector<TokenId>> replies(runners.size());
+      for (size_t k = 0; k < runners.size(); ++k) {
+        const size_t m = (pair + k) % runners.size();
+        auto r = runners[m]->Turn(chat.id(), p, w.output_tokens);
+        if (!r.ok()) return Fail(chat.id() + " turn " + std::to_string(turn) + " (" + mode_names[m] + ")", r.status());
+        replies[m] = r->output;
+        Totals& t = totals[m];
+        t.prompt += r->prompt_tokens;
+        t.cached += r->cached_tokens;
+        t.computed += r->computed_tokens;
+        t.output += r->output.size();
+        t.errors += r->cache_error.empty() ? 0 : 1;
+        if (a.json) {
+          nlohmann::ordered_json j = {
+              {"worker", w.worker_index}, {"mode", mode_names[m]}, {"session", chat.id()}, {"turn", turn},
+              {"pair", pair}, {"order", k},
+              {"prompt_tokens", r->prompt_tokens}, {"cached_tokens", r->cached_tokens},
+              {"computed_tokens", r->computed_tokens}, {"promoted_blocks", r->promoted_blocks},
+              {"committed_blocks", r->committed_blocks}, {"output_tokens", r->output.size()},
+              {"acquired", r->acquired}, {"lookup_ms", r->lookup_ms}, {"ttft_ms", r->ttft_ms},
+              {"commit_ms", r->commit_ms}, {"turn_ms", r->turn_ms}, {"ttft_cpu_ms", r->ttft_cpu_ms},
+              {"turn_cpu_ms", r->turn_cpu_ms}};
+          if (!r->cache_error.empty()) j["cache_error"] = r->cache_error;
+          std::printf("%s\n", j.dump().c_str());
+        } else {
+          std::printf(
+              "[%s] %-8s turn %u %-6s: prompt %5u = %5u cached + %5u computed%s, ttft %8.1f ms, turn %8.1f ms%s\n",
+              name.c_str(), chat.id().c_str(), turn, mode_names[m].c_str(), r->prompt_tokens, r->cached_tokens,
+              r->computed_tokens,
+              r->promoted_blocks ? (" (" + std::to_string(r->promoted_blocks) + " blocks promoted)").c_str() : "",
+              r->ttft_ms, r->turn_ms, r->cache_error.empty() ? "" : ("  [" + r->cache_error + "]").c_str());
+          if (a.show_text && m == 0) std::printf("    reply: %s\n", Decode(r->output).c_str());
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
+      // The history continues with the first listed mode's reply; greedy
+      // decoding gives every mode the same one (counted when it does not).
+      for (const auto& r : replies) mismatches += r != replies[0] ? 1 : 0;
+      chat.AddReply(replies[0]);
+      ++pair;
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (a.json) {
-    nlohmann::ordered_json j = {{"summary", true},       {"worker", w.worker_index}, {"mode", a.cache},
-                                {"turns", chats.size() * w.turns}, {"prompt_tokens", prompt},
-                                {"cached_tokens", cached}, {"computed_tokens", computed},
-                                {"output_tokens", output}, {"cache_errors", errors}, {"seconds", secs}};
-    std::printf("%s\n", j.dump().c_str());
-  } else {
-    std::printf("[%s] done: %zu sessions x %u turns, %llu prompt tokens, %llu from cache (%.1f%%), %llu computed, "
-                "%.1f s%s\n",
-                name.c_str(), chats.size(), w.turns, (unsigned long long)prompt, (unsigned long long)cached,
-                prompt ? 100.0 * double(cached) / double(prompt) : 0.0, (unsigned long long)computed, secs,
-                errors ? (", " + std::to_string(errors) + " cache errors").c_str() : "");
+  for (size_t m = 0; m < runners.size(); ++m) {
+    const Totals& t = totals[m];
+    if (a.json) {
+      nlohmann::ordered_json j = {{"summary", true},       {"worker", w.worker_index}, {"mode", mode_names[m]},
+                                  {"turns", chats.size() * w.turns}, {"prompt_tokens", t.prompt},
+                                  {"cached_tokens", t.cached}, {"computed_tokens", t.computed},
+                                  {"output_tokens", t.output}, {"cache_errors", t.errors},
+                                  {"reply_mismatches", mismatches}, {"seconds", secs}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("[%s] %s done: %zu sessions x %u turns, %llu prompt tokens, %llu from cache (%.1f%%), %llu "
+                  "computed, %.1f s%s\n",
+                  name.c_str(), mode_names[m].c_str(), chats.size(), w.turns, (unsigned long long)t.prompt,
+                  (unsigned long long)t.cached, t.prompt ? 100.0 * double(t.cached) / double(t.prompt) : 0.0,
+                  (unsigned long long)t.computed, secs,
+                  t.errors ? (", " + std::to_string(t.errors) + " cache errors").c_str() : "");
+    }
+  }
+  if (mismatches > 0) {
+    std::fprintf(stderr, "kvtier-worker: %llu replies differed between cache modes\n", (unsigned long long)mismatches);
   }
   return 0;
 }
