@@ -27,6 +27,53 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+namespace {
+
+// Percentile-bootstrap interval of `statistic` over resamplings of the pair indices.
+template <typename Statistic>
+Interval Bootstrap(size_t n, uint64_t seed, int resamples, double value, Statistic statistic) {
+  Interval out;
+  out.value = value;
+  out.n = n;
+  Rng rng(seed);
+  std::vector<double> estimates;
+  estimates.reserve(static_cast<size_t>(resamples));
+  std::vector<size_t> idx(n);
+  for (int r = 0; r < resamples; ++r) {
+    for (size_t& i : idx) i = rng.Below(n);
+    estimates.push_back(statistic(idx));
+  }
+  out.lo = Percentile(estimates, 2.5);
+  out.hi = Percentile(estimates, 97.5);
+  return out;
+}
+
+}  // namespace
+
+Interval PairedMedianRatio(const std::vector<double>& a, const std::vector<double>& b, uint64_t seed,
+                           int resamples) {
+  std::vector<double> ratios(a.size());
+  for (size_t i = 0; i < a.size(); ++i) ratios[i] = a[i] / b[i];
+  std::vector<double> pick(a.size());
+  return Bootstrap(a.size(), seed, resamples, Median(ratios), [&](const std::vector<size_t>& idx) {
+    for (size_t k = 0; k < idx.size(); ++k) pick[k] = ratios[idx[k]];
+    return Median(pick);
+  });
+}
+
+Interval PairedPercentileRatio(const std::vector<double>& a, const std::vector<double>& b, double p, uint64_t seed,
+                               int resamples) {
+  std::vector<double> pa(a.size()), pb(b.size());
+  return Bootstrap(a.size(), seed, resamples, Percentile(a, p) / Percentile(b, p),
+                   [&](const std::vector<size_t>& idx) {
+                     for (size_t k = 0; k < idx.size(); ++k) {
+                       pa[k] = a[idx[k]];
+                       pb[k] = b[idx[k]];
+                     }
+                     return Percentile(pa, p) / Percentile(pb, p);
+                   });
+}
+
 MachineInfo ReadMachineInfo() {
   MachineInfo m;
   m.cpu_model = "unknown";
@@ -106,6 +153,11 @@ JsonObject& JsonObject::Add(std::string_view key, std::string_view value) {
 
 JsonObject& JsonObject::Add(std::string_view key, const JsonObject& value) {
   fields_.emplace_back(std::string(key), value.ToString());
+  return *this;
+}
+
+JsonObject& JsonObject::AddRaw(std::string_view key, std::string json) {
+  fields_.emplace_back(std::string(key), std::move(json));
   return *this;
 }
 

@@ -45,6 +45,21 @@ class Rng {
   uint64_t state_;
 };
 
+// A figure with a bootstrap 95% confidence interval over `n` pairs.
+struct Interval {
+  double value = 0, lo = 0, hi = 0;
+  size_t n = 0;
+};
+// Paired comparison of two conditions measured on the same items (a[i] and b[i]
+// are one turn served both ways): the median of the per-pair ratios a[i]/b[i],
+// and the ratio of their p-th percentiles, each with a percentile-bootstrap 95%
+// interval from `resamples` resamplings of the pairs. Deterministic in `seed`.
+// REQUIRES: a.size() == b.size() > 0, every b[i] > 0.
+Interval PairedMedianRatio(const std::vector<double>& a, const std::vector<double>& b, uint64_t seed,
+                           int resamples = 2000);
+Interval PairedPercentileRatio(const std::vector<double>& a, const std::vector<double>& b, double p,
+                               uint64_t seed, int resamples = 2000);
+
 struct MachineInfo {
   std::string cpu_model;  // "model name" of /proc/cpuinfo; "unknown" if absent.
   unsigned cores = 0;     // Online logical CPUs.
@@ -61,6 +76,8 @@ class JsonObject {
   JsonObject& Add(std::string_view key, uint64_t value);
   JsonObject& Add(std::string_view key, std::string_view value);
   JsonObject& Add(std::string_view key, const JsonObject& value);
+  // `json` must be one valid JSON value (an array, say); it is written as is.
+  JsonObject& AddRaw(std::string_view key, std::string json);
   std::string ToString() const;
 
  private:
