@@ -275,8 +275,10 @@ Result<std::string> Service::TenantToActOn(const ClientState& c, const std::stri
 std::vector<std::string> Service::KnownTenants() const { return tenants_seen_; }
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
-  ++requests_;
   Reply reply = Dispatch(c, request);
+  if (reply.deferred) return reply;
+  c.waiting_for_room.reset();
+  ++requests_;
   if (std::holds_alternative<wire::ErrorResponse>(reply.message)) {
     ++errors_;
     ++request_metrics_[wire::TypeOf(request)].errors;
@@ -296,15 +298,16 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
             true};
   }
   Engine& e = *engines_[c.profile];
+  bool deferred = false;
   wire::Message reply = std::visit(
       [&](const auto& m) -> wire::Message {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, wire::AllocateRequest>) {
-          return OnAllocate(c, m);
+          return OnAllocate(c, m, &deferred);
         } else if constexpr (std::is_same_v<T, wire::CommitRequest>) {
           return OnCommit(c, m);
         } else if constexpr (std::is_same_v<T, wire::AcquireRequest>) {
-          return OnAcquire(c, m);
+          return OnAcquire(c, m, &deferred);
         } else if constexpr (std::is_same_v<T, wire::ReleaseRequest>) {
           return OnRelease(c, m);
         } else if constexpr (std::is_same_v<T, wire::PrefetchRequest>) {
@@ -352,7 +355,19 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
         }
       },
       request);
-  return {std::move(reply), false};
+  return {std::move(reply), false, deferred};
+}
+
+bool Service::MayWaitForRoom(ClientState& c) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!c.waiting_for_room) {
+    c.waiting_for_room = now;
+    ++room_waits_;
+    return true;
+  }
+  if (now - *c.waiting_for_room < kRoomWaitLimit) return true;
+  ++room_wait_timeouts_;
+  return false;
 }
 
 Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
@@ -418,15 +433,25 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   return {std::move(w), false};
 }
 
-wire::Message Service::OnAllocate(ClientState& c, const wire::AllocateRequest& m) {
+wire::Message Service::OnAllocate(ClientState& c, const wire::AllocateRequest& m, bool* deferred) {
   if (c.leases.size() >= config_.max_leases_per_client) {
     return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
                                    " leases, the limit (limits.max_leases_per_client)"));
   }
-  auto r = engines_[c.profile]->Allocate(m.count);
+  Engine& e = *engines_[c.profile];
+  auto r = e.TryAllocate(m.count);
+  if (r.ok() && !r->has_value()) {
+    if (MayWaitForRoom(c)) {
+      *deferred = true;
+      return {};
+    }
+    // Waited long enough: answer with what there is now (it may drop or fail).
+    r = e.TryAllocate(m.count, /*may_wait=*/false);
+  }
   if (!r.ok()) return Error(r.status());
-  c.leases.insert(r->id);
-  return wire::AllocateResponse{r->id, std::move(r->slots)};
+  tiering::WriteLease& w = **r;
+  c.leases.insert(w.id);
+  return wire::AllocateResponse{w.id, std::move(w.slots)};
 }
 
 wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
@@ -439,15 +464,23 @@ wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
   auto r = engines_[c.profile]->Commit(m.lease_id, Scoped(c.tenant, m.session), c.ns, m.parent, m.start_block,
                                        m.tokens, m.slots);
   if (!r.ok()) return Error(r.status());
+  // Room ahead of demand: a commit that crossed the GPU high watermark starts
+  // the demotions now, not at the next tick, so the next Allocate finds room.
+  engines_[c.profile]->EnforceWatermarks();
   return wire::CommitResponse{r->stored, r->duplicates};
 }
 
-wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m) {
+wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, bool* deferred) {
   if (c.leases.size() >= config_.max_leases_per_client) {
     return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
                                    " leases, the limit (limits.max_leases_per_client)"));
   }
-  auto r = engines_[c.profile]->Acquire(m.session.empty() ? std::string() : Scoped(c.tenant, m.session), c.ns, m.keys, m.tokens, (m.flags & wire::kAcquirePromote) != 0);
+  const bool promote = (m.flags & wire::kAcquirePromote) != 0;
+  if (promote && engines_[c.profile]->AcquireNeedsRoom(c.ns, m.keys, m.tokens) && MayWaitForRoom(c)) {
+    *deferred = true;
+    return {};
+  }
+  auto r = engines_[c.profile]->Acquire(m.session.empty() ? std::string() : Scoped(c.tenant, m.session), c.ns, m.keys, m.tokens, promote);
   if (!r.ok()) return Error(r.status());
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
@@ -543,6 +576,8 @@ wire::Message Service::OnStats(ClientState& c) {
   add("uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   add("clients", connected_);
   add("requests", static_cast<double>(requests_));
+  add("room_waits", static_cast<double>(room_waits_));
+  add("room_wait_timeouts", static_cast<double>(room_wait_timeouts_));
   add("errors", static_cast<double>(errors_));
   const tiering::EngineStats s = engines_[c.profile]->stats();
   add("gpu_slots", s.slots[0]);
@@ -641,6 +676,13 @@ std::string Service::RenderMetrics() const {
   x.Sample({}, static_cast<double>(connections_));
   x.Family("kvtier_bad_frames_total", Type::kCounter, "Frames that did not decode; each closed its connection");
   x.Sample({}, static_cast<double>(bad_frames_));
+  x.Family("kvtier_room_waits_total", Type::kCounter,
+           "Allocate/Acquire requests that waited (without blocking the daemon) for demotions to free GPU slots");
+  x.Sample({}, static_cast<double>(room_waits_));
+  x.Family("kvtier_room_wait_timeouts_total", Type::kCounter,
+           "Of those, answered after the wait limit without the room (Allocate failed or dropped; Acquire leased "
+           "host-tier blocks in place)");
+  x.Sample({}, static_cast<double>(room_wait_timeouts_));
   x.Family("kvtier_refused_connections_total", Type::kCounter,
            "Connections refused at accept: the peer's uid/gids are not allowed (access:)");
   x.Sample({}, static_cast<double>(refused_connections_));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -36,18 +37,33 @@ struct ClientState {
   int profile = -1;  // Index into the profiles; valid once welcomed.
   Namespace ns;
   std::unordered_set<uint64_t> leases;
+  // Set while an Allocate or Acquire of this client waits for GPU room (the
+  // reply is deferred); when it was first deferred.
+  std::optional<std::chrono::steady_clock::time_point> waiting_for_room;
 };
 
 struct Reply {
   wire::Message message;
   bool close = false;  // Close the connection after sending (a protocol violation).
+  // No reply yet: the request waits for GPU room that demotions in flight will
+  // free. Handle the same request again after copies completed (Poll, Tick);
+  // nothing was changed meanwhile, and `message` is empty.
+  bool deferred = false;
 };
+
+// How long an Allocate or Acquire may wait for demotions to free GPU slots
+// before it is answered with what there is (Allocate: resource_exhausted;
+// Acquire: the blocks without room leased in the host tier).
+inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 
 class Service {
  public:
   static Result<std::unique_ptr<Service>> Create(const DaemonConfig& config);
   ~Service();
 
+  // Answers `request`, or defers it (Reply::deferred) while it waits for GPU
+  // room; the caller then calls Handle again with the same request after Poll
+  // or Tick, and handles no later request of that client meanwhile.
   Reply Handle(ClientState& client, const wire::Message& request);
   // The client is gone: end its leases (uncommitted slots come free).
   void Disconnect(ClientState& client);
@@ -93,9 +109,12 @@ class Service {
 
   Reply Dispatch(ClientState& c, const wire::Message& request);
   Reply OnHello(ClientState& c, const wire::Hello& m);
-  wire::Message OnAllocate(ClientState& c, const wire::AllocateRequest& m);
+  // Set *deferred (and return an empty message) to wait for GPU room.
+  wire::Message OnAllocate(ClientState& c, const wire::AllocateRequest& m, bool* deferred);
   wire::Message OnCommit(ClientState& c, const wire::CommitRequest& m);
-  wire::Message OnAcquire(ClientState& c, const wire::AcquireRequest& m);
+  wire::Message OnAcquire(ClientState& c, const wire::AcquireRequest& m, bool* deferred);
+  // True (and the wait starts or goes on) if the client may still wait for room.
+  bool MayWaitForRoom(ClientState& c);
   wire::Message OnRelease(ClientState& c, const wire::ReleaseRequest& m);
   wire::Message OnEvict(ClientState& c, const wire::EvictRequest& m);
   wire::Message OnListSessions(ClientState& c, const wire::ListSessionsRequest& m);
@@ -122,6 +141,8 @@ class Service {
   std::chrono::steady_clock::time_point last_snapshot_{};
   bool warm_ = false;  // config_.warm_restart on a backend that supports it.
   uint64_t requests_ = 0;
+  uint64_t room_waits_ = 0;          // Requests deferred for GPU room.
+  uint64_t room_wait_timeouts_ = 0;  // Of those, answered after kRoomWaitLimit without it.
   uint64_t errors_ = 0;
   uint64_t connections_ = 0;  // Clients welcomed since start.
   uint64_t bad_frames_ = 0;

@@ -398,5 +398,61 @@ TEST_F(IntegrationTest, SigtermRemovesSocketAndSegments) {
   EXPECT_NE(::access(shm.c_str(), F_OK), 0);
 }
 
+// An Allocate that must wait for demotions is parked, not waited for on the
+// daemon's thread: it is answered once the copies land, and counted.
+TEST(RoomWaitTest, AnAllocateThatNeedsDemotionsIsAnsweredWhenTheyLand) {
+  // 1 MiB blocks, watermarks that never act: only the Allocate makes room.
+  DaemonProcess daemon(R"(backend: host
+log_level: info
+profiles:
+  - name: big
+    layers: 16
+    kv_heads: 4
+    head_dim: 64
+    dtype: fp32
+    block_tokens: 16
+    gpu_blocks: 32
+    host_blocks: 64
+tiering:
+  gpu_high_watermark: 1.0
+  gpu_low_watermark: 1.0
+  host_high_watermark: 1.0
+  host_low_watermark: 1.0
+)");
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  auto writer = Connect(daemon.socket());
+  auto other = Connect(daemon.socket());
+  ASSERT_TRUE(writer && other);
+  const uint32_t bt = writer->block_tokens();
+  std::vector<TokenId> tokens(32 * bt);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 7 + 1);
+  {
+    auto w = writer->Allocate(32);  // The whole GPU tier.
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    const std::vector<BlockKey> keys = writer->Keys(tokens);
+    for (uint32_t i = 0; i < 32; ++i) FillPayload(keys[i], w->data(i), w->slot_bytes());
+    ASSERT_TRUE(writer->Commit(*w, "full", BlockKey{}, 0, tokens).ok());
+  }
+  EXPECT_EQ(StatsOf(*other)["room_waits"], 0);
+  auto w = writer->Allocate(16);
+  ASSERT_TRUE(w.ok()) << w.status().ToString() << "\n" << daemon.log();
+  EXPECT_EQ(w->size(), 16u);
+  const auto stats = StatsOf(*other);
+  EXPECT_EQ(stats.at("room_waits"), 1) << "the Allocate was deferred until the demotions landed";
+  EXPECT_EQ(stats.at("room_wait_timeouts"), 0);
+  EXPECT_GE(stats.at("demoted_blocks"), 16);
+  EXPECT_EQ(stats.at("dropped_blocks"), 0) << "room came from demotion: nothing was lost";
+  ASSERT_TRUE(w->Release().ok());
+  // The demoted blocks still hold their bytes; the whole prefix is served.
+  const std::vector<BlockKey> keys = writer->Keys(tokens);
+  auto lease = other->Acquire("reader", tokens);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched(), 32u);
+  ASSERT_TRUE(lease->Wait(5s).ok());
+  for (uint32_t i = 0; i < lease->size(); ++i) {
+    EXPECT_TRUE(PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) << "block " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::testing

@@ -1265,6 +1265,76 @@ TEST_F(EngineTest, AllocateDemotesColdestBlocksBeforeDroppingAny) {
   ExpectConsistent();
 }
 
+TEST_F(EngineTest, TryAllocateNeverWaitsAndSucceedsOnceTheDemotionsLand) {
+  Start(Options(6, 4), /*manual=*/true);
+  const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
+  Put("a", a);
+  Put("b", b);
+  const int waits = manual_->wait_calls;
+  auto pending = engine_->TryAllocate(2);
+  ASSERT_TRUE(pending.ok()) << pending.status().ToString();
+  EXPECT_FALSE(pending->has_value()) << "the GPU tier is full; demotions of a were scheduled, not waited for";
+  EXPECT_EQ(manual_->wait_calls, waits) << "TryAllocate must not wait on a fence";
+  EXPECT_EQ(manual_->queued_ops(), 2u) << "the coldest session's blocks are being demoted";
+  // Asking again before the copies land schedules nothing more.
+  auto again = engine_->TryAllocate(2);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+  EXPECT_EQ(manual_->queued_ops(), 2u);
+  manual_->RunAll();
+  auto w = engine_->TryAllocate(2);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(w->has_value());
+  EXPECT_EQ((*w)->slots.size(), 2u);
+  EXPECT_TRUE(freed_.empty()) << "room came from demotion: nothing was lost";
+  EXPECT_EQ(Matched(a), 3u);
+  ASSERT_TRUE(engine_->Release((*w)->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, TryAllocateThatMayNotWaitFailsWithoutLosingLeasedBlocks) {
+  Start(Options(4, 4), /*manual=*/true);
+  const Chain a = MakeChain(1, 4);
+  Put("a", a);
+  auto pin = Get("", a);  // Nothing can be demoted or dropped.
+  ASSERT_TRUE(pin.ok());
+  auto r = engine_->TryAllocate(1);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << "no copy in flight: nothing to wait for";
+  r = engine_->TryAllocate(1, /*may_wait=*/false);
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(freed_.empty());
+  ASSERT_TRUE(engine_->Release(pin->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, AcquireNeedsRoomWhileDemotionsForItsPromotionsAreInFlight) {
+  Start(Options(4, 8), /*manual=*/true);
+  manual_->complete_on_wait = true;
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  manual_->RunAll();
+  engine_->Poll();
+  Put("b", b);  // The GPU tier is full of b; a is in the host tier.
+  manual_->complete_on_wait = false;
+  EXPECT_TRUE(engine_->AcquireNeedsRoom(ns_, a.keys, a.tokens)) << "b's demotion must land first";
+  EXPECT_EQ(manual_->queued_ops(), 4u) << "b is being demoted to make the room";
+  EXPECT_FALSE(engine_->GetSession("a")->blocks_in[static_cast<int>(Tier::kGpu)]) << "no effect on a";
+  manual_->RunAll();
+  EXPECT_FALSE(engine_->AcquireNeedsRoom(ns_, a.keys, a.tokens)) << "the room is there now";
+  const int waits = manual_->wait_calls;
+  auto lease = Get("a", a);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(manual_->wait_calls, waits) << "Acquire found the room: it did not wait";
+  ASSERT_EQ(lease->blocks.size(), 4u);
+  EXPECT_EQ(lease->promoted, 4u);
+  manual_->RunAll();
+  ExpectLeaseHolds(*lease, a);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_TRUE(freed_.empty());
+  ExpectConsistent();
+}
+
 TEST_F(EngineTest, AllocateDropsColdestUnleasedBlocksAsALastResort) {
   Start(Options(6, 4));
   // Fill the host tier with blocks a reader holds, so nothing can be demoted.

@@ -419,16 +419,23 @@ struct Engine::Impl {
     return scheduled;
   }
 
-  // Frees up to `count` GPU slots by demotion, not loss: if the demotions in
+  // Starts freeing `count` GPU slots by demotion, not loss: if the demotions in
   // flight will not free enough, demotes the coldest blocks now (the watermark
-  // tick may not have run yet), then waits for the copies (a copy's time).
-  void MakeGpuRoom(uint32_t count) {
+  // tick may not have run yet). Never waits: the slots come free as the copies
+  // complete (Poll). True if, once they do, `count` slots will be free.
+  bool MakeGpuRoom(uint32_t count) {
     if (alloc[kGpu].free_count() + demoting < count) {
       DemoteColdest(count - alloc[kGpu].free_count() - demoting);
     }
+    return alloc[kGpu].free_count() + demoting >= count;
+  }
+
+  // Waits (at most `timeout` per copy batch) until `count` GPU slots are free or
+  // no demotion is left in flight. For the blocking Allocate only.
+  void WaitForGpuRoom(uint32_t count, std::chrono::milliseconds timeout) {
     auto& demotions = inflight[Dir(CopyDirection::kGpuToHost)];
     while (alloc[kGpu].free_count() < count && !demotions.empty()) {
-      if (!backend.Wait(demotions.front().fence, std::chrono::milliseconds(200)).ok()) break;
+      if (!backend.Wait(demotions.front().fence, timeout).ok()) break;
       Poll();
     }
   }
@@ -467,6 +474,10 @@ struct Engine::Impl {
     out->resize(matched);
     return matched;
   }
+
+  // Reserves `count` GPU slots now, dropping the coldest unleased GPU blocks if
+  // that makes enough room; kResourceExhausted (losing nothing) otherwise.
+  Result<WriteLease> AllocateNow(uint32_t count);
 
   LeaseId NewLease(Lease lease) {
     const LeaseId id = next_lease++;
@@ -551,6 +562,53 @@ Result<WriteLease> Engine::Allocate(uint32_t count) {
   }
   m.Poll();
   m.MakeGpuRoom(count);
+  m.WaitForGpuRoom(count, std::chrono::milliseconds(200));
+  return m.AllocateNow(count);
+}
+
+Result<std::optional<WriteLease>> Engine::TryAllocate(uint32_t count, bool may_wait) {
+  Impl& m = *impl_;
+  if (count == 0 || count > m.opt.max_blocks_per_request) {
+    return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
+                           std::to_string(m.opt.max_blocks_per_request) + "]");
+  }
+  if (count > m.alloc[kGpu].capacity()) {
+    return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
+                             std::to_string(m.alloc[kGpu].capacity()) + " slots");
+  }
+  m.Poll();
+  if (m.alloc[kGpu].free_count() < count) {
+    m.MakeGpuRoom(count);
+    // Demotions in flight free slots within a copy's time: come back then.
+    if (may_wait && m.alloc[kGpu].free_count() < count && m.demoting > 0) return std::optional<WriteLease>();
+  }
+  auto lease = m.AllocateNow(count);
+  if (!lease.ok()) return lease.status();
+  return std::optional<WriteLease>(std::move(*lease));
+}
+
+bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) {
+  Impl& m = *impl_;
+  if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) return false;
+  m.Poll();
+  std::vector<uint32_t> recs;
+  m.MatchRecords(ns, keys, tokens, &recs);
+  uint32_t to_promote = 0;
+  for (uint32_t r : recs) {
+    const Record& rec = m.records[r];
+    to_promote += rec.state == BlockState::kReady && rec.tier == Tier::kHost && rec.readers == 0;
+  }
+  if (to_promote <= m.alloc[kGpu].free_count()) return false;
+  // Pinned while room is made, so the demotion walk and host-tier drops pass
+  // them by (Acquire pins them the same way).
+  for (uint32_t r : recs) ++m.records[r].readers;
+  m.MakeGpuRoom(to_promote);
+  for (uint32_t r : recs) --m.records[r].readers;
+  return m.alloc[kGpu].free_count() < to_promote && m.demoting > 0;
+}
+
+Result<WriteLease> Engine::Impl::AllocateNow(uint32_t count) {
+  Impl& m = *this;
   if (m.alloc[kGpu].free_count() < count) {
     // Drop only when dropping makes enough room: a failed allocation loses nothing.
     const uint32_t short_by = count - m.alloc[kGpu].free_count();
@@ -736,7 +794,10 @@ Result<ReadLease> Engine::Acquire(std::string_view session_id, const Namespace& 
     // Making room may drop host blocks: pin the matched ones meanwhile, so
     // that none of them is dropped (or freed) before it is leased below.
     for (uint32_t r : recs) ++m.records[r].readers;
-    if (to_promote > m.alloc[kGpu].free_count()) m.MakeGpuRoom(to_promote);
+    if (to_promote > m.alloc[kGpu].free_count()) {
+      m.MakeGpuRoom(to_promote);
+      m.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
+    }
     // Under a GPU quota, the tenant's colder GPU blocks make way (this session
     // was just touched: it is the last the walk reaches).
     const uint32_t room = m.Room(NamespaceTag(ns), Tier::kGpu);

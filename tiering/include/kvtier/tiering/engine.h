@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -185,7 +186,15 @@ class Engine {
   // Reserves `count` GPU slots for the caller to write. If too few are free, the
   // coldest unleased GPU blocks are dropped to make room; kResourceExhausted if
   // that is not enough (nothing is lost then).
+  // Blocks (up to 200 ms per copy batch) while demotions in flight free GPU
+  // slots; a daemon serving many clients uses TryAllocate instead.
   Result<WriteLease> Allocate(uint32_t count);
+  // Allocate without waiting: nullopt when the GPU tier has too few free slots
+  // now but demotions in flight (scheduled here if needed) will free them; call
+  // again after Poll applied copies. Errors and leases as Allocate's. With
+  // !may_wait it never returns nullopt: it drops or fails as Allocate would
+  // once nothing is in flight.
+  Result<std::optional<WriteLease>> TryAllocate(uint32_t count, bool may_wait = true);
 
   // Publishes tokens.size()/block_tokens full blocks written into `slots` (each a
   // slot of write lease `lease`, block i in slots[i]). Keys are computed here from
@@ -208,8 +217,17 @@ class Engine {
   // host tier are copied to the GPU tier and the lease's fence completes when they
   // land; the lease stops early if the GPU tier has no room. With a session name,
   // the session's chain becomes the matched prefix (cut or extended).
+  // If the GPU tier has no room for every promotion, Acquire demotes colder
+  // blocks and waits (up to 200 ms per copy batch) for them to land; a daemon
+  // asks AcquireNeedsRoom first and retries later instead, so that it never
+  // waits here.
   Result<ReadLease> Acquire(std::string_view session, const Namespace& ns, std::span<const BlockKey> keys,
                             std::span<const TokenId> tokens, bool promote = true);
+  // True if an Acquire of `keys` now would wait for GPU slots to promote its
+  // host-tier blocks into, which demotions in flight (scheduled here if
+  // needed) will free: the caller retries it after Poll applied copies. When
+  // false, Acquire does not wait. No effect on sessions or leases.
+  bool AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens);
 
   // Ends a read or write lease; unreferenced blocks it held are freed.
   Status Release(LeaseId lease);
