@@ -662,11 +662,13 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
   if (lease.writer_event_) req.writer_event = lease.writer_event_->handle;
   auto reply = Expect<wire::CommitResponse>(core_->Call(req, /*retry=*/false));
   if (!reply.ok()) return reply.status();
-  // Committed slots now belong to the cache, not to the lease.
+  // Committed slots now belong to the cache, not to the lease (O(n): one mark per slot).
+  std::vector<bool> committed(lease.slots_.size(), false);
+  for (uint32_t i : idx) committed[i] = true;
   std::vector<uint32_t> keep_slots;
   std::vector<std::byte*> keep_data;
   for (size_t i = 0; i < lease.slots_.size(); ++i) {
-    if (std::find(idx.begin(), idx.end(), static_cast<uint32_t>(i)) == idx.end()) {
+    if (!committed[i]) {
       keep_slots.push_back(lease.slots_[i]);
       keep_data.push_back(lease.data_[i]);
     }
