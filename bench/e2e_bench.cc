@@ -413,9 +413,13 @@ int RunE2eBench(int argc, char** argv) {
   const pid_t daemon_pid = daemon ? daemon->pid() : 0;
   const std::string run_tag = std::to_string(o.seed);
   const std::string all_modes = "kvtier,local,none";
-  auto phase_line = [](const char* what, const PhaseRun& run) {
-    Progress("%s: %.1f s wall, workers %.1f s CPU, kvtierd %.2f s CPU\n", what, run.wall_s, run.workers_cpu_s,
-             run.daemon_cpu_s);
+  auto phase_line = [daemon_pid](const char* what, const PhaseRun& run) {
+    if (daemon_pid > 0) {
+      Progress("%s: %.1f s wall, workers %.1f s CPU, kvtierd %.2f s CPU\n", what, run.wall_s, run.workers_cpu_s,
+               run.daemon_cpu_s);
+    } else {
+      Progress("%s: %.1f s wall, workers %.1f s CPU\n", what, run.wall_s, run.workers_cpu_s);
+    }
   };
 
   // The chat workload: every turn in each mode, back to back.

@@ -6,6 +6,9 @@
 //  - acquire_p50/p99_us, commit_p50_us (and allocate_p50_us): round trips for a
 //    2,048-token (128-block) prefix, with 1 client process and with 4 (suffix _4c);
 //  - uds_rtt_us: a bare Unix-socket ping-pong between two processes, the floor;
+//  - acquire_vs_uds_b2b / _gap: acquire against that ping-pong interleaved call
+//    for call in one loop, back to back and after 2 ms of idleness (paired
+//    median ratio with a bootstrap interval);
 //  - redis_get_us vs kvtier_read_us: reading one 2 MiB block and making one pass
 //    over its bytes, from a local redis-server (GET) and from kvtier's host tier
 //    (acquire, read in the mapped pool, release).
@@ -297,6 +300,64 @@ ReadFigures ReadBench(const std::string& socket, const std::string& dir, int ite
 
 }  // namespace
 
+// Acquire of a cached 128-block prefix against a bare Unix-socket ping-pong,
+// interleaved one for one in the same loop (so both see the same machine),
+// each call after `gap` of idleness (0: back to back). An idle daemon's thread
+// sleeps in epoll_wait and its CPU may be in a deep idle state, so a call after
+// a gap pays the wake-up; the bare ping pays it the same way.
+struct Interleaved {
+  std::vector<double> acquire, uds;
+};
+Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microseconds gap, int iterations) {
+  Interleaved out;
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return out;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(sv[0]);
+    uint8_t buf[64];
+    for (;;) {
+      ssize_t n = ::read(sv[1], buf, 32);
+      if (n <= 0) _exit(0);
+      if (::write(sv[1], buf, static_cast<size_t>(n)) != n) _exit(1);
+    }
+  }
+  ::close(sv[1]);
+  auto c = ConnectOrDie(socket, "small");
+  constexpr int kCached = 8;
+  std::vector<std::vector<TokenId>> cached;
+  for (int i = 0; i < kCached; ++i) {
+    cached.push_back(Prompt(4242 + i, kPromptTokens));
+    CommitPrompt(*c, "interleaved-" + std::to_string(i), cached.back(), nullptr);
+  }
+  uint8_t buf[32] = {};
+  const int warmup = 20;
+  for (int i = 0; i < iterations + warmup; ++i) {
+    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    auto t0 = Clock::now();
+    if (::write(sv[0], buf, 32) != 32) break;
+    for (size_t got = 0; got < 32;) {
+      const ssize_t n = ::read(sv[0], buf + got, 32 - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    const double uds = NanosBetween(t0, Clock::now()) / 1e3;
+    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    t0 = Clock::now();
+    auto lease = c->Acquire("interleaved-" + std::to_string(i % kCached), cached[i % kCached]);
+    const double acq = NanosBetween(t0, Clock::now()) / 1e3;
+    Check(lease.status(), "acquire");
+    Check(lease->Release(), "release");
+    if (i >= warmup) {
+      out.uds.push_back(uds);
+      out.acquire.push_back(acq);
+    }
+  }
+  ::close(sv[0]);
+  ::waitpid(child, nullptr, 0);
+  return out;
+}
+
 // Hidden: one client process of the 4-client run. Prints its latencies.
 int RunIpcClient(int argc, char** argv) {
   if (argc != 3) return 2;
@@ -390,6 +451,20 @@ int RunIpcBench(int argc, char** argv) {
   Progress("4 clients: acquire p50 %.1f us p99 %.1f us, commit p50 %.1f us\n", Percentile(four.acquire, 50),
            Percentile(four.acquire, 99), Percentile(four.commit, 50));
 
+  // The targets' comparison: interleaved, back to back and after 2 ms idle gaps.
+  const Interleaved b2b = AcquireVersusUds(daemon.socket(), std::chrono::microseconds(0), opt.iterations);
+  const Interleaved gap = AcquireVersusUds(daemon.socket(), std::chrono::microseconds(2000), opt.iterations / 2);
+  if (b2b.acquire.empty() || gap.acquire.empty()) {
+    std::fprintf(stderr, "kvtier-bench ipc: the interleaved run produced no figures\n");
+    return 1;
+  }
+  const Interval b2b_ratio = PairedMedianRatio(b2b.acquire, b2b.uds, 1);
+  const Interval gap_ratio = PairedMedianRatio(gap.acquire, gap.uds, 2);
+  Progress("interleaved, back to back: acquire p50 %.1f us vs bare socket %.1f us, paired ratio %.2f [%.2f, %.2f]\n",
+           Median(b2b.acquire), Median(b2b.uds), b2b_ratio.value, b2b_ratio.lo, b2b_ratio.hi);
+  Progress("interleaved, 2 ms gaps:    acquire p50 %.1f us vs bare socket %.1f us, paired ratio %.2f [%.2f, %.2f]\n",
+           Median(gap.acquire), Median(gap.uds), gap_ratio.value, gap_ratio.lo, gap_ratio.hi);
+
   const ReadFigures rf = ReadBench(daemon.socket(), daemon.dir(), opt.read_iterations);
   Progress("2 MiB block + one pass: redis GET %.1f us, kvtier host tier %.1f us (bytes equal: %s)\n", rf.redis_us,
            rf.kvtier_us, rf.same_bytes ? "yes" : "no");
@@ -406,6 +481,17 @@ int RunIpcBench(int argc, char** argv) {
   j.Add("commit_p50_us_4c", Percentile(four.commit, 50), 2);
   j.Add("uds_rtt_us", uds, 2);
   j.Add("acquire_vs_uds_rtt", Percentile(one.acquire, 50) / uds, 2);
+  j.Add("acquire_b2b_p50_us", Median(b2b.acquire), 2);
+  j.Add("uds_b2b_p50_us", Median(b2b.uds), 2);
+  j.Add("acquire_vs_uds_b2b", b2b_ratio.value, 3);
+  j.Add("acquire_vs_uds_b2b_lo", b2b_ratio.lo, 3);
+  j.Add("acquire_vs_uds_b2b_hi", b2b_ratio.hi, 3);
+  j.Add("acquire_gap_p50_us", Median(gap.acquire), 2);
+  j.Add("acquire_gap_p99_us", Percentile(gap.acquire, 99), 2);
+  j.Add("uds_gap_p50_us", Median(gap.uds), 2);
+  j.Add("acquire_vs_uds_gap", gap_ratio.value, 3);
+  j.Add("acquire_vs_uds_gap_lo", gap_ratio.lo, 3);
+  j.Add("acquire_vs_uds_gap_hi", gap_ratio.hi, 3);
   j.Add("redis_get_us", rf.redis_us, 1);
   j.Add("kvtier_read_us", rf.kvtier_us, 1);
   j.Add("redis_vs_kvtier_read", rf.kvtier_us > 0 && rf.redis_us > 0 ? rf.redis_us / rf.kvtier_us : -1, 2);
