@@ -25,11 +25,12 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 100); do grep -q "ready:" "$run/kvtierd.log" && break; sleep 0.05; done
 grep "ready:" "$run/kvtierd.log" || { cat "$run/kvtierd.log"; exit 1; }
-echo "== two workers, six chats of four turns sharing a system prompt, in each cache mode"
-echo "   (histories of 1.3k-1.5k tokens; the GPU tier holds fewer blocks than the chats need)"
-./build/bench/kvtier-bench e2e --socket "$sock" --workers 2 --sessions 6 --turns 4 \
+echo "== two workers, eight chats of four turns sharing a system prompt; every turn is served"
+echo "   in each cache mode back to back (histories of 1.3k-1.5k tokens: the chats need more"
+echo "   blocks than the GPU tier holds, so each revisit promotes its demoted blocks back)"
+./build/bench/kvtier-bench e2e --socket "$sock" --workers 2 --sessions 8 --turns 4 \
   --system-tokens 256 --first-tokens 1024 --user-tokens 40 --output-tokens 16 \
-  --zero-sessions 4 --zero-tokens 512 --sweep none
+  --zero-sessions 8 --zero-tokens 512 --sweep none
 echo "== one turn, as the worker prints it"
 ./build/model_worker/kvtier-worker --socket "$sock" --sessions 1 --turns 2 --first-tokens 200 \
   --session-prefix demo- --text
