@@ -169,9 +169,9 @@ std::vector<double> ParseDoubles(const std::string& s) {
   return v;
 }
 
-// Bare Unix-socket ping-pong between this process and a forked echo process.
-double UdsRttUs(int iterations) {
-  int sv[2];
+// A forked process that echoes what arrives on its end of a socket pair until
+// the other end closes. Returns its pid (-1 on failure); sv[0] is ours.
+pid_t SpawnEcho(int sv[2]) {
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return -1;
   const pid_t child = ::fork();
   if (child == 0) {
@@ -184,6 +184,14 @@ double UdsRttUs(int iterations) {
     }
   }
   ::close(sv[1]);
+  return child;
+}
+
+// Bare Unix-socket ping-pong between this process and a forked echo process.
+double UdsRttUs(int iterations) {
+  int sv[2];
+  const pid_t child = SpawnEcho(sv);
+  if (child < 0) return -1;
   uint8_t buf[32] = {};
   std::vector<double> rtt;
   for (int i = 0; i < iterations + 200; ++i) {
@@ -311,18 +319,8 @@ struct Interleaved {
 Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microseconds gap, int iterations) {
   Interleaved out;
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return out;
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::close(sv[0]);
-    uint8_t buf[64];
-    for (;;) {
-      ssize_t n = ::read(sv[1], buf, 32);
-      if (n <= 0) _exit(0);
-      if (::write(sv[1], buf, static_cast<size_t>(n)) != n) _exit(1);
-    }
-  }
-  ::close(sv[1]);
+  const pid_t child = SpawnEcho(sv);
+  if (child < 0) return out;
   auto c = ConnectOrDie(socket, "small");
   constexpr int kCached = 8;
   std::vector<std::vector<TokenId>> cached;

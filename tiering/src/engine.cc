@@ -475,6 +475,19 @@ struct Engine::Impl {
     return matched;
   }
 
+  // An allocation of `count` slots is possible at all (however full the tier).
+  Status CheckAllocateCount(uint32_t count) const {
+    if (count == 0 || count > opt.max_blocks_per_request) {
+      return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
+                             std::to_string(opt.max_blocks_per_request) + "]");
+    }
+    if (count > alloc[kGpu].capacity()) {
+      return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
+                               std::to_string(alloc[kGpu].capacity()) + " slots");
+    }
+    return Status::Ok();
+  }
+
   // Reserves `count` GPU slots now, dropping the coldest unleased GPU blocks if
   // that makes enough room; kResourceExhausted (losing nothing) otherwise.
   Result<WriteLease> AllocateNow(uint32_t count);
@@ -552,14 +565,7 @@ const std::string& Engine::index_segment_name() const { return impl_->index.segm
 
 Result<WriteLease> Engine::Allocate(uint32_t count) {
   Impl& m = *impl_;
-  if (count == 0 || count > m.opt.max_blocks_per_request) {
-    return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
-                           std::to_string(m.opt.max_blocks_per_request) + "]");
-  }
-  if (count > m.alloc[kGpu].capacity()) {
-    return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
-                             std::to_string(m.alloc[kGpu].capacity()) + " slots");
-  }
+  KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
   m.Poll();
   m.MakeGpuRoom(count);
   m.WaitForGpuRoom(count, std::chrono::milliseconds(200));
@@ -568,14 +574,7 @@ Result<WriteLease> Engine::Allocate(uint32_t count) {
 
 Result<std::optional<WriteLease>> Engine::TryAllocate(uint32_t count, bool may_wait) {
   Impl& m = *impl_;
-  if (count == 0 || count > m.opt.max_blocks_per_request) {
-    return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
-                           std::to_string(m.opt.max_blocks_per_request) + "]");
-  }
-  if (count > m.alloc[kGpu].capacity()) {
-    return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
-                             std::to_string(m.alloc[kGpu].capacity()) + " slots");
-  }
+  KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
   m.Poll();
   if (m.alloc[kGpu].free_count() < count) {
     m.MakeGpuRoom(count);
