@@ -140,11 +140,16 @@ TEST(BlockIndexTest, InsertFindEraseBasics) {
   m->index.FindBatch(keys, records);
   EXPECT_EQ(records, (std::vector<uint32_t>{3, kNoRecord, 4}));
 
-  // The tagged form treats an entry of another namespace as absent.
-  m->index.FindBatch(keys, 9, records);
-  EXPECT_EQ(records, (std::vector<uint32_t>{3, kNoRecord, 4}));
-  m->index.FindBatch(keys, 8, records);
-  EXPECT_EQ(records, (std::vector<uint32_t>{kNoRecord, kNoRecord, kNoRecord}));
+  // The prefix form stops at the first miss and treats an entry of another
+  // namespace as absent.
+  EXPECT_EQ(m->index.FindPrefix(keys, 9, records), 1u);
+  EXPECT_EQ(records[0], 3u);
+  std::vector<BlockKey> both = {a, b};
+  EXPECT_EQ(m->index.FindPrefix(both, 9, records), 2u);
+  EXPECT_EQ(records[0], 3u);
+  EXPECT_EQ(records[1], 4u);
+  EXPECT_EQ(m->index.FindPrefix(both, 8, records), 0u);
+  EXPECT_EQ(m->index.FindPrefix(std::span<const BlockKey>(both).first(0), 9, records), 0u);
 
   int visited = 0;
   m->index.ForEach([&](const BlockKey& k, const IndexSlot& s) {

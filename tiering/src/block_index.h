@@ -36,10 +36,11 @@ class BlockIndex {
   // Find for many keys: records[i] for keys[i], i < min(keys.size(), records.size()).
   // The table loads are started up front so that the misses overlap.
   void FindBatch(std::span<const BlockKey> keys, std::span<uint32_t> records) const;
-  // The same, for a match: an entry whose namespace tag is not `ns_tag` counts as
-  // absent (so the caller needs no per-record tag check), and the rows of the hits
-  // are prefetched for the caller's RowMatches.
-  void FindBatch(std::span<const BlockKey> keys, uint32_t ns_tag, std::span<uint32_t> records) const;
+  // For a prefix match: records[i] for the leading keys present, stopping at the
+  // first miss (an entry whose namespace tag is not `ns_tag` counts as absent, so
+  // the caller needs no per-record tag check); returns how many were found. Each
+  // hit's row is prefetched as soon as it is found, for the caller's RowMatches.
+  size_t FindPrefix(std::span<const BlockKey> keys, uint32_t ns_tag, std::span<uint32_t> records) const;
   // Starts loading the home slot of `key` into cache.
   void Prefetch(const BlockKey& key) const { __builtin_prefetch(&table_[HomeSlot(key, geometry_.table_slots)]); }
 
@@ -78,7 +79,7 @@ class BlockIndex {
  private:
   BlockIndex() = default;
   uint32_t FindPos(const BlockKey& key) const;  // kNoRecord if absent.
-  void FindMany(std::span<const BlockKey> keys, std::span<uint32_t> records, bool check_tag, uint32_t ns_tag) const;
+
   void BeginWrite(IndexSlot& s);
   void EndWrite(IndexSlot& s);
   void MoveSlot(uint32_t from, uint32_t to);

@@ -462,11 +462,10 @@ struct Engine::Impl {
     const size_t n = std::min(keys.size(), tokens.size() / bt());
     out->resize(n);
     // Entries of another namespace count as absent; the hits' rows are prefetched.
-    index.FindBatch(keys.first(n), NamespaceTag(ns), *out);
+    const size_t found = index.FindPrefix(keys.first(n), NamespaceTag(ns), *out);
     uint32_t matched = 0;
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < found; ++i) {
       const uint32_t r = (*out)[i];
-      if (r == kNoRecord) break;
       const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
       if (!index.RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
       ++matched;
@@ -589,6 +588,8 @@ Result<std::optional<WriteLease>> Engine::TryAllocate(uint32_t count, bool may_w
 bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) {
   Impl& m = *impl_;
   if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) return false;
+  // Room for every key: nothing to wait for, and no need to match twice.
+  if (m.alloc[kGpu].free_count() >= keys.size()) return false;
   m.Poll();
   std::vector<uint32_t> recs;
   m.MatchRecords(ns, keys, tokens, &recs);
