@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -234,6 +235,7 @@ struct Core {
   std::mutex mu;  // Serializes requests; guards fd, generation, next_request.
   int fd = -1;
   std::vector<uint8_t> rbuf = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
+  Clock::time_point last_reply{};  // When the previous reply arrived.
   size_t rbegin = 0, rend = 0;                                 // Unread bytes in rbuf.
   uint64_t generation = 0;
   uint64_t next_request = 1;
@@ -282,7 +284,23 @@ struct Core {
         continue;
       }
       const bool direct = len - off >= rbuf.size();
-      const ssize_t n = direct ? ::recv(fd, out + off, len - off, 0) : ::recv(fd, rbuf.data(), rbuf.size(), 0);
+      uint8_t* dst = direct ? out + off : rbuf.data();
+      const size_t cap = direct ? len - off : rbuf.size();
+      ssize_t n = -1;
+      const auto spin = options.reply_spin;
+      const auto now = Clock::now();
+      // Right after a reply kvtierd is still polling (busy_poll_us), so this
+      // reply comes within microseconds: poll for it rather than sleep in recv
+      // and pay a wake-up. After a pause it sleeps, and so do we: spinning
+      // then would only take a CPU the daemon may need to wake up on.
+      const bool spinning = spin.count() > 0 && now - last_reply < spin;
+      if (spinning) {
+        const auto until = now + spin;
+        do {
+          n = ::recv(fd, dst, cap, MSG_DONTWAIT);
+        } while (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && Clock::now() < until);
+      }
+      if (n < 0 && (!spinning || errno == EAGAIN || errno == EWOULDBLOCK)) n = ::recv(fd, dst, cap, 0);
       if (n > 0) {
         if (direct) {
           off += static_cast<size_t>(n);
@@ -326,6 +344,7 @@ struct Core {
       Disconnect();
       return st;
     }
+    last_reply = Clock::now();
     auto m = wire::DecodePayload(*h, payload);
     if (!m.ok() || (h->request_id != id && h->request_id != 0)) {
       Disconnect();

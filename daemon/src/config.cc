@@ -406,6 +406,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
     KVTIER_RETURN_IF_ERROR(top.ReadString("backend", &c.backend, {"auto", "host", "cuda"}));
     KVTIER_RETURN_IF_ERROR(top.ReadString("log_level", &c.log_level, {"error", "warn", "info", "debug"}));
     KVTIER_RETURN_IF_ERROR(top.ReadBool("warm_restart", &c.warm_restart));
+    KVTIER_RETURN_IF_ERROR(top.Read<uint32_t>("busy_poll_us", &c.busy_poll_us, 0, 10000));
 
     YAML::Node profiles = top.Get("profiles");
     if (!profiles || !profiles.IsSequence() || profiles.size() == 0) {
@@ -489,6 +490,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "backend: " << c.backend << "\n"
     << "log_level: " << c.log_level << "\n"
     << "warm_restart: " << (c.warm_restart ? "true" : "false") << "\n"
+    << "busy_poll_us: " << c.busy_poll_us << "\n"
     << "profiles:\n";
   for (const ProfileConfig& p : c.profiles) {
     o << "  - name: " << YamlString(p.profile.name) << "\n"
@@ -591,6 +593,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("backend", c.backend, false);
   add("log_level", c.log_level, true);
   add("warm_restart", c.warm_restart ? "true" : "false", false);
+  add("busy_poll_us", std::to_string(c.busy_poll_us), true);
   for (size_t i = 0; i < c.profiles.size(); ++i) {
     const ProfileConfig& p = c.profiles[i];
     const std::string k = "profiles[" + std::to_string(i) + "].";
@@ -646,6 +649,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   plan.next = running;
   DaemonConfig& n = plan.next;
   n.log_level = loaded.log_level;
+  n.busy_poll_us = loaded.busy_poll_us;
   n.gpu_high_watermark = loaded.gpu_high_watermark;
   n.gpu_low_watermark = loaded.gpu_low_watermark;
   n.host_high_watermark = loaded.host_high_watermark;

@@ -58,6 +58,9 @@ struct DaemonConfig {
   // the manifest. Off by default: the segments hold host memory while the daemon
   // is down. Not reloadable.
   bool warm_restart = false;
+  // After handling requests, the event loop keeps polling this long before it
+  // sleeps in epoll_wait, so a client's next request finds it awake (0: never).
+  uint32_t busy_poll_us = 50;
 
   double gpu_high_watermark = 0.90;
   double gpu_low_watermark = 0.75;
@@ -100,7 +103,7 @@ struct ListenAddress {
 Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
-// effect at once (log_level, tiering.*, limits.max_clients,
+// effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
 // limits.max_leases_per_client and limits.hello_timeout_ms); the rest shape shared memory, the socket or
 // what clients were told at Hello, and keep their running values.
 struct ReloadPlan {

@@ -396,6 +396,25 @@ TEST(ConfigTest, WarmRestartIsOffByDefaultRoundTripsAndIsNotReloadable) {
   EXPECT_EQ(plan.kept[0], "warm_restart: false -> true");
 }
 
+TEST(ConfigTest, BusyPollDefaultsTo50MicrosecondsRoundTripsAndReloads) {
+  auto def = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->busy_poll_us, 50u);
+  auto off = ParseConfig(std::string(kMinimal) + "busy_poll_us: 0\n", "test.yaml");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_EQ(off->busy_poll_us, 0u);
+  auto again = ParseConfig(DumpConfig(*off), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->busy_poll_us, 0u);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "busy_poll_us: 10001\n").find("busy_poll_us"), std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "busy_poll_us: -5\n").find("busy_poll_us"), std::string::npos);
+  const ReloadPlan plan = PlanReload(*def, *off);
+  EXPECT_EQ(plan.next.busy_poll_us, 0u) << "the loop takes the new value at once";
+  EXPECT_TRUE(plan.kept.empty());
+  ASSERT_EQ(plan.applied.size(), 1u);
+  EXPECT_EQ(plan.applied[0], "busy_poll_us: 50 -> 0");
+}
+
 // Found by kvtier-fuzz-config (tests/fuzz/corpus/config/found_*): malformed
 // numbers used to escape ParseByteSize as std::invalid_argument / out_of_range.
 TEST(ConfigTest, MalformedByteSizesAreErrorsNotExceptions) {

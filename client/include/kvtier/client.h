@@ -46,6 +46,10 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{2000};   // Per (re)connect, retries included.
   std::chrono::milliseconds request_timeout{10000};  // Longest wait for one send or reply.
   bool reconnect = true;    // Reconnect at the next call after losing the daemon.
+  // A request sent within this long of the previous reply polls for its reply
+  // this long before sleeping (kvtierd is still awake then: its busy_poll_us);
+  // zero: always sleep. Costs at most this much CPU per such request.
+  std::chrono::microseconds reply_spin{50};
 };
 
 class Client;
