@@ -63,6 +63,7 @@ struct TurnRecord {
   uint32_t worker = 0, turn = 0, prompt = 0, cached = 0, computed = 0, promoted = 0, output = 0;
   uint64_t pair = 0;
   double ttft_ms = 0, turn_ms = 0, ttft_cpu_ms = 0, turn_cpu_ms = 0;
+  double acquire_ms = 0, wait_ms = 0, gather_ms = 0;
   bool acquired = false, cache_error = false;
 };
 
@@ -149,6 +150,9 @@ Result<PhaseRun> RunPhase(const E2eOptions& o, const std::string& socket, pid_t 
       r.ttft_ms = j.value("ttft_ms", 0.0);
       r.turn_ms = j.value("turn_ms", 0.0);
       r.ttft_cpu_ms = j.value("ttft_cpu_ms", 0.0);
+      r.acquire_ms = j.value("acquire_ms", 0.0);
+      r.wait_ms = j.value("wait_ms", 0.0);
+      r.gather_ms = j.value("gather_ms", 0.0);
       r.turn_cpu_ms = j.value("turn_cpu_ms", 0.0);
       r.cache_error = j.contains("cache_error");
       run.turns.push_back(std::move(r));
@@ -598,6 +602,25 @@ int RunE2eBench(int argc, char** argv) {
       if (t->turn > 0) cpu.push_back(t->ttft_cpu_ms);
     }
     j.Add(std::string("ttft_cpu_p50_ms_") + mode, Median(cpu), 2);
+  }
+  {
+    // Where kvtier's follow-up lookups spend their time (medians over the turns).
+    std::vector<double> acq, wait, gather;
+    for (const TurnRecord* t : chat->Of("kvtier")) {
+      if (t->turn == 0) continue;
+      acq.push_back(t->acquire_ms);
+      wait.push_back(t->wait_ms);
+      gather.push_back(t->gather_ms);
+    }
+    if (!acq.empty()) {
+      j.Add("kvtier_acquire_p50_ms", Median(acq), 3);
+      j.Add("kvtier_acquire_p99_ms", Percentile(acq, 99), 3);
+      j.Add("kvtier_fence_wait_p50_ms", Median(wait), 3);
+      j.Add("kvtier_gather_p50_ms", Median(gather), 3);
+      Progress("kvtier follow-up lookups: acquire p50 %.2f ms (p99 %.2f), promotion wait p50 %.2f ms, gather p50 "
+               "%.2f ms\n",
+               Median(acq), Percentile(acq, 99), Median(wait), Median(gather));
+    }
   }
   j.Add("hit_rate", double(cached) / double(prompt), 4);
   j.Add("ideal_speedup", double(prompt) / double(computed), 2);

@@ -103,11 +103,16 @@ Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const
     return Lease{};
   }
   r.acquired = true;
+  auto t = Clock::now();
   auto lease = c.AcquireKeys(session, keys, full);
+  r.acquire_ms = MsSince(t);
   if (!lease.ok()) return lease.status();
   if (lease->promoted() > 0) {
+    t = Clock::now();
     if (Status s = lease->Wait(std::chrono::seconds(10)); !s.ok()) return s;
+    r.wait_ms = MsSince(t);
   }
+  t = Clock::now();
   matched_blocks = static_cast<uint32_t>(lease->size());
   r.promoted_blocks = lease->promoted();
   // At least one prompt token is computed: its logits start the reply. The
@@ -126,6 +131,7 @@ Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const
     }
   }
   kv.length = reuse;
+  r.gather_ms = MsSince(t);
   return std::move(*lease);
 }
 

@@ -49,6 +49,9 @@ struct TurnResult {
   bool acquired = false;  // kKvtier: an Acquire round trip was made (not when the
                           // shared-memory probe found nothing cached).
   double lookup_ms = 0;  // Cache lookup: acquire + fence wait + gather (kKvtier), or local.
+  double acquire_ms = 0;  // kKvtier: the Acquire round trip (a wait for GPU room included).
+  double wait_ms = 0;     // kKvtier: waiting for promoted blocks to land.
+  double gather_ms = 0;   // kKvtier: copying the prefix's rows into the turn's K/V buffer.
   double ttft_ms = 0;    // Start of the turn to the first output token.
   double turn_ms = 0;    // Whole turn, decode and commit included.
   double commit_ms = 0;

@@ -232,7 +232,8 @@ int main(int argc, char** argv) {
               {"prompt_tokens", r->prompt_tokens}, {"cached_tokens", r->cached_tokens},
               {"computed_tokens", r->computed_tokens}, {"promoted_blocks", r->promoted_blocks},
               {"committed_blocks", r->committed_blocks}, {"output_tokens", r->output.size()},
-              {"acquired", r->acquired}, {"lookup_ms", r->lookup_ms}, {"ttft_ms", r->ttft_ms},
+              {"acquired", r->acquired}, {"lookup_ms", r->lookup_ms}, {"acquire_ms", r->acquire_ms},
+              {"wait_ms", r->wait_ms}, {"gather_ms", r->gather_ms}, {"ttft_ms", r->ttft_ms},
               {"commit_ms", r->commit_ms}, {"turn_ms", r->turn_ms}, {"ttft_cpu_ms", r->ttft_cpu_ms},
               {"turn_cpu_ms", r->turn_cpu_ms}};
           if (!r->cache_error.empty()) j["cache_error"] = r->cache_error;
