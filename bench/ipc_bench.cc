@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench_commands.h"
@@ -314,7 +315,7 @@ ReadFigures ReadBench(const std::string& socket, const std::string& dir, int ite
 // sleeps in epoll_wait and its CPU may be in a deep idle state, so a call after
 // a gap pays the wake-up; the bare ping pays it the same way.
 struct Interleaved {
-  std::vector<double> acquire, uds;
+  std::vector<double> acquire, uds, ping;
 };
 Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microseconds gap, int iterations) {
   Interleaved out;
@@ -342,12 +343,17 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
     const double uds = NanosBetween(t0, Clock::now()) / 1e3;
     if (gap.count() > 0) std::this_thread::sleep_for(gap);
     t0 = Clock::now();
+    Check(c->Ping().status(), "ping");
+    const double ping = NanosBetween(t0, Clock::now()) / 1e3;
+    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    t0 = Clock::now();
     auto lease = c->Acquire("interleaved-" + std::to_string(i % kCached), cached[i % kCached]);
     const double acq = NanosBetween(t0, Clock::now()) / 1e3;
     Check(lease.status(), "acquire");
     Check(lease->Release(), "release");
     if (i >= warmup) {
       out.uds.push_back(uds);
+      out.ping.push_back(ping);
       out.acquire.push_back(acq);
     }
   }
@@ -458,10 +464,15 @@ int RunIpcBench(int argc, char** argv) {
   }
   const Interval b2b_ratio = PairedMedianRatio(b2b.acquire, b2b.uds, 1);
   const Interval gap_ratio = PairedMedianRatio(gap.acquire, gap.uds, 2);
-  Progress("interleaved, back to back: acquire p50 %.1f us vs bare socket %.1f us, paired ratio %.2f [%.2f, %.2f]\n",
-           Median(b2b.acquire), Median(b2b.uds), b2b_ratio.value, b2b_ratio.lo, b2b_ratio.hi);
-  Progress("interleaved, 2 ms gaps:    acquire p50 %.1f us vs bare socket %.1f us, paired ratio %.2f [%.2f, %.2f]\n",
-           Median(gap.acquire), Median(gap.uds), gap_ratio.value, gap_ratio.lo, gap_ratio.hi);
+  const Interval b2b_ping = PairedMedianRatio(b2b.acquire, b2b.ping, 3);
+  const Interval gap_ping = PairedMedianRatio(gap.acquire, gap.ping, 4);
+  for (const auto& [what, run, bare, ping] :
+       {std::tuple{"back to back", &b2b, &b2b_ratio, &b2b_ping}, {"2 ms gaps", &gap, &gap_ratio, &gap_ping}}) {
+    Progress("interleaved, %s: acquire p50 %.1f us; bare socket %.1f us (ratio %.2f [%.2f, %.2f]); kvtierd Ping "
+             "%.1f us (ratio %.2f [%.2f, %.2f])\n",
+             what, Median(run->acquire), Median(run->uds), bare->value, bare->lo, bare->hi, Median(run->ping),
+             ping->value, ping->lo, ping->hi);
+  }
 
   const ReadFigures rf = ReadBench(daemon.socket(), daemon.dir(), opt.read_iterations);
   Progress("2 MiB block + one pass: redis GET %.1f us, kvtier host tier %.1f us (bytes equal: %s)\n", rf.redis_us,
@@ -484,12 +495,20 @@ int RunIpcBench(int argc, char** argv) {
   j.Add("acquire_vs_uds_b2b", b2b_ratio.value, 3);
   j.Add("acquire_vs_uds_b2b_lo", b2b_ratio.lo, 3);
   j.Add("acquire_vs_uds_b2b_hi", b2b_ratio.hi, 3);
+  j.Add("ping_b2b_p50_us", Median(b2b.ping), 2);
+  j.Add("acquire_vs_ping_b2b", b2b_ping.value, 3);
+  j.Add("acquire_vs_ping_b2b_lo", b2b_ping.lo, 3);
+  j.Add("acquire_vs_ping_b2b_hi", b2b_ping.hi, 3);
   j.Add("acquire_gap_p50_us", Median(gap.acquire), 2);
   j.Add("acquire_gap_p99_us", Percentile(gap.acquire, 99), 2);
   j.Add("uds_gap_p50_us", Median(gap.uds), 2);
   j.Add("acquire_vs_uds_gap", gap_ratio.value, 3);
   j.Add("acquire_vs_uds_gap_lo", gap_ratio.lo, 3);
   j.Add("acquire_vs_uds_gap_hi", gap_ratio.hi, 3);
+  j.Add("ping_gap_p50_us", Median(gap.ping), 2);
+  j.Add("acquire_vs_ping_gap", gap_ping.value, 3);
+  j.Add("acquire_vs_ping_gap_lo", gap_ping.lo, 3);
+  j.Add("acquire_vs_ping_gap_hi", gap_ping.hi, 3);
   j.Add("redis_get_us", rf.redis_us, 1);
   j.Add("kvtier_read_us", rf.kvtier_us, 1);
   j.Add("redis_vs_kvtier_read", rf.kvtier_us > 0 && rf.redis_us > 0 ? rf.redis_us / rf.kvtier_us : -1, 2);
