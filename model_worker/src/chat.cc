@@ -22,11 +22,15 @@ double ProcessCpuMs() {
 
 // Copies `rows` token rows between a block plane and rows [row0, row0+rows) of a
 // KV tensor. Both are [tokens][kv_heads][head_dim] row-major, so it is one
-// contiguous copy. `to_block` picks the direction.
-void CopyRows(std::byte* plane, const at::Tensor& kv, int64_t row0, int64_t rows, bool to_block) {
+// contiguous copy. `to_block` picks the direction. `plane_on_device`: the plane
+// is GPU memory (a cuda pool's GPU tier); otherwise it is host memory (the host
+// backend's pools, or a cuda backend's pinned host tier), whatever device the
+// model runs on.
+void CopyRows(std::byte* plane, bool plane_on_device, const at::Tensor& kv, int64_t row0, int64_t rows,
+              bool to_block) {
   const size_t row_bytes = static_cast<size_t>(kv.stride(0)) * kv.element_size();
   auto* rowp = static_cast<std::byte*>(kv.data_ptr()) + static_cast<size_t>(row0) * row_bytes;
-  if (kv.is_cpu()) {
+  if (kv.is_cpu() && !plane_on_device) {
     if (to_block) {
       std::memcpy(plane, rowp, static_cast<size_t>(rows) * row_bytes);
     } else {
@@ -34,8 +38,10 @@ void CopyRows(std::byte* plane, const at::Tensor& kv, int64_t row0, int64_t rows
     }
     return;
   }
-  // Device memory (a CUDA pool mapped through IPC): let ATen issue the copy.
-  at::Tensor block = at::from_blob(plane, {rows, kv.size(1), kv.size(2)}, kv.options());
+  // A CUDA model or pool: ATen issues the copy (device to device for a GPU-tier
+  // block, host to device for a host-tier one).
+  const at::TensorOptions where = plane_on_device ? kv.options() : kv.options().device(at::kCPU);
+  at::Tensor block = at::from_blob(plane, {rows, kv.size(1), kv.size(2)}, where);
   if (to_block) {
     block.copy_(kv.narrow(0, row0, rows));
   } else {
@@ -121,13 +127,15 @@ Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const
   // memcpy per plane and block, about 2 ms for 2k tokens of the default model
   // on a CPU; on a cuda pool a device-to-device copy.
   const int64_t reuse = std::min<int64_t>(int64_t{matched_blocks} * block_tokens_, int64_t(prompt.size()) - 1);
+  const bool cuda_pool = c.backend() == "cuda";
   for (int64_t b = 0; b * block_tokens_ < reuse; ++b) {
     const int64_t row0 = b * block_tokens_;
     const int64_t rows = std::min<int64_t>(block_tokens_, reuse - row0);
-    std::byte* block = lease->block(static_cast<size_t>(b)).data;
+    const BlockRef& ref = lease->block(static_cast<size_t>(b));
+    const bool on_device = cuda_pool && ref.tier == Tier::kGpu;
     for (uint32_t l = 0; l < profile_.layers; ++l) {
-      CopyRows(block + profile_.PlaneOffset(l, 0), kv.k[l], row0, rows, /*to_block=*/false);
-      CopyRows(block + profile_.PlaneOffset(l, 1), kv.v[l], row0, rows, /*to_block=*/false);
+      CopyRows(ref.data + profile_.PlaneOffset(l, 0), on_device, kv.k[l], row0, rows, /*to_block=*/false);
+      CopyRows(ref.data + profile_.PlaneOffset(l, 1), on_device, kv.v[l], row0, rows, /*to_block=*/false);
     }
   }
   kv.length = reuse;
@@ -142,6 +150,7 @@ void ChatRunner::CommitKvtier(const std::string& session, std::span<const TokenI
   const uint32_t full = static_cast<uint32_t>(kv.length / block_tokens_);
   if (full <= matched_blocks) return;
   const uint32_t fresh = full - matched_blocks;
+  const bool cuda_pool = c.backend() == "cuda";
   auto w = c.Allocate(fresh);
   if (!w.ok()) {
     r.cache_error = "allocate: " + w.status().ToString();
@@ -150,8 +159,9 @@ void ChatRunner::CommitKvtier(const std::string& session, std::span<const TokenI
   for (uint32_t i = 0; i < fresh; ++i) {
     const int64_t row0 = int64_t{matched_blocks + i} * block_tokens_;
     for (uint32_t l = 0; l < profile_.layers; ++l) {
-      CopyRows(w->data(i) + profile_.PlaneOffset(l, 0), kv.k[l], row0, block_tokens_, /*to_block=*/true);
-      CopyRows(w->data(i) + profile_.PlaneOffset(l, 1), kv.v[l], row0, block_tokens_, /*to_block=*/true);
+      // Write slots are always in the GPU tier.
+      CopyRows(w->data(i) + profile_.PlaneOffset(l, 0), cuda_pool, kv.k[l], row0, block_tokens_, /*to_block=*/true);
+      CopyRows(w->data(i) + profile_.PlaneOffset(l, 1), cuda_pool, kv.v[l], row0, block_tokens_, /*to_block=*/true);
     }
   }
   const BlockKey parent = matched_blocks > 0 ? keys[matched_blocks - 1] : BlockKey{};
