@@ -26,6 +26,8 @@ namespace kvtier {
 namespace client_internal {
 
 using Clock = std::chrono::steady_clock;
+// How long a client stops polling for replies after a poll found none in time.
+constexpr auto kSpinPause = std::chrono::milliseconds(100);
 
 std::string UserName(uid_t uid) {
   const passwd* pw = ::getpwuid(uid);
@@ -236,6 +238,7 @@ struct Core {
   int fd = -1;
   std::vector<uint8_t> rbuf = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
   Clock::time_point last_reply{};  // When the previous reply arrived.
+  Clock::time_point no_spin_until{};  // A spin that found no reply pauses spinning.
   size_t rbegin = 0, rend = 0;                                 // Unread bytes in rbuf.
   uint64_t generation = 0;
   uint64_t next_request = 1;
@@ -293,12 +296,17 @@ struct Core {
       // reply comes within microseconds: poll for it rather than sleep in recv
       // and pay a wake-up. After a pause it sleeps, and so do we: spinning
       // then would only take a CPU the daemon may need to wake up on.
-      const bool spinning = spin.count() > 0 && now - last_reply < spin;
+      // A daemon that does not poll (busy_poll_us: 0) lets a spin run out:
+      // then the client stops spinning for a while.
+      const bool spinning = spin.count() > 0 && now - last_reply < spin && now >= no_spin_until;
       if (spinning) {
         const auto until = now + spin;
-        do {
-          n = ::recv(fd, dst, cap, MSG_DONTWAIT);
-        } while (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && Clock::now() < until);
+        // Yielding between tries lets the daemon run if it shares our CPU.
+        while ((n = ::recv(fd, dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+               Clock::now() < until) {
+          std::this_thread::yield();
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) no_spin_until = Clock::now() + kSpinPause;
       }
       if (n < 0 && (!spinning || errno == EAGAIN || errno == EWOULDBLOCK)) n = ::recv(fd, dst, cap, 0);
       if (n > 0) {

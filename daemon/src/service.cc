@@ -235,6 +235,13 @@ void Service::Poll() {
   for (auto& e : engines_) e->Poll();
 }
 
+bool Service::CopiesInFlight() const {
+  for (const auto& e : engines_) {
+    if (e->CopiesInFlight()) return true;
+  }
+  return false;
+}
+
 Status Service::WaitIdle(std::chrono::milliseconds timeout) {
   for (auto& e : engines_) KVTIER_RETURN_IF_ERROR(e->WaitIdle(timeout));
   return Status::Ok();

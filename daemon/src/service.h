@@ -70,6 +70,9 @@ class Service {
   // Applies finished copies, expires priorities and enforces watermarks on every engine.
   void Tick();
   void Poll();
+  // Copies are running on some engine (the host backend's copy thread then
+  // needs the CPU more than a busy-polling event loop does).
+  bool CopiesInFlight() const;
   Status WaitIdle(std::chrono::milliseconds timeout);
   // With warm_restart: demotes what fits from the GPU tier to the host tier,
   // waits up to `budget` for the copies, and writes each profile's manifest

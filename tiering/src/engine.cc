@@ -1202,6 +1202,13 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
   return report;
 }
 
+bool Engine::CopiesInFlight() const {
+  for (const auto& q : impl_->inflight) {
+    if (!q.empty()) return true;
+  }
+  return false;
+}
+
 EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   EngineStats s = m.st;

@@ -285,6 +285,8 @@ class Engine {
   Result<WarmAdoptReport> AdoptWarm(const std::string& manifest_segment);
 
   EngineStats stats() const;
+  // True while any copy this engine submitted has not been applied by Poll.
+  bool CopiesInFlight() const;
   // Blocks of the tenant with namespace tag `ns_tag` per tier.
   TenantUsage tenant_usage(uint32_t ns_tag) const;
   // Full consistency check (slot ownership, index, references); for tests. O(state).
