@@ -156,6 +156,13 @@ JsonObject& JsonObject::Add(std::string_view key, const JsonObject& value) {
   return *this;
 }
 
+JsonObject& JsonObject::Add(std::string_view key, const Interval& i, int decimals) {
+  const std::string k(key);
+  Add(k, i.value, decimals);
+  Add(k + "_lo", i.lo, decimals);
+  return Add(k + "_hi", i.hi, decimals);
+}
+
 JsonObject& JsonObject::AddRaw(std::string_view key, std::string json) {
   fields_.emplace_back(std::string(key), std::move(json));
   return *this;

@@ -76,6 +76,8 @@ class JsonObject {
   JsonObject& Add(std::string_view key, uint64_t value);
   JsonObject& Add(std::string_view key, std::string_view value);
   JsonObject& Add(std::string_view key, const JsonObject& value);
+  // `key` = i.value, `key`_lo and `key`_hi = its interval.
+  JsonObject& Add(std::string_view key, const Interval& i, int decimals);
   // `json` must be one valid JSON value (an array, say); it is written as is.
   JsonObject& AddRaw(std::string_view key, std::string json);
   std::string ToString() const;
