@@ -43,14 +43,13 @@ bool SocketIsLive(const std::string& path) {
 }
 
 // Runs the loop until it has no work. After handling something it keeps
-// polling (non-blocking) for busy_poll_us before it blocks in epoll_wait again: a
-// worker's next request usually follows within microseconds, and a thread that
-// went to sleep pays a wake-up (an inter-processor interrupt, on a VM an exit)
-// that costs more than the request. spin == 0: plain run().
-// `spin_us` is read anew after each burst, so a reload changes it at once. No
+// polling (non-blocking, yielding) for `spin_us` before it blocks in epoll_wait
+// again: a client's next request often follows within microseconds, and a
+// thread that went to sleep pays a wake-up (an inter-processor interrupt, on a
+// VM an exit) that costs more than the request. `spin_us` (busy_poll_us) is read
+// anew after each burst, so a reload changes it at once; 0 never polls. No
 // polling while copies run: their completions wake the loop anyway, and the
-// host backend's copy thread needs the CPU (measured: polling then cost the
-// e2e workload's copies ~15% of their speed on 2 cores).
+// host backend's copy thread needs the CPU more.
 template <typename CopiesRunning>
 void RunLoop(asio::io_context& io, const uint32_t& spin_us, CopiesRunning copies_running) {
   while (io.run_one() > 0) {
@@ -130,8 +129,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::steady_clock::time_point accepted() const { return accepted_; }
 
   void Start() {
-    boost::system::error_code ec;
-    socket_.non_blocking(true, ec);  // read_some after a wait must never block the loop.
     if (refused_) Send(0, wire::FromStatus(why_refused_));
     Read();
   }
@@ -181,36 +178,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (in_.size() - in_end_ < kReadChunk) in_.resize(in_end_ + kReadChunk);
     }
     auto self = shared_from_this();
-    if (!drained_) {
-      // Bytes may be waiting whose readiness was already reported: read now.
-      socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
-                              [this, self](boost::system::error_code ec, size_t n) { OnRead(ec, n); });
-      return;
-    }
-    // The last read emptied the socket, so new bytes will be reported: wait for
-    // them instead of letting the reactor try a read that finds nothing first
-    // (one system call less per request). Safe on this one-thread loop: the wait
-    // is queued before the reactor looks at the socket again.
-    socket_.async_wait(stream_protocol::socket::wait_read, [this, self](boost::system::error_code ec) {
-      if (ec) return Close();
-      const size_t space = in_.size() - in_end_;
-      size_t n = socket_.read_some(asio::buffer(in_.data() + in_end_, space), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        drained_ = false;
-        return Read();
-      }
-      OnRead(ec, n);
-    });
-  }
-
-  void OnRead(boost::system::error_code ec, size_t n) {
-    if (ec) return Close();
-    // A read that did not fill the buffer took everything there was.
-    drained_ = n < in_.size() - in_end_;
-    in_end_ += n;
-    const Next next = HandleFrames();
-    if (next == Next::kParked) drained_ = false;  // Readiness reported while parked is not seen again.
-    if (next == Next::kRead) Read();
+    socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+                            [this, self](boost::system::error_code ec, size_t n) {
+                              if (ec) return Close();
+                              in_end_ += n;
+                              if (HandleFrames() == Next::kRead) Read();
+                            });
   }
 
   enum class Next {
@@ -312,7 +285,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   stream_protocol::socket socket_;
   ClientState client_;
   std::optional<Parked> parked_;  // The request waiting for GPU room, if any.
-  bool drained_ = false;  // The last read left nothing in the socket (see Read).
   static constexpr size_t kReadChunk = 64 * 1024;
   std::vector<uint8_t> in_;  // Bytes received: [in_begin_, in_end_) not yet handled.
   size_t in_begin_ = 0;
