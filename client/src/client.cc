@@ -275,6 +275,31 @@ struct Core {
     return Status::Ok();
   }
 
+  // Right after a reply kvtierd is still polling (busy_poll_us), so the next
+  // reply comes within microseconds: poll for it (yielding, in case the daemon
+  // shares this CPU) rather than sleep in recv and pay a wake-up. After a pause
+  // the daemon sleeps, and spinning would only take a CPU it may need to wake up
+  // on. A spin that runs out (a daemon that does not poll) pauses spinning for
+  // kSpinPause. Returns recv's result; -1 with EAGAIN when the caller should
+  // block in recv.
+  ssize_t SpinRecv(uint8_t* dst, size_t cap) {
+    const auto spin = options.reply_spin;
+    const auto now = Clock::now();
+    errno = EAGAIN;
+    if (spin.count() <= 0 || now - last_reply >= spin || now < no_spin_until) return -1;
+    const auto until = now + spin;
+    ssize_t n;
+    while ((n = ::recv(fd, dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (Clock::now() >= until) {
+        no_spin_until = Clock::now() + kSpinPause;
+        errno = EAGAIN;
+        return -1;
+      }
+      std::this_thread::yield();
+    }
+    return n;
+  }
+
   // Reads exactly `len` bytes, through a buffer so a small reply costs one recv.
   Status RecvAll(uint8_t* out, size_t len) {
     size_t off = 0;
@@ -289,26 +314,8 @@ struct Core {
       const bool direct = len - off >= rbuf.size();
       uint8_t* dst = direct ? out + off : rbuf.data();
       const size_t cap = direct ? len - off : rbuf.size();
-      ssize_t n = -1;
-      const auto spin = options.reply_spin;
-      const auto now = Clock::now();
-      // Right after a reply kvtierd is still polling (busy_poll_us), so this
-      // reply comes within microseconds: poll for it rather than sleep in recv
-      // and pay a wake-up. After a pause it sleeps, and so do we: spinning
-      // then would only take a CPU the daemon may need to wake up on.
-      // A daemon that does not poll (busy_poll_us: 0) lets a spin run out:
-      // then the client stops spinning for a while.
-      const bool spinning = spin.count() > 0 && now - last_reply < spin && now >= no_spin_until;
-      if (spinning) {
-        const auto until = now + spin;
-        // Yielding between tries lets the daemon run if it shares our CPU.
-        while ((n = ::recv(fd, dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-               Clock::now() < until) {
-          std::this_thread::yield();
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) no_spin_until = Clock::now() + kSpinPause;
-      }
-      if (n < 0 && (!spinning || errno == EAGAIN || errno == EWOULDBLOCK)) n = ::recv(fd, dst, cap, 0);
+      ssize_t n = SpinRecv(dst, cap);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) n = ::recv(fd, dst, cap, 0);
       if (n > 0) {
         if (direct) {
           off += static_cast<size_t>(n);

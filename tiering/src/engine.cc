@@ -422,12 +422,11 @@ struct Engine::Impl {
   // Starts freeing `count` GPU slots by demotion, not loss: if the demotions in
   // flight will not free enough, demotes the coldest blocks now (the watermark
   // tick may not have run yet). Never waits: the slots come free as the copies
-  // complete (Poll). True if, once they do, `count` slots will be free.
-  bool MakeGpuRoom(uint32_t count) {
+  // complete (Poll).
+  void MakeGpuRoom(uint32_t count) {
     if (alloc[kGpu].free_count() + demoting < count) {
       DemoteColdest(count - alloc[kGpu].free_count() - demoting);
     }
-    return alloc[kGpu].free_count() + demoting >= count;
   }
 
   // Waits (at most `timeout` per copy batch) until `count` GPU slots are free or
