@@ -482,10 +482,15 @@ wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, 
     return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
                                    " leases, the limit (limits.max_leases_per_client)"));
   }
-  const bool promote = (m.flags & wire::kAcquirePromote) != 0;
-  if (promote && engines_[c.profile]->AcquireNeedsRoom(c.ns, m.keys, m.tokens) && MayWaitForRoom(c)) {
-    *deferred = true;
-    return {};
+  bool promote = (m.flags & wire::kAcquirePromote) != 0;
+  if (promote && engines_[c.profile]->AcquireNeedsRoom(c.ns, m.keys, m.tokens)) {
+    if (MayWaitForRoom(c)) {
+      *deferred = true;
+      return {};
+    }
+    // Waited long enough: lease the blocks where they are (host-tier blocks are
+    // readable there) rather than wait for room on this thread.
+    promote = false;
   }
   auto r = engines_[c.profile]->Acquire(m.session.empty() ? std::string() : Scoped(c.tenant, m.session), c.ns, m.keys, m.tokens, promote);
   if (!r.ok()) return Error(r.status());

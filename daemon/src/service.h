@@ -52,8 +52,9 @@ struct Reply {
 };
 
 // How long an Allocate or Acquire may wait for demotions to free GPU slots
-// before it is answered with what there is (Allocate: resource_exhausted;
-// Acquire: the blocks without room leased in the host tier).
+// before it is answered with what there is (Allocate: drops the coldest
+// unleased blocks or fails with resource_exhausted; Acquire: leases the prefix
+// without promoting it, its host-tier blocks in the host tier).
 inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 
 class Service {
