@@ -35,6 +35,7 @@ set(KVTIER_PUBLIC_HEADERS
   proto/include/kvtier/index_layout.h
   proto/include/kvtier/model_profile.h
   proto/include/kvtier/status.h
+  proto/include/kvtier/tier.h
   proto/include/kvtier/wire.h
   proto/include/kvtier/wire_codec.h
 )

@@ -9,8 +9,6 @@ size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-const char* TierName(Tier tier) { return tier == Tier::kGpu ? "gpu" : "host"; }
-
 IndexGeometry IndexGeometry::For(uint32_t block_tokens, uint32_t max_records) {
   IndexGeometry g;
   g.block_tokens = block_tokens;

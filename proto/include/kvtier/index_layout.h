@@ -25,6 +25,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
@@ -32,9 +33,6 @@ inline constexpr uint64_t kIndexMagic = 0x5844494b56544b31ULL;  // "1KTVKIDX"
 inline constexpr uint32_t kShmAbiVersion = 1;
 inline constexpr uint32_t kNoRecord = 0xffffffffu;
 
-enum class Tier : uint8_t { kGpu = 0, kHost = 1 };
-inline constexpr int kTierCount = 2;
-const char* TierName(Tier tier);  // "gpu", "host"
 
 struct IndexHeader {
   uint64_t magic;

@@ -1,0 +1,38 @@
+// The names of everything a kvtierd instance puts in /dev/shm and beside its
+// socket. Every part of kvtier that creates, opens or removes one of these
+// builds its name here, so that the daemon, the backends, warm restart and
+// operators' tools agree (the README lists them for operators).
+//
+//   /<instance>.fences             copy fences, one per instance (the backend)
+//   /<instance>.<profile>.gpu      a profile's GPU-tier pool (host backend; CUDA memory on the cuda backend)
+//   /<instance>.<profile>.host     a profile's host-tier pool (kept across runs with warm restart)
+//   /<instance>.<profile>.index    a profile's block index, read-only to clients
+//   /<instance>.<profile>.warm     a profile's warm-restart manifest; ".tmp" while it is written
+//   /dev/shm/<instance>.lock       the instance lock; <socket>.lock the socket's
+//
+// Segment names are POSIX shared-memory names: one leading '/', no other.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "kvtier/tier.h"
+
+namespace kvtier::shm_names {
+
+// Where Linux keeps POSIX shared-memory objects as files.
+inline constexpr std::string_view kShmDir = "/dev/shm";
+
+std::string Fences(std::string_view instance);
+std::string Pool(std::string_view instance, std::string_view profile, Tier tier);
+std::string Index(std::string_view instance, std::string_view profile);
+std::string WarmManifest(std::string_view instance, std::string_view profile);
+// The name a segment is written under before it is renamed into place.
+std::string Staging(std::string_view segment);
+// The file behind segment `segment` ("/dev/shm/<name>").
+std::string ShmPath(std::string_view segment);
+// Lock files (InstanceLock in the daemon).
+std::string InstanceLock(std::string_view instance);
+std::string SocketLock(std::string_view socket_path);
+
+}  // namespace kvtier::shm_names

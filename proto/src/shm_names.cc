@@ -1,0 +1,27 @@
+#include "kvtier/shm_names.h"
+
+namespace kvtier::shm_names {
+namespace {
+
+std::string Join(std::string_view instance, std::string_view profile, std::string_view what) {
+  std::string out = "/";
+  out.append(instance).append(".").append(profile).append(".").append(what);
+  return out;
+}
+
+}  // namespace
+
+std::string Fences(std::string_view instance) { return "/" + std::string(instance) + ".fences"; }
+std::string Pool(std::string_view instance, std::string_view profile, Tier tier) {
+  return Join(instance, profile, TierName(tier));
+}
+std::string Index(std::string_view instance, std::string_view profile) { return Join(instance, profile, "index"); }
+std::string WarmManifest(std::string_view instance, std::string_view profile) {
+  return Join(instance, profile, "warm");
+}
+std::string Staging(std::string_view segment) { return std::string(segment) + ".tmp"; }
+std::string ShmPath(std::string_view segment) { return std::string(kShmDir) + std::string(segment); }
+std::string InstanceLock(std::string_view instance) { return ShmPath("/" + std::string(instance) + ".lock"); }
+std::string SocketLock(std::string_view socket_path) { return std::string(socket_path) + ".lock"; }
+
+}  // namespace kvtier::shm_names
