@@ -310,7 +310,8 @@ PromptFigures BenchPrompt(const Sizes& z) {
   auto engine_or = Engine::Create(o, **backend);
   if (!engine_or.ok()) Die("create engine", engine_or.status());
   Engine& engine = **engine_or;
-  const Namespace ns = Namespace::Make(o.profile.Fingerprint(), "bench-tenant");
+  const Tenant tenant = Tenant::Make(o.profile.Fingerprint(), "bench-tenant");
+  const Namespace& ns = tenant.ns;
 
   // Every session is a distinct 2k prompt, committed in 32-block turns that
   // interleave with other sessions' turns, so one prompt's records are spread out.
@@ -331,7 +332,7 @@ PromptFigures BenchPrompt(const Sizes& z) {
         if (!lease.ok()) Die("allocate", lease.status());
         const BlockKey parent = start == 0 ? BlockKey{} : keys[size_t{s} * kPromptBlocks + start - 1];
         const TokenId* toks = &prompts[size_t{first + s} * kPromptTokens + size_t{start} * kBlockTokens];
-        auto c = engine.Commit(lease->id, "session-" + std::to_string(first + s), ns, parent, start,
+        auto c = engine.Commit(lease->id, tenant, "session-" + std::to_string(first + s), parent, start,
                                std::span<const TokenId>(toks, size_t{kTurnBlocks} * kBlockTokens), lease->slots);
         if (!c.ok()) Die("commit", c.status());
         if (c->stored != kTurnBlocks) Die("commit stored " + std::to_string(c->stored) + " blocks, not 32");

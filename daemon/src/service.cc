@@ -7,6 +7,7 @@
 #include <random>
 
 #include "kvtier/index_layout.h"
+#include "kvtier/shm_names.h"
 #include "kvtier/tiering/backend_select.h"
 #include "kvtier/tiering/host_backend.h"
 #ifdef KVTIER_HAVE_CUDA_BACKEND
@@ -38,23 +39,22 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.max_sessions_per_tenant = config.max_sessions_per_tenant;
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.name = p.profile.name;
-  o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
+  o.index_segment = shm_names::Index(config.instance, p.profile.name);
   o.segment_mode = config.access.mode;
   o.segment_group = config.access.group_gid;
   for (const TenantConfig& t : config.tenants) {
     if (t.gpu_blocks == 0 && t.host_blocks == 0) continue;
     tiering::TenantQuota q;
-    q.ns_tag = NamespaceTag(Namespace::Make(p.profile.Fingerprint(), t.name));
-    q.name = t.name;
-    q.blocks[static_cast<int>(Tier::kGpu)] = t.gpu_blocks;
-    q.blocks[static_cast<int>(Tier::kHost)] = t.host_blocks;
+    q.tenant = tiering::Tenant::Make(p.profile.Fingerprint(), t.name);
+    q.blocks[Tier::kGpu] = t.gpu_blocks;
+    q.blocks[Tier::kHost] = t.host_blocks;
     o.quotas.push_back(q);
   }
   return o;
 }
 
 std::string WarmSegment(const DaemonConfig& config, const ProfileConfig& p) {
-  return "/" + config.instance + "." + p.profile.name + ".warm";
+  return shm_names::WarmManifest(config.instance, p.profile.name);
 }
 
 std::string Millis(std::chrono::microseconds us) {
@@ -67,9 +67,9 @@ std::string Millis(std::chrono::microseconds us) {
 // on left behind (manifest and host pool) is removed.
 void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
   const std::string manifest = WarmSegment(config, p);
-  shm_unlink((manifest + ".tmp").c_str());  // A write the earlier run did not finish.
+  shm_unlink(shm_names::Staging(manifest).c_str());  // A write the earlier run did not finish.
   if (shm_unlink(manifest.c_str()) == 0) {
-    const std::string pool = "/" + config.instance + "." + p.profile.name + ".host";
+    const std::string pool = shm_names::Pool(config.instance, p.profile.name, Tier::kHost);
     shm_unlink(pool.c_str());
     LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
   }
@@ -259,16 +259,11 @@ void Service::Disconnect(ClientState& c) {
   c.welcomed = false;
 }
 
-std::string Service::Scoped(const std::string& tenant, std::string_view id) { return tenant + "/" + std::string(id); }
+tiering::Tenant Service::TenantOf(const ClientState& c) { return tiering::Tenant{c.ns, c.tenant}; }
 
-namespace {
-// "<tenant>/<id>" -> tenant, id.
-std::pair<std::string, std::string> SplitScoped(const std::string& scoped) {
-  const size_t slash = scoped.find('/');
-  if (slash == std::string::npos) return {"", scoped};
-  return {scoped.substr(0, slash), scoped.substr(slash + 1)};
+tiering::Tenant Service::TenantNamed(const std::string& name, const Engine& e) {
+  return tiering::Tenant::Make(e.profile().Fingerprint(), name);
 }
-}  // namespace
 
 Result<std::string> Service::TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const {
   if (wanted.empty() || wanted == c.tenant) return c.tenant;
@@ -318,11 +313,11 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
         } else if constexpr (std::is_same_v<T, wire::ReleaseRequest>) {
           return OnRelease(c, m);
         } else if constexpr (std::is_same_v<T, wire::PrefetchRequest>) {
-          auto r = e.Prefetch(Scoped(c.tenant, m.session));
+          auto r = e.Prefetch(TenantOf(c), m.session);
           if (!r.ok()) return Error(r.status());
           return wire::CountResponse{*r};
         } else if constexpr (std::is_same_v<T, wire::DemoteRequest>) {
-          auto r = e.Demote(Scoped(c.tenant, m.session));
+          auto r = e.Demote(TenantOf(c), m.session);
           if (!r.ok()) return Error(r.status());
           return wire::CountResponse{*r};
         } else if constexpr (std::is_same_v<T, wire::EvictRequest>) {
@@ -333,7 +328,7 @@ Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
                                          std::to_string(tiering::kMaxPriorityTtl.count()) + " hours"));
           }
           const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
-          const Status st = e.SetPriority(Scoped(c.tenant, m.session), m.priority, ttl);
+          const Status st = e.SetPriority(TenantOf(c), m.session, m.priority, ttl);
           if (!st.ok()) return Error(st);
           if (m.ttl_ms > 0) {
             LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
@@ -468,7 +463,7 @@ wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
     const Status st = backend_->OrderAfterWriter(*m.writer_event);
     if (!st.ok()) return Error(Status(st.code(), "commit: " + st.message()));
   }
-  auto r = engines_[c.profile]->Commit(m.lease_id, Scoped(c.tenant, m.session), c.ns, m.parent, m.start_block,
+  auto r = engines_[c.profile]->Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block,
                                        m.tokens, m.slots);
   if (!r.ok()) return Error(r.status());
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
@@ -492,7 +487,7 @@ wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, 
     // readable there) rather than wait for room on this thread.
     promote = false;
   }
-  auto r = engines_[c.profile]->Acquire(m.session.empty() ? std::string() : Scoped(c.tenant, m.session), c.ns, m.keys, m.tokens, promote);
+  auto r = engines_[c.profile]->Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote);
   if (!r.ok()) return Error(r.status());
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
@@ -523,7 +518,7 @@ wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
     // With a tenant too: that tenant's session (admins only, unless it is the client's own).
     auto tenant = TenantToActOn(c, m.tenant, "evict a session");
     if (!tenant.ok()) return Error(tenant.status());
-    const Status st = e.Evict(Scoped(*tenant, m.session));
+    const Status st = e.Evict(TenantNamed(*tenant, e), m.session);
     if (!st.ok()) return Error(st);
     LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "' of tenant '" + *tenant + "'");
     return wire::CountResponse{1};
@@ -535,7 +530,7 @@ wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
   }
   uint32_t n = 0;
   for (const tiering::SessionInfo& s : e.ListSessions()) {
-    if (m.all || SplitScoped(s.id).first == m.tenant) n += e.Evict(s.id).ok() ? 1 : 0;
+    if (m.all || s.tenant == m.tenant) n += e.Evict(tiering::Tenant{s.ns, s.tenant}, s.id).ok() ? 1 : 0;
   }
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
@@ -544,12 +539,13 @@ wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
 
 wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
   wire::SessionSummary out;
-  std::tie(out.tenant, out.id) = SplitScoped(s.id);
+  out.tenant = s.tenant;
+  out.id = s.id;
   out.priority = s.priority;
   out.last_use_ms_ago = s.idle_ms;
   out.blocks = s.blocks;
-  out.gpu_blocks = s.blocks_in[static_cast<int>(Tier::kGpu)];
-  out.host_blocks = s.blocks_in[static_cast<int>(Tier::kHost)];
+  out.gpu_blocks = s.blocks_in[Tier::kGpu];
+  out.host_blocks = s.blocks_in[Tier::kHost];
   out.moving = s.moving;
   out.tokens = s.tokens;
   return out;
@@ -565,7 +561,7 @@ wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRe
   }
   wire::ListSessionsResponse out;
   for (const tiering::SessionInfo& s : engines_[c.profile]->ListSessions()) {
-    if ((!c.admin || !only.empty()) && SplitScoped(s.id).first != only) continue;
+    if ((!c.admin || !only.empty()) && s.tenant != only) continue;
     out.sessions.push_back(Summarize(s));
     if (out.sessions.size() >= wire::kMaxArray / 4) break;
   }
@@ -573,7 +569,7 @@ wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRe
 }
 
 wire::Message Service::OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m) {
-  auto r = engines_[c.profile]->GetSession(Scoped(c.tenant, m.session));
+  auto r = engines_[c.profile]->GetSession(TenantOf(c), m.session);
   if (!r.ok()) return Error(r.status());
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
@@ -592,10 +588,10 @@ wire::Message Service::OnStats(ClientState& c) {
   add("room_wait_timeouts", static_cast<double>(room_wait_timeouts_));
   add("errors", static_cast<double>(errors_));
   const tiering::EngineStats s = engines_[c.profile]->stats();
-  add("gpu_slots", s.slots[0]);
-  add("gpu_used", s.used[0]);
-  add("host_slots", s.slots[1]);
-  add("host_used", s.used[1]);
+  add("gpu_slots", s.slots[Tier::kGpu]);
+  add("gpu_used", s.used[Tier::kGpu]);
+  add("host_slots", s.slots[Tier::kHost]);
+  add("host_used", s.used[Tier::kHost]);
   add("blocks", s.blocks);
   add("sessions", s.sessions);
   add("read_leases", s.read_leases);
@@ -640,9 +636,9 @@ wire::Message Service::OnStats(ClientState& c) {
   for (const std::string& t : KnownTenants()) {
     if (!c.admin && t != c.tenant) continue;
     const std::string label = t.empty() ? "-" : t;
-    const auto u = engines_[c.profile]->tenant_usage(NamespaceTag(Namespace::Make(engines_[c.profile]->profile().Fingerprint(), t)));
-    add("tenant." + label + ".gpu_blocks", u.blocks[static_cast<int>(Tier::kGpu)]);
-    add("tenant." + label + ".host_blocks", u.blocks[static_cast<int>(Tier::kHost)]);
+    const auto u = engines_[c.profile]->tenant_usage(TenantNamed(t, *engines_[c.profile]).ns);
+    add("tenant." + label + ".gpu_blocks", u.blocks[Tier::kGpu]);
+    add("tenant." + label + ".host_blocks", u.blocks[Tier::kHost]);
     if (const TenantConfig* q = access_.FindTenant(t)) {
       add("tenant." + label + ".gpu_quota", q->gpu_blocks);
       add("tenant." + label + ".host_quota", q->host_blocks);
@@ -660,17 +656,17 @@ Status Service::Reconfigure(const DaemonConfig& next) {
 }
 
 std::string Service::StatusLine() const {
-  uint64_t slots[kTierCount] = {0, 0}, used[kTierCount] = {0, 0};
+  PerTier<uint64_t> slots, used;
   for (const auto& e : engines_) {
     const tiering::EngineStats s = e->stats();
-    for (int t = 0; t < kTierCount; ++t) {
+    for (Tier t : kTiers) {
       slots[t] += s.slots[t];
       used[t] += s.used[t];
     }
   }
-  auto percent = [&](int t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
+  auto percent = [&](Tier t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
   return "serving " + std::to_string(connected_) + (connected_ == 1 ? " client" : " clients") + ", gpu " +
-         percent(static_cast<int>(Tier::kGpu)) + "% host " + percent(static_cast<int>(Tier::kHost)) + "%";
+         percent(Tier::kGpu) + "% host " + percent(Tier::kHost) + "%";
 }
 
 std::string Service::RenderMetrics() const {
@@ -701,10 +697,9 @@ std::string Service::RenderMetrics() const {
   x.Family("kvtier_tenant_blocks", Type::kGauge, "Blocks a tenant holds, by profile and tier (moves count where they land)");
   for (const auto& eng : engines_) {
     for (const std::string& t : KnownTenants()) {
-      const auto u = eng->tenant_usage(NamespaceTag(Namespace::Make(eng->profile().Fingerprint(), t)));
-      for (Tier tier : {Tier::kGpu, Tier::kHost}) {
-        x.Sample({{"profile", eng->profile().name}, {"tenant", t}, {"tier", TierName(tier)}},
-                 u.blocks[static_cast<int>(tier)]);
+      const auto u = eng->tenant_usage(TenantNamed(t, *eng).ns);
+      for (Tier tier : kTiers) {
+        x.Sample({{"profile", eng->profile().name}, {"tenant", t}, {"tier", TierName(tier)}}, u.blocks[tier]);
       }
     }
   }
@@ -731,8 +726,8 @@ std::string Service::RenderMetrics() const {
   auto per_tier = [&](const char* family, const char* help, auto value) {
     x.Family(family, Type::kGauge, help);
     for (size_t i = 0; i < engines_.size(); ++i) {
-      for (Tier t : {Tier::kGpu, Tier::kHost}) {
-        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, static_cast<int>(t))));
+      for (Tier t : kTiers) {
+        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, t)));
       }
     }
   };
@@ -750,13 +745,13 @@ std::string Service::RenderMetrics() const {
     x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks) * tokens(i));
     x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks) * tokens(i));
   }
-  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, int t) { return stats[i].slots[t]; });
+  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, Tier t) { return stats[i].slots[t]; });
   per_tier("kvtier_tier_used_slots", "Block slots in use (blocks, moves' destinations, write leases)",
-           [&](size_t i, int t) { return stats[i].used[t]; });
+           [&](size_t i, Tier t) { return stats[i].used[t]; });
   per_tier("kvtier_tier_capacity_bytes", "Bytes of a tier's pool",
-           [&](size_t i, int t) { return stats[i].slots[t] * bytes(i); });
+           [&](size_t i, Tier t) { return stats[i].slots[t] * bytes(i); });
   per_tier("kvtier_tier_used_bytes", "Bytes of a tier's pool in use",
-           [&](size_t i, int t) { return stats[i].used[t] * bytes(i); });
+           [&](size_t i, Tier t) { return stats[i].used[t] * bytes(i); });
   per_profile("kvtier_blocks", Type::kGauge, "Blocks cached", [&](size_t i) { return stats[i].blocks; });
   per_profile("kvtier_sessions", Type::kGauge, "Sessions", [&](size_t i) { return stats[i].sessions; });
   x.Family("kvtier_leases", Type::kGauge, "Leases held by clients now, by kind");

@@ -125,8 +125,9 @@ class Service {
   wire::Message OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m);
   wire::Message OnStats(ClientState& c);
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
-  // A client's session id as the engine knows it: "<tenant>/<id>".
-  static std::string Scoped(const std::string& tenant, std::string_view id);
+  // The client's own tenant, and tenant `name` of engine `e`.
+  static tiering::Tenant TenantOf(const ClientState& c);
+  static tiering::Tenant TenantNamed(const std::string& name, const tiering::Engine& e);
   // The tenant named by `wanted` (empty: the client's own); kPermissionDenied
   // for another tenant unless the client is an admin.
   Result<std::string> TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const;

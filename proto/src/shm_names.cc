@@ -1,19 +1,27 @@
 #include "kvtier/shm_names.h"
 
 namespace kvtier::shm_names {
+
+std::string Segment(std::string_view instance, std::string_view object);
+
 namespace {
 
 std::string Join(std::string_view instance, std::string_view profile, std::string_view what) {
-  std::string out = "/";
-  out.append(instance).append(".").append(profile).append(".").append(what);
-  return out;
+  return Segment(instance, std::string(profile) + "." + std::string(what));
 }
 
 }  // namespace
 
-std::string Fences(std::string_view instance) { return "/" + std::string(instance) + ".fences"; }
+std::string Segment(std::string_view instance, std::string_view object) {
+  std::string out = "/";
+  out.append(instance).append(".").append(object);
+  return out;
+}
+std::string PoolObject(std::string_view profile, Tier tier) { return std::string(profile) + "." + TierName(tier); }
+
+std::string Fences(std::string_view instance) { return Segment(instance, "fences"); }
 std::string Pool(std::string_view instance, std::string_view profile, Tier tier) {
-  return Join(instance, profile, TierName(tier));
+  return Segment(instance, PoolObject(profile, tier));
 }
 std::string Index(std::string_view instance, std::string_view profile) { return Join(instance, profile, "index"); }
 std::string WarmManifest(std::string_view instance, std::string_view profile) {

@@ -18,6 +18,7 @@
 
 #include "kvtier/shm_segment.h"
 #include "kvtier/tiering/host_backend.h"
+#include "engine_check.h"
 #include "support/test_names.h"
 
 namespace kvtier {
@@ -175,7 +176,7 @@ class EngineTest : public ::testing::Test {
 
   void TearDown() override {
     if (engine_ != nullptr) {
-      const Status st = engine_->CheckInvariants();
+      const Status st = EngineInspector::CheckInvariants(*engine_);
       EXPECT_TRUE(st.ok()) << "at teardown: " << st.ToString();
     }
   }
@@ -243,7 +244,7 @@ class EngineTest : public ::testing::Test {
     if (!w.ok()) return {};
     EXPECT_EQ(w->slots.size(), n);
     for (uint32_t i = 0; i < n; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[from + i]);
-    auto r = engine_->Commit(w->id, session, ns_, from == 0 ? BlockKey{} : c.keys[from - 1], from, c.tokens_from(from),
+    auto r = engine_->Commit(w->id, tenant_, session, from == 0 ? BlockKey{} : c.keys[from - 1], from, c.tokens_from(from),
                              w->slots);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_TRUE(engine_->Release(w->id).ok());
@@ -251,7 +252,7 @@ class EngineTest : public ::testing::Test {
   }
 
   Result<ReadLease> Get(const std::string& session, const Chain& c, bool promote = true) {
-    return engine_->Acquire(session, ns_, c.keys, c.tokens, promote);
+    return engine_->Acquire(tenant_, session, c.keys, c.tokens, promote);
   }
 
   // Waits for the lease's fence, then checks every leased block's bytes.
@@ -279,7 +280,7 @@ class EngineTest : public ::testing::Test {
   uint32_t Matched(const Chain& c) const { return engine_->Match(ns_, c.keys, c.tokens); }
 
   std::vector<Tier> Tiers(const std::string& session) const {
-    auto info = engine_->GetSession(session);
+    auto info = engine_->GetSession(tenant_, session);
     EXPECT_TRUE(info.ok()) << info.status().ToString();
     return info.ok() ? info->tiers : std::vector<Tier>{};
   }
@@ -288,10 +289,10 @@ class EngineTest : public ::testing::Test {
   // Engine invariants, plus: every block of every session is in the shared index
   // with its tokens, parent and namespace, in the tier the session reports.
   void ExpectConsistent() {
-    const Status st = engine_->CheckInvariants();
+    const Status st = EngineInspector::CheckInvariants(*engine_);
     ASSERT_TRUE(st.ok()) << st.ToString();
     for (const SessionInfo& s : engine_->ListSessions()) {
-      auto info = engine_->GetSession(s.id);
+      auto info = engine_->GetSession(tenant_, s.id);
       ASSERT_TRUE(info.ok());
       for (size_t i = 0; i < info->chain.size(); ++i) {
         auto it = known_.find(info->chain[i]);
@@ -327,13 +328,14 @@ class EngineTest : public ::testing::Test {
   ShmSegment index_mapping_;
   IndexView view_;
   int engines_made_ = 0;
-  const Namespace ns_ = Namespace::Make(TestProfile().Fingerprint(), "tenant");
+  const Tenant tenant_ = Tenant::Make(TestProfile().Fingerprint(), "tenant");
+  const Namespace ns_ = tenant_.ns;
   std::unique_ptr<Engine> engine_;  // Last: destroyed before the backends.
 };
 
 #define EXPECT_INVARIANTS()                                  \
   do {                                                       \
-    const ::kvtier::Status _st = engine_->CheckInvariants(); \
+    const ::kvtier::Status _st = EngineInspector::CheckInvariants(*engine_); \
     EXPECT_TRUE(_st.ok()) << _st.ToString();                 \
   } while (0)
 
@@ -350,19 +352,19 @@ TEST_F(EngineTest, AllocateCommitAcquireRoundTrip) {
   std::sort(sorted.begin(), sorted.end());
   EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "distinct slots";
   for (uint32_t s : w->slots) EXPECT_LT(s, 8u);
-  EXPECT_EQ(engine_->stats().used[0], 3u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 3u);
   EXPECT_EQ(engine_->stats().write_leases, 1u);
   EXPECT_INVARIANTS();
 
   for (uint32_t i = 0; i < 3; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[i]);
-  auto r = engine_->Commit(w->id, "chat", ns_, BlockKey{}, 0, c.tokens, w->slots);
+  auto r = engine_->Commit(w->id, tenant_, "chat", BlockKey{}, 0, c.tokens, w->slots);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stored, 3u);
   EXPECT_EQ(r->duplicates, 0u);
   EXPECT_INVARIANTS();
   ASSERT_TRUE(engine_->Release(w->id).ok());
   EngineStats st = engine_->stats();
-  EXPECT_EQ(st.used[0], 3u) << "committed slots belong to the blocks now";
+  EXPECT_EQ(st.used[Tier::kGpu], 3u) << "committed slots belong to the blocks now";
   EXPECT_EQ(st.write_leases, 0u);
   EXPECT_EQ(st.blocks, 3u);
   EXPECT_EQ(st.sessions, 1u);
@@ -424,7 +426,7 @@ TEST_F(EngineTest, MatchFindsTheLongestVerifiedPrefix) {
   ExpectLeaseHolds(*lease, longer);
   EXPECT_EQ(engine_->stats().hit_blocks, 3u);
   EXPECT_EQ(engine_->stats().miss_blocks, 2u);
-  auto b = engine_->GetSession("b");
+  auto b = engine_->GetSession(tenant_, "b");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->blocks, 3u) << "the session's chain becomes the matched prefix";
   ASSERT_TRUE(engine_->Release(lease->id).ok());
@@ -444,7 +446,7 @@ TEST_F(EngineTest, AcquireOfNothingLeasesNothing) {
   auto named = Get("new", c);
   ASSERT_TRUE(named.ok());
   EXPECT_EQ(named->id, 0u);
-  auto info = engine_->GetSession("new");
+  auto info = engine_->GetSession(tenant_, "new");
   ASSERT_TRUE(info.ok()) << "a named acquire creates the session";
   EXPECT_EQ(info->blocks, 0u);
   EXPECT_EQ(engine_->stats().miss_blocks, 4u);
@@ -455,7 +457,7 @@ TEST_F(EngineTest, DuplicateCommitKeepsTheFirstCopyAndFreesTheSlot) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 3);
   Put("a", c);
-  ASSERT_EQ(engine_->stats().used[0], 3u);
+  ASSERT_EQ(engine_->stats().used[Tier::kGpu], 3u);
 
   // A second worker prefilled the same prompt concurrently and commits it too,
   // with other bytes in its slots.
@@ -463,20 +465,20 @@ TEST_F(EngineTest, DuplicateCommitKeepsTheFirstCopyAndFreesTheSlot) {
   ASSERT_TRUE(w.ok());
   for (uint32_t s : w->slots)
     std::memset(engine_->pool(Tier::kGpu).slot_data(s), 0xee, engine_->profile().BlockBytes());
-  EXPECT_EQ(engine_->stats().used[0], 6u);
-  auto r = engine_->Commit(w->id, "b", ns_, BlockKey{}, 0, c.tokens, w->slots);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 6u);
+  auto r = engine_->Commit(w->id, tenant_, "b", BlockKey{}, 0, c.tokens, w->slots);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stored, 0u);
   EXPECT_EQ(r->duplicates, 3u);
-  EXPECT_EQ(engine_->stats().used[0], 3u) << "duplicate slots are freed at commit";
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 3u) << "duplicate slots are freed at commit";
   EXPECT_INVARIANTS();
   ASSERT_TRUE(engine_->Release(w->id).ok());
   EngineStats st = engine_->stats();
-  EXPECT_EQ(st.used[0], 3u);
+  EXPECT_EQ(st.used[Tier::kGpu], 3u);
   EXPECT_EQ(st.blocks, 3u);
   EXPECT_EQ(st.duplicate_blocks, 3u);
   EXPECT_EQ(st.committed_blocks, 3u);
-  auto b = engine_->GetSession("b");
+  auto b = engine_->GetSession(tenant_, "b");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->chain, c.keys) << "the duplicate session shares the first copy";
   ExpectChainHolds(c, 3);
@@ -486,10 +488,10 @@ TEST_F(EngineTest, DuplicateCommitKeepsTheFirstCopyAndFreesTheSlot) {
   const CommitResult r2 = Put("c", longer);
   EXPECT_EQ(r2.stored, 2u);
   EXPECT_EQ(r2.duplicates, 3u);
-  EXPECT_EQ(engine_->stats().used[0], 5u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 5u);
   ExpectChainHolds(longer, 5);
   // Evicting the first writer keeps the blocks for the others.
-  ASSERT_TRUE(engine_->Evict("a").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(Matched(longer), 5u);
   EXPECT_TRUE(freed_.empty());
   ExpectConsistent();
@@ -502,18 +504,18 @@ TEST_F(EngineTest, CommitPartOfALeaseKeepsTheRestReserved) {
   ASSERT_TRUE(w.ok());
   for (uint32_t i = 0; i < 2; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i + 1]), c.keys[i]);
   const uint32_t slots[] = {w->slots[1], w->slots[2]};
-  auto r = engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, slots);
+  auto r = engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, slots);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(engine_->stats().used[0], 4u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 4u);
   EXPECT_EQ(engine_->stats().write_leases, 1u);
   EXPECT_INVARIANTS();
   // A committed slot cannot be committed again through the lease.
   const Chain d = MakeChain(4, 1);
   const uint32_t again[] = {w->slots[1]};
-  EXPECT_EQ(engine_->Commit(w->id, "s2", ns_, BlockKey{}, 0, d.tokens, again).status().code(),
+  EXPECT_EQ(engine_->Commit(w->id, tenant_, "s2", BlockKey{}, 0, d.tokens, again).status().code(),
             StatusCode::kInvalidArgument);
   ASSERT_TRUE(engine_->Release(w->id).ok());
-  EXPECT_EQ(engine_->stats().used[0], 2u) << "the uncommitted slots come free on release";
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 2u) << "the uncommitted slots come free on release";
   ExpectChainHolds(c, 2);
   ExpectConsistent();
 }
@@ -537,28 +539,28 @@ TEST_F(EngineTest, SessionsShareASystemPromptPrefix) {
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   EngineStats st = engine_->stats();
   EXPECT_EQ(st.blocks, 6u);
-  EXPECT_EQ(st.used[0], 6u);
-  auto info_b = engine_->GetSession("b");
+  EXPECT_EQ(st.used[Tier::kGpu], 6u);
+  auto info_b = engine_->GetSession(tenant_, "b");
   ASSERT_TRUE(info_b.ok());
   EXPECT_EQ(info_b->chain, b.keys);
   ExpectConsistent();
 
-  ASSERT_TRUE(engine_->Evict("a").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(engine_->stats().blocks, 4u);
-  EXPECT_EQ(engine_->stats().used[0], 4u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 4u);
   EXPECT_EQ(freed_.size(), 2u);
   EXPECT_TRUE(WasFreed(a.keys[2], false));
   EXPECT_TRUE(WasFreed(a.keys[3], false));
   EXPECT_EQ(Matched(a), 2u) << "the shared system prompt outlives session a";
   EXPECT_EQ(Matched(b), 4u);
   ExpectChainHolds(b, 4);
-  EXPECT_EQ(engine_->GetSession("a").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a").status().code(), StatusCode::kNotFound);
   ExpectConsistent();
 
-  ASSERT_TRUE(engine_->Evict("b").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
   st = engine_->stats();
   EXPECT_EQ(st.blocks, 0u);
-  EXPECT_EQ(st.used[0], 0u);
+  EXPECT_EQ(st.used[Tier::kGpu], 0u);
   EXPECT_EQ(st.sessions, 0u);
   EXPECT_EQ(st.evicted_sessions, 2u);
   EXPECT_EQ(FreedCount(false), 6u);
@@ -573,7 +575,7 @@ TEST_F(EngineTest, CommitExtendsOrCutsTheSession) {
   // Next turn: the session's cached prefix plus two new blocks.
   const Chain turn2 = MakeChain(2, 2, &turn1);
   EXPECT_EQ(Put("s", turn2, 2).stored, 2u);
-  auto info = engine_->GetSession("s");
+  auto info = engine_->GetSession(tenant_, "s");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->chain, turn2.keys);
   EXPECT_EQ(info->tokens, 4u * kBt);
@@ -585,14 +587,14 @@ TEST_F(EngineTest, CommitExtendsOrCutsTheSession) {
   const Chain edited = MakeChain(3, 2, &edit_prefix);
   ASSERT_EQ(edited.keys[0], turn1.keys[0]);
   EXPECT_EQ(Put("s", edited, 1).stored, 2u);
-  info = engine_->GetSession("s");
+  info = engine_->GetSession(tenant_, "s");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->chain, edited.keys);
   EXPECT_TRUE(WasFreed(turn2.keys[1], false));
   EXPECT_TRUE(WasFreed(turn2.keys[2], false));
   EXPECT_TRUE(WasFreed(turn2.keys[3], false));
   EXPECT_EQ(Matched(turn2), 1u);
-  EXPECT_EQ(engine_->stats().used[0], 3u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 3u);
   ExpectChainHolds(edited, 3);
   ExpectConsistent();
 }
@@ -605,19 +607,19 @@ TEST_F(EngineTest, CommitMustContinueTheSessionItNames) {
   auto w = engine_->Allocate(2);
   ASSERT_TRUE(w.ok());
   // A gap: the session holds 2 blocks, the commit claims to start at block 3.
-  auto r = engine_->Commit(w->id, "s", ns_, turn2.keys[2], 3, turn2.tokens_from(2), w->slots);
+  auto r = engine_->Commit(w->id, tenant_, "s", turn2.keys[2], 3, turn2.tokens_from(2), w->slots);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   // A parent that is not the session's block start_block - 1.
-  r = engine_->Commit(w->id, "s", ns_, turn2.keys[0], 2, turn2.tokens_from(2), w->slots);
+  r = engine_->Commit(w->id, tenant_, "s", turn2.keys[0], 2, turn2.tokens_from(2), w->slots);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   // A session that does not exist holds no blocks.
-  r = engine_->Commit(w->id, "other", ns_, turn2.keys[1], 2, turn2.tokens_from(2), w->slots);
+  r = engine_->Commit(w->id, tenant_, "other", turn2.keys[1], 2, turn2.tokens_from(2), w->slots);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
   // Block 0 chains from the null key only.
-  r = engine_->Commit(w->id, "new", ns_, turn2.keys[1], 0, turn2.tokens_from(2), w->slots);
+  r = engine_->Commit(w->id, tenant_, "new", turn2.keys[1], 0, turn2.tokens_from(2), w->slots);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   // Nothing was consumed: the right commit still works.
-  r = engine_->Commit(w->id, "s", ns_, turn2.keys[1], 2, turn2.tokens_from(2), w->slots);
+  r = engine_->Commit(w->id, tenant_, "s", turn2.keys[1], 2, turn2.tokens_from(2), w->slots);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stored, 2u);
   EXPECT_TRUE(engine_->Release(w->id).ok());
@@ -629,20 +631,21 @@ TEST_F(EngineTest, ListAndDescribeSessions) {
   const Chain x = MakeChain(1, 2), y = MakeChain(2, 3);
   Put("zeta", x);
   Put("alpha", y);
-  ASSERT_TRUE(engine_->SetPriority("zeta", 7).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "zeta", 7).ok());
   const auto list = engine_->ListSessions();
   ASSERT_EQ(list.size(), 2u);
   EXPECT_EQ(list[0].id, "alpha");
   EXPECT_EQ(list[1].id, "zeta");
   EXPECT_EQ(list[0].blocks, 3u);
   EXPECT_EQ(list[0].tokens, 3u * kBt);
-  EXPECT_EQ(list[0].blocks_in[0], 3u);
-  EXPECT_EQ(list[0].blocks_in[1], 0u);
-  EXPECT_EQ(list[0].ns_tag, NamespaceTag(ns_));
+  EXPECT_EQ(list[0].blocks_in[Tier::kGpu], 3u);
+  EXPECT_EQ(list[0].blocks_in[Tier::kHost], 0u);
+  EXPECT_EQ(list[0].ns, ns_);
+  EXPECT_EQ(list[0].tenant, "tenant");
   EXPECT_TRUE(list[0].chain.empty()) << "chains only from GetSession";
   EXPECT_EQ(list[1].priority, 7);
   EXPECT_GT(list[0].last_use, list[1].last_use) << "alpha was used last";
-  auto info = engine_->GetSession("alpha");
+  auto info = engine_->GetSession(tenant_, "alpha");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->chain, y.keys);
   EXPECT_EQ(info->tiers, All(Tier::kGpu, 3));
@@ -662,9 +665,9 @@ TEST_F(EngineTest, TooManySessionsEvictsTheColdest) {
   Put("c", c);
   EXPECT_EQ(engine_->stats().sessions, 2u);
   EXPECT_EQ(engine_->stats().evicted_sessions, 1u);
-  EXPECT_EQ(engine_->GetSession("b").status().code(), StatusCode::kNotFound);
-  EXPECT_TRUE(engine_->GetSession("a").ok());
-  EXPECT_TRUE(engine_->GetSession("c").ok());
+  EXPECT_EQ(engine_->GetSession(tenant_, "b").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->GetSession(tenant_, "a").ok());
+  EXPECT_TRUE(engine_->GetSession(tenant_, "c").ok());
   EXPECT_EQ(Matched(b), 0u);
   EXPECT_TRUE(WasFreed(b.keys[0], false));
   ExpectConsistent();
@@ -684,8 +687,8 @@ TEST_F(EngineTest, ANewSessionNeverEvictsThePrefixItAcquires) {
   EXPECT_EQ(lease->matched, 3u);
   ASSERT_EQ(lease->blocks.size(), 3u);
   ExpectLeaseHolds(*lease, a);
-  EXPECT_EQ(engine_->GetSession("old").status().code(), StatusCode::kNotFound);
-  auto info = engine_->GetSession("new");
+  EXPECT_EQ(engine_->GetSession(tenant_, "old").status().code(), StatusCode::kNotFound);
+  auto info = engine_->GetSession(tenant_, "new");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->chain, a.keys);
   EXPECT_TRUE(freed_.empty());
@@ -704,17 +707,17 @@ TEST_F(EngineTest, LeasedBlocksAreNeverDemotedOrFreed) {
   ASSERT_TRUE(lease.ok());
   ASSERT_EQ(lease->blocks.size(), 3u);
 
-  auto demoted = engine_->Demote("s");
+  auto demoted = engine_->Demote(tenant_, "s");
   ASSERT_TRUE(demoted.ok());
   EXPECT_EQ(*demoted, 0u) << "leased blocks are skipped";
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 3));
-  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
 
   // Evicting the only session while a reader holds the blocks keeps them alive.
-  ASSERT_TRUE(engine_->Evict("s").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "s").ok());
   EXPECT_TRUE(freed_.empty());
-  EXPECT_EQ(engine_->stats().used[0], 3u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 3u);
   EXPECT_INVARIANTS();
   // Pressure cannot take them either.
   auto w = engine_->Allocate(6);
@@ -725,7 +728,7 @@ TEST_F(EngineTest, LeasedBlocksAreNeverDemotedOrFreed) {
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   EXPECT_EQ(freed_.size(), 3u);
   EXPECT_EQ(FreedCount(false), 3u) << "the last holder let go: not a drop";
-  EXPECT_EQ(engine_->stats().used[0], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
   EXPECT_EQ(engine_->stats().blocks, 0u);
   EXPECT_EQ(Matched(c), 0u);
   EXPECT_EQ(engine_->Release(lease->id).code(), StatusCode::kNotFound) << "a lease ends once";
@@ -741,7 +744,7 @@ TEST_F(EngineTest, TwoReadersOfOneBlock) {
   ASSERT_TRUE(l1.ok() && l2.ok());
   EXPECT_NE(l1->id, l2->id);
   EXPECT_EQ(engine_->stats().read_leases, 2u);
-  ASSERT_TRUE(engine_->Evict("s").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "s").ok());
   ASSERT_TRUE(engine_->Release(l1->id).ok());
   EXPECT_TRUE(freed_.empty()) << "the second reader still holds them";
   ExpectLeaseHolds(*l2, c);
@@ -756,20 +759,20 @@ TEST_F(EngineTest, DemoteThenAcquirePromotesWithIntactBytes) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 4);
   Put("s", c);
-  auto n = engine_->Demote("s");
+  auto n = engine_->Demote(tenant_, "s");
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 4u);
   EXPECT_INVARIANTS();
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EngineStats st = engine_->stats();
-  EXPECT_EQ(st.used[0], 0u);
-  EXPECT_EQ(st.used[1], 4u);
+  EXPECT_EQ(st.used[Tier::kGpu], 0u);
+  EXPECT_EQ(st.used[Tier::kHost], 4u);
   EXPECT_EQ(st.demoted_blocks, 4u);
   EXPECT_EQ(st.copies_in_flight, 0u);
-  auto info = engine_->GetSession("s");
+  auto info = engine_->GetSession(tenant_, "s");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->tiers, All(Tier::kHost, 4));
-  EXPECT_EQ(info->blocks_in[1], 4u);
+  EXPECT_EQ(info->blocks_in[Tier::kHost], 4u);
   EXPECT_EQ(info->moving, 0u);
   ExpectConsistent();
   ExpectChainHolds(c, 4);  // Read in place in the host tier.
@@ -787,8 +790,8 @@ TEST_F(EngineTest, DemoteThenAcquirePromotesWithIntactBytes) {
   ExpectLeaseHolds(*lease, c);
   EXPECT_EQ(engine_->Poll(), 4u);
   st = engine_->stats();
-  EXPECT_EQ(st.used[0], 4u);
-  EXPECT_EQ(st.used[1], 0u);
+  EXPECT_EQ(st.used[Tier::kGpu], 4u);
+  EXPECT_EQ(st.used[Tier::kHost], 0u);
   EXPECT_EQ(st.promoted_blocks, 4u);
   EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 4));
   ExpectLeaseHolds(*lease, c);
@@ -800,7 +803,7 @@ TEST_F(EngineTest, AcquireWithoutPromoteLeasesInTheHostTier) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 2);
   Put("s", c);
-  ASSERT_EQ(*engine_->Demote("s"), 2u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 2u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   auto lease = Get("s", c, /*promote=*/false);
   ASSERT_TRUE(lease.ok());
@@ -809,7 +812,7 @@ TEST_F(EngineTest, AcquireWithoutPromoteLeasesInTheHostTier) {
   for (const BlockLocation& loc : lease->blocks) EXPECT_EQ(loc.tier, Tier::kHost);
   ExpectLeaseHolds(*lease, c);
   // While leased in the host tier, neither prefetch nor a promoting acquire moves them.
-  EXPECT_EQ(*engine_->Prefetch("s"), 0u);
+  EXPECT_EQ(*engine_->Prefetch(tenant_, "s"), 0u);
   auto second = Get("", c, /*promote=*/true);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->promoted, 0u);
@@ -823,16 +826,16 @@ TEST_F(EngineTest, PrefetchPromotesASession) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 3);
   Put("s", c);
-  EXPECT_EQ(*engine_->Prefetch("s"), 0u) << "already in the GPU tier";
-  ASSERT_EQ(*engine_->Demote("s"), 3u);
-  EXPECT_EQ(*engine_->Demote("s"), 0u) << "already moving";
+  EXPECT_EQ(*engine_->Prefetch(tenant_, "s"), 0u) << "already in the GPU tier";
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 3u);
+  EXPECT_EQ(*engine_->Demote(tenant_, "s"), 0u) << "already moving";
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
-  const uint64_t before = engine_->GetSession("s")->last_use;
-  auto n = engine_->Prefetch("s");
+  const uint64_t before = engine_->GetSession(tenant_, "s")->last_use;
+  auto n = engine_->Prefetch(tenant_, "s");
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(*n, 3u);
-  EXPECT_EQ(*engine_->Prefetch("s"), 0u) << "already moving";
-  EXPECT_GT(engine_->GetSession("s")->last_use, before) << "prefetch counts as a use";
+  EXPECT_EQ(*engine_->Prefetch(tenant_, "s"), 0u) << "already moving";
+  EXPECT_GT(engine_->GetSession(tenant_, "s")->last_use, before) << "prefetch counts as a use";
   EXPECT_INVARIANTS();
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 3));
@@ -850,7 +853,7 @@ TEST_F(EngineTest, PromotionStopsWhenTheGpuTierIsFull) {
   Start(Options(4, 8));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   Put("b", b);
   auto hold = Get("", b);  // Pin all of the GPU tier.
@@ -883,7 +886,7 @@ TEST_F(EngineTest, PromotionStopsWhereTheGpuTierCannotMakeRoom) {
   Start(Options(4, 8));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   Put("b", b);
   const Chain b2{std::vector<TokenId>(b.tokens.begin(), b.tokens.begin() + 2 * kBt),
@@ -911,7 +914,7 @@ TEST_F(EngineTest, MakingRoomForAPromotionNeverDropsThePrefixBeingAcquired) {
   Start(Options(4, 4));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   Put("b", b);  // Both tiers full; "a" is the coldest session.
   auto lease = Get("", a);
@@ -935,10 +938,10 @@ TEST_F(EngineTest, DemoteMakesRoomInTheHostTierByDroppingColderBlocks) {
   const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
   Put("a", a);
   Put("b", b);
-  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   // b needs 3 host slots, 1 is free: the coldest host blocks (a's tail) make room.
-  ASSERT_EQ(*engine_->Demote("b"), 3u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "b"), 3u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_EQ(Tiers("b"), All(Tier::kHost, 3));
   EXPECT_EQ(Matched(a), 1u);
@@ -987,7 +990,7 @@ TEST_F(WatermarkTest, TickDemotesTheLeastRecentlyUsedSessionFirst) {
   EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
   EXPECT_EQ(Tiers("d"), All(Tier::kGpu, 1));
   EngineStats st = engine_->stats();
-  EXPECT_EQ(st.used[0], 5u) << "down to the low watermark";
+  EXPECT_EQ(st.used[Tier::kGpu], 5u) << "down to the low watermark";
   EXPECT_EQ(st.demoted_blocks, 4u);
   EXPECT_EQ(st.dropped_blocks, 0u);
   engine_->Tick();
@@ -1003,8 +1006,8 @@ TEST_F(WatermarkTest, LowerPriorityIsDemotedBeforeHigher) {
   Put("a", a);
   Put("b", b);
   Put("c", c);
-  ASSERT_TRUE(engine_->SetPriority("a", 3).ok());
-  ASSERT_TRUE(engine_->SetPriority("b", 3).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "a", 3).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "b", 3).ok());
   Put("d", d);
   // Coldest first: priority 0 (c, d), then priority 3 (a, b).
   engine_->Tick();
@@ -1013,8 +1016,8 @@ TEST_F(WatermarkTest, LowerPriorityIsDemotedBeforeHigher) {
   EXPECT_EQ(Tiers("d"), All(Tier::kHost, 1));
   EXPECT_EQ(Tiers("a"), Mixed(1, 2));
   EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 3));
-  EXPECT_EQ(engine_->GetSession("a")->priority, 3);
-  EXPECT_EQ(engine_->stats().used[0], 5u);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a")->priority, 3);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 5u);
   ExpectConsistent();
 }
 
@@ -1046,7 +1049,7 @@ TEST_F(WatermarkTest, RetuneAppliesNewWatermarksFromTheNextTick) {
   EXPECT_EQ(engine_->options().gpu_slots, 10u);
   engine_->Tick();
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
-  EXPECT_EQ(engine_->stats().used[0], 5u) << "9 of 10 is above the new high watermark: down to 5";
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 5u) << "9 of 10 is above the new high watermark: down to 5";
   EXPECT_EQ(Tiers("a"), Mixed(4, 1));
   EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 4));
   EXPECT_EQ(backend_->copy_stats(CopyDirection::kGpuToHost).batches, 2u) << "4 blocks in batches of 2";
@@ -1059,38 +1062,38 @@ TEST_F(EngineTest, PriorityTtlRevertsToZeroAtItsDeadline) {
   const auto now = std::chrono::steady_clock::now();
   const auto later = [&](std::chrono::milliseconds d) { return now + d; };
 
-  ASSERT_TRUE(engine_->SetPriority("a", 5, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "a", 5, milliseconds(1000)).ok());
   EXPECT_EQ(engine_->ExpirePriorities(later(milliseconds(0))), 0u);
-  EXPECT_EQ(engine_->GetSession("a")->priority, 5);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a")->priority, 5);
   EXPECT_EQ(engine_->ExpirePriorities(later(milliseconds(5000))), 1u);
-  EXPECT_EQ(engine_->GetSession("a")->priority, 0);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a")->priority, 0);
   EXPECT_EQ(engine_->stats().expired_priorities, 1u);
 
   // A later pin without a ttl cancels the deadline; one with a ttl replaces it.
-  ASSERT_TRUE(engine_->SetPriority("b", 4, milliseconds(1000)).ok());
-  ASSERT_TRUE(engine_->SetPriority("b", 6).ok());
-  ASSERT_TRUE(engine_->SetPriority("c", 3, milliseconds(1000)).ok());
-  ASSERT_TRUE(engine_->SetPriority("c", 3, std::chrono::hours(1)).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "b", 4, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "b", 6).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "c", 3, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "c", 3, std::chrono::hours(1)).ok());
   // A session that is gone leaves nothing to revert.
-  ASSERT_TRUE(engine_->SetPriority("d", 2, milliseconds(1000)).ok());
-  ASSERT_TRUE(engine_->Evict("d").ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "d", 2, milliseconds(1000)).ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "d").ok());
   EXPECT_EQ(engine_->ExpirePriorities(later(milliseconds(5000))), 0u);
-  EXPECT_EQ(engine_->GetSession("b")->priority, 6);
-  EXPECT_EQ(engine_->GetSession("c")->priority, 3);
+  EXPECT_EQ(engine_->GetSession(tenant_, "b")->priority, 6);
+  EXPECT_EQ(engine_->GetSession(tenant_, "c")->priority, 3);
   EXPECT_EQ(engine_->ExpirePriorities(later(std::chrono::hours(2))), 1u);
-  EXPECT_EQ(engine_->GetSession("c")->priority, 0);
-  EXPECT_EQ(engine_->GetSession("b")->priority, 6);
+  EXPECT_EQ(engine_->GetSession(tenant_, "c")->priority, 0);
+  EXPECT_EQ(engine_->GetSession(tenant_, "b")->priority, 6);
   EXPECT_EQ(engine_->stats().expired_priorities, 2u);
 
   // Tick uses the real clock.
-  ASSERT_TRUE(engine_->SetPriority("a", 7, milliseconds(1)).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "a", 7, milliseconds(1)).ok());
   std::this_thread::sleep_for(milliseconds(5));
   engine_->Tick();
-  EXPECT_EQ(engine_->GetSession("a")->priority, 0);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a")->priority, 0);
 
-  EXPECT_EQ(engine_->SetPriority("a", 1, milliseconds(-1)).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine_->SetPriority("a", 1, kMaxPriorityTtl + milliseconds(1)).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(engine_->SetPriority("a", 1, kMaxPriorityTtl).ok());
+  EXPECT_EQ(engine_->SetPriority(tenant_, "a", 1, milliseconds(-1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->SetPriority(tenant_, "a", 1, kMaxPriorityTtl + milliseconds(1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine_->SetPriority(tenant_, "a", 1, kMaxPriorityTtl).ok());
   EXPECT_INVARIANTS();
 }
 
@@ -1143,7 +1146,7 @@ TEST_F(WatermarkTest, ASharedPrefixIsDemotedWithItsWarmestSession) {
   // after a's last use, so it goes with b).
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
   EXPECT_EQ(Tiers("b"), Mixed(2, 2));
-  EXPECT_EQ(engine_->stats().used[0], 5u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 5u);
   EXPECT_EQ(Tiers("c"), All(Tier::kGpu, 3));
   ExpectChainHolds(a, 4);
   ExpectChainHolds(b, 4);
@@ -1157,7 +1160,7 @@ TEST_F(WatermarkTest, BlocksLastUsedByAnEvictedSessionCanStillBeDemoted) {
   const Chain b = MakeChain(2, 1, &system);
   Put("a", a);
   Put("b", b);  // Uses the system prompt after a did.
-  ASSERT_TRUE(engine_->Evict("b").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
   const Chain c = MakeChain(3, 5);
   Put("c", c);  // 10 of 10.
   auto pin = Get("", c);
@@ -1167,7 +1170,7 @@ TEST_F(WatermarkTest, BlocksLastUsedByAnEvictedSessionCanStillBeDemoted) {
   // Only a's blocks can move; the system prompt is now a's alone, however recently
   // b used it, so all of a goes and usage is back at the low watermark.
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 5));
-  EXPECT_EQ(engine_->stats().used[0], 5u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 5u);
   ASSERT_TRUE(engine_->Release(pin->id).ok());
   ExpectConsistent();
 }
@@ -1181,22 +1184,22 @@ TEST_F(WatermarkTest, HostPressureDropsTheColdestSessions) {
   Put("a", a);
   Put("b", b);
   Put("c", c);
-  for (const char* s : {"a", "b"}) ASSERT_GT(*engine_->Demote(s), 0u);
+  for (const char* s : {"a", "b"}) ASSERT_GT(*engine_->Demote(tenant_, s), 0u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   engine_->Tick();
-  EXPECT_EQ(engine_->stats().used[1], 6u) << "6 of 8 is not above the high watermark";
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 6u) << "6 of 8 is not above the high watermark";
   EXPECT_TRUE(freed_.empty());
-  ASSERT_EQ(*engine_->Demote("c"), 2u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "c"), 2u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   engine_->Tick();
   const EngineStats st = engine_->stats();
-  EXPECT_EQ(st.used[1], 4u);
+  EXPECT_EQ(st.used[Tier::kHost], 4u);
   EXPECT_EQ(st.dropped_blocks, 4u);
   EXPECT_EQ(FreedCount(true), 4u);
   EXPECT_EQ(FreedCount(false), 0u);
   for (const BlockKey& k : a.keys) EXPECT_TRUE(WasFreed(k, true));
   EXPECT_TRUE(WasFreed(b.keys[2], true)) << "then the tail of the next coldest";
-  EXPECT_EQ(engine_->GetSession("a").status().code(), StatusCode::kNotFound) << "an emptied session goes";
+  EXPECT_EQ(engine_->GetSession(tenant_, "a").status().code(), StatusCode::kNotFound) << "an emptied session goes";
   EXPECT_EQ(Matched(a), 0u);
   EXPECT_EQ(Matched(b), 2u);
   EXPECT_EQ(Matched(c), 2u);
@@ -1258,9 +1261,9 @@ TEST_F(EngineTest, AllocateDemotesColdestBlocksBeforeDroppingAny) {
   EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
   EXPECT_EQ(Matched(a), 3u);
   EXPECT_EQ(Matched(b), 3u);
-  auto info = engine_->GetSession("a");
+  auto info = engine_->GetSession(tenant_, "a");
   ASSERT_TRUE(info.ok());
-  EXPECT_EQ(info->blocks_in[static_cast<int>(Tier::kHost)], 2u) << "the coldest session made the room";
+  EXPECT_EQ(info->blocks_in[Tier::kHost], 2u) << "the coldest session made the room";
   ASSERT_TRUE(engine_->Release(w->id).ok());
   ExpectConsistent();
 }
@@ -1312,14 +1315,14 @@ TEST_F(EngineTest, AcquireNeedsRoomWhileDemotionsForItsPromotionsAreInFlight) {
   manual_->complete_on_wait = true;
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   manual_->RunAll();
   engine_->Poll();
   Put("b", b);  // The GPU tier is full of b; a is in the host tier.
   manual_->complete_on_wait = false;
   EXPECT_TRUE(engine_->AcquireNeedsRoom(ns_, a.keys, a.tokens)) << "b's demotion must land first";
   EXPECT_EQ(manual_->queued_ops(), 4u) << "b is being demoted to make the room";
-  EXPECT_FALSE(engine_->GetSession("a")->blocks_in[static_cast<int>(Tier::kGpu)]) << "no effect on a";
+  EXPECT_FALSE(engine_->GetSession(tenant_, "a")->blocks_in[Tier::kGpu]) << "no effect on a";
   manual_->RunAll();
   EXPECT_FALSE(engine_->AcquireNeedsRoom(ns_, a.keys, a.tokens)) << "the room is there now";
   const int waits = manual_->wait_calls;
@@ -1340,7 +1343,7 @@ TEST_F(EngineTest, AllocateDropsColdestUnleasedBlocksAsALastResort) {
   // Fill the host tier with blocks a reader holds, so nothing can be demoted.
   const Chain h = MakeChain(9, 4);
   Put("h", h);
-  ASSERT_EQ(*engine_->Demote("h"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "h"), 4u);
   ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(5)).ok());
   auto pin = Get("", h, /*promote=*/false);
   ASSERT_TRUE(pin.ok());
@@ -1382,7 +1385,7 @@ TEST_F(EngineTest, AllocateWaitsForInFlightDemotionsInsteadOfDropping) {
   manual_->complete_on_wait = true;
   const Chain a = MakeChain(1, 4);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   EXPECT_EQ(engine_->stats().copies_in_flight, 4u);
   EXPECT_EQ(manual_->queued_ops(), 4u);
   auto w = engine_->Allocate(2);
@@ -1400,7 +1403,7 @@ TEST_F(EngineTest, AllocateNeverDropsMovingBlocks) {
   Start(Options(4, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 4);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   // The copies do not finish: the blocks are neither free nor droppable.
   auto w = engine_->Allocate(2);
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
@@ -1419,8 +1422,8 @@ TEST_F(EngineTest, MovingBlocksStayReadableInTheirSourceTier) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 2);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 2u);
-  auto info = engine_->GetSession("a");
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+  auto info = engine_->GetSession(tenant_, "a");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->moving, 2u);
   EXPECT_EQ(info->tiers, All(Tier::kGpu, 2));
@@ -1428,8 +1431,8 @@ TEST_F(EngineTest, MovingBlocksStayReadableInTheirSourceTier) {
   ASSERT_TRUE(view_.Find(a.keys[0], BlockKey{}, NamespaceTag(ns_), a.block(0), &e));
   EXPECT_EQ(e.tier, Tier::kGpu);
   EXPECT_TRUE(e.moving) << "clients see the copy in flight";
-  EXPECT_EQ(engine_->stats().used[0], 2u);
-  EXPECT_EQ(engine_->stats().used[1], 2u) << "a moving block holds a slot in each tier";
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 2u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 2u) << "a moving block holds a slot in each tier";
   EXPECT_EQ(engine_->Poll(), 0u);
   ExpectChainHolds(a, 2);  // Read at the source while the copy is pending.
   EXPECT_INVARIANTS();
@@ -1445,7 +1448,7 @@ TEST_F(EngineTest, ALeaseTakenDuringDemotionKeepsTheBlockInTheGpuTier) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 3);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
   auto lease = Get("a", a);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->promoted, 0u);
@@ -1456,13 +1459,13 @@ TEST_F(EngineTest, ALeaseTakenDuringDemotionKeepsTheBlockInTheGpuTier) {
   engine_->Poll();
   // The demotion landed, but the block was leased meanwhile: the GPU copy stays.
   EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
-  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
   EXPECT_EQ(engine_->stats().demoted_blocks, 0u);
   ExpectLeaseHolds(*lease, a);
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   ExpectConsistent();
   // Once released, it can be demoted again.
-  EXPECT_EQ(*engine_->Demote("a"), 3u);
+  EXPECT_EQ(*engine_->Demote(tenant_, "a"), 3u);
   manual_->RunAll();
   engine_->Poll();
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 3));
@@ -1473,17 +1476,17 @@ TEST_F(EngineTest, EvictDuringDemotionFreesBothSlotsWhenTheCopyLands) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 2);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 2u);
-  ASSERT_TRUE(engine_->Evict("a").ok());
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(FreedCount(false), 2u);
   EXPECT_EQ(Matched(a), 0u) << "gone from the index at once";
-  EXPECT_EQ(engine_->stats().used[0], 2u);
-  EXPECT_EQ(engine_->stats().used[1], 2u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 2u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 2u);
   EXPECT_INVARIANTS();
   manual_->RunAll();
   engine_->Poll();
-  EXPECT_EQ(engine_->stats().used[0], 0u);
-  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
   EXPECT_INVARIANTS();
   // The same blocks can be cached again.
   Put("a", a);
@@ -1495,17 +1498,17 @@ TEST_F(EngineTest, EvictDuringPromotionFreesBothSlotsWhenTheCopyLands) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 2);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
   manual_->RunAll();
   engine_->Poll();
-  ASSERT_EQ(*engine_->Prefetch("a"), 2u);
-  ASSERT_TRUE(engine_->Evict("a").ok());
+  ASSERT_EQ(*engine_->Prefetch(tenant_, "a"), 2u);
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(FreedCount(false), 2u);
   EXPECT_INVARIANTS();
   manual_->RunAll();
   engine_->Poll();
-  EXPECT_EQ(engine_->stats().used[0], 0u);
-  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
   EXPECT_INVARIANTS();
 }
 
@@ -1513,10 +1516,10 @@ TEST_F(EngineTest, AcquireJoinsAPromotionAlreadyInFlight) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 2);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
   manual_->RunAll();
   engine_->Poll();
-  ASSERT_EQ(*engine_->Prefetch("a"), 2u);
+  ASSERT_EQ(*engine_->Prefetch(tenant_, "a"), 2u);
   auto lease = Get("a", a);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->promoted, 2u);
@@ -1534,21 +1537,21 @@ TEST_F(EngineTest, RefusedCopiesLeaveBlocksWhereTheyAre) {
   const Chain a = MakeChain(1, 3);
   Put("a", a);
   manual_->refuse_submits = 1;
-  ASSERT_TRUE(engine_->Demote("a").ok());
+  ASSERT_TRUE(engine_->Demote(tenant_, "a").ok());
   EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
-  EXPECT_EQ(engine_->stats().used[1], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
   EXPECT_EQ(engine_->stats().copies_in_flight, 0u);
   ExpectConsistent();
   ExpectChainHolds(a, 3);
 
-  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
   manual_->RunAll();
   engine_->Poll();
   ASSERT_EQ(Tiers("a"), All(Tier::kHost, 3));
   manual_->refuse_submits = 1;
-  ASSERT_TRUE(engine_->Prefetch("a").ok());
+  ASSERT_TRUE(engine_->Prefetch(tenant_, "a").ok());
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 3));
-  EXPECT_EQ(engine_->stats().used[0], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
   ExpectConsistent();
 }
 
@@ -1556,7 +1559,7 @@ TEST_F(EngineTest, ARefusedPromotionLeasesTheBlocksWhereTheyAre) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 3);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 3u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
   manual_->RunAll();
   engine_->Poll();
   manual_->refuse_submits = 1;
@@ -1569,7 +1572,7 @@ TEST_F(EngineTest, ARefusedPromotionLeasesTheBlocksWhereTheyAre) {
     EXPECT_EQ(loc.tier, Tier::kHost) << "the lease must not point at a GPU slot that holds nothing";
   }
   ExpectLeaseHolds(*lease, a);
-  EXPECT_EQ(engine_->stats().used[0], 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   ExpectConsistent();
 }
@@ -1578,7 +1581,7 @@ TEST_F(EngineTest, WaitIdleTimesOutWhileCopiesAreStuck) {
   Start(Options(8, 8), /*manual=*/true);
   const Chain a = MakeChain(1, 2);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 2u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
   EXPECT_EQ(engine_->WaitIdle(milliseconds(1)).code(), StatusCode::kTimeout);
   manual_->RunAll();
   EXPECT_TRUE(engine_->WaitIdle(milliseconds(1)).ok());
@@ -1591,7 +1594,7 @@ TEST_F(EngineTest, CopiesAreBatchedByMaxCopyBatch) {
   Start(o, /*manual=*/true);
   const Chain a = MakeChain(1, 8);
   Put("a", a);
-  ASSERT_EQ(*engine_->Demote("a"), 8u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 8u);
   EXPECT_EQ(engine_->stats().copies_in_flight, 8u);
   // Batches of 3, 3, 2 land one at a time, in order.
   manual_->complete_on_wait = true;
@@ -1617,13 +1620,13 @@ TEST_F(EngineTest, ClientsProbeTheSharedIndex) {
   std::vector<Tier> tiers(4);
   EXPECT_EQ(view_.LongestPrefix(BlockKey{}, a.keys, NamespaceTag(ns_), a.tokens, tiers), 4u);
   EXPECT_EQ(tiers, All(Tier::kGpu, 4));
-  ASSERT_EQ(*engine_->Demote("a"), 4u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_EQ(view_.LongestPrefix(BlockKey{}, a.keys, NamespaceTag(ns_), a.tokens, tiers), 4u);
   EXPECT_EQ(tiers, All(Tier::kHost, 4));
   const Chain longer = MakeChain(2, 2, &a);
   EXPECT_EQ(view_.LongestPrefix(BlockKey{}, longer.keys, NamespaceTag(ns_), longer.tokens), 4u);
-  ASSERT_TRUE(engine_->Evict("a").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(view_.LongestPrefix(BlockKey{}, a.keys, NamespaceTag(ns_), a.tokens), 0u);
   EXPECT_EQ(LoadRelaxed(view_.header().entries), 0u);
 }
@@ -1640,7 +1643,7 @@ TEST_F(EngineTest, SegmentsGoWithTheEngine) {
   EXPECT_EQ(engine_->profile().Fingerprint(), TestProfile().Fingerprint());
   EXPECT_EQ(engine_->pool(Tier::kGpu).slots(), 8u);
   EXPECT_EQ(engine_->pool(Tier::kHost).slot_bytes(), TestProfile().BlockBytes());
-  ASSERT_EQ(*engine_->Demote("a"), 2u);  // Still in flight, maybe, when the engine goes.
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);  // Still in flight, maybe, when the engine goes.
   engine_.reset();
   index_mapping_ = ShmSegment();
   for (const std::string& name : {index, gpu, host}) {
@@ -1657,35 +1660,35 @@ TEST_F(EngineTest, CommitRejectsBadRequestsAndKeepsTheLease) {
   ASSERT_TRUE(w.ok());
   const std::vector<uint32_t> slots = w->slots;
   auto code = [](const Result<CommitResult>& r) { return r.ok() ? StatusCode::kOk : r.status().code(); };
-  EXPECT_EQ(code(engine_->Commit(w->id + 100, "s", ns_, BlockKey{}, 0, c.tokens, slots)), StatusCode::kNotFound);
-  EXPECT_EQ(code(engine_->Commit(0, "s", ns_, BlockKey{}, 0, c.tokens, slots)), StatusCode::kNotFound);
-  EXPECT_EQ(code(engine_->Commit(w->id, "", ns_, BlockKey{}, 0, c.tokens, slots)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(engine_->Commit(w->id + 100, tenant_, "s", BlockKey{}, 0, c.tokens, slots)), StatusCode::kNotFound);
+  EXPECT_EQ(code(engine_->Commit(0, tenant_, "s", BlockKey{}, 0, c.tokens, slots)), StatusCode::kNotFound);
+  EXPECT_EQ(code(engine_->Commit(w->id, tenant_, "", BlockKey{}, 0, c.tokens, slots)), StatusCode::kInvalidArgument);
   const std::span<const TokenId> ragged = std::span<const TokenId>(c.tokens).first(2 * kBt - 1);
-  auto r = engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, ragged, std::span<const uint32_t>(slots).first(1));
+  auto r = engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, ragged, std::span<const uint32_t>(slots).first(1));
   EXPECT_EQ(code(r), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("whole number"), std::string::npos) << r.status().ToString();
-  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, std::span<const uint32_t>(slots).first(1))),
+  EXPECT_EQ(code(engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, std::span<const uint32_t>(slots).first(1))),
             StatusCode::kInvalidArgument)
       << "2 blocks of tokens, 1 slot";
-  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, {}, {})), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, {}, {})), StatusCode::kInvalidArgument);
   uint32_t foreign = 0;
   while (std::find(slots.begin(), slots.end(), foreign) != slots.end()) ++foreign;
   const uint32_t not_leased[] = {slots[0], foreign};
-  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, not_leased)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, not_leased)), StatusCode::kInvalidArgument);
   const uint32_t twice[] = {slots[0], slots[0]};
-  EXPECT_EQ(code(engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, twice)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, twice)), StatusCode::kInvalidArgument);
   // A read lease is not a write lease.
   auto rl = engine_->Allocate(1);
   ASSERT_TRUE(rl.ok());
   const Chain one = MakeChain(2, 1);
   FillBlock(engine_->pool(Tier::kGpu).slot_data(rl->slots[0]), one.keys[0]);
-  ASSERT_TRUE(engine_->Commit(rl->id, "t", ns_, BlockKey{}, 0, one.tokens, rl->slots).ok());
+  ASSERT_TRUE(engine_->Commit(rl->id, tenant_, "t", BlockKey{}, 0, one.tokens, rl->slots).ok());
   ASSERT_TRUE(engine_->Release(rl->id).ok());
   auto read = Get("", one);
   ASSERT_TRUE(read.ok());
   ASSERT_NE(read->id, 0u);
   EXPECT_EQ(
-      code(engine_->Commit(read->id, "s", ns_, BlockKey{}, 0, one.tokens, std::span<const uint32_t>(slots).first(1))),
+      code(engine_->Commit(read->id, tenant_, "s", BlockKey{}, 0, one.tokens, std::span<const uint32_t>(slots).first(1))),
       StatusCode::kNotFound);
   ASSERT_TRUE(engine_->Release(read->id).ok());
 
@@ -1693,7 +1696,7 @@ TEST_F(EngineTest, CommitRejectsBadRequestsAndKeepsTheLease) {
   EXPECT_INVARIANTS();
   // The lease survived every failure intact.
   for (uint32_t i = 0; i < 2; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(slots[i]), c.keys[i]);
-  auto ok = engine_->Commit(w->id, "s", ns_, BlockKey{}, 0, c.tokens, slots);
+  auto ok = engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, slots);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_EQ(ok->stored, 2u);
   ASSERT_TRUE(engine_->Release(w->id).ok());
@@ -1704,20 +1707,20 @@ TEST_F(EngineTest, CommitRejectsBadRequestsAndKeepsTheLease) {
 TEST_F(EngineTest, SessionCallsRejectUnknownSessionsAndBadPriorities) {
   Start(Options(8, 8));
   Put("known", MakeChain(1, 1));
-  EXPECT_EQ(engine_->Evict("nope").code(), StatusCode::kNotFound);
-  EXPECT_EQ(engine_->Demote("nope").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(engine_->Prefetch("nope").status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(engine_->SetPriority("nope", 1).code(), StatusCode::kNotFound);
-  EXPECT_EQ(engine_->GetSession("nope").status().code(), StatusCode::kNotFound);
-  EXPECT_NE(engine_->Evict("nope").message().find("nope"), std::string::npos);
-  EXPECT_EQ(engine_->SetPriority("known", -1).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine_->SetPriority("known", kMaxPriority + 1).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(engine_->SetPriority("known", kMinPriority).ok());
-  EXPECT_TRUE(engine_->SetPriority("known", kMaxPriority).ok());
+  EXPECT_EQ(engine_->Evict(tenant_, "nope").code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->Demote(tenant_, "nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->Prefetch(tenant_, "nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->SetPriority(tenant_, "nope", 1).code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine_->GetSession(tenant_, "nope").status().code(), StatusCode::kNotFound);
+  EXPECT_NE(engine_->Evict(tenant_, "nope").message().find("nope"), std::string::npos);
+  EXPECT_EQ(engine_->SetPriority(tenant_, "known", -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->SetPriority(tenant_, "known", kMaxPriority + 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine_->SetPriority(tenant_, "known", kMinPriority).ok());
+  EXPECT_TRUE(engine_->SetPriority(tenant_, "known", kMaxPriority).ok());
   EXPECT_EQ(engine_->Release(0).code(), StatusCode::kNotFound);
   EXPECT_EQ(engine_->Release(12345).code(), StatusCode::kNotFound);
-  EXPECT_TRUE(engine_->Evict("known").ok());
-  EXPECT_EQ(engine_->Evict("known").code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->Evict(tenant_, "known").ok());
+  EXPECT_EQ(engine_->Evict(tenant_, "known").code(), StatusCode::kNotFound);
   EXPECT_INVARIANTS();
 }
 
@@ -1730,7 +1733,7 @@ TEST_F(EngineTest, RequestSizesAreChecked) {
   const Chain c = MakeChain(1, 5);
   EXPECT_EQ(Get("", c).status().code(), StatusCode::kInvalidArgument) << "5 blocks > max_blocks_per_request";
   const Chain d = MakeChain(2, 2);
-  EXPECT_EQ(engine_->Acquire("", ns_, d.keys, std::span<const TokenId>(d.tokens).first(kBt), true).status().code(),
+  EXPECT_EQ(engine_->Acquire(tenant_, "", d.keys, std::span<const TokenId>(d.tokens).first(kBt), true).status().code(),
             StatusCode::kInvalidArgument)
       << "2 keys need 2 blocks of tokens";
   EXPECT_EQ(engine_->stats().hit_blocks + engine_->stats().miss_blocks, 0u);
@@ -1795,10 +1798,9 @@ class EngineQuotaTest : public EngineTest {
   EngineOptions QuotaOptions(uint32_t gpu_quota, uint32_t host_quota) {
     EngineOptions o = Options(32, 32);
     TenantQuota q;
-    q.ns_tag = NamespaceTag(ns_);
-    q.name = "tenant";
-    q.blocks[static_cast<int>(Tier::kGpu)] = gpu_quota;
-    q.blocks[static_cast<int>(Tier::kHost)] = host_quota;
+    q.tenant = tenant_;
+    q.blocks[Tier::kGpu] = gpu_quota;
+    q.blocks[Tier::kHost] = host_quota;
     o.quotas.push_back(q);
     return o;
   }
@@ -1808,12 +1810,12 @@ class EngineQuotaTest : public EngineTest {
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seed * 100003u + static_cast<TokenId>(i);
     auto w = engine_->Allocate(blocks);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
-    auto r = engine_->Commit(w->id, session, other_, BlockKey{}, 0, tokens, w->slots);
+    auto r = engine_->Commit(w->id, other_, session, BlockKey{}, 0, tokens, w->slots);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE(engine_->Release(w->id).ok());
   }
-  uint32_t Usage(const Namespace& ns, Tier t) { return engine_->tenant_usage(NamespaceTag(ns)).blocks[static_cast<int>(t)]; }
-  const Namespace other_ = Namespace::Make(TestProfile().Fingerprint(), "other tenant");
+  uint32_t Usage(const Namespace& ns, Tier t) { return engine_->tenant_usage(ns).blocks[t]; }
+  const Tenant other_ = Tenant::Make(TestProfile().Fingerprint(), "other tenant");
 };
 
 TEST_F(EngineQuotaTest, AtItsGpuQuotaATenantsOwnColdestBlocksAreDemoted) {
@@ -1825,14 +1827,14 @@ TEST_F(EngineQuotaTest, AtItsGpuQuotaATenantsOwnColdestBlocksAreDemoted) {
   EXPECT_EQ(Usage(ns_, Tier::kGpu), 4u) << "moves count where they land";
   EXPECT_EQ(Usage(ns_, Tier::kHost), 4u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
-  auto s1 = engine_->GetSession("s1");
+  auto s1 = engine_->GetSession(tenant_, "s1");
   ASSERT_TRUE(s1.ok());
-  EXPECT_EQ(s1->blocks_in[static_cast<int>(Tier::kHost)], 4u) << "the colder session made way";
-  auto s2 = engine_->GetSession("s2");
-  EXPECT_EQ(s2->blocks_in[static_cast<int>(Tier::kGpu)], 4u);
-  auto big = engine_->GetSession("big");
-  EXPECT_EQ(big->blocks_in[static_cast<int>(Tier::kGpu)], 6u) << "never another tenant's blocks";
-  EXPECT_EQ(Usage(other_, Tier::kGpu), 6u);
+  EXPECT_EQ(s1->blocks_in[Tier::kHost], 4u) << "the colder session made way";
+  auto s2 = engine_->GetSession(tenant_, "s2");
+  EXPECT_EQ(s2->blocks_in[Tier::kGpu], 4u);
+  auto big = engine_->GetSession(other_, "big");
+  EXPECT_EQ(big->blocks_in[Tier::kGpu], 6u) << "never another tenant's blocks";
+  EXPECT_EQ(Usage(other_.ns, Tier::kGpu), 6u);
   EXPECT_TRUE(freed_.empty()) << "demoted, not lost";
   EXPECT_INVARIANTS();
 }
@@ -1852,7 +1854,7 @@ TEST_F(EngineQuotaTest, AtItsHostQuotaATenantsOwnHostBlocksAreDropped) {
   EXPECT_TRUE(WasFreed(c1.keys[0], true) && WasFreed(c1.keys[1], true));
   EXPECT_EQ(Matched(c2), 2u);
   EXPECT_EQ(Matched(c3), 2u);
-  EXPECT_EQ(Usage(other_, Tier::kGpu), 6u);
+  EXPECT_EQ(Usage(other_.ns, Tier::kGpu), 6u);
   EXPECT_INVARIANTS();
 }
 
@@ -1865,7 +1867,7 @@ TEST_F(EngineQuotaTest, WhenNothingCanMakeRoomTheErrorNamesTheQuota) {
   const Chain c2 = MakeChain(2, 2);
   auto w = engine_->Allocate(2);
   ASSERT_TRUE(w.ok());
-  auto r = engine_->Commit(w->id, "s2", ns_, BlockKey{}, 0, c2.tokens, w->slots);
+  auto r = engine_->Commit(w->id, tenant_, "s2", BlockKey{}, 0, c2.tokens, w->slots);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(r.status().message().find("tenant 'tenant' holds 2 gpu blocks, its quota is 2"), std::string::npos)
@@ -1876,13 +1878,68 @@ TEST_F(EngineQuotaTest, WhenNothingCanMakeRoomTheErrorNamesTheQuota) {
   const Chain c3 = MakeChain(3, 3);
   auto w3 = engine_->Allocate(3);
   ASSERT_TRUE(w3.ok());
-  auto r3 = engine_->Commit(w3->id, "s3", ns_, BlockKey{}, 0, c3.tokens, w3->slots);
+  auto r3 = engine_->Commit(w3->id, tenant_, "s3", BlockKey{}, 0, c3.tokens, w3->slots);
   ASSERT_FALSE(r3.ok());
   EXPECT_NE(r3.status().message().find("commit of 3 new blocks"), std::string::npos) << r3.status().message();
   // Once the lease ends, s1 can make way.
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   Put("s2", c2);
   EXPECT_EQ(Usage(ns_, Tier::kGpu), 2u);
+  EXPECT_INVARIANTS();
+}
+
+// Sessions are named by tenant and id: two tenants may both have a "chat".
+TEST_F(EngineQuotaTest, TwoTenantsWithTheSameSessionIdHaveTwoSessions) {
+  Start(Options(32, 32));
+  Put("chat", MakeChain(1, 3));
+  PutOther("chat", 7, 2);
+  auto mine = engine_->GetSession(tenant_, "chat");
+  auto theirs = engine_->GetSession(other_, "chat");
+  ASSERT_TRUE(mine.ok() && theirs.ok());
+  EXPECT_EQ(mine->blocks, 3u);
+  EXPECT_EQ(theirs->blocks, 2u);
+  EXPECT_EQ(theirs->tenant, "other tenant");
+  const std::vector<SessionInfo> all = engine_->ListSessions();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].tenant, "other tenant") << "ordered by tenant, then id";
+  EXPECT_EQ(all[1].tenant, "tenant");
+  ASSERT_TRUE(engine_->Evict(other_, "chat").ok());
+  EXPECT_EQ(engine_->GetSession(other_, "chat").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->GetSession(tenant_, "chat").ok()) << "the other tenant's eviction left this one";
+  EXPECT_INVARIANTS();
+}
+
+// Quotas and usage belong to the whole namespace: two tenants whose 32-bit
+// index tags collide still have a quota each.
+TEST_F(EngineQuotaTest, TenantsWhoseIndexTagsCollideKeepTheirOwnQuotas) {
+  std::unordered_map<uint32_t, std::string> seen;
+  std::string a, b;
+  for (uint32_t i = 0; a.empty(); ++i) {
+    const std::string name = "t" + std::to_string(i);
+    auto [it, added] = seen.try_emplace(NamespaceTag(Namespace::Make(TestProfile().Fingerprint(), name)), name);
+    if (!added) std::tie(a, b) = std::pair(it->second, name);
+  }
+  const Tenant limited = Tenant::Make(TestProfile().Fingerprint(), a);
+  const Tenant free = Tenant::Make(TestProfile().Fingerprint(), b);
+  ASSERT_EQ(NamespaceTag(limited.ns), NamespaceTag(free.ns));
+  EngineOptions o = Options(32, 32);
+  TenantQuota q;
+  q.tenant = limited;
+  q.blocks[Tier::kGpu] = 2;
+  o.quotas.push_back(q);
+  Start(o);
+  const Chain c = MakeChain(3, 6);
+  std::vector<BlockKey> keys(6);
+  ComputeKeys(free.ns, BlockKey{}, c.tokens, kBt, keys);
+  auto w = engine_->Allocate(6);
+  ASSERT_TRUE(w.ok());
+  auto r = engine_->Commit(w->id, free, "s", BlockKey{}, 0, c.tokens, w->slots);
+  ASSERT_TRUE(r.ok()) << "the limited tenant's quota is not this one's: " << r.status().ToString();
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_EQ(engine_->tenant_usage(free.ns).blocks[Tier::kGpu], 6u);
+  EXPECT_EQ(engine_->tenant_usage(limited.ns).blocks[Tier::kGpu], 0u);
+  EXPECT_EQ(engine_->Match(free.ns, keys, c.tokens), 6u);
+  EXPECT_EQ(engine_->Match(limited.ns, keys, c.tokens), 0u) << "another namespace's blocks never match";
   EXPECT_INVARIANTS();
 }
 
@@ -1901,7 +1958,7 @@ TEST_F(EngineQuotaTest, PromotionStaysWithinTheGpuQuota) {
   EXPECT_EQ(Usage(ns_, Tier::kHost), 2u);
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   // With s2's blocks leased in the GPU tier, s1 is read from the host tier instead.
-  ASSERT_TRUE(engine_->Demote("s1").ok());
+  ASSERT_TRUE(engine_->Demote(tenant_, "s1").ok());
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   auto l2 = Get("s2", c2);
   ASSERT_TRUE(l2.ok());
@@ -1933,7 +1990,7 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
         const Chain c = MakeChain(static_cast<uint32_t>(step + 1), 1 + rng() % 3);
         auto w = engine_->Allocate(c.blocks());
         ASSERT_TRUE(w.ok()) << w.status().ToString();
-        auto r = engine_->Commit(w->id, session, ns_, BlockKey{}, 0, c.tokens, w->slots);
+        auto r = engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, c.tokens, w->slots);
         ASSERT_TRUE(engine_->Release(w->id).ok());
         if (r.ok()) {
           EXPECT_LE(Usage(ns_, Tier::kGpu), 6u) << "step " << step;
@@ -1943,7 +2000,7 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
         break;
       }
       case 2: {
-        auto info = engine_->GetSession(session);
+        auto info = engine_->GetSession(tenant_, session);
         if (!info.ok()) break;
         std::vector<TokenId> tokens;
         for (const BlockKey& k : info->chain) {
@@ -1955,7 +2012,7 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
         // promotions never add to it.
         ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
         const uint32_t before = std::max(Usage(ns_, Tier::kGpu), 6u);
-        auto l = engine_->Acquire(session, ns_, info->chain, tokens, rng() % 2 == 0);
+        auto l = engine_->Acquire(tenant_, session, info->chain, tokens, rng() % 2 == 0);
         ASSERT_TRUE(l.ok()) << l.status().ToString();
         if (l->id != 0) leases.push_back(*l);
         EXPECT_LE(Usage(ns_, Tier::kGpu), before) << "promotions stay within the quota, step " << step;
@@ -1968,18 +2025,18 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
         }
         break;
       default:
-        if (rng() % 2 == 0) (void)engine_->Demote(session); else (void)engine_->Evict(session);
+        if (rng() % 2 == 0) (void)engine_->Demote(tenant_, session); else (void)engine_->Evict(tenant_, session);
         break;
     }
     engine_->Poll();
     EXPECT_LE(Usage(ns_, Tier::kHost), 10u) << "step " << step;
-    const Status st = engine_->CheckInvariants();
+    const Status st = EngineInspector::CheckInvariants(*engine_);
     ASSERT_TRUE(st.ok()) << "step " << step << ": " << st.ToString();
   }
-  auto other = engine_->GetSession("other");
+  auto other = engine_->GetSession(other_, "other");
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(other->blocks, 8u);
-  EXPECT_EQ(Usage(other_, Tier::kGpu) + Usage(other_, Tier::kHost), 8u);
+  EXPECT_EQ(Usage(other_.ns, Tier::kGpu) + Usage(other_.ns, Tier::kHost), 8u);
   for (const ReadLease& l : leases) ASSERT_TRUE(engine_->Release(l.id).ok());
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_INVARIANTS();

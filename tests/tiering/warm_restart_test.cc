@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "engine_check.h"
 #include "kvtier/shm_segment.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"
@@ -42,8 +46,8 @@ WarmManifest Sample() {
     parent = b.key;
     m.blocks.push_back(b);
   }
-  m.sessions.push_back(WarmSession{"acme/chat-1", 3, {0, 1, 2}});
-  m.sessions.push_back(WarmSession{"x", 0, {0}});
+  m.sessions.push_back(WarmSession{"acme", "chat-1", 3, {0, 1, 2}});
+  m.sessions.push_back(WarmSession{"", "x", 0, {0}});
   return m;
 }
 
@@ -64,9 +68,31 @@ TEST(WarmManifestTest, RoundTrips) {
     EXPECT_EQ(d->blocks[i].host_slot, m.blocks[i].host_slot);
   }
   ASSERT_EQ(d->sessions.size(), 2u);
-  EXPECT_EQ(d->sessions[0].id, "acme/chat-1");
+  EXPECT_EQ(d->sessions[0].tenant, "acme");
+  EXPECT_EQ(d->sessions[0].id, "chat-1");
   EXPECT_EQ(d->sessions[0].priority, 3);
   EXPECT_EQ(d->sessions[0].chain, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_EQ(d->sessions[1].tenant, "");
+  EXPECT_EQ(d->sessions[1].id, "x");
+}
+
+// A manifest an older build wrote (format 1) kept the tenant in the id as
+// "<tenant>/<id>": it still decodes, with the tenant split off.
+TEST(WarmManifestTest, AFormat1ManifestDecodesWithTheTenantSplitOffTheId) {
+  WarmManifest m = Sample();
+  m.sessions[0].tenant.clear();
+  m.sessions[0].id = "acme/chat-1";  // As format 1 wrote it; no tenant bytes.
+  std::vector<std::byte> bytes = EncodeWarmManifest(m);
+  uint32_t version = 1;
+  std::memcpy(bytes.data() + 8, &version, sizeof(version));
+  const uint64_t header_checksum = XXH3_64bits(bytes.data(), 120);  // Everything before the field.
+  std::memcpy(bytes.data() + 120, &header_checksum, sizeof(header_checksum));
+  auto d = DecodeWarmManifest(bytes, m.geometry);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_EQ(d->sessions.size(), 2u);
+  EXPECT_EQ(d->sessions[0].tenant, "acme");
+  EXPECT_EQ(d->sessions[0].id, "chat-1");
+  EXPECT_EQ(d->sessions[1].tenant, "");
   EXPECT_EQ(d->sessions[1].id, "x");
 }
 
@@ -84,7 +110,7 @@ TEST(WarmManifestTest, OtherGeometryOrVersionIsAPreconditionFailure) {
     EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition) << d.status().ToString();
   }
   std::vector<std::byte> v = bytes;
-  v[8] = std::byte{2};  // format_version
+  v[8] = std::byte{kWarmFormatVersion + 1};  // format_version
   auto d = DecodeWarmManifest(v, m.geometry);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kFailedPrecondition);
@@ -199,10 +225,11 @@ class WarmAdoptTest : public ::testing::Test {
     auto b = CreateHostBackend(o);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     backend_ = std::move(b).value();
-    ns_ = Namespace::Make(Profile().Fingerprint(), "");
+    tenant_ = Tenant::Make(Profile().Fingerprint(), "");
+    ns_ = tenant_.ns;
   }
   void TearDown() override {
-    if (engine_) EXPECT_TRUE(engine_->CheckInvariants().ok()) << engine_->CheckInvariants().ToString();
+    if (engine_) EXPECT_TRUE(EngineInspector::CheckInvariants(*engine_).ok()) << EngineInspector::CheckInvariants(*engine_).ToString();
     engine_.reset();
     shm_unlink(PoolName().c_str());
     shm_unlink(Manifest().c_str());
@@ -248,7 +275,7 @@ class WarmAdoptTest : public ::testing::Test {
       std::byte* p = engine_->pool(Tier::kGpu).slot_data(w->slots[i]);
       for (size_t j = 0; j < Profile().BlockBytes(); ++j) p[j] = ByteOf(keys[i], j);
     }
-    auto c = engine_->Commit(w->id, session, ns_, BlockKey{}, 0, tokens, w->slots);
+    auto c = engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, tokens, w->slots);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     ASSERT_TRUE(engine_->Release(w->id).ok());
   }
@@ -260,7 +287,7 @@ class WarmAdoptTest : public ::testing::Test {
   // Blocks of `tokens` that Acquire finds, each checked byte for byte after promotion.
   uint32_t VerifiedHits(const std::vector<TokenId>& tokens) {
     const std::vector<BlockKey> keys = Keys(tokens);
-    auto lease = engine_->Acquire("", ns_, keys, tokens);
+    auto lease = engine_->Acquire(tenant_, "", keys, tokens);
     EXPECT_TRUE(lease.ok());
     if (!lease.ok()) return 0;
     EXPECT_TRUE(backend_->Wait(lease->fence, kWait).ok());
@@ -279,13 +306,14 @@ class WarmAdoptTest : public ::testing::Test {
   }
 
   uint32_t SessionBlocks(const std::string& id) {
-    auto s = engine_->GetSession(id);
+    auto s = engine_->GetSession(tenant_, id);
     return s.ok() ? s->blocks : 0;
   }
 
   std::string prefix_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Engine> engine_;
+  Tenant tenant_;
   Namespace ns_;
 };
 
@@ -294,7 +322,7 @@ TEST_F(WarmAdoptTest, CleanRestartAdoptsSessionsIndexAndBytes) {
   const auto a = Tokens(1, 4), b = Tokens(2, 3);
   Put("tenant/a", a);
   Put("b", b);
-  ASSERT_TRUE(engine_->SetPriority("b", 5).ok());
+  ASSERT_TRUE(engine_->SetPriority(tenant_, "b", 5).ok());
   DemoteAll();
   auto saved = engine_->SaveWarm(Manifest(), true);
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
@@ -313,9 +341,9 @@ TEST_F(WarmAdoptTest, CleanRestartAdoptsSessionsIndexAndBytes) {
   EXPECT_EQ(r->dropped_blocks, 0u);
   EXPECT_EQ(r->adopted_sessions, 2u);
   EXPECT_EQ(engine_->stats().warm_adopted_blocks, 7u);
-  EXPECT_EQ(engine_->stats().used[1], 7u);
-  EXPECT_TRUE(engine_->CheckInvariants().ok()) << engine_->CheckInvariants().ToString();
-  auto sb = engine_->GetSession("b");
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 7u);
+  EXPECT_TRUE(EngineInspector::CheckInvariants(*engine_).ok()) << EngineInspector::CheckInvariants(*engine_).ToString();
+  auto sb = engine_->GetSession(tenant_, "b");
   ASSERT_TRUE(sb.ok());
   EXPECT_EQ(sb->priority, 5);
   EXPECT_EQ(sb->chain, Keys(b));
@@ -335,7 +363,7 @@ TEST_F(WarmAdoptTest, CorruptBlockAndItsDescendantsAreDropped) {
   Put("a", a);
   Put("fork", fork);
   DemoteAll();
-  auto info = engine_->GetSession("a");
+  auto info = engine_->GetSession(tenant_, "a");
   ASSERT_TRUE(info.ok());
   ASSERT_TRUE(engine_->SaveWarm(Manifest(), true).ok());
   engine_.reset();
@@ -417,12 +445,12 @@ TEST_F(WarmAdoptTest, SnapshotAfterWhichASlotWasReusedAdoptsOnlyIntactBlocks) {
   ASSERT_TRUE(engine_->SaveWarm(Manifest(), false).ok());  // A periodic snapshot.
   // After it: "a" goes, its host slots take "c"'s blocks; then the daemon dies
   // without another snapshot.
-  ASSERT_TRUE(engine_->Evict("a").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   const auto c = Tokens(3, 2);
   Put("c", c);
-  ASSERT_TRUE(engine_->Demote("c").ok());
+  ASSERT_TRUE(engine_->Demote(tenant_, "c").ok());
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
-  ASSERT_EQ(engine_->stats().used[1], 4u);
+  ASSERT_EQ(engine_->stats().used[Tier::kHost], 4u);
   Restart(4);
   auto r = engine_->AdoptWarm(Manifest());
   ASSERT_TRUE(r.ok());

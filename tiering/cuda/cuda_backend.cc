@@ -17,6 +17,7 @@
 #include "copy_kernels.h"
 #include "copy_planner.h"
 #include "fence_board.h"
+#include "kvtier/shm_names.h"
 #include "kvtier/shm_segment.h"
 #include "kvtier/gpu_pool_handle.h"
 
@@ -189,7 +190,7 @@ class CudaBackendImpl final : public CudaBackend {
     o.replace_existing = options_.replace_stale;
     o.mode = static_cast<mode_t>(options_.segment_mode);
     o.group = static_cast<gid_t>(options_.segment_group);
-    auto fences = ShmSegment::Create("/" + options_.name_prefix + ".fences", sizeof(FenceSegment), o);
+    auto fences = ShmSegment::Create(shm_names::Fences(options_.name_prefix), sizeof(FenceSegment), o);
     if (!fences.ok()) return fences.status();
     board_.emplace(std::move(fences).value());
     return Status::Ok();
@@ -236,7 +237,7 @@ class CudaBackendImpl final : public CudaBackend {
     o.replace_existing = options_.replace_stale;
     o.mode = static_cast<mode_t>(options_.segment_mode);
     o.group = static_cast<gid_t>(options_.segment_group);
-    auto seg = ShmSegment::Create("/" + options_.name_prefix + "." + spec.name, bytes, o);
+    auto seg = ShmSegment::Create(shm_names::Segment(options_.name_prefix, spec.name), bytes, o);
     if (!seg.ok()) return seg.status();
     auto pool = std::make_unique<PinnedHostPool>(spec, std::move(seg).value());
     KVTIER_RETURN_IF_ERROR(pool->Pin(options_.pin_chunk_bytes, options_, spec.name));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fence_board.h"
+#include "kvtier/shm_names.h"
 #include "kvtier/shm_segment.h"
 
 namespace kvtier::tiering {
@@ -85,7 +86,7 @@ class HostBackend final : public Backend {
     if (spec.slot_bytes == 0 || spec.slots == 0) {
       return InvalidArgument("pool '" + spec.name + "' needs slot_bytes > 0 and slots > 0");
     }
-    const std::string name = "/" + options_.name_prefix + "." + spec.name;
+    const std::string name = shm_names::Segment(options_.name_prefix, spec.name);
     const size_t bytes = spec.slot_bytes * spec.slots;
     ShmSegment::CreateOptions o;
     o.populate = options_.populate;
@@ -185,7 +186,7 @@ Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& opt
   o.replace_existing = options.replace_stale;
   o.mode = options.segment_mode;
   o.group = options.segment_group;
-  auto fences = ShmSegment::Create("/" + options.name_prefix + ".fences", sizeof(FenceSegment), o);
+  auto fences = ShmSegment::Create(shm_names::Fences(options.name_prefix), sizeof(FenceSegment), o);
   if (!fences.ok()) return fences.status();
   return std::unique_ptr<Backend>(new HostBackend(options, std::move(fences).value()));
 }

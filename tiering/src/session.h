@@ -1,4 +1,4 @@
-// Session: a client-named chain of blocks (one conversation). Engine-internal.
+// Session: a client-named chain of blocks (one conversation) of one tenant. Engine-internal.
 #pragma once
 
 #include <chrono>
@@ -8,14 +8,16 @@
 
 namespace kvtier::tiering {
 
+struct TenantAccount;
+
 struct Session {
-  std::string id;
-  std::vector<uint32_t> chain;  // Record ids, block 0 first. Each holds one reference.
+  TenantAccount* tenant = nullptr;  // Never null; outlives the session.
+  std::string id;                   // Unique within its tenant.
+  std::vector<uint32_t> chain;      // Record ids, block 0 first. Each holds one reference.
   uint64_t last_use = 0;
   std::chrono::steady_clock::time_point used_at{};  // Wall time of last_use.
   int priority = 0;
   std::chrono::steady_clock::time_point priority_until{};  // When priority goes back to 0; epoch: never.
-  uint32_t ns_tag = 0;
 
   // Owned by the eviction policy.
   Session* lru_prev = nullptr;

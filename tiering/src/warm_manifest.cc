@@ -13,6 +13,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "kvtier/shm_names.h"
+
 namespace kvtier::tiering {
 namespace {
 
@@ -51,13 +53,12 @@ struct WarmSessionEntry {
   uint32_t id_bytes;
   uint32_t chain_len;
   int32_t priority;
-  uint32_t reserved;
+  uint32_t tenant_bytes;  // Format 2; 0 in format 1, whose ids were "<tenant>/<id>".
 };
 static_assert(sizeof(WarmSessionEntry) == 16);
 
 constexpr uint32_t kFlagClean = 1;
 constexpr uint32_t kMaxSessionIdBytes = 1u << 16;
-constexpr char kShmDir[] = "/dev/shm";
 
 size_t Pad8(size_t n) { return (n + 7) & ~size_t{7}; }
 
@@ -123,9 +124,11 @@ std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m) {
     w.Align();
   }
   for (const WarmSession& s : m.sessions) {
-    const WarmSessionEntry e{static_cast<uint32_t>(s.id.size()), static_cast<uint32_t>(s.chain.size()), s.priority, 0};
+    const WarmSessionEntry e{static_cast<uint32_t>(s.id.size()), static_cast<uint32_t>(s.chain.size()), s.priority,
+                             static_cast<uint32_t>(s.tenant.size())};
     w.Put(&e, sizeof(e));
     w.Put(s.id.data(), s.id.size());
+    w.Put(s.tenant.data(), s.tenant.size());
     w.Align();
     w.Put(s.chain.data(), s.chain.size() * sizeof(uint32_t));
     w.Align();
@@ -155,9 +158,10 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
     return Corrupt("warm manifest of " + std::to_string(bytes.size()) + " bytes has no header");
   std::memcpy(&h, bytes.data(), sizeof(h));
   if (h.magic != kWarmMagic) return Corrupt("warm manifest has a bad magic number");
-  if (h.format_version != kWarmFormatVersion || h.header_bytes != sizeof(WarmHeader)) {
+  if (h.format_version < kWarmOldestFormatVersion || h.format_version > kWarmFormatVersion ||
+      h.header_bytes != sizeof(WarmHeader)) {
     return FailedPrecondition("warm manifest format " + std::to_string(h.format_version) + ", this build reads " +
-                              std::to_string(kWarmFormatVersion));
+                              std::to_string(kWarmOldestFormatVersion) + ".." + std::to_string(kWarmFormatVersion));
   }
   if (HeaderChecksum(h) != h.header_checksum) return Corrupt("warm manifest header checksum mismatch");
   if (h.total_bytes != bytes.size()) {
@@ -214,11 +218,22 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
     if (e.id_bytes == 0 || e.id_bytes > kMaxSessionIdBytes)
       return Corrupt(where + " has an id of " + std::to_string(e.id_bytes) + " bytes");
     if (e.chain_len > h.block_count) return Corrupt(where + " has a chain longer than the block list");
+    const uint32_t tenant_bytes = h.format_version >= 2 ? e.tenant_bytes : 0;
+    if (tenant_bytes > kMaxSessionIdBytes) return Corrupt(where + " has a tenant of " + std::to_string(tenant_bytes) + " bytes");
     s.id.resize(e.id_bytes);
+    s.tenant.resize(tenant_bytes);
     s.chain.resize(e.chain_len);
-    if (!r.Get(s.id.data(), e.id_bytes) || !r.Align() || !r.Get(s.chain.data(), e.chain_len * sizeof(uint32_t)) ||
-        !r.Align()) {
+    if (!r.Get(s.id.data(), e.id_bytes) || !r.Get(s.tenant.data(), tenant_bytes) || !r.Align() ||
+        !r.Get(s.chain.data(), e.chain_len * sizeof(uint32_t)) || !r.Align()) {
       return Corrupt(where + " is truncated");
+    }
+    if (h.format_version == 1) {
+      // Format 1 scoped ids by tenant as "<tenant>/<id>".
+      if (const size_t slash = s.id.find('/'); slash != std::string::npos) {
+        s.tenant = s.id.substr(0, slash);
+        s.id.erase(0, slash + 1);
+      }
+      if (s.id.empty()) return Corrupt(where + " has an empty id");
     }
     for (uint32_t b : s.chain) {
       if (b >= h.block_count)
@@ -234,7 +249,7 @@ Status WriteWarmSegment(const std::string& name, std::span<const std::byte> byte
   if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos) {
     return InvalidArgument("warm manifest name '" + name + "' must be '/' followed by non-'/' characters");
   }
-  const std::string tmp = name + ".tmp";
+  const std::string tmp = shm_names::Staging(name);
   const int fd = shm_open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) return Errno("shm_open", tmp);
   size_t done = 0;
@@ -251,7 +266,7 @@ Status WriteWarmSegment(const std::string& name, std::span<const std::byte> byte
   }
   ::close(fd);
   // shm_open names live in /dev/shm on Linux; rename there replaces the old manifest atomically.
-  const std::string from = std::string(kShmDir) + tmp, to = std::string(kShmDir) + name;
+  const std::string from = shm_names::ShmPath(tmp), to = shm_names::ShmPath(name);
   if (::rename(from.c_str(), to.c_str()) != 0) {
     Status st = Errno("rename", from);
     shm_unlink(tmp.c_str());

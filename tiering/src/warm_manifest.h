@@ -3,13 +3,14 @@
 //
 // The manifest lists the blocks that sit in the host pool (key, parent key,
 // namespace, tokens, host slot, XXH3-64 of the payload) and the sessions that
-// hold them (id, priority, chain as indices into the block list), sessions
+// hold them (tenant, id, priority, chain as indices into the block list), sessions
 // coldest first. Blocks come in chain order: a block's parent, if listed, comes
 // before it. The pool itself is a separate segment that outlives the daemon.
 //
 // Format (little-endian, no pointers): a 128-byte WarmHeader, then the block
 // entries (WarmBlockEntry + block_tokens token ids each), then the sessions
-// (WarmSessionEntry + id bytes + chain indices, each padded to 8 bytes). The
+// (WarmSessionEntry + id bytes + tenant bytes, padded to 8 bytes, + chain
+// indices, padded to 8 bytes). The
 // header carries an XXH3-64 of everything after it and of its own first bytes.
 //
 // A segment is written whole under a temporary name and renamed over the old
@@ -29,7 +30,10 @@
 namespace kvtier::tiering {
 
 inline constexpr uint64_t kWarmMagic = 0x314d5241574b544bULL;  // "KTKWARM1"
-inline constexpr uint32_t kWarmFormatVersion = 1;
+// Format 2 stores each session's tenant apart from its id; format 1 (read
+// still) wrote "<tenant>/<id>" as the id.
+inline constexpr uint32_t kWarmFormatVersion = 2;
+inline constexpr uint32_t kWarmOldestFormatVersion = 1;
 
 // What must be equal between the run that wrote a manifest and the run that adopts it.
 struct WarmGeometry {
@@ -50,7 +54,8 @@ struct WarmBlock {
 };
 
 struct WarmSession {
-  std::string id;  // Opaque (may hold a tenant prefix "<tenant>/<id>").
+  std::string tenant;  // Its tenant's name; the tenant's namespace is its blocks'.
+  std::string id;
   int32_t priority = 0;
   std::vector<uint32_t> chain;  // Indices into WarmManifest::blocks, block 0 first.
 };

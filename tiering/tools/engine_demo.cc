@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "engine_check.h"
 #include "kvtier/block_key.h"
+#include "kvtier/shm_names.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"
 
@@ -25,7 +27,7 @@ void Die(const Status& st) {
 void PrintStats(const Engine& e, const char* when) {
   const EngineStats s = e.stats();
   std::printf("  [%s] gpu %u/%u  host %u/%u  blocks %u  sessions %u  hits %llu  misses %llu  demoted %llu  promoted %llu  dropped %llu\n",
-              when, s.used[0], s.slots[0], s.used[1], s.slots[1], s.blocks, s.sessions,
+              when, s.used[Tier::kGpu], s.slots[Tier::kGpu], s.used[Tier::kHost], s.slots[Tier::kHost], s.blocks, s.sessions,
               static_cast<unsigned long long>(s.hit_blocks), static_cast<unsigned long long>(s.miss_blocks),
               static_cast<unsigned long long>(s.demoted_blocks), static_cast<unsigned long long>(s.promoted_blocks),
               static_cast<unsigned long long>(s.dropped_blocks));
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
   o.profile = ModelProfile{"demo-llama", 4, 2, 64, DType::kF16, 16};
   o.gpu_slots = 48;
   o.host_slots = 256;
-  o.index_segment = "/" + prefix + ".index";
+  o.index_segment = shm_names::Index(prefix, o.name);
   auto engine_or = Engine::Create(o, **backend);
   if (!engine_or.ok()) Die(engine_or.status());
   Engine& engine = **engine_or;
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
   std::printf("tiers: gpu %u slots, host %u slots (%.1f MiB + %.1f MiB)\n", o.gpu_slots, o.host_slots,
               o.gpu_slots * o.profile.BlockBytes() / 1048576.0, o.host_slots * o.profile.BlockBytes() / 1048576.0);
 
-  const Namespace ns = Namespace::Make(o.profile.Fingerprint(), "demo-tenant");
+  const Tenant tenant = Tenant::Make(o.profile.Fingerprint(), "demo-tenant");
   const uint32_t bt = o.profile.block_tokens;
   std::vector<TokenId> system_prompt(4 * bt);
   for (size_t i = 0; i < system_prompt.size(); ++i) system_prompt[i] = 1000 + static_cast<TokenId>(i);
@@ -83,8 +85,8 @@ int main(int argc, char** argv) {
       for (uint32_t i = 0; i < 2 * bt; ++i) h.push_back(static_cast<TokenId>(s * 100000 + turn * 1000 + i));
       const size_t full = h.size() / bt;
       std::vector<BlockKey> keys(full);
-      ComputeKeys(ns, BlockKey{}, h, bt, keys);
-      auto lease = engine.Acquire(sid, ns, keys, std::span<const TokenId>(h.data(), full * bt));
+      ComputeKeys(tenant.ns, BlockKey{}, h, bt, keys);
+      auto lease = engine.Acquire(tenant, sid, keys, std::span<const TokenId>(h.data(), full * bt));
       if (!lease.ok()) Die(lease.status());
       if (!lease->fence.IsNull()) (void)(*backend)->Wait(lease->fence, std::chrono::seconds(5));
       const uint32_t hit = static_cast<uint32_t>(lease->blocks.size());
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
           std::memset(engine.pool(Tier::kGpu).slot_data(w->slots[i]), static_cast<int>(hit + i), o.profile.BlockBytes());
         }
         const BlockKey parent = hit == 0 ? BlockKey{} : keys[hit - 1];
-        auto c = engine.Commit(w->id, sid, ns, parent, hit,
+        auto c = engine.Commit(w->id, tenant, sid, parent, hit,
                                std::span<const TokenId>(h.data() + size_t{hit} * bt, size_t{fresh} * bt), w->slots);
         if (!c.ok()) Die(c.status());
         (void)engine.Release(w->id);
@@ -114,10 +116,10 @@ int main(int argc, char** argv) {
   }
   std::printf("sessions:\n");
   for (const SessionInfo& s : engine.ListSessions()) {
-    std::printf("  %-8s %3u blocks (%u gpu, %u host), %llu tokens\n", s.id.c_str(), s.blocks, s.blocks_in[0],
-                s.blocks_in[1], static_cast<unsigned long long>(s.tokens));
+    std::printf("  %-8s %3u blocks (%u gpu, %u host), %llu tokens\n", s.id.c_str(), s.blocks, s.blocks_in[Tier::kGpu],
+                s.blocks_in[Tier::kHost], static_cast<unsigned long long>(s.tokens));
   }
-  const Status inv = engine.CheckInvariants();
+  const Status inv = EngineInspector::CheckInvariants(engine);
   std::printf("prompt tokens %llu, served from cache %llu (hit rate %.1f%%); invariants: %s\n",
               static_cast<unsigned long long>(prompt_tokens), static_cast<unsigned long long>(cached_tokens),
               100.0 * static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens), inv.ToString().c_str());

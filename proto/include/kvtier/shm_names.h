@@ -23,6 +23,12 @@ namespace kvtier::shm_names {
 // Where Linux keeps POSIX shared-memory objects as files.
 inline constexpr std::string_view kShmDir = "/dev/shm";
 
+// "/<instance>.<object>": the segment of one object of an instance. Backends
+// name their pools this way from PoolSpec::name (PoolObject for the engine's).
+std::string Segment(std::string_view instance, std::string_view object);
+// "<profile>.<tier>": the object name of a profile's pool in `tier`.
+std::string PoolObject(std::string_view profile, Tier tier);
+
 std::string Fences(std::string_view instance);
 std::string Pool(std::string_view instance, std::string_view profile, Tier tier);
 std::string Index(std::string_view instance, std::string_view profile);

@@ -28,7 +28,7 @@ struct PoolSpec {
   Tier tier = Tier::kGpu;
   size_t slot_bytes = 0;
   uint32_t slots = 0;
-  std::string name;  // Unique within the backend; used to name shared segments.
+  std::string name;  // Unique within the backend: its segment is shm_names::Segment(prefix, name).
   // Host backend: the pool's segment outlives the daemon (it is never unlinked),
   // and an existing segment of that name and size is adopted with its contents
   // (Pool::adopted()); one of another size is replaced. Other backends ignore it.

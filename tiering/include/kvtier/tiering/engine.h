@@ -5,7 +5,8 @@
 // and the mover. Every method is called from one thread (the daemon's event loop);
 // the backend copies in the background and Poll() applies finished copies.
 //
-// Invariants the engine keeps (CheckInvariants verifies them):
+// Invariants the engine keeps (the test-only checker in tiering/src/engine_check.h
+// verifies them):
 //  - a block is in exactly one tier, or moving with a slot in each;
 //  - a leased block is never moved or freed, and a moving block stays readable
 //    in its source tier until its copy's fence completes;
@@ -27,6 +28,7 @@
 #include "kvtier/index_layout.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
+#include "kvtier/tier.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/policy.h"
 
@@ -34,17 +36,26 @@ namespace kvtier::tiering {
 
 using LeaseId = uint64_t;
 
-// A tenant's block quota per tier in one engine (0 = unlimited). The tenant is
-// its namespace tag (NamespaceTag of its Namespace for this profile).
+// A tenant of one engine: the namespace that scopes its block keys and its
+// sessions, and its name (for errors and listings). Tenants are told apart by
+// their whole namespace; a session is named by its tenant and its id.
+struct Tenant {
+  Namespace ns;
+  std::string name;
+
+  // Tenant `name` of the profile whose fingerprint is `profile_fingerprint`.
+  static Tenant Make(uint64_t profile_fingerprint, std::string name);
+};
+
+// A tenant's block quota per tier in one engine (0 = unlimited).
 struct TenantQuota {
-  uint32_t ns_tag = 0;
-  std::string name;                      // For errors: "tenant 'acme'".
-  uint32_t blocks[kTierCount] = {0, 0};  // Indexed by Tier.
+  Tenant tenant;
+  PerTier<uint32_t> blocks;
 };
 
 // Blocks a tenant holds per tier; a block in flight counts in its destination.
 struct TenantUsage {
-  uint32_t blocks[kTierCount] = {0, 0};
+  PerTier<uint32_t> blocks;
 };
 
 struct EngineOptions {
@@ -63,7 +74,7 @@ struct EngineOptions {
   // sessions out through max_sessions.
   uint32_t max_sessions_per_tenant = 0;
   uint32_t max_blocks_per_request = 1 << 16;
-  std::string name = "default";      // Pool names "<name>.gpu" / "<name>.host".
+  std::string name = "default";      // The profile's name: pool objects are shm_names::PoolObject(name, tier).
   std::string index_segment;         // Shared-memory name of the index ("/..."); required.
   uint32_t segment_mode = 0600;      // The index segment's mode and group (0xffffffff: the creator's).
   uint32_t segment_group = 0xffffffffu;
@@ -101,18 +112,19 @@ struct ReadLease {
 };
 
 struct CommitResult {
-  uint32_t stored = 0;      // New blocks published.
+  uint32_t stored = 0;      // New blocks published (duplicates not counted).
   uint32_t duplicates = 0;  // Blocks that were already cached; their slots were freed.
 };
 
 struct SessionInfo {
+  std::string tenant;  // Its tenant's name.
+  Namespace ns;        // Its tenant's namespace.
   std::string id;
-  uint32_t ns_tag = 0;
   int priority = 0;
   uint64_t last_use = 0;  // Engine clock ticks; larger is more recent.
   uint64_t idle_ms = 0;   // Milliseconds since the session was last used.
   uint32_t blocks = 0;
-  uint32_t blocks_in[kTierCount] = {0, 0};
+  PerTier<uint32_t> blocks_in;
   uint32_t moving = 0;
   uint64_t tokens = 0;
   std::vector<BlockKey> chain;  // Filled by GetSession only.
@@ -120,8 +132,8 @@ struct SessionInfo {
 };
 
 struct EngineStats {
-  uint32_t slots[kTierCount] = {0, 0};
-  uint32_t used[kTierCount] = {0, 0};
+  PerTier<uint32_t> slots;
+  PerTier<uint32_t> used;
   uint32_t blocks = 0;
   uint32_t sessions = 0;
   uint32_t read_leases = 0;
@@ -204,7 +216,8 @@ class Engine {
   // keyed `parent` (so a chain never has gaps or repeats).
   // A key already cached keeps its first copy and the duplicate slot is freed.
   // Committed slots leave the lease; the rest stay reserved until Release.
-  Result<CommitResult> Commit(LeaseId lease, std::string_view session, const Namespace& ns,
+  // The session is `tenant`'s: the keys are chained in its namespace.
+  Result<CommitResult> Commit(LeaseId lease, const Tenant& tenant, std::string_view session,
                               const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
                               std::span<const uint32_t> slots);
 
@@ -216,12 +229,13 @@ class Engine {
   // Leases the longest cached prefix for reading. With `promote`, blocks in the
   // host tier are copied to the GPU tier and the lease's fence completes when they
   // land; the lease stops early if the GPU tier has no room. With a session name,
-  // the session's chain becomes the matched prefix (cut or extended).
+  // the session (of `tenant`, whose namespace the keys are in) has its chain
+  // become the matched prefix (cut or extended).
   // If the GPU tier has no room for every promotion, Acquire demotes colder
   // blocks and waits (up to 200 ms per copy batch) for them to land; a daemon
   // asks AcquireNeedsRoom first and retries later instead, so that it never
   // waits here.
-  Result<ReadLease> Acquire(std::string_view session, const Namespace& ns, std::span<const BlockKey> keys,
+  Result<ReadLease> Acquire(const Tenant& tenant, std::string_view session, std::span<const BlockKey> keys,
                             std::span<const TokenId> tokens, bool promote = true);
   // True if an Acquire of `keys` now would wait for GPU slots to promote its
   // host-tier blocks into, which demotions in flight (scheduled here if
@@ -233,14 +247,18 @@ class Engine {
   Status Release(LeaseId lease);
 
   // --- Sessions -------------------------------------------------------------
-  Status Evict(std::string_view session);
-  Result<uint32_t> Demote(std::string_view session);    // Blocks scheduled gpu->host.
-  Result<uint32_t> Prefetch(std::string_view session);  // Blocks scheduled host->gpu.
+  // A session is named by its tenant (its namespace) and its id; kNotFound
+  // when that tenant has no session of that id.
+  Status Evict(const Tenant& tenant, std::string_view session);
+  Result<uint32_t> Demote(const Tenant& tenant, std::string_view session);    // Blocks scheduled gpu->host.
+  Result<uint32_t> Prefetch(const Tenant& tenant, std::string_view session);  // Blocks scheduled host->gpu.
   // With a ttl > 0, the priority goes back to 0 at the first Tick (or
   // ExpirePriorities) after `ttl`; a later SetPriority replaces the deadline
   // (without a ttl: none). kInvalidArgument for a ttl < 0 or > kMaxPriorityTtl.
-  Status SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl = {});
-  Result<SessionInfo> GetSession(std::string_view session) const;
+  Status SetPriority(const Tenant& tenant, std::string_view session, int priority,
+                     std::chrono::milliseconds ttl = {});
+  Result<SessionInfo> GetSession(const Tenant& tenant, std::string_view session) const;
+  // Every session, ordered by tenant name, then id.
   std::vector<SessionInfo> ListSessions() const;
 
   // --- Background -----------------------------------------------------------
@@ -287,13 +305,13 @@ class Engine {
   EngineStats stats() const;
   // True while any copy this engine submitted has not been applied by Poll.
   bool CopiesInFlight() const;
-  // Blocks of the tenant with namespace tag `ns_tag` per tier.
-  TenantUsage tenant_usage(uint32_t ns_tag) const;
-  // Full consistency check (slot ownership, index, references); for tests. O(state).
-  Status CheckInvariants() const;
+  // Blocks of the tenant with namespace `ns` per tier.
+  TenantUsage tenant_usage(const Namespace& ns) const;
+
+  struct Impl;  // tiering/src/engine_impl.h
 
  private:
-  struct Impl;
+  friend class EngineInspector;  // tiering/src/engine_check.h: the invariant checker.
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine_check.h"
 #include "kvtier/block_key.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"
@@ -36,7 +37,7 @@ using testing::FillPayload;
 using testing::PayloadIntact;
 
 struct Conversation {
-  Namespace ns;
+  Tenant tenant;
   std::vector<TokenId> tokens;  // kMaxBlocks blocks.
   std::vector<BlockKey> keys;
 };
@@ -76,12 +77,12 @@ class EngineModel {
     bytes_ = o.profile.BlockBytes();
 
     const uint64_t fp = o.profile.Fingerprint();
-    const Namespace tenants[2] = {Namespace::Make(fp, "tenant-a"), Namespace::Make(fp, "tenant-b")};
+    const Tenant tenants[2] = {Tenant::Make(fp, "tenant-a"), Tenant::Make(fp, "tenant-b")};
     std::vector<TokenId> system(kSystemBlocks * kBlockTokens);
     for (auto& t : system) t = static_cast<TokenId>(rng_() % 50000);
     for (int c = 0; c < kConversations; ++c) {
       Conversation conv;
-      conv.ns = tenants[c % 5 == 4 ? 1 : 0];
+      conv.tenant = tenants[c % 5 == 4 ? 1 : 0];
       // Most conversations share a system prompt; conversation pairs share more.
       if (c % 3 != 0) conv.tokens = system;
       if (c % 2 == 1 && !convs_.empty()) {
@@ -90,7 +91,7 @@ class EngineModel {
       }
       while (conv.tokens.size() < kMaxBlocks * kBlockTokens) conv.tokens.push_back(static_cast<TokenId>(rng_() % 50000));
       conv.keys.resize(kMaxBlocks);
-      ComputeKeys(conv.ns, BlockKey{}, conv.tokens, kBlockTokens, conv.keys);
+      ComputeKeys(conv.tenant.ns, BlockKey{}, conv.tokens, kBlockTokens, conv.keys);
       convs_.push_back(std::move(conv));
     }
   }
@@ -114,7 +115,7 @@ class EngineModel {
     const Conversation& c = convs_[ci];
     const std::string sid = "conv-" + std::to_string(ci);
     const uint32_t expect = RefPrefix(c, n);
-    auto lease = engine_->Acquire(sid, c.ns, std::span(c.keys).first(n), TokensOf(c, 0, n), promote);
+    auto lease = engine_->Acquire(c.tenant, sid, std::span(c.keys).first(n), TokensOf(c, 0, n), promote);
     ASSERT_TRUE(lease.ok()) << Where() << ": " << lease.status().ToString();
     ASSERT_EQ(lease->matched, expect) << Where() << ": acquire hit length differs from the model";
     ASSERT_LE(lease->blocks.size(), lease->matched);
@@ -144,7 +145,7 @@ class EngineModel {
           FillPayload(c.keys[start + i], engine_->pool(Tier::kGpu).slot_data(w->slots[i]), bytes_);
         }
         const BlockKey parent = start == 0 ? BlockKey{} : c.keys[start - 1];
-        auto r = engine_->Commit(w->id, sid, c.ns, parent, start, TokensOf(c, start, n), w->slots);
+        auto r = engine_->Commit(w->id, c.tenant, sid, parent, start, TokensOf(c, start, n), w->slots);
         ASSERT_TRUE(r.ok()) << Where() << ": " << r.status().ToString();
         ASSERT_EQ(r->stored + r->duplicates, fresh) << Where();
         ASSERT_TRUE(engine_->Release(w->id).ok());
@@ -176,7 +177,7 @@ class EngineModel {
   void CheckStep() {
     ApplyFrees();
     if (HasFatalFailure()) return;
-    const Status inv = engine_->CheckInvariants();
+    const Status inv = EngineInspector::CheckInvariants(*engine_);
     ASSERT_TRUE(inv.ok()) << Where() << ": " << inv.ToString();
     // Held leases: bytes never move out from under a reader.
     for (const HeldLease& h : held_) {
@@ -188,10 +189,10 @@ class EngineModel {
     // Same hits as the model, for a few conversations (and across tenants: none).
     for (int k = 0; k < 3; ++k) {
       const Conversation& c = convs_[rng_() % convs_.size()];
-      ASSERT_EQ(engine_->Match(c.ns, c.keys, c.tokens), RefPrefix(c, kMaxBlocks)) << Where();
+      ASSERT_EQ(engine_->Match(c.tenant.ns, c.keys, c.tokens), RefPrefix(c, kMaxBlocks)) << Where();
       const Conversation& other = convs_[rng_() % convs_.size()];
-      if (!(other.ns == c.ns)) {
-        ASSERT_EQ(engine_->Match(other.ns, c.keys, c.tokens), 0u) << Where() << ": cross-tenant hit";
+      if (!(other.tenant.ns == c.tenant.ns)) {
+        ASSERT_EQ(engine_->Match(other.tenant.ns, c.keys, c.tokens), 0u) << Where() << ": cross-tenant hit";
       }
     }
   }
@@ -213,17 +214,17 @@ class EngineModel {
           held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
         }
       } else if (op < 72) {
-        auto r = engine_->Demote(sid);
+        auto r = engine_->Demote(convs_[ci].tenant, sid);
         ASSERT_TRUE(r.ok() || r.status().code() == StatusCode::kNotFound) << Where() << r.status().ToString();
         stats_.demote_calls += r.ok();
       } else if (op < 78) {
-        auto r = engine_->Prefetch(sid);
+        auto r = engine_->Prefetch(convs_[ci].tenant, sid);
         ASSERT_TRUE(r.ok() || r.status().code() == StatusCode::kNotFound) << Where() << r.status().ToString();
       } else if (op < 83) {
-        const Status st = engine_->Evict(sid);
+        const Status st = engine_->Evict(convs_[ci].tenant, sid);
         ASSERT_TRUE(st.ok() || st.code() == StatusCode::kNotFound) << Where() << st.ToString();
       } else if (op < 86) {
-        const Status st = engine_->SetPriority(sid, static_cast<int>(rng_() % 4));
+        const Status st = engine_->SetPriority(convs_[ci].tenant, sid, static_cast<int>(rng_() % 4));
         ASSERT_TRUE(st.ok() || st.code() == StatusCode::kNotFound) << Where() << st.ToString();
       } else if (op < 96) {
         engine_->Tick();
@@ -249,13 +250,13 @@ class EngineModel {
     }
     for (const HeldLease& h : held_) ASSERT_TRUE(engine_->Release(h.id).ok());
     held_.clear();
-    for (const SessionInfo& s : engine_->ListSessions()) ASSERT_TRUE(engine_->Evict(s.id).ok());
+    for (const SessionInfo& s : engine_->ListSessions()) ASSERT_TRUE(engine_->Evict(Tenant{s.ns, s.tenant}, s.id).ok());
     ASSERT_TRUE(engine_->WaitIdle(std::chrono::seconds(10)).ok());
     ApplyFrees();
-    ASSERT_TRUE(engine_->CheckInvariants().ok());
+    ASSERT_TRUE(EngineInspector::CheckInvariants(*engine_).ok());
     const EngineStats s = engine_->stats();
-    EXPECT_EQ(s.used[0], 0u) << "gpu slots leaked";
-    EXPECT_EQ(s.used[1], 0u) << "host slots leaked";
+    EXPECT_EQ(s.used[Tier::kGpu], 0u) << "gpu slots leaked";
+    EXPECT_EQ(s.used[Tier::kHost], 0u) << "host slots leaked";
     EXPECT_EQ(s.blocks, 0u);
     EXPECT_TRUE(present_.empty()) << present_.size() << " blocks the model holds were never reported freed";
     engine_stats_ = s;

@@ -1,0 +1,47 @@
+#include "block_table.h"
+
+namespace kvtier::tiering {
+
+BlockTable::BlockTable(BlockIndex index, uint32_t gpu_slots, uint32_t host_slots)
+    : index_(std::move(index)), slots_{{SlotAllocator(gpu_slots), SlotAllocator(host_slots)}} {
+  const uint32_t n = gpu_slots + host_slots;
+  records_.resize(n);
+  free_.reserve(n);
+  for (uint32_t r = n; r > 0; --r) free_.push_back(r - 1);
+}
+
+uint32_t BlockTable::Publish(const BlockKey& key, const BlockKey& parent, std::span<const TokenId> tokens,
+                             TenantAccount& tenant, Tier tier, uint32_t slot) {
+  const uint32_t r = free_.back();
+  free_.pop_back();
+  Record& rec = records_[r];
+  rec = Record{};
+  rec.key = key;
+  rec.slot = slot;
+  rec.tier = tier;
+  rec.state = BlockState::kReady;
+  rec.tenant = &tenant;
+  index_.WriteRow(r, parent, tokens);
+  index_.Insert(key, r, NamespaceTag(tenant.tenant.ns), tier);
+  tenant.Published(tier);
+  return r;
+}
+
+void BlockTable::Unpublish(uint32_t r) {
+  Record& rec = records_[r];
+  index_.Erase(rec.key);
+  rec.tenant->Unpublished(rec.tier, rec.moving());
+  if (rec.moving()) {
+    rec.doomed = true;  // The copy completes later; then both slots come free.
+    return;
+  }
+  slots_[rec.tier].Free(rec.slot);
+  Retire(r);
+}
+
+void BlockTable::Retire(uint32_t r) {
+  records_[r].state = BlockState::kFree;
+  free_.push_back(r);
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,113 @@
+#include "engine_check.h"
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "engine_impl.h"
+
+namespace kvtier::tiering {
+namespace {
+
+Status Fail(const std::string& what) { return Internal("invariant: " + what); }
+
+struct Counts {
+  PerTier<uint32_t> blocks;
+  PerTier<uint32_t> moving_to;
+  uint32_t sessions = 0;
+};
+
+}  // namespace
+
+Status EngineInspector::CheckInvariants(const Engine& engine) {
+  const Engine::Impl& m = *engine.impl_;
+  const BlockTable& blocks = m.blocks;
+  PerTier<std::vector<uint8_t>> owned;
+  for (Tier t : kTiers) owned[t].resize(m.slots(t).capacity());
+  auto own = [&](Tier t, uint32_t slot, const char* who) -> Status {
+    auto& v = owned[t];
+    if (slot >= v.size()) return Fail(std::string(who) + " holds an out-of-range slot");
+    if (v[slot]++) return Fail(std::string(who) + " shares " + TierName(t) + " slot " + std::to_string(slot));
+    if (!m.slots(t).in_use(slot)) return Fail(std::string(who) + " holds a free slot");
+    return Status::Ok();
+  };
+  std::vector<uint32_t> refs(blocks.capacity(), 0), readers(blocks.capacity(), 0);
+  std::unordered_map<const TenantAccount*, Counts> counts;
+  Status st;
+  m.sessions.ForEach([&](const Session& s) {
+    if (!st.ok()) return;
+    ++counts[s.tenant].sessions;
+    std::unordered_set<uint32_t> seen;
+    for (uint32_t r : s.chain) {
+      if (blocks[r].state == BlockState::kFree || blocks[r].doomed) {
+        st = Fail("session '" + s.id + "' holds a dead block");
+        return;
+      }
+      if (!seen.insert(r).second) {
+        st = Fail("session '" + s.id + "' holds a block twice");
+        return;
+      }
+      ++refs[r];
+    }
+  });
+  KVTIER_RETURN_IF_ERROR(st);
+  for (const auto& [id, lease] : m.leases) {
+    if (const auto* write = std::get_if<WriteSlots>(&lease)) {
+      for (uint32_t slot : write->slots) KVTIER_RETURN_IF_ERROR(own(Tier::kGpu, slot, "a write lease"));
+    } else {
+      for (uint32_t r : std::get<ReadRecords>(lease).records) ++readers[r];
+    }
+  }
+  uint32_t live = 0, demoting = 0, doomed = 0;
+  for (uint32_t r = 0; r < blocks.capacity(); ++r) {
+    const Record& rec = blocks[r];
+    if (rec.state == BlockState::kFree) continue;
+    KVTIER_RETURN_IF_ERROR(own(rec.tier, rec.slot, "a block"));
+    if (rec.moving()) KVTIER_RETURN_IF_ERROR(own(OtherTier(rec.tier), rec.dst_slot, "a moving block"));
+    if (rec.state == BlockState::kDemoting) ++demoting;
+    const std::string name = "block " + rec.key.ToHex();
+    if (rec.refs != refs[r]) {
+      return Fail(name + " counts " + std::to_string(rec.refs) + " refs, has " + std::to_string(refs[r]));
+    }
+    if (rec.readers != readers[r]) return Fail(name + " reader count is off");
+    if (rec.doomed) {
+      if (!rec.moving()) return Fail("a doomed block is not moving");
+      if (blocks.index().Find(rec.key) == r) return Fail("a doomed block is still indexed");
+      ++doomed;
+      continue;
+    }
+    if (!rec.held()) return Fail(name + " is held by no one");
+    if (blocks.index().Find(rec.key) != r) return Fail(name + " is not indexed under its key");
+    Counts& c = counts[rec.tenant];
+    ++c.blocks[rec.tier];
+    if (rec.moving()) ++c.moving_to[OtherTier(rec.tier)];
+    ++live;
+  }
+  m.tenants.ForEach([&](const TenantAccount& a) {
+    if (!st.ok()) return;
+    const Counts& want = counts[&a];
+    if (a.blocks != want.blocks || a.moving_to != want.moving_to) {
+      st = Fail("tenant usage of '" + a.tenant.name + "' is off");
+    } else if (a.sessions != want.sessions) {
+      st = Fail("session count of tenant '" + a.tenant.name + "' is off");
+    }
+  });
+  KVTIER_RETURN_IF_ERROR(st);
+  if (live != blocks.index().size()) {
+    return Fail("index holds " + std::to_string(blocks.index().size()) + " entries for " + std::to_string(live) +
+                " blocks");
+  }
+  if (demoting != m.mover.demoting()) return Fail("demotion count is off");
+  for (Tier t : kTiers) {
+    uint32_t n = 0;
+    for (uint8_t o : owned[t]) n += o;
+    if (n != m.slots(t).used()) {
+      return Fail(std::string(TierName(t)) + " tier leaks " + std::to_string(m.slots(t).used() - n) + " slots");
+    }
+  }
+  if (blocks.free_records() + live + doomed != blocks.capacity()) return Fail("block records leak");
+  return Status::Ok();
+}
+
+}  // namespace kvtier::tiering

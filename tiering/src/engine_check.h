@@ -1,0 +1,19 @@
+// EngineInspector: the engine's full consistency check, for tests and the
+// engine demo. O(state); never called while serving.
+#pragma once
+
+#include "kvtier/status.h"
+#include "kvtier/tiering/engine.h"
+
+namespace kvtier::tiering {
+
+class EngineInspector {
+ public:
+  // Verifies the invariants of engine.h and of its parts (block_table.h,
+  // mover.h, tenant_ledger.h): slot ownership, references and readers, the
+  // index, tenant counts, the demotion count, record leaks. kInternal naming
+  // the first one broken.
+  static Status CheckInvariants(const Engine& engine);
+};
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,111 @@
+// Engine::Impl: the engine's state, composed of one part per concept, and the
+// reference counting that ties blocks to the sessions and leases holding them.
+//
+//   block_table.h    blocks: records, states, slots, the shared index, Publish
+//   mover.h          copies between tiers: batches, fences, completion
+//   tenant_ledger.h  tenants: usage per tier, quotas, sessions, room checks
+//   session_table.h  sessions by (tenant, id), the eviction order, priorities
+//   reclaim.h        making room: demote coldest, drop, watermarks, quota room
+//   warm_restart.cc  saving and adopting the host tier across restarts
+//   engine_check.h   the invariant checker (tests)
+//   engine.cc        creation and the request API
+//
+// Everything runs on the engine's thread (see engine.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "block_table.h"
+#include "kvtier/tiering/engine.h"
+#include "mover.h"
+#include "reclaim.h"
+#include "session_table.h"
+#include "tenant_ledger.h"
+
+namespace kvtier::tiering {
+
+// Why a block leaves the cache: its last holder let go, or pressure pushed it
+// out (counted as dropped_blocks and reported to on_free as dropped).
+enum class FreeReason : uint8_t { kReleased, kPressure };
+// Why a session ends: evicted (by a client, or past max_sessions), or emptied
+// by pressure (its last blocks were dropped).
+enum class SessionEnd : uint8_t { kEvicted, kEmptied };
+
+// A write lease reserves GPU slots for the caller to write into; a read lease
+// pins blocks (each counted in its record's `readers`).
+struct WriteSlots {
+  std::vector<uint32_t> slots;
+};
+struct ReadRecords {
+  std::vector<uint32_t> records;
+};
+using Lease = std::variant<WriteSlots, ReadRecords>;
+
+struct Engine::Impl {
+  Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
+      : opt(o), backend(b), blocks(std::move(index), o.gpu_slots, o.host_slots), sessions(std::move(policy)),
+        mover(b, pools, blocks), reclaim(*this) {}
+
+  EngineOptions opt;
+  Backend& backend;
+  PerTier<std::unique_ptr<Pool>> pools;  // Before the mover: copies in flight target them.
+  BlockTable blocks;
+  TenantLedger tenants;
+  SessionTable sessions;
+  Mover mover;
+  Reclaimer reclaim;
+  std::unordered_map<LeaseId, Lease> leases;
+  LeaseId next_lease = 1;
+  uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
+  uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
+  uint64_t saved_changes = 0;
+  EngineStats st;
+
+  uint32_t bt() const { return opt.profile.block_tokens; }
+  SlotAllocator& slots(Tier t) { return blocks.slots(t); }
+  const SlotAllocator& slots(Tier t) const { return blocks.slots(t); }
+  // Warm-snapshot dirtiness: request changes plus the copies the mover applied.
+  uint64_t change_count() const { return changes + mover.demoted() + mover.promoted(); }
+
+  // --- References ----------------------------------------------------------------
+  void Ref(uint32_t r) { ++blocks[r].refs; }
+  void Unref(uint32_t r, FreeReason why) {
+    --blocks[r].refs;
+    MaybeFree(r, why);
+  }
+  // Frees the block once neither a session nor a lease holds it.
+  void MaybeFree(uint32_t r, FreeReason why);
+
+  // --- Sessions --------------------------------------------------------------------
+  Session* FindSession(const Tenant& t, std::string_view id) const { return sessions.Find(t.ns, id); }
+  // The session, created if new (evicting the coldest past max_sessions).
+  Session* GetOrCreateSession(const Tenant& t, std::string_view id);
+  // kResourceExhausted if `id` is new and its tenant holds max_sessions_per_tenant.
+  Status CheckNewSession(const Tenant& t, std::string_view id);
+  void Touch(Session* s);
+  // Cuts the chain to `n` blocks.
+  void Truncate(Session* s, size_t n, FreeReason why);
+  void RemoveSession(Session* s, SessionEnd why);
+
+  // --- Lookup and leases -----------------------------------------------------------
+  // Longest verified prefix; fills `out` with its record ids.
+  uint32_t MatchRecords(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                        std::vector<uint32_t>* out) const;
+  // Blocks of `recs` in the host tier that a promotion would move now.
+  uint32_t Promotable(std::span<const uint32_t> recs) const;
+  // An allocation of `count` slots is possible at all (however full the tier).
+  Status CheckAllocateCount(uint32_t count) const;
+  // Reserves `count` GPU slots now, dropping the coldest unleased GPU blocks if
+  // that makes enough room; kResourceExhausted (losing nothing) otherwise.
+  Result<WriteLease> AllocateNow(uint32_t count);
+  LeaseId NewLease(Lease lease);
+  void Flush(CopyDirection dir) { mover.Flush(dir, opt.max_copy_batch); }
+};
+
+}  // namespace kvtier::tiering

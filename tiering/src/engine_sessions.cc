@@ -1,0 +1,161 @@
+// The engine's sessions: creating, touching, cutting and removing them (the
+// bookkeeping every request shares), and the session API (evict, demote,
+// prefetch, priorities, listings).
+#include <algorithm>
+#include <chrono>
+#include <tuple>
+
+#include "engine_impl.h"
+
+namespace kvtier::tiering {
+namespace {
+
+Status NoSession(std::string_view id) { return NotFound("session '" + std::string(id) + "' does not exist"); }
+
+}  // namespace
+
+Session* Engine::Impl::GetOrCreateSession(const Tenant& t, std::string_view id) {
+  if (Session* s = FindSession(t, id)) return s;
+  if (sessions.size() >= opt.max_sessions) {
+    if (Session* coldest = sessions.Coldest()) RemoveSession(coldest, SessionEnd::kEvicted);
+  }
+  return sessions.Add(tenants.Get(t), id);
+}
+
+Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
+  if (opt.max_sessions_per_tenant == 0 || FindSession(t, id) != nullptr) return Status::Ok();
+  return tenants.CheckNewSession(tenants.Get(t), id, opt.max_sessions_per_tenant);
+}
+
+void Engine::Impl::Touch(Session* s) {
+  ++changes;
+  sessions.Touch(s, clock);
+}
+
+void Engine::Impl::Truncate(Session* s, size_t n, FreeReason why) {
+  while (s->chain.size() > n) {
+    const uint32_t r = s->chain.back();
+    s->chain.pop_back();
+    Unref(r, why);
+  }
+}
+
+void Engine::Impl::RemoveSession(Session* s, SessionEnd why) {
+  ++changes;
+  Truncate(s, 0, FreeReason::kReleased);
+  if (why == SessionEnd::kEvicted) ++st.evicted_sessions;
+  sessions.Remove(s);
+}
+
+Status Engine::Evict(const Tenant& tenant, std::string_view session_id) {
+  Session* s = impl_->FindSession(tenant, session_id);
+  if (s == nullptr) return NoSession(session_id);
+  impl_->RemoveSession(s, SessionEnd::kEvicted);
+  return Status::Ok();
+}
+
+Result<uint32_t> Engine::Demote(const Tenant& tenant, std::string_view session_id) {
+  Impl& m = *impl_;
+  Session* s = m.FindSession(tenant, session_id);
+  if (s == nullptr) return NoSession(session_id);
+  uint32_t want = 0;
+  for (uint32_t r : s->chain) want += m.blocks[r].IdleIn(Tier::kGpu) ? 1 : 0;
+  m.reclaim.MakeHostRoomFor(s, want);
+  uint32_t scheduled = 0;
+  for (uint32_t r : s->chain) {  // The session may have lost blocks to the drop above.
+    if (m.slots(Tier::kHost).free_count() == 0 || s->tenant->Room(Tier::kHost) == 0) break;
+    if (m.blocks[r].IdleIn(Tier::kGpu)) {
+      m.mover.Schedule(r, CopyDirection::kGpuToHost);
+      ++scheduled;
+    }
+  }
+  m.Flush(CopyDirection::kGpuToHost);
+  return scheduled;
+}
+
+Result<uint32_t> Engine::Prefetch(const Tenant& tenant, std::string_view session_id) {
+  Impl& m = *impl_;
+  Session* s = m.FindSession(tenant, session_id);
+  if (s == nullptr) return NoSession(session_id);
+  ++m.clock;
+  uint32_t scheduled = 0;
+  for (uint32_t r : s->chain) {
+    Record& rec = m.blocks[r];
+    rec.last_use = m.clock;
+    if (!rec.IdleIn(Tier::kHost)) continue;
+    if (m.slots(Tier::kGpu).free_count() == 0 || rec.tenant->Room(Tier::kGpu) == 0) break;
+    m.mover.Schedule(r, CopyDirection::kHostToGpu);
+    ++scheduled;
+  }
+  m.Touch(s);
+  m.Flush(CopyDirection::kHostToGpu);
+  return scheduled;
+}
+
+Status Engine::SetPriority(const Tenant& tenant, std::string_view session_id, int priority,
+                           std::chrono::milliseconds ttl) {
+  if (priority < kMinPriority || priority > kMaxPriority) {
+    return InvalidArgument("priority " + std::to_string(priority) + " not in [0, 7]");
+  }
+  if (ttl.count() < 0 || ttl > kMaxPriorityTtl) {
+    return InvalidArgument("priority ttl of " + std::to_string(ttl.count()) + " ms not in [0, " +
+                           std::to_string(std::chrono::milliseconds(kMaxPriorityTtl).count()) + "]");
+  }
+  Session* s = impl_->FindSession(tenant, session_id);
+  if (s == nullptr) return NoSession(session_id);
+  ++impl_->changes;
+  const auto until = ttl.count() > 0 ? std::chrono::steady_clock::now() + ttl : std::chrono::steady_clock::time_point{};
+  impl_->sessions.SetPriority(s, priority, until);
+  return Status::Ok();
+}
+
+uint32_t Engine::ExpirePriorities(std::chrono::steady_clock::time_point now) {
+  const uint32_t expired = impl_->sessions.Expire(now);
+  impl_->st.expired_priorities += expired;
+  return expired;
+}
+
+namespace {
+
+SessionInfo Describe(const Session& s, const BlockTable& blocks, uint32_t block_tokens, bool detail) {
+  SessionInfo info;
+  info.tenant = s.tenant->tenant.name;
+  info.ns = s.tenant->tenant.ns;
+  info.id = s.id;
+  info.priority = s.priority;
+  info.last_use = s.last_use;
+  info.idle_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - s.used_at).count());
+  info.blocks = static_cast<uint32_t>(s.chain.size());
+  info.tokens = uint64_t{info.blocks} * block_tokens;
+  for (uint32_t r : s.chain) {
+    const Record& rec = blocks[r];
+    ++info.blocks_in[rec.tier];
+    if (rec.moving()) ++info.moving;
+    if (detail) {
+      info.chain.push_back(rec.key);
+      info.tiers.push_back(rec.tier);
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
+Result<SessionInfo> Engine::GetSession(const Tenant& tenant, std::string_view session_id) const {
+  const Session* s = impl_->FindSession(tenant, session_id);
+  if (s == nullptr) return NoSession(session_id);
+  return Describe(*s, impl_->blocks, impl_->bt(), true);
+}
+
+std::vector<SessionInfo> Engine::ListSessions() const {
+  std::vector<SessionInfo> out;
+  out.reserve(impl_->sessions.size());
+  impl_->sessions.ForEach([&](const Session& s) { out.push_back(Describe(s, impl_->blocks, impl_->bt(), false)); });
+  std::sort(out.begin(), out.end(), [](const SessionInfo& a, const SessionInfo& b) {
+    return std::tie(a.tenant, a.id) < std::tie(b.tenant, b.id);
+  });
+  return out;
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,126 @@
+#include "reclaim.h"
+
+#include <cmath>
+#include <unordered_map>
+#include <vector>
+
+#include "engine_impl.h"
+
+namespace kvtier::tiering {
+
+uint32_t Reclaimer::DropFromTier(Tier tier, uint32_t need, const TenantAccount* only, const Session* keep) {
+  const SlotAllocator& slots = m_.slots(tier);
+  const uint32_t before = slots.free_count();
+  auto freed = [&] { return slots.free_count() - before; };
+  std::vector<Session*> emptied;
+  m_.sessions.VisitColdest([&](Session* s) {
+    if ((only != nullptr && s->tenant != only) || s == keep) return true;
+    while (!s->chain.empty() && freed() < need && m_.blocks[s->chain.back()].IdleIn(tier)) {
+      const uint32_t r = s->chain.back();
+      s->chain.pop_back();
+      m_.Unref(r, FreeReason::kPressure);
+    }
+    if (s->chain.empty()) emptied.push_back(s);
+    return freed() < need;
+  });
+  for (Session* s : emptied) m_.RemoveSession(s, SessionEnd::kEmptied);
+  return freed();
+}
+
+uint32_t Reclaimer::Droppable(Tier tier, uint32_t need) const {
+  // The same walk as DropFromTier, counting references instead of dropping them.
+  std::unordered_map<uint32_t, uint32_t> refs_left;
+  uint32_t freed = 0;
+  m_.sessions.VisitColdest([&](Session* s) {
+    for (auto it = s->chain.rbegin(); it != s->chain.rend() && freed < need; ++it) {
+      const Record& rec = m_.blocks[*it];
+      if (!rec.IdleIn(tier)) break;
+      auto [left, inserted] = refs_left.try_emplace(*it, rec.refs);
+      if (--left->second == 0) ++freed;
+    }
+    return freed < need;
+  });
+  return freed;
+}
+
+uint32_t Reclaimer::DemoteColdest(uint32_t need, const TenantAccount* only) {
+  if (only != nullptr) {
+    const uint32_t room = only->Room(Tier::kHost);
+    if (room < need) DropFromTier(Tier::kHost, need - room, only);
+  }
+  const SlotAllocator& host = m_.slots(Tier::kHost);
+  if (host.free_count() < need) DropFromTier(Tier::kHost, need - host.free_count(), only);
+  uint32_t scheduled = 0;
+  for (const bool defer_shared : {true, false}) {
+    m_.sessions.VisitColdest([&](Session* s) {
+      if (only != nullptr && s->tenant != only) return true;
+      for (uint32_t r : s->chain) {
+        if (scheduled >= need || host.free_count() == 0) return false;
+        const Record& rec = m_.blocks[r];
+        if (rec.IdleIn(Tier::kGpu) && (!defer_shared || rec.last_use <= s->last_use) &&
+            rec.tenant->Room(Tier::kHost) > 0) {
+          m_.mover.Schedule(r, CopyDirection::kGpuToHost);
+          ++scheduled;
+        }
+      }
+      return scheduled < need && host.free_count() > 0;
+    });
+    if (scheduled >= need || host.free_count() == 0) break;
+  }
+  m_.Flush(CopyDirection::kGpuToHost);
+  return scheduled;
+}
+
+void Reclaimer::MakeGpuRoom(uint32_t count) {
+  const uint32_t coming = m_.slots(Tier::kGpu).free_count() + m_.mover.demoting();
+  if (coming < count) DemoteColdest(count - coming);
+}
+
+void Reclaimer::WaitForGpuRoom(uint32_t count, std::chrono::milliseconds timeout) {
+  while (m_.slots(Tier::kGpu).free_count() < count && m_.mover.WaitOldestDemotion(timeout)) {
+  }
+}
+
+void Reclaimer::EnforceWatermarks() {
+  const SlotAllocator& gpu = m_.slots(Tier::kGpu);
+  const double gpu_cap = gpu.capacity();
+  const uint32_t gpu_effective = gpu.used() - m_.mover.demoting();
+  if (gpu_effective > m_.opt.gpu_high_watermark * gpu_cap) {
+    const auto target = static_cast<uint32_t>(std::floor(m_.opt.gpu_low_watermark * gpu_cap));
+    if (gpu_effective > target) DemoteColdest(gpu_effective - target);
+  }
+  const SlotAllocator& host = m_.slots(Tier::kHost);
+  const double host_cap = host.capacity();
+  const uint32_t host_used = host.used();
+  if (host_used > m_.opt.host_high_watermark * host_cap) {
+    const auto target = static_cast<uint32_t>(std::floor(m_.opt.host_low_watermark * host_cap));
+    if (host_used > target) DropFromTier(Tier::kHost, host_used - target);
+  }
+}
+
+Status Reclaimer::MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep) {
+  if (!tenant.has_quota(Tier::kGpu) || tenant.Room(Tier::kGpu) >= n) return Status::Ok();
+  const uint32_t limit = tenant.quota[Tier::kGpu];
+  auto describe = [&] {
+    return "tenant '" + tenant.tenant.name + "' holds " + std::to_string(tenant.Held(Tier::kGpu)) +
+           " gpu blocks, its quota is " + std::to_string(limit) + " (tenants: gpu_blocks)";
+  };
+  if (n > limit) return ResourceExhausted("commit of " + std::to_string(n) + " new blocks: " + describe());
+  DemoteColdest(n - tenant.Room(Tier::kGpu), &tenant);
+  if (tenant.Room(Tier::kGpu) < n) DropFromTier(Tier::kGpu, n - tenant.Room(Tier::kGpu), &tenant, keep);
+  if (tenant.Room(Tier::kGpu) < n) {
+    return ResourceExhausted("commit of " + std::to_string(n) + " new blocks: " + describe() +
+                             ", and its other blocks are leased, moving or in use by this session");
+  }
+  return Status::Ok();
+}
+
+void Reclaimer::MakeHostRoomFor(const Session* s, uint32_t want) {
+  if (const uint32_t room = s->tenant->Room(Tier::kHost); want > room) {
+    DropFromTier(Tier::kHost, want - room, s->tenant, s);  // Under its host quota: its own blocks go.
+  }
+  const uint32_t host_free = m_.slots(Tier::kHost).free_count();
+  if (want > host_free) DropFromTier(Tier::kHost, want - host_free);
+}
+
+}  // namespace kvtier::tiering

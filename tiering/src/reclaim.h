@@ -1,0 +1,63 @@
+// Reclaimer: how the engine makes room in a tier. The policy (which sessions
+// are coldest) comes from the session table; this decides what to do with
+// them: demote the coldest GPU blocks to the host tier, drop the tails of the
+// coldest sessions, enforce the watermarks, make room under a tenant's quota.
+//
+// Only idle blocks (ready in the tier, leased by no reader) are demoted or
+// dropped; a dropped block is reported as lost to pressure. Not thread-safe:
+// the engine's thread owns it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "kvtier/status.h"
+#include "kvtier/tier.h"
+#include "kvtier/tiering/engine.h"
+
+namespace kvtier::tiering {
+
+struct Session;
+struct TenantAccount;
+
+class Reclaimer {
+ public:
+  explicit Reclaimer(Engine::Impl& engine) : m_(engine) {}
+
+  // Cuts the tails of the coldest sessions while their last block is idle in
+  // `tier`, until `need` slots of `tier` came free. With `only`, just that
+  // tenant's sessions, except `keep`. Returns the slots freed.
+  uint32_t DropFromTier(Tier tier, uint32_t need, const TenantAccount* only = nullptr,
+                        const Session* keep = nullptr);
+  // How many slots DropFromTier(tier, need) would free (up to `need`); changes nothing.
+  uint32_t Droppable(Tier tier, uint32_t need) const;
+
+  // Schedules demotion of up to `need` GPU blocks, coldest sessions first, and
+  // submits it. A block used by a warmer session since this session's last use
+  // is left for that session's turn unless a first walk found too few. With
+  // `only`, just that tenant's blocks, and host room is made from that
+  // tenant's blocks too; without, a block whose tenant is at its host quota is
+  // skipped. Returns how many were scheduled.
+  uint32_t DemoteColdest(uint32_t need, const TenantAccount* only = nullptr);
+  // Starts freeing GPU slots by demotion (never loss) until `count` are free
+  // once the demotions in flight land. Never waits.
+  void MakeGpuRoom(uint32_t count);
+  // Waits (at most `timeout` per copy batch) until `count` GPU slots are free
+  // or no demotion is in flight. For the blocking Allocate and Acquire only.
+  void WaitForGpuRoom(uint32_t count, std::chrono::milliseconds timeout);
+  // Demotes above the GPU high watermark, drops above the host high watermark,
+  // each down to its low watermark.
+  void EnforceWatermarks();
+  // Makes room under the tenant's GPU quota for `n` new blocks: its coldest GPU
+  // blocks are demoted, then dropped (never those of session `keep`).
+  // kResourceExhausted naming the quota when that cannot make room.
+  Status MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep);
+  // Makes host room under `s`'s tenant's quota and in the host tier for
+  // demoting `want` of its blocks, dropping colder host blocks. For Demote.
+  void MakeHostRoomFor(const Session* s, uint32_t want);
+
+ private:
+  Engine::Impl& m_;
+};
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,79 @@
+#include "session_table.h"
+
+#include <cstdlib>
+
+namespace kvtier::tiering {
+
+SessionTable::SessionTable(std::unique_ptr<EvictionPolicy> policy) : policy_(std::move(policy)) {}
+
+Session* SessionTable::Find(const Namespace& ns, std::string_view id) const {
+  auto it = sessions_.find(Key{ns, std::string(id)});
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
+  auto s = std::make_unique<Session>();
+  s->tenant = &tenant;
+  s->id = std::string(id);
+  Session* raw = s.get();
+  if (!sessions_.emplace(Key{tenant.tenant.ns, raw->id}, std::move(s)).second) std::abort();
+  ++tenant.sessions;
+  policy_->Track(raw);
+  return raw;
+}
+
+void SessionTable::Remove(Session* s) {
+  if (!s->chain.empty()) std::abort();
+  policy_->Untrack(s);
+  --s->tenant->sessions;
+  sessions_.erase(Key{s->tenant->tenant.ns, s->id});
+}
+
+void SessionTable::Touch(Session* s, uint64_t clock) {
+  s->last_use = clock;
+  s->used_at = std::chrono::steady_clock::now();
+  policy_->Touch(s);
+}
+
+void SessionTable::SetPriority(Session* s, int priority, std::chrono::steady_clock::time_point until) {
+  s->priority = priority;
+  s->priority_until = until;
+  if (until != std::chrono::steady_clock::time_point{}) expiries_.push(Expiry{until, Key{s->tenant->tenant.ns, s->id}});
+  policy_->Track(s);
+}
+
+uint32_t SessionTable::Expire(std::chrono::steady_clock::time_point now) {
+  uint32_t expired = 0;
+  while (!expiries_.empty() && expiries_.top().at <= now) {
+    const Expiry e = expiries_.top();
+    expiries_.pop();
+    Session* s = Find(e.session.ns, e.session.id);
+    if (s == nullptr || s->priority_until != e.at) continue;
+    s->priority = 0;  // What every session starts with.
+    s->priority_until = {};
+    policy_->Track(s);
+    ++expired;
+  }
+  return expired;
+}
+
+Session* SessionTable::Coldest() const {
+  Session* coldest = nullptr;
+  policy_->VisitColdest([&](Session* s) {
+    coldest = s;
+    return false;
+  });
+  return coldest;
+}
+
+std::vector<Session*> SessionTable::ColdestFirst() const {
+  std::vector<Session*> out;
+  out.reserve(sessions_.size());
+  policy_->VisitColdest([&](Session* s) {
+    out.push_back(s);
+    return true;
+  });
+  return out;
+}
+
+}  // namespace kvtier::tiering

@@ -1,0 +1,78 @@
+// TenantLedger: what each tenant of one engine holds — blocks per tier, moves
+// in flight, sessions — against its quotas, and the room checks made from them.
+//
+// One Account per tenant, created when the tenant is first seen (a quota, a
+// session, an adopted block) and kept for the engine's life, so a Record or a
+// Session may point at it. Counts are kept by the engine as blocks are
+// published, moved and freed; the invariant checker recounts them.
+// Not thread-safe: the engine's thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "kvtier/block_key.h"
+#include "kvtier/status.h"
+#include "kvtier/tier.h"
+#include "kvtier/tiering/engine.h"
+
+namespace kvtier::tiering {
+
+struct NamespaceHash {
+  size_t operator()(const Namespace& ns) const { return BlockKeyHash{}(ns.id); }
+};
+
+// Returned by Room when the tenant has no quota in a tier.
+inline constexpr uint32_t kNoQuota = UINT32_MAX;
+
+struct TenantAccount {
+  Tenant tenant;
+  PerTier<uint32_t> quota;      // Blocks allowed per tier; 0 = no quota.
+  PerTier<uint32_t> blocks;     // Indexed blocks per tier; a moving block counts in its source.
+  PerTier<uint32_t> moving_to;  // Moves in flight, by destination tier.
+  uint32_t sessions = 0;
+
+  bool has_quota(Tier tier) const { return quota[tier] != 0; }
+  // Blocks held in `tier` once the moves in flight land.
+  uint32_t Held(Tier tier) const;
+  // How many more blocks may be held in `tier` (kNoQuota: no quota).
+  uint32_t Room(Tier tier) const;
+
+  // Bookkeeping, called as a block of this tenant changes.
+  void Published(Tier tier) { ++blocks[tier]; }
+  void Unpublished(Tier tier, bool moving);  // Freed while in `tier` (a moving block: its move no longer counts).
+  void MoveStarted(Tier from);
+  void MoveEnded(Tier from, bool landed);    // Landed: the block is now in the other tier.
+};
+
+class TenantLedger {
+ public:
+  // kInvalidArgument when two quotas name one tenant.
+  Status SetQuotas(std::span<const TenantQuota> quotas);
+
+  // The tenant's account, created on first use. A tenant first seen by its
+  // namespace alone (an adopted block) takes its name when one is given later.
+  TenantAccount& Get(const Tenant& tenant);
+  TenantAccount& Get(const Namespace& ns);
+  const TenantAccount* Find(const Namespace& ns) const;
+
+  // kResourceExhausted when a new session (not yet existing) of `account` would
+  // pass `limit` sessions per tenant (0 = no limit).
+  Status CheckNewSession(const TenantAccount& account, std::string_view id, uint32_t limit) const;
+
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const auto& [ns, account] : accounts_) f(*account);
+  }
+
+ private:
+  // Nodes of the map never move; the accounts are separately owned anyway so
+  // that references stay valid however the map grows.
+  std::unordered_map<Namespace, std::unique_ptr<TenantAccount>, NamespaceHash> accounts_;
+};
+
+}  // namespace kvtier::tiering

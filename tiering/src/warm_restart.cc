@@ -1,0 +1,189 @@
+// Warm restart: saving the manifest of the host tier (SaveWarm), demoting for
+// a shutdown, and adopting an earlier run's host tier (AdoptWarm). The byte
+// format is warm_manifest.h's.
+#include <algorithm>
+#include <chrono>
+#include <unordered_map>
+
+#include "engine_impl.h"
+#include "warm_manifest.h"
+
+namespace kvtier::tiering {
+namespace {
+
+std::chrono::microseconds Since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+}
+
+}  // namespace
+
+bool Engine::warm_dirty() const { return impl_->change_count() != impl_->saved_changes; }
+
+Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, bool clean) {
+  Impl& m = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  const Pool& host = *m.pools[Tier::kHost];
+  const BlockIndex& index = m.blocks.index();
+  WarmManifest manifest;
+  manifest.geometry = WarmGeometry{m.opt.profile.Fingerprint(), host.slot_bytes(), m.bt(), host.slots()};
+  manifest.clean = clean;
+  manifest.written_unix_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  WarmSaveReport report;
+  std::unordered_map<uint32_t, uint32_t> listed;  // Record -> index in manifest.blocks.
+  for (Session* s : m.sessions.ColdestFirst()) {
+    WarmSession ws;
+    for (uint32_t r : s->chain) {
+      // Only the host-tier prefix: a block whose parent is not kept is of no use.
+      Record& rec = m.blocks[r];
+      if (!rec.ReadyIn(Tier::kHost)) break;
+      auto [it, added] = listed.try_emplace(r, static_cast<uint32_t>(manifest.blocks.size()));
+      if (added) {
+        if (!rec.checksummed) {
+          rec.checksum = PayloadChecksum(host.slot_data(rec.slot), host.slot_bytes());
+          rec.checksummed = true;
+          ++report.checksummed;
+        }
+        WarmBlock b;
+        b.key = rec.key;
+        b.parent = index.parent(r);
+        b.ns = rec.ns();
+        b.checksum = rec.checksum;
+        b.host_slot = rec.slot;
+        b.tokens.assign(index.tokens(r), index.tokens(r) + m.bt());
+        manifest.blocks.push_back(std::move(b));
+      }
+      ws.chain.push_back(it->second);
+    }
+    if (ws.chain.empty()) continue;
+    ws.tenant = s->tenant->tenant.name;
+    ws.id = s->id;
+    ws.priority = s->priority;
+    manifest.sessions.push_back(std::move(ws));
+  }
+  const std::vector<std::byte> bytes = EncodeWarmManifest(manifest);
+  KVTIER_RETURN_IF_ERROR(WriteWarmSegment(manifest_segment, bytes));
+  m.saved_changes = m.change_count();
+  ++m.st.warm_snapshots;
+  report.blocks = static_cast<uint32_t>(manifest.blocks.size());
+  report.sessions = static_cast<uint32_t>(manifest.sessions.size());
+  report.bytes = bytes.size();
+  report.took = Since(start);
+  return report;
+}
+
+uint32_t Engine::DemoteForShutdown() {
+  Impl& m = *impl_;
+  const std::vector<Session*> coldest_first = m.sessions.ColdestFirst();
+  uint32_t scheduled = 0;
+  for (auto it = coldest_first.rbegin(); it != coldest_first.rend(); ++it) {
+    for (uint32_t r : (*it)->chain) {
+      if (m.slots(Tier::kHost).free_count() == 0) break;
+      if (m.blocks[r].IdleIn(Tier::kGpu)) {
+        m.mover.Schedule(r, CopyDirection::kGpuToHost);
+        ++scheduled;
+      }
+    }
+  }
+  m.Flush(CopyDirection::kGpuToHost);
+  return scheduled;
+}
+
+Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
+  Impl& m = *impl_;
+  if (!m.opt.warm_restart) return FailedPrecondition("warm restart is off for this engine");
+  if (m.blocks.index().size() != 0 || m.sessions.size() != 0 || !m.leases.empty()) {
+    return FailedPrecondition("a warm restart adopts into an empty engine only");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  WarmAdoptReport report;
+  auto bytes = ReadWarmSegment(manifest_segment);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == StatusCode::kNotFound) return report;
+    return bytes.status();
+  }
+  report.found = true;
+  Pool& host = *m.pools[Tier::kHost];
+  const WarmGeometry expected{m.opt.profile.Fingerprint(), host.slot_bytes(), m.bt(), host.slots()};
+  auto decoded = DecodeWarmManifest(*bytes, expected);
+  if (!decoded.ok() || !host.adopted()) {
+    report.reason = !decoded.ok() ? decoded.status().message()
+                                  : "the host pool segment was missing or had another size, so its blocks are gone";
+    RemoveWarmSegment(manifest_segment);
+    report.took = Since(start);
+    return report;
+  }
+  const WarmManifest& manifest = *decoded;
+  report.compatible = true;
+  report.clean = manifest.clean;
+  report.listed_blocks = static_cast<uint32_t>(manifest.blocks.size());
+
+  // Blocks, parents first: each must chain from an adopted parent (or the null
+  // key), recompute to its key, and still hold the bytes it was saved with.
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+  std::vector<uint32_t> record_of(manifest.blocks.size(), kNoRecord);
+  std::vector<uint32_t> slots;
+  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
+    const WarmBlock& b = manifest.blocks[i];
+    if (!b.parent.IsNull() && by_key.find(b.parent) == by_key.end()) continue;
+    if (by_key.find(b.key) != by_key.end()) continue;
+    if (ChainKey(b.parent, b.ns, b.tokens) != b.key) continue;
+    if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
+    const uint32_t r = m.blocks.Publish(b.key, b.parent, b.tokens, m.tenants.Get(b.ns), Tier::kHost, b.host_slot);
+    m.blocks[r].checksum = b.checksum;
+    m.blocks[r].checksummed = true;
+    by_key.emplace(b.key, r);
+    record_of[i] = r;
+    slots.push_back(b.host_slot);
+  }
+  if (!m.slots(Tier::kHost).Take(slots)) std::abort();  // Decode guarantees distinct, in-range slots.
+
+  // Sessions, coldest first (so the LRU order comes back), each cut at its first
+  // block that was not adopted or does not continue the chain.
+  for (const WarmSession& ws : manifest.sessions) {
+    std::vector<uint32_t> chain;
+    BlockKey prev;
+    for (uint32_t i : ws.chain) {
+      const uint32_t r = record_of[i];
+      if (r == kNoRecord || manifest.blocks[i].parent != prev) break;
+      chain.push_back(r);
+      prev = manifest.blocks[i].key;
+    }
+    if (chain.empty()) {
+      ++report.dropped_sessions;
+      continue;
+    }
+    // The session's tenant is its blocks' (keys are chained in its namespace).
+    const Tenant tenant{m.blocks[chain.front()].ns(), ws.tenant};
+    if (m.FindSession(tenant, ws.id) != nullptr) {
+      ++report.dropped_sessions;
+      continue;
+    }
+    ++m.clock;
+    for (uint32_t r : chain) {
+      m.Ref(r);
+      m.blocks[r].last_use = m.clock;
+    }
+    Session* s = m.GetOrCreateSession(tenant, ws.id);
+    s->chain = std::move(chain);
+    m.sessions.SetPriority(s, std::clamp(ws.priority, kMinPriority, kMaxPriority), {});
+    m.Touch(s);
+    ++report.adopted_sessions;
+  }
+  // What no session holds would be freed at once: let it go now.
+  for (uint32_t r : record_of) {
+    if (r == kNoRecord || m.blocks[r].refs != 0) continue;
+    m.blocks.Unpublish(r);
+  }
+  report.adopted_blocks = m.blocks.index().size();
+  report.dropped_blocks = report.listed_blocks - report.adopted_blocks;
+  m.st.warm_adopted_blocks += report.adopted_blocks;
+  m.st.warm_dropped_blocks += report.dropped_blocks;
+  m.st.warm_adopted_sessions += report.adopted_sessions;
+  ++m.changes;  // The next snapshot replaces the old (clean) manifest.
+  report.took = Since(start);
+  return report;
+}
+
+}  // namespace kvtier::tiering
