@@ -168,7 +168,8 @@ void ChatRunner::CommitKvtier(const std::string& session, std::span<const TokenI
   auto committed = c.Commit(*w, session, parent, matched_blocks,
                             tokens.subspan(size_t{matched_blocks} * block_tokens_, size_t{fresh} * block_tokens_));
   if (committed.ok()) {
-    r.committed_blocks = committed->stored + committed->duplicates;
+    r.committed_blocks = committed->stored;
+    r.duplicate_blocks = committed->duplicates;
   } else {
     r.cache_error = "commit: " + committed.status().ToString();
   }

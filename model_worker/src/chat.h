@@ -43,7 +43,8 @@ struct TurnResult {
   uint32_t cached_tokens = 0;    // Prompt tokens whose K/V came from the cache.
   uint32_t computed_tokens = 0;  // Prompt tokens prefilled (prompt - cached).
   uint32_t promoted_blocks = 0;  // Host-tier blocks copied back for this turn (kKvtier).
-  uint32_t committed_blocks = 0;  // New blocks stored (kKvtier).
+  uint32_t committed_blocks = 0;  // New blocks stored by this turn's commit (kKvtier).
+  uint32_t duplicate_blocks = 0;  // Committed blocks that were cached already (kKvtier).
   std::vector<TokenId> output;   // Greedy tokens.
   std::vector<at::Tensor> logits;  // [vocab] fp32 per output token, if keep_logits.
   bool acquired = false;  // kKvtier: an Acquire round trip was made (not when the
