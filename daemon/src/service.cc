@@ -425,7 +425,7 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.client_id = c.id;
   w.profile = e.profile();
   w.ns = c.ns;
-  w.backend = tiering::BackendKindName(backend_->kind());
+  w.backend = backend_->kind() == tiering::BackendKind::kCuda ? wire::BackendKind::kCuda : wire::BackendKind::kHost;
   for (Tier t : {Tier::kGpu, Tier::kHost}) {
     const tiering::PoolHandle h = e.pool(t).Export();
     w.pools.push_back(wire::PoolDesc{t, h.slot_bytes, h.slots, h.shm_name, h.ipc_handle});
