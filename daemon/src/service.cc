@@ -1,19 +1,13 @@
 #include "service.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <random>
 
-#include "kvtier/index_layout.h"
-#include "kvtier/tiering/backend_select.h"
-#include "kvtier/tiering/host_backend.h"
-#ifdef KVTIER_HAVE_CUDA_BACKEND
-#include "kvtier/tiering/cuda_backend.h"
-#endif
+#include "backend_factory.h"
+#include "kvtier/shm_names.h"
 #include "log.h"
-#include "notify.h"
 
 namespace kvtier::daemon {
 
@@ -38,7 +32,7 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.max_sessions_per_tenant = config.max_sessions_per_tenant;
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.name = p.profile.name;
-  o.index_segment = "/" + config.instance + "." + p.profile.name + ".index";
+  o.index_segment = shm_names::Index(config.instance, p.profile.name);
   o.segment_mode = config.access.mode;
   o.segment_group = config.access.group_gid;
   for (const TenantConfig& t : config.tenants) {
@@ -46,100 +40,11 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
     tiering::TenantQuota q;
     q.ns_tag = NamespaceTag(Namespace::Make(p.profile.Fingerprint(), t.name));
     q.name = t.name;
-    q.blocks[static_cast<int>(Tier::kGpu)] = t.gpu_blocks;
-    q.blocks[static_cast<int>(Tier::kHost)] = t.host_blocks;
+    q.blocks[TierIndex(Tier::kGpu)] = t.gpu_blocks;
+    q.blocks[TierIndex(Tier::kHost)] = t.host_blocks;
     o.quotas.push_back(q);
   }
   return o;
-}
-
-std::string WarmSegment(const DaemonConfig& config, const ProfileConfig& p) {
-  return "/" + config.instance + "." + p.profile.name + ".warm";
-}
-
-std::string Millis(std::chrono::microseconds us) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(us.count()) / 1000.0);
-  return buf;
-}
-
-// Before the engine exists: with warm restart off, what an earlier run with it
-// on left behind (manifest and host pool) is removed.
-void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
-  const std::string manifest = WarmSegment(config, p);
-  shm_unlink((manifest + ".tmp").c_str());  // A write the earlier run did not finish.
-  if (shm_unlink(manifest.c_str()) == 0) {
-    const std::string pool = "/" + config.instance + "." + p.profile.name + ".host";
-    shm_unlink(pool.c_str());
-    LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
-  }
-}
-
-// After the engine exists: adopt the host tier an earlier run left, and say
-// what happened. Nothing here stops a start: what cannot be adopted is removed.
-void AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
-  const std::string manifest = WarmSegment(config, p);
-  auto report = engine.AdoptWarm(manifest);
-  const std::string who = "warm restart, profile '" + p.profile.name + "': ";
-  if (!report.ok()) {
-    shm_unlink(manifest.c_str());
-    LogWarn(who + "removed " + manifest + ", which cannot be read (" + report.status().ToString() +
-            "); starting cold");
-  } else if (!report->found) {
-    LogInfo(who + "no manifest " + manifest + "; starting cold");
-  } else if (!report->compatible) {
-    LogWarn(who + "removed stale segment " + manifest + " (" + report->reason + "); starting cold");
-  } else {
-    LogInfo(who + "adopted " + std::to_string(report->adopted_blocks) + " of " +
-            std::to_string(report->listed_blocks) + " host blocks (" + std::to_string(report->dropped_blocks) +
-            " dropped) and " + std::to_string(report->adopted_sessions) + " sessions (" +
-            std::to_string(report->dropped_sessions) + " dropped) from a " +
-            (report->clean ? "clean-shutdown manifest" : "snapshot (unclean shutdown)") + " in " +
-            Millis(report->took));
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// The backend named by `backend:` (auto|host|cuda), or why it cannot run here.
-Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& config) {
-  auto choice = tiering::ChooseBackend(config.backend);
-  if (!choice.ok()) return choice.status();
-  LogInfo(choice->reason);
-  if (choice->kind == tiering::BackendKind::kCuda) {
-#ifdef KVTIER_HAVE_CUDA_BACKEND
-    tiering::CudaBackendOptions co;
-    co.name_prefix = config.instance;
-    co.segment_mode = config.access.mode;
-    co.segment_group = config.access.group_gid;
-    // Pinning a large host tier takes seconds: say how far it got, in the log and to systemd.
-    co.pin_progress = [last_percent = -1](const std::string& pool, size_t pinned, size_t total) mutable {
-      const int percent = total == 0 ? 100 : static_cast<int>(pinned * 100 / total);
-      if (percent / 10 == last_percent / 10 && pinned != total) return;
-      last_percent = percent;
-      const std::string line = "pinning host pool '" + pool + "': " + std::to_string(pinned >> 20) + " of " +
-                               std::to_string(total >> 20) + " MiB (" + std::to_string(percent) + "%)";
-      LogInfo(line);
-      notify::SetStatus(line);
-      if (pinned == total) last_percent = -1;
-    };
-    auto cuda = tiering::CreateCudaBackend(co);
-    if (!cuda.ok()) return Status(cuda.status().code(), "backend cuda: " + cuda.status().message());
-    LogInfo((*cuda)->Describe());
-    return std::unique_ptr<tiering::Backend>(std::move(cuda).value());
-#else
-    return FailedPrecondition("backend: cuda: this kvtierd was built without the CUDA backend");
-#endif
-  }
-  tiering::HostBackendOptions bo;
-  bo.name_prefix = config.instance;
-  bo.segment_mode = config.access.mode;
-  bo.segment_group = config.access.group_gid;
-  auto host = tiering::CreateHostBackend(bo);
-  if (!host.ok()) return host.status();
-  return std::unique_ptr<tiering::Backend>(std::move(host).value());
 }
 
 }  // namespace
@@ -148,29 +53,25 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = CreateBackend(config);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
-  // Warm restart keeps shared-memory pools: the host backend's. Another backend starts cold.
-  svc->warm_ = config.warm_restart && svc->backend_->kind() == tiering::BackendKind::kHost;
-  if (config.warm_restart && !svc->warm_) {
-    LogWarn(std::string("warm_restart is ignored with the ") + tiering::BackendKindName(svc->backend_->kind()) +
-            " backend (host backend only)");
-  }
   for (const ProfileConfig& p : config.profiles) {
-    if (!config.warm_restart) RemoveWarmLeftovers(config, p);
+    svc->warm_.BeforeEngine(config, p);
     tiering::EngineOptions options = EngineOptionsFor(config, p);
-    options.warm_restart = svc->warm_;
+    options.warm_restart = svc->warm_.enabled();
     auto engine = Engine::Create(options, *svc->backend_);
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
-    if (svc->warm_) AdoptWarm(**engine, config, p);
+    svc->warm_.AdoptInto(**engine, config, p);
     svc->engines_.push_back(std::move(engine).value());
   }
-  svc->last_snapshot_ = std::chrono::steady_clock::now();
   return svc;
 }
 
 Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
-    : config_(std::move(config)), backend_(std::move(backend)), access_(config_, ::geteuid()) {
+    : config_(std::move(config)),
+      backend_(std::move(backend)),
+      warm_(config_, backend_->kind()),
+      access_(config_, ::geteuid()) {
   for (const TenantConfig& t : config_.tenants) tenants_seen_.push_back(t.name);
   std::random_device rd;
   instance_id_ = (uint64_t{rd()} << 32) | rd();
@@ -192,44 +93,10 @@ std::string Service::Describe() const {
 
 void Service::Tick() {
   for (auto& e : engines_) e->Tick();
-  if (warm_ && config_.warm_snapshot_ms > 0 &&
-      std::chrono::steady_clock::now() - last_snapshot_ >= std::chrono::milliseconds(config_.warm_snapshot_ms)) {
-    last_snapshot_ = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < engines_.size(); ++i) {
-      if (!engines_[i]->warm_dirty()) continue;
-      auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), false);
-      if (!r.ok()) {
-        LogWarn("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "' failed: " +
-                r.status().ToString());
-      } else {
-        LogDebug("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "': " +
-                 std::to_string(r->blocks) + " blocks, " + std::to_string(r->sessions) + " sessions in " +
-                 Millis(r->took));
-      }
-    }
-  }
+  warm_.MaybeSnapshot(engines_, config_);
 }
 
-void Service::SaveForRestart(std::chrono::milliseconds budget) {
-  if (!warm_) return;
-  const auto start = std::chrono::steady_clock::now();
-  uint32_t demoted = 0;
-  for (auto& e : engines_) demoted += e->DemoteForShutdown();
-  const Status idle = WaitIdle(budget);
-  if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
-  for (size_t i = 0; i < engines_.size(); ++i) {
-    const std::string& name = config_.profiles[i].profile.name;
-    auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), true);
-    if (!r.ok()) {
-      LogError("warm restart: cannot write the manifest of profile '" + name + "': " + r.status().ToString());
-      continue;
-    }
-    LogInfo("warm restart, profile '" + name + "': saved " + std::to_string(r->blocks) + " host blocks of " +
-            std::to_string(r->sessions) + " sessions (" + std::to_string(r->bytes) + " bytes of manifest)");
-  }
-  LogInfo("warm restart: demoted " + std::to_string(demoted) + " blocks and wrote the manifests in " +
-          Millis(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start)));
-}
+void Service::SaveForRestart(std::chrono::milliseconds budget) { warm_.SaveAtShutdown(engines_, config_, budget); }
 
 void Service::Poll() {
   for (auto& e : engines_) e->Poll();
@@ -425,8 +292,8 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.client_id = c.id;
   w.profile = e.profile();
   w.ns = c.ns;
-  w.backend = backend_->kind() == tiering::BackendKind::kCuda ? wire::BackendKind::kCuda : wire::BackendKind::kHost;
-  for (Tier t : {Tier::kGpu, Tier::kHost}) {
+  w.backend = WireBackendKind(backend_->kind());
+  for (Tier t : kTiers) {
     const tiering::PoolHandle h = e.pool(t).Export();
     w.pools.push_back(wire::PoolDesc{t, h.slot_bytes, h.slots, h.shm_name, h.ipc_handle});
   }
@@ -548,8 +415,8 @@ wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
   out.priority = s.priority;
   out.last_use_ms_ago = s.idle_ms;
   out.blocks = s.blocks;
-  out.gpu_blocks = s.blocks_in[static_cast<int>(Tier::kGpu)];
-  out.host_blocks = s.blocks_in[static_cast<int>(Tier::kHost)];
+  out.gpu_blocks = s.blocks_in[TierIndex(Tier::kGpu)];
+  out.host_blocks = s.blocks_in[TierIndex(Tier::kHost)];
   out.moving = s.moving;
   out.tokens = s.tokens;
   return out;
@@ -592,10 +459,10 @@ wire::Message Service::OnStats(ClientState& c) {
   add("room_wait_timeouts", static_cast<double>(room_wait_timeouts_));
   add("errors", static_cast<double>(errors_));
   const tiering::EngineStats s = engines_[c.profile]->stats();
-  add("gpu_slots", s.slots[0]);
-  add("gpu_used", s.used[0]);
-  add("host_slots", s.slots[1]);
-  add("host_used", s.used[1]);
+  for (Tier t : kTiers) {
+    add(std::string(TierName(t)) + "_slots", s.slots[TierIndex(t)]);
+    add(std::string(TierName(t)) + "_used", s.used[TierIndex(t)]);
+  }
   add("blocks", s.blocks);
   add("sessions", s.sessions);
   add("read_leases", s.read_leases);
@@ -641,8 +508,8 @@ wire::Message Service::OnStats(ClientState& c) {
     if (!c.admin && t != c.tenant) continue;
     const std::string label = t.empty() ? "-" : t;
     const auto u = engines_[c.profile]->tenant_usage(NamespaceTag(Namespace::Make(engines_[c.profile]->profile().Fingerprint(), t)));
-    add("tenant." + label + ".gpu_blocks", u.blocks[static_cast<int>(Tier::kGpu)]);
-    add("tenant." + label + ".host_blocks", u.blocks[static_cast<int>(Tier::kHost)]);
+    add("tenant." + label + ".gpu_blocks", u.blocks[TierIndex(Tier::kGpu)]);
+    add("tenant." + label + ".host_blocks", u.blocks[TierIndex(Tier::kHost)]);
     if (const TenantConfig* q = access_.FindTenant(t)) {
       add("tenant." + label + ".gpu_quota", q->gpu_blocks);
       add("tenant." + label + ".host_quota", q->host_blocks);
@@ -660,17 +527,17 @@ Status Service::Reconfigure(const DaemonConfig& next) {
 }
 
 std::string Service::StatusLine() const {
-  uint64_t slots[kTierCount] = {0, 0}, used[kTierCount] = {0, 0};
+  PerTier<uint64_t> slots, used;
   for (const auto& e : engines_) {
     const tiering::EngineStats s = e->stats();
-    for (int t = 0; t < kTierCount; ++t) {
-      slots[t] += s.slots[t];
-      used[t] += s.used[t];
+    for (Tier t : kTiers) {
+      slots[t] += s.slots[TierIndex(t)];
+      used[t] += s.used[TierIndex(t)];
     }
   }
-  auto percent = [&](int t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
+  auto percent = [&](Tier t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
   return "serving " + std::to_string(connected_) + (connected_ == 1 ? " client" : " clients") + ", gpu " +
-         percent(static_cast<int>(Tier::kGpu)) + "% host " + percent(static_cast<int>(Tier::kHost)) + "%";
+         percent(Tier::kGpu) + "% host " + percent(Tier::kHost) + "%";
 }
 
 std::string Service::RenderMetrics() const {
@@ -702,9 +569,9 @@ std::string Service::RenderMetrics() const {
   for (const auto& eng : engines_) {
     for (const std::string& t : KnownTenants()) {
       const auto u = eng->tenant_usage(NamespaceTag(Namespace::Make(eng->profile().Fingerprint(), t)));
-      for (Tier tier : {Tier::kGpu, Tier::kHost}) {
+      for (Tier tier : kTiers) {
         x.Sample({{"profile", eng->profile().name}, {"tenant", t}, {"tier", TierName(tier)}},
-                 u.blocks[static_cast<int>(tier)]);
+                 u.blocks[TierIndex(tier)]);
       }
     }
   }
@@ -731,8 +598,8 @@ std::string Service::RenderMetrics() const {
   auto per_tier = [&](const char* family, const char* help, auto value) {
     x.Family(family, Type::kGauge, help);
     for (size_t i = 0; i < engines_.size(); ++i) {
-      for (Tier t : {Tier::kGpu, Tier::kHost}) {
-        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, static_cast<int>(t))));
+      for (Tier t : kTiers) {
+        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, TierIndex(t))));
       }
     }
   };
@@ -750,13 +617,13 @@ std::string Service::RenderMetrics() const {
     x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks) * tokens(i));
     x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks) * tokens(i));
   }
-  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, int t) { return stats[i].slots[t]; });
+  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, size_t t) { return stats[i].slots[t]; });
   per_tier("kvtier_tier_used_slots", "Block slots in use (blocks, moves' destinations, write leases)",
-           [&](size_t i, int t) { return stats[i].used[t]; });
+           [&](size_t i, size_t t) { return stats[i].used[t]; });
   per_tier("kvtier_tier_capacity_bytes", "Bytes of a tier's pool",
-           [&](size_t i, int t) { return stats[i].slots[t] * bytes(i); });
+           [&](size_t i, size_t t) { return stats[i].slots[t] * bytes(i); });
   per_tier("kvtier_tier_used_bytes", "Bytes of a tier's pool in use",
-           [&](size_t i, int t) { return stats[i].used[t] * bytes(i); });
+           [&](size_t i, size_t t) { return stats[i].used[t] * bytes(i); });
   per_profile("kvtier_blocks", Type::kGauge, "Blocks cached", [&](size_t i) { return stats[i].blocks; });
   per_profile("kvtier_sessions", Type::kGauge, "Sessions", [&](size_t i) { return stats[i].sessions; });
   x.Family("kvtier_leases", Type::kGauge, "Leases held by clients now, by kind");

@@ -4,6 +4,8 @@
 // request of a client into a reply. Everything runs on one thread (the event
 // loop); nothing here blocks except WaitIdle at shutdown. A failing request gets
 // an ErrorResponse; it never takes the daemon or another client down.
+// Building the backend (backend_factory.h) and warm restart (warm_restart.h)
+// live apart.
 #pragma once
 
 #include <chrono>
@@ -22,6 +24,7 @@
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
 #include "metrics.h"
+#include "warm_restart.h"
 
 namespace kvtier::daemon {
 
@@ -135,6 +138,7 @@ class Service {
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
   std::vector<std::unique_ptr<tiering::Engine>> engines_;
+  WarmRestart warm_;
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
   uint32_t connected_ = 0;
@@ -142,8 +146,6 @@ class Service {
   std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
   uint64_t refused_connections_ = 0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point last_snapshot_{};
-  bool warm_ = false;  // config_.warm_restart on a backend that supports it.
   uint64_t requests_ = 0;
   uint64_t room_waits_ = 0;          // Requests deferred for GPU room.
   uint64_t room_wait_timeouts_ = 0;  // Of those, answered after kRoomWaitLimit without it.
