@@ -120,7 +120,7 @@ void Service::Disconnect(ClientState& c) {
     for (uint64_t lease : c.leases) (void)e.Release(lease);
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
-    --connected_;
+    --counters_.clients;
   }
   c.leases.clear();
   c.welcomed = false;
@@ -152,16 +152,16 @@ Reply Service::Handle(ClientState& c, const wire::Message& request) {
   Reply reply = Dispatch(c, request);
   if (reply.deferred) return reply;
   c.waiting_for_room.reset();
-  ++requests_;
+  ++counters_.requests;
   if (std::holds_alternative<wire::ErrorResponse>(reply.message)) {
-    ++errors_;
-    ++request_metrics_[wire::TypeOf(request)].errors;
+    ++counters_.errors;
+    ++counters_.per_type[wire::TypeOf(request)].errors;
   }
   return reply;
 }
 
 void Service::ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took) {
-  request_metrics_[type].latency.Observe(std::chrono::duration<double>(took).count());
+  counters_.per_type[type].latency.Observe(std::chrono::duration<double>(took).count());
 }
 
 Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
@@ -236,11 +236,11 @@ bool Service::MayWaitForRoom(ClientState& c) {
   const auto now = std::chrono::steady_clock::now();
   if (!c.waiting_for_room) {
     c.waiting_for_room = now;
-    ++room_waits_;
+    ++counters_.room_waits;
     return true;
   }
   if (now - *c.waiting_for_room < kRoomWaitLimit) return true;
-  ++room_wait_timeouts_;
+  ++counters_.room_wait_timeouts;
   return false;
 }
 
@@ -262,7 +262,7 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
       return {Error(NotFound("no model profile named '" + m.profile + "' (see cachectl config)")), true};
     }
   }
-  if (connected_ >= config_.max_clients) {
+  if (counters_.clients >= config_.max_clients) {
     return {Error(ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients")),
             true};
   }
@@ -283,8 +283,8 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   if (std::find(tenants_seen_.begin(), tenants_seen_.end(), c.tenant) == tenants_seen_.end()) {
     tenants_seen_.push_back(c.tenant);
   }
-  ++connected_;
-  ++connections_;
+  ++counters_.clients;
+  ++counters_.connections;
 
   wire::Welcome w;
   w.version = wire::kProtocolVersion;
@@ -450,72 +450,12 @@ wire::Message Service::OnSessionInfo(ClientState& c, const wire::SessionInfoRequ
 }
 
 wire::Message Service::OnStats(ClientState& c) {
-  wire::StatsResponse out;
-  auto add = [&](const std::string& name, double v) { out.values.emplace_back(name, v); };
-  add("uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
-  add("clients", connected_);
-  add("requests", static_cast<double>(requests_));
-  add("room_waits", static_cast<double>(room_waits_));
-  add("room_wait_timeouts", static_cast<double>(room_wait_timeouts_));
-  add("errors", static_cast<double>(errors_));
-  const tiering::EngineStats s = engines_[c.profile]->stats();
-  for (Tier t : kTiers) {
-    add(std::string(TierName(t)) + "_slots", s.slots[TierIndex(t)]);
-    add(std::string(TierName(t)) + "_used", s.used[TierIndex(t)]);
-  }
-  add("blocks", s.blocks);
-  add("sessions", s.sessions);
-  add("read_leases", s.read_leases);
-  add("write_leases", s.write_leases);
-  add("copies_in_flight", s.copies_in_flight);
-  add("hit_blocks", static_cast<double>(s.hit_blocks));
-  add("miss_blocks", static_cast<double>(s.miss_blocks));
-  add("committed_blocks", static_cast<double>(s.committed_blocks));
-  add("duplicate_blocks", static_cast<double>(s.duplicate_blocks));
-  add("demoted_blocks", static_cast<double>(s.demoted_blocks));
-  add("promoted_blocks", static_cast<double>(s.promoted_blocks));
-  add("dropped_blocks", static_cast<double>(s.dropped_blocks));
-  add("evicted_sessions", static_cast<double>(s.evicted_sessions));
-  add("allocation_failures", static_cast<double>(s.allocation_failures));
-  add("warm_adopted_blocks", static_cast<double>(s.warm_adopted_blocks));
-  add("warm_dropped_blocks", static_cast<double>(s.warm_dropped_blocks));
-  add("warm_adopted_sessions", static_cast<double>(s.warm_adopted_sessions));
-  add("warm_snapshots", static_cast<double>(s.warm_snapshots));
-  // Tokens are counted in whole blocks: a prompt's partial last block never reaches the daemon.
-  const double bt = engines_[c.profile]->profile().block_tokens;
-  const double block_bytes = static_cast<double>(engines_[c.profile]->profile().BlockBytes());
-  add("hit_tokens", static_cast<double>(s.hit_blocks) * bt);
-  add("miss_tokens", static_cast<double>(s.miss_blocks) * bt);
-  add("demoted_bytes", static_cast<double>(s.demoted_blocks) * block_bytes);
-  add("promoted_bytes", static_cast<double>(s.promoted_blocks) * block_bytes);
-  add("expired_priorities", static_cast<double>(s.expired_priorities));
-  // The copy engine serves every profile.
-  for (const auto dir : {CopyDirection::kGpuToHost, CopyDirection::kHostToGpu}) {
-    const tiering::CopyStats cs = backend_->copy_stats(dir);
-    const std::string prefix = dir == CopyDirection::kGpuToHost ? "copy_gpu_to_host_" : "copy_host_to_gpu_";
-    add(prefix + "bytes", static_cast<double>(cs.bytes));
-    add(prefix + "seconds", cs.busy_seconds);
-  }
-  Histogram all(LatencyBuckets());
-  for (const auto& [type, m] : request_metrics_) all.Merge(m.latency);
-  add("rpc_latency_p50_s", all.Quantile(0.50));
-  add("rpc_latency_p90_s", all.Quantile(0.90));
-  add("rpc_latency_p99_s", all.Quantile(0.99));
-  add("bad_frames", static_cast<double>(bad_frames_));
-  add("refused_connections", static_cast<double>(refused_connections_));
-  // Blocks per tier of each tenant (a non-admin sees its own), and their quotas.
+  // A client that is not an admin sees its own tenant's figures only.
+  std::vector<std::string> tenants;
   for (const std::string& t : KnownTenants()) {
-    if (!c.admin && t != c.tenant) continue;
-    const std::string label = t.empty() ? "-" : t;
-    const auto u = engines_[c.profile]->tenant_usage(NamespaceTag(Namespace::Make(engines_[c.profile]->profile().Fingerprint(), t)));
-    add("tenant." + label + ".gpu_blocks", u.blocks[TierIndex(Tier::kGpu)]);
-    add("tenant." + label + ".host_blocks", u.blocks[TierIndex(Tier::kHost)]);
-    if (const TenantConfig* q = access_.FindTenant(t)) {
-      add("tenant." + label + ".gpu_quota", q->gpu_blocks);
-      add("tenant." + label + ".host_quota", q->host_blocks);
-    }
+    if (c.admin || t == c.tenant) tenants.push_back(t);
   }
-  return out;
+  return wire::StatsResponse{StatsList(View(std::move(tenants)), static_cast<size_t>(c.profile))};
 }
 
 Status Service::Reconfigure(const DaemonConfig& next) {
@@ -536,146 +476,14 @@ std::string Service::StatusLine() const {
     }
   }
   auto percent = [&](Tier t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
-  return "serving " + std::to_string(connected_) + (connected_ == 1 ? " client" : " clients") + ", gpu " +
+  return "serving " + std::to_string(counters_.clients) + (counters_.clients == 1 ? " client" : " clients") + ", gpu " +
          percent(Tier::kGpu) + "% host " + percent(Tier::kHost) + "%";
 }
 
-std::string Service::RenderMetrics() const {
-  using Type = Exposition::Type;
-  Exposition x;
-  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-
-  x.Family("kvtier_build_info", Type::kGauge, "kvtierd's version and backend; always 1");
-  x.Sample({{"version", KVTIER_VERSION}, {"backend", tiering::BackendKindName(backend_->kind())}}, 1);
-  x.Family("kvtier_uptime_seconds", Type::kGauge, "Seconds since kvtierd started");
-  x.Sample({}, uptime);
-  x.Family("kvtier_clients", Type::kGauge, "Clients connected now (after Hello)");
-  x.Sample({}, connected_);
-  x.Family("kvtier_client_connections_total", Type::kCounter, "Clients welcomed since start");
-  x.Sample({}, static_cast<double>(connections_));
-  x.Family("kvtier_bad_frames_total", Type::kCounter, "Frames that did not decode; each closed its connection");
-  x.Sample({}, static_cast<double>(bad_frames_));
-  x.Family("kvtier_room_waits_total", Type::kCounter,
-           "Allocate/Acquire requests that waited (without blocking the daemon) for demotions to free GPU slots");
-  x.Sample({}, static_cast<double>(room_waits_));
-  x.Family("kvtier_room_wait_timeouts_total", Type::kCounter,
-           "Of those, answered after the wait limit without the room (Allocate failed or dropped; Acquire leased "
-           "host-tier blocks in place)");
-  x.Sample({}, static_cast<double>(room_wait_timeouts_));
-  x.Family("kvtier_refused_connections_total", Type::kCounter,
-           "Connections refused at accept: the peer's uid/gids are not allowed (access:)");
-  x.Sample({}, static_cast<double>(refused_connections_));
-  x.Family("kvtier_tenant_blocks", Type::kGauge, "Blocks a tenant holds, by profile and tier (moves count where they land)");
-  for (const auto& eng : engines_) {
-    for (const std::string& t : KnownTenants()) {
-      const auto u = eng->tenant_usage(NamespaceTag(Namespace::Make(eng->profile().Fingerprint(), t)));
-      for (Tier tier : kTiers) {
-        x.Sample({{"profile", eng->profile().name}, {"tenant", t}, {"tier", TierName(tier)}},
-                 u.blocks[TierIndex(tier)]);
-      }
-    }
-  }
-  x.Family("kvtier_config_reloads_total", Type::kCounter, "Configuration reloads (SIGHUP) by result");
-  x.Sample({{"result", "applied"}}, static_cast<double>(reloads_applied_));
-  x.Sample({{"result", "rejected"}}, static_cast<double>(reloads_rejected_));
-
-  x.Family("kvtier_rpc_duration_seconds", Type::kHistogram,
-           "Time from a request's decoded frame to its reply queued for sending, by request type");
-  for (const auto& [type, m] : request_metrics_) x.Histogram({{"type", wire::MessageTypeName(type)}}, m.latency);
-  x.Family("kvtier_rpc_errors_total", Type::kCounter, "Requests answered with an error, by request type");
-  for (const auto& [type, m] : request_metrics_) {
-    x.Sample({{"type", wire::MessageTypeName(type)}}, static_cast<double>(m.errors));
-  }
-
-  std::vector<tiering::EngineStats> stats;
-  for (const auto& e : engines_) stats.push_back(e->stats());
-  auto name = [&](size_t i) { return engines_[i]->profile().name; };
-  // One family, one sample per profile (and tier or direction where given).
-  auto per_profile = [&](const char* family, Type type, const char* help, auto value) {
-    x.Family(family, type, help);
-    for (size_t i = 0; i < engines_.size(); ++i) x.Sample({{"profile", name(i)}}, static_cast<double>(value(i)));
-  };
-  auto per_tier = [&](const char* family, const char* help, auto value) {
-    x.Family(family, Type::kGauge, help);
-    for (size_t i = 0; i < engines_.size(); ++i) {
-      for (Tier t : kTiers) {
-        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, TierIndex(t))));
-      }
-    }
-  };
-  auto bytes = [&](size_t i) { return static_cast<double>(engines_[i]->profile().BlockBytes()); };
-  auto tokens = [&](size_t i) { return static_cast<double>(engines_[i]->profile().block_tokens); };
-
-  x.Family("kvtier_lookup_blocks_total", Type::kCounter, "Blocks asked for by Acquire, found (hit) or not (miss)");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks));
-    x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks));
-  }
-  x.Family("kvtier_lookup_tokens_total", Type::kCounter,
-           "Prompt tokens asked for by Acquire, in whole blocks, found (hit) or not (miss)");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks) * tokens(i));
-    x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks) * tokens(i));
-  }
-  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, size_t t) { return stats[i].slots[t]; });
-  per_tier("kvtier_tier_used_slots", "Block slots in use (blocks, moves' destinations, write leases)",
-           [&](size_t i, size_t t) { return stats[i].used[t]; });
-  per_tier("kvtier_tier_capacity_bytes", "Bytes of a tier's pool",
-           [&](size_t i, size_t t) { return stats[i].slots[t] * bytes(i); });
-  per_tier("kvtier_tier_used_bytes", "Bytes of a tier's pool in use",
-           [&](size_t i, size_t t) { return stats[i].used[t] * bytes(i); });
-  per_profile("kvtier_blocks", Type::kGauge, "Blocks cached", [&](size_t i) { return stats[i].blocks; });
-  per_profile("kvtier_sessions", Type::kGauge, "Sessions", [&](size_t i) { return stats[i].sessions; });
-  x.Family("kvtier_leases", Type::kGauge, "Leases held by clients now, by kind");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"kind", "read"}}, stats[i].read_leases);
-    x.Sample({{"profile", name(i)}, {"kind", "write"}}, stats[i].write_leases);
-  }
-  per_profile("kvtier_copies_in_flight", Type::kGauge, "Blocks with a copy between tiers in flight",
-              [&](size_t i) { return stats[i].copies_in_flight; });
-  per_profile("kvtier_committed_blocks_total", Type::kCounter, "New blocks published by Commit",
-              [&](size_t i) { return stats[i].committed_blocks; });
-  per_profile("kvtier_duplicate_blocks_total", Type::kCounter, "Committed blocks that were already cached",
-              [&](size_t i) { return stats[i].duplicate_blocks; });
-  x.Family("kvtier_moved_blocks_total", Type::kCounter, "Blocks that moved between tiers, by direction");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"direction", "gpu_to_host"}}, static_cast<double>(stats[i].demoted_blocks));
-    x.Sample({{"profile", name(i)}, {"direction", "host_to_gpu"}}, static_cast<double>(stats[i].promoted_blocks));
-  }
-  x.Family("kvtier_moved_bytes_total", Type::kCounter, "Bytes of the blocks that moved between tiers, by direction");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    const double down = static_cast<double>(stats[i].demoted_blocks) * bytes(i);
-    const double up = static_cast<double>(stats[i].promoted_blocks) * bytes(i);
-    x.Sample({{"profile", name(i)}, {"direction", "gpu_to_host"}}, down);
-    x.Sample({{"profile", name(i)}, {"direction", "host_to_gpu"}}, up);
-  }
-  per_profile("kvtier_evicted_blocks_total", Type::kCounter, "Blocks dropped from the cache under memory pressure",
-              [&](size_t i) { return stats[i].dropped_blocks; });
-  per_profile("kvtier_evicted_sessions_total", Type::kCounter, "Sessions removed (cachectl evict, limits.max_sessions)",
-              [&](size_t i) { return stats[i].evicted_sessions; });
-  per_profile("kvtier_allocation_failures_total", Type::kCounter, "Allocate requests refused for want of GPU slots",
-              [&](size_t i) { return stats[i].allocation_failures; });
-  per_profile("kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
-              [&](size_t i) { return stats[i].warm_adopted_blocks; });
-  per_profile("kvtier_warm_dropped_blocks", Type::kGauge,
-              "Blocks of the previous run's manifest not adopted (failed a check, or orphaned)",
-              [&](size_t i) { return stats[i].warm_dropped_blocks; });
-  per_profile("kvtier_warm_snapshots_total", Type::kCounter, "Warm-restart manifests written",
-              [&](size_t i) { return stats[i].warm_snapshots; });
-  per_profile("kvtier_priority_expirations_total", Type::kCounter, "Session priorities reset to 0 when their TTL ended",
-              [&](size_t i) { return stats[i].expired_priorities; });
-
-  const tiering::CopyStats copies[2] = {backend_->copy_stats(CopyDirection::kGpuToHost),
-                                        backend_->copy_stats(CopyDirection::kHostToGpu)};
-  const char* directions[2] = {"gpu_to_host", "host_to_gpu"};
-  x.Family("kvtier_copy_batches_total", Type::kCounter, "Copy batches the copy engine completed, by direction");
-  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, static_cast<double>(copies[d].batches));
-  x.Family("kvtier_copy_bytes_total", Type::kCounter, "Bytes the copy engine copied, by direction");
-  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, static_cast<double>(copies[d].bytes));
-  x.Family("kvtier_copy_seconds_total", Type::kCounter,
-           "Seconds the copy engine spent copying, by direction (bytes / seconds is its bandwidth)");
-  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, copies[d].busy_seconds);
-  return x.text();
+StatsView Service::View(std::vector<std::string> tenants) const {
+  return StatsView(counters_, *backend_, engines_, std::move(tenants), access_);
 }
+
+std::string Service::RenderMetrics() const { return RenderPrometheus(View(KnownTenants())); }
 
 }  // namespace kvtier::daemon

@@ -4,8 +4,8 @@
 // request of a client into a reply. Everything runs on one thread (the event
 // loop); nothing here blocks except WaitIdle at shutdown. A failing request gets
 // an ErrorResponse; it never takes the daemon or another client down.
-// Building the backend (backend_factory.h) and warm restart (warm_restart.h)
-// live apart.
+// Building the backend (backend_factory.h), warm restart (warm_restart.h) and
+// the figures it reports (stats.h) live apart.
 #pragma once
 
 #include <chrono>
@@ -23,7 +23,7 @@
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
-#include "metrics.h"
+#include "stats.h"
 #include "warm_restart.h"
 
 namespace kvtier::daemon {
@@ -86,10 +86,10 @@ class Service {
   // Metrics the server measures: a request of `type` was answered `took` after
   // its frame was decoded (reply encoded and queued); a frame did not decode.
   void ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took);
-  void CountBadFrame() { ++bad_frames_; }
-  void CountRefused() { ++refused_connections_; }
+  void CountBadFrame() { ++counters_.bad_frames; }
+  void CountRefused() { ++counters_.refused_connections; }
   const AccessPolicy& access() const { return access_; }
-  void CountReload(bool applied) { ++(applied ? reloads_applied_ : reloads_rejected_); }
+  void CountReload(bool applied) { ++(applied ? counters_.reloads_applied : counters_.reloads_rejected); }
 
   // Runs with `next` from now on: PlanReload(config(), loaded).next, which
   // differs from config() in reloadable settings only. The engines take the new
@@ -134,6 +134,8 @@ class Service {
   // for another tenant unless the client is an admin.
   Result<std::string> TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const;
   std::vector<std::string> KnownTenants() const;
+  // What the figures are read from, reporting the tenants in `tenants`.
+  StatsView View(std::vector<std::string> tenants) const;
 
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
@@ -141,24 +143,9 @@ class Service {
   WarmRestart warm_;
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
-  uint32_t connected_ = 0;
   AccessPolicy access_;
   std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
-  uint64_t refused_connections_ = 0;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  uint64_t requests_ = 0;
-  uint64_t room_waits_ = 0;          // Requests deferred for GPU room.
-  uint64_t room_wait_timeouts_ = 0;  // Of those, answered after kRoomWaitLimit without it.
-  uint64_t errors_ = 0;
-  uint64_t connections_ = 0;  // Clients welcomed since start.
-  uint64_t bad_frames_ = 0;
-  uint64_t reloads_applied_ = 0;
-  uint64_t reloads_rejected_ = 0;
-  struct RequestMetrics {
-    Histogram latency{LatencyBuckets()};
-    uint64_t errors = 0;
-  };
-  std::map<wire::MessageType, RequestMetrics> request_metrics_;
+  ServiceCounters counters_;
 };
 
 }  // namespace kvtier::daemon
