@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <type_traits>
 
 #include "backend_factory.h"
 #include "kvtier/shm_names.h"
@@ -15,8 +16,6 @@ using tiering::Engine;
 using kvtier::Tier;
 
 namespace {
-
-wire::Message Error(const Status& st) { return wire::FromStatus(st); }
 
 tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const ProfileConfig& p) {
   tiering::EngineOptions o;
@@ -165,71 +164,18 @@ void Service::ObserveRequest(wire::MessageType type, std::chrono::steady_clock::
 }
 
 Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
-  if (!c.welcomed) {
-    if (const auto* hello = std::get_if<wire::Hello>(&request)) return OnHello(c, *hello);
-    return {Error(FailedPrecondition(std::string("the first frame must be Hello, got ") +
-                                     wire::MessageTypeName(wire::TypeOf(request)))),
-            true};
-  }
-  Engine& e = *engines_[c.profile];
-  bool deferred = false;
-  wire::Message reply = std::visit(
-      [&](const auto& m) -> wire::Message {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, wire::AllocateRequest>) {
-          return OnAllocate(c, m, &deferred);
-        } else if constexpr (std::is_same_v<T, wire::CommitRequest>) {
-          return OnCommit(c, m);
-        } else if constexpr (std::is_same_v<T, wire::AcquireRequest>) {
-          return OnAcquire(c, m, &deferred);
-        } else if constexpr (std::is_same_v<T, wire::ReleaseRequest>) {
-          return OnRelease(c, m);
-        } else if constexpr (std::is_same_v<T, wire::PrefetchRequest>) {
-          auto r = e.Prefetch(Scoped(c.tenant, m.session));
-          if (!r.ok()) return Error(r.status());
-          return wire::CountResponse{*r};
-        } else if constexpr (std::is_same_v<T, wire::DemoteRequest>) {
-          auto r = e.Demote(Scoped(c.tenant, m.session));
-          if (!r.ok()) return Error(r.status());
-          return wire::CountResponse{*r};
-        } else if constexpr (std::is_same_v<T, wire::EvictRequest>) {
-          return OnEvict(c, m);
-        } else if constexpr (std::is_same_v<T, wire::SetPriorityRequest>) {
-          if (m.ttl_ms > static_cast<uint64_t>(std::chrono::milliseconds(tiering::kMaxPriorityTtl).count())) {
-            return Error(InvalidArgument("priority ttl of " + std::to_string(m.ttl_ms) + " ms exceeds " +
-                                         std::to_string(tiering::kMaxPriorityTtl.count()) + " hours"));
-          }
-          const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
-          const Status st = e.SetPriority(Scoped(c.tenant, m.session), m.priority, ttl);
-          if (!st.ok()) return Error(st);
-          if (m.ttl_ms > 0) {
-            LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
-                    std::to_string(m.priority) + " for " + std::to_string(m.ttl_ms) + " ms");
-          }
-          return wire::OkResponse{};
-        } else if constexpr (std::is_same_v<T, wire::ListSessionsRequest>) {
-          return OnListSessions(c, m);
-        } else if constexpr (std::is_same_v<T, wire::SessionInfoRequest>) {
-          return OnSessionInfo(c, m);
-        } else if constexpr (std::is_same_v<T, wire::StatsRequest>) {
-          return OnStats(c);
-        } else if constexpr (std::is_same_v<T, wire::ConfigRequest>) {
-          if (!c.admin) {
-            return Error(Status(StatusCode::kPermissionDenied,
-                                "the configuration is for admins (access.admin_users / admin_groups); " +
-                                    c.peer.Describe() + " is not an admin"));
-          }
-          return wire::ConfigResponse{DumpConfig(config_)};
-        } else if constexpr (std::is_same_v<T, wire::Ping>) {
-          return wire::Pong{m.nonce};
-        } else if constexpr (std::is_same_v<T, wire::Hello>) {
-          return Error(FailedPrecondition("Hello was already received on this connection"));
-        } else {
-          return Error(InvalidArgument(std::string(wire::MessageTypeName(T::kType)) + " is not a request"));
+  Result<Reply> reply = std::visit(
+      [&](const auto& m) -> Result<Reply> {
+        using M = std::decay_t<decltype(m)>;
+        if (!c.welcomed && !std::is_same_v<M, wire::Hello>) {
+          return FailedPrecondition(std::string("the first frame must be Hello, got ") + M::kName);
         }
+        return On(c, m);
       },
       request);
-  return {std::move(reply), false, deferred};
+  if (reply.ok()) return std::move(reply).value();
+  // Before a Hello succeeded, any error ends the connection.
+  return {wire::FromStatus(reply.status()), /*close=*/!c.welcomed};
 }
 
 bool Service::MayWaitForRoom(ClientState& c) {
@@ -244,13 +190,12 @@ bool Service::MayWaitForRoom(ClientState& c) {
   return false;
 }
 
-Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
+Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
+  if (c.welcomed) return FailedPrecondition("Hello was already received on this connection");
   if (m.min_version > wire::kProtocolVersion || m.max_version < wire::kProtocolVersion) {
-    return {Error(Status(StatusCode::kVersionMismatch,
-                         "client speaks protocol versions " + std::to_string(m.min_version) + ".." +
-                             std::to_string(m.max_version) + ", this kvtierd speaks " +
-                             std::to_string(wire::kProtocolVersion))),
-            true};
+    return Status(StatusCode::kVersionMismatch, "client speaks protocol versions " + std::to_string(m.min_version) +
+                                                    ".." + std::to_string(m.max_version) + ", this kvtierd speaks " +
+                                                    std::to_string(wire::kProtocolVersion));
   }
   int profile = 0;
   if (!m.profile.empty()) {
@@ -259,18 +204,17 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
       if (engines_[i]->profile().name == m.profile) profile = static_cast<int>(i);
     }
     if (profile < 0) {
-      return {Error(NotFound("no model profile named '" + m.profile + "' (see cachectl config)")), true};
+      return NotFound("no model profile named '" + m.profile + "' (see cachectl config)");
     }
   }
   if (counters_.clients >= config_.max_clients) {
-    return {Error(ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients")),
-            true};
+    return ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients");
   }
   if (m.tenant.find('/') != std::string::npos) {
-    return {Error(InvalidArgument("tenant '" + m.tenant + "' may not contain '/'")), true};
+    return InvalidArgument("tenant '" + m.tenant + "' may not contain '/'");
   }
   auto tenant = access_.TenantFor(c.peer, m.tenant);
-  if (!tenant.ok()) return {Error(tenant.status()), true};
+  if (!tenant.ok()) return tenant.status();
   Engine& e = *engines_[profile];
   c.welcomed = true;
   c.name = m.client_name;
@@ -304,63 +248,59 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + m.client_name + " (pid " + std::to_string(m.pid) +
           ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", profile " + e.profile().name + ")");
-  return {std::move(w), false};
+  return Reply{std::move(w)};
 }
 
-wire::Message Service::OnAllocate(ClientState& c, const wire::AllocateRequest& m, bool* deferred) {
+Result<Reply> Service::On(ClientState&, const wire::Ping& m) { return Reply{wire::Pong{m.nonce}}; }
+
+Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
   if (c.leases.size() >= config_.max_leases_per_client) {
-    return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
-                                   " leases, the limit (limits.max_leases_per_client)"));
+    return ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
+                             " leases, the limit (limits.max_leases_per_client)");
   }
   Engine& e = *engines_[c.profile];
   auto r = e.TryAllocate(m.count);
   if (r.ok() && !r->has_value()) {
-    if (MayWaitForRoom(c)) {
-      *deferred = true;
-      return {};
-    }
+    if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: answer with what there is now (it may drop or fail).
     r = e.TryAllocate(m.count, /*may_wait=*/false);
   }
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   tiering::WriteLease& w = **r;
   c.leases.insert(w.id);
-  return wire::AllocateResponse{w.id, std::move(w.slots)};
+  return Reply{wire::AllocateResponse{w.id, std::move(w.slots)}};
 }
 
-wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
-  if (!c.leases.count(m.lease_id)) return Error(NotFound("lease " + std::to_string(m.lease_id) + " is not yours"));
+Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
+  if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   if (m.writer_event) {
     // Before the blocks become demotable: no GPU->host copy may overtake the writer.
     const Status st = backend_->OrderAfterWriter(*m.writer_event);
-    if (!st.ok()) return Error(Status(st.code(), "commit: " + st.message()));
+    if (!st.ok()) return Status(st.code(), "commit: " + st.message());
   }
   auto r = engines_[c.profile]->Commit(m.lease_id, Scoped(c.tenant, m.session), c.ns, m.parent, m.start_block,
                                        m.tokens, m.slots);
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
   // the demotions now, not at the next tick, so the next Allocate finds room.
   engines_[c.profile]->EnforceWatermarks();
-  return wire::CommitResponse{r->stored, r->duplicates};
+  return Reply{wire::CommitResponse{r->stored, r->duplicates}};
 }
 
-wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, bool* deferred) {
+Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   if (c.leases.size() >= config_.max_leases_per_client) {
-    return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
-                                   " leases, the limit (limits.max_leases_per_client)"));
+    return ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
+                             " leases, the limit (limits.max_leases_per_client)");
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   if (promote && engines_[c.profile]->AcquireNeedsRoom(c.ns, m.keys, m.tokens)) {
-    if (MayWaitForRoom(c)) {
-      *deferred = true;
-      return {};
-    }
+    if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are
     // readable there) rather than wait for room on this thread.
     promote = false;
   }
   auto r = engines_[c.profile]->Acquire(m.session.empty() ? std::string() : Scoped(c.tenant, m.session), c.ns, m.keys, m.tokens, promote);
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
   out.lease_id = r->id;
@@ -369,36 +309,47 @@ wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, 
   out.fence = r->fence;
   out.blocks.reserve(r->blocks.size());
   for (const auto& b : r->blocks) out.blocks.push_back(wire::BlockLoc{b.tier, b.slot});
-  return out;
+  return Reply{std::move(out)};
 }
 
-wire::Message Service::OnRelease(ClientState& c, const wire::ReleaseRequest& m) {
-  if (!c.leases.erase(m.lease_id)) return Error(NotFound("lease " + std::to_string(m.lease_id) + " is not yours"));
+Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
+  if (!c.leases.erase(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   const Status st = engines_[c.profile]->Release(m.lease_id);
-  if (!st.ok()) return Error(st);
-  return wire::OkResponse{};
+  if (!st.ok()) return st;
+  return Reply{wire::OkResponse{}};
 }
 
-wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
+Result<Reply> Service::On(ClientState& c, const wire::PrefetchRequest& m) {
+  auto r = engines_[c.profile]->Prefetch(Scoped(c.tenant, m.session));
+  if (!r.ok()) return r.status();
+  return Reply{wire::CountResponse{*r}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::DemoteRequest& m) {
+  auto r = engines_[c.profile]->Demote(Scoped(c.tenant, m.session));
+  if (!r.ok()) return r.status();
+  return Reply{wire::CountResponse{*r}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
   Engine& e = *engines_[c.profile];
   if (m.all && !c.admin) {
-    return Error(Status(StatusCode::kPermissionDenied,
-                        "evict --all is for admins (access.admin_users / admin_groups); " + c.peer.Describe() +
-                            " is not an admin"));
+    return Status(StatusCode::kPermissionDenied, "evict --all is for admins (access.admin_users / admin_groups); " +
+                                                     c.peer.Describe() + " is not an admin");
   }
   if (!m.session.empty()) {
     // With a tenant too: that tenant's session (admins only, unless it is the client's own).
     auto tenant = TenantToActOn(c, m.tenant, "evict a session");
-    if (!tenant.ok()) return Error(tenant.status());
+    if (!tenant.ok()) return tenant.status();
     const Status st = e.Evict(Scoped(*tenant, m.session));
-    if (!st.ok()) return Error(st);
+    if (!st.ok()) return st;
     LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "' of tenant '" + *tenant + "'");
-    return wire::CountResponse{1};
+    return Reply{wire::CountResponse{1}};
   }
-  if (!m.all && m.tenant.empty()) return Error(InvalidArgument("evict needs a session, a tenant or all"));
+  if (!m.all && m.tenant.empty()) return InvalidArgument("evict needs a session, a tenant or all");
   if (!m.all) {
     auto tenant = TenantToActOn(c, m.tenant, "evict the sessions");
-    if (!tenant.ok()) return Error(tenant.status());
+    if (!tenant.ok()) return tenant.status();
   }
   uint32_t n = 0;
   for (const tiering::SessionInfo& s : e.ListSessions()) {
@@ -406,7 +357,22 @@ wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
   }
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
-  return wire::CountResponse{n};
+  return Reply{wire::CountResponse{n}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::SetPriorityRequest& m) {
+  if (m.ttl_ms > static_cast<uint64_t>(std::chrono::milliseconds(tiering::kMaxPriorityTtl).count())) {
+    return InvalidArgument("priority ttl of " + std::to_string(m.ttl_ms) + " ms exceeds " +
+                           std::to_string(tiering::kMaxPriorityTtl.count()) + " hours");
+  }
+  const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
+  const Status st = engines_[c.profile]->SetPriority(Scoped(c.tenant, m.session), m.priority, ttl);
+  if (!st.ok()) return st;
+  if (m.ttl_ms > 0) {
+    LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
+            std::to_string(m.priority) + " for " + std::to_string(m.ttl_ms) + " ms");
+  }
+  return Reply{wire::OkResponse{}};
 }
 
 wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
@@ -422,12 +388,12 @@ wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
   return out;
 }
 
-wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRequest& m) {
+Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
   // A client sees its own tenant's sessions; an admin every tenant's (or one's).
   std::string only = m.tenant_filter;
   if (!c.admin) {
     auto tenant = TenantToActOn(c, m.tenant_filter, "list the sessions");
-    if (!tenant.ok()) return Error(tenant.status());
+    if (!tenant.ok()) return tenant.status();
     only = *tenant;
   }
   wire::ListSessionsResponse out;
@@ -436,26 +402,35 @@ wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRe
     out.sessions.push_back(Summarize(s));
     if (out.sessions.size() >= wire::kMaxArray / 4) break;
   }
-  return out;
+  return Reply{std::move(out)};
 }
 
-wire::Message Service::OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m) {
+Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
   auto r = engines_[c.profile]->GetSession(Scoped(c.tenant, m.session));
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
   out.chain = r->chain;
   for (Tier t : r->tiers) out.tiers.push_back(static_cast<uint8_t>(t));
-  return out;
+  return Reply{std::move(out)};
 }
 
-wire::Message Service::OnStats(ClientState& c) {
+Result<Reply> Service::On(ClientState& c, const wire::StatsRequest&) {
   // A client that is not an admin sees its own tenant's figures only.
   std::vector<std::string> tenants;
   for (const std::string& t : KnownTenants()) {
     if (c.admin || t == c.tenant) tenants.push_back(t);
   }
-  return wire::StatsResponse{StatsList(View(std::move(tenants)), static_cast<size_t>(c.profile))};
+  return Reply{wire::StatsResponse{StatsList(View(std::move(tenants)), static_cast<size_t>(c.profile))}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::ConfigRequest&) {
+  if (!c.admin) {
+    return Status(StatusCode::kPermissionDenied,
+                  "the configuration is for admins (access.admin_users / admin_groups); " + c.peer.Describe() +
+                      " is not an admin");
+  }
+  return Reply{wire::ConfigResponse{DumpConfig(config_)}};
 }
 
 Status Service::Reconfigure(const DaemonConfig& next) {

@@ -1,11 +1,13 @@
 // Service: kvtierd's state and request handling, apart from any socket.
 //
 // It owns the backend and one Engine per model profile, and turns each decoded
-// request of a client into a reply. Everything runs on one thread (the event
-// loop); nothing here blocks except WaitIdle at shutdown. A failing request gets
-// an ErrorResponse; it never takes the daemon or another client down.
-// Building the backend (backend_factory.h), warm restart (warm_restart.h) and
-// the figures it reports (stats.h) live apart.
+// request of a client into a reply: every message type that is a request has
+// one handler, Result<Reply> On(ClientState&, const M&), chosen from the
+// message's alternative (Dispatch); any other type is answered "not a request".
+// Everything runs on one thread (the event loop); nothing here blocks except
+// WaitIdle at shutdown. A failing request gets an ErrorResponse; it never takes
+// the daemon or another client down. Building the backend (backend_factory.h),
+// warm restart (warm_restart.h) and the figures it reports (stats.h) live apart.
 #pragma once
 
 #include <chrono>
@@ -45,6 +47,7 @@ struct ClientState {
   std::optional<std::chrono::steady_clock::time_point> waiting_for_room;
 };
 
+// What a request gets.
 struct Reply {
   wire::Message message;
   bool close = false;  // Close the connection after sending (a protocol violation).
@@ -52,6 +55,12 @@ struct Reply {
   // free. Handle the same request again after copies completed (Poll, Tick);
   // nothing was changed meanwhile, and `message` is empty.
   bool deferred = false;
+
+  static Reply Deferred() {
+    Reply r;
+    r.deferred = true;
+    return r;
+  }
 };
 
 // How long an Allocate or Acquire may wait for demotions to free GPU slots
@@ -114,19 +123,35 @@ class Service {
  private:
   Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend);
 
+  // Finds the handler of `request`'s type; turns its error into an
+  // ErrorResponse, which closes the connection of a client not welcomed (yet).
   Reply Dispatch(ClientState& c, const wire::Message& request);
-  Reply OnHello(ClientState& c, const wire::Hello& m);
-  // Set *deferred (and return an empty message) to wait for GPU room.
-  wire::Message OnAllocate(ClientState& c, const wire::AllocateRequest& m, bool* deferred);
-  wire::Message OnCommit(ClientState& c, const wire::CommitRequest& m);
-  wire::Message OnAcquire(ClientState& c, const wire::AcquireRequest& m, bool* deferred);
+
+  // The handlers. REQUIRES: c.welcomed, except for Hello. Each returns the
+  // reply, a deferral (Reply::deferred) or the error to answer with.
+  Result<Reply> On(ClientState& c, const wire::Hello& m);
+  Result<Reply> On(ClientState& c, const wire::Ping& m);
+  // Allocate and Acquire defer while demotions free GPU room (kRoomWaitLimit).
+  Result<Reply> On(ClientState& c, const wire::AllocateRequest& m);
+  Result<Reply> On(ClientState& c, const wire::CommitRequest& m);
+  Result<Reply> On(ClientState& c, const wire::AcquireRequest& m);
+  Result<Reply> On(ClientState& c, const wire::ReleaseRequest& m);
+  Result<Reply> On(ClientState& c, const wire::PrefetchRequest& m);
+  Result<Reply> On(ClientState& c, const wire::DemoteRequest& m);
+  Result<Reply> On(ClientState& c, const wire::EvictRequest& m);
+  Result<Reply> On(ClientState& c, const wire::SetPriorityRequest& m);
+  Result<Reply> On(ClientState& c, const wire::ListSessionsRequest& m);
+  Result<Reply> On(ClientState& c, const wire::SessionInfoRequest& m);
+  Result<Reply> On(ClientState& c, const wire::StatsRequest& m);
+  Result<Reply> On(ClientState& c, const wire::ConfigRequest& m);
+  // Every other message type is a reply, which no client sends.
+  template <typename M>
+  Result<Reply> On(ClientState&, const M&) {
+    return InvalidArgument(std::string(M::kName) + " is not a request");
+  }
+
   // True (and the wait starts or goes on) if the client may still wait for room.
   bool MayWaitForRoom(ClientState& c);
-  wire::Message OnRelease(ClientState& c, const wire::ReleaseRequest& m);
-  wire::Message OnEvict(ClientState& c, const wire::EvictRequest& m);
-  wire::Message OnListSessions(ClientState& c, const wire::ListSessionsRequest& m);
-  wire::Message OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m);
-  wire::Message OnStats(ClientState& c);
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
   // A client's session id as the engine knows it: "<tenant>/<id>".
   static std::string Scoped(const std::string& tenant, std::string_view id);
