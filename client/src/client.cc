@@ -540,7 +540,8 @@ Status WriteLease::RecordWritten(void* stream) {
   if (!attachment_ || id_ == 0) return FailedPrecondition("RecordWritten on a released write lease");
   client_internal::GpuState* gpu = attachment_->gpu.get();
   if (gpu == nullptr) {
-    return FailedPrecondition(std::string("RecordWritten: kvtierd runs the ") + wire::BackendKindName(attachment_->welcome.backend) +
+    return FailedPrecondition(std::string("RecordWritten: kvtierd runs the ") +
+                              wire::BackendKindName(attachment_->welcome.backend) +
                               " backend, whose blocks the CPU writes; there is no GPU work to record");
   }
   if (!writer_event_) {
