@@ -216,6 +216,13 @@ std::vector<StatPoint> Points(const StatsView& v, StatScope scope, size_t profil
   std::vector<StatPoint> out;
   StatPoint at;
   at.profile = profile;
+  // `at` once per value of one of its fields.
+  auto each = [&](auto field, const auto& values) {
+    for (const auto& value : values) {
+      at.*field = value;
+      out.push_back(at);
+    }
+  };
   switch (scope) {
     case S::kDaemon:
     case S::kBuild:
@@ -223,25 +230,16 @@ std::vector<StatPoint> Points(const StatsView& v, StatScope scope, size_t profil
       out.push_back(at);
       break;
     case S::kProfileTier:
-      for (Tier t : kTiers) {
-        at.tier = t;
-        out.push_back(at);
-      }
+      each(&StatPoint::tier, kTiers);
       break;
     case S::kTenantTier:
       for (const std::string& tenant : v.tenants) {
         at.tenant = &tenant;
-        for (Tier t : kTiers) {
-          at.tier = t;
-          out.push_back(at);
-        }
+        each(&StatPoint::tier, kTiers);
       }
       break;
     case S::kDirection:
-      for (CopyDirection d : kDirections) {
-        at.direction = d;
-        out.push_back(at);
-      }
+      each(&StatPoint::direction, kDirections);
       break;
     case S::kRequestType:
       for (const auto& [type, m] : v.counters.per_type) {
