@@ -175,11 +175,7 @@ Result<std::unique_ptr<GpuState>> OpenGpu(const wire::Welcome& welcome, const Gp
 
 Result<std::shared_ptr<Attachment>> Attach(wire::Welcome welcome) {
   auto att = std::make_shared<Attachment>();
-  const bool cuda = welcome.backend == "cuda";
-  if (!cuda && welcome.backend != "host") {
-    return Status(StatusCode::kFailedPrecondition, "kvtierd runs the '" + welcome.backend +
-                                                       "' backend; this client knows the host and cuda backends");
-  }
+  const bool cuda = welcome.backend == wire::BackendKind::kCuda;
   if (!cuda && !welcome.fence_events.empty()) return ProtocolError("Welcome: fence events from a host backend");
   if (welcome.pools.size() != kTierCount) return ProtocolError("Welcome must describe 2 pools");
   for (int t = 0; t < kTierCount; ++t) {
@@ -544,7 +540,8 @@ Status WriteLease::RecordWritten(void* stream) {
   if (!attachment_ || id_ == 0) return FailedPrecondition("RecordWritten on a released write lease");
   client_internal::GpuState* gpu = attachment_->gpu.get();
   if (gpu == nullptr) {
-    return FailedPrecondition("RecordWritten: kvtierd runs the " + attachment_->welcome.backend +
+    return FailedPrecondition(std::string("RecordWritten: kvtierd runs the ") +
+                              wire::BackendKindName(attachment_->welcome.backend) +
                               " backend, whose blocks the CPU writes; there is no GPU work to record");
   }
   if (!writer_event_) {
@@ -580,7 +577,7 @@ Status Client::Reconnect() {
 
 const ModelProfile& Client::profile() const { return core_->attachment()->welcome.profile; }
 const Namespace& Client::ns() const { return core_->attachment()->welcome.ns; }
-std::string Client::backend() const { return core_->attachment()->welcome.backend; }
+std::string Client::backend() const { return wire::BackendKindName(core_->attachment()->welcome.backend); }
 uint64_t Client::instance_id() const { return core_->attachment()->welcome.instance_id; }
 uint32_t Client::client_id() const { return core_->attachment()->welcome.client_id; }
 

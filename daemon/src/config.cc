@@ -296,56 +296,12 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
   return Status::Ok();
 }
 
-std::string YamlString(const std::string& v);
-
-// ["a", "1001"]: user or group names as written.
-std::string IdList(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + YamlString(items[i]);
-  return out + "]";
-}
-
 // A NUL would cut a shared-memory or socket name short; no name needs the others.
 bool HasControlCharacter(const std::string& v) {
   return std::any_of(v.begin(), v.end(), [](char ch) {
     const auto u = static_cast<unsigned char>(ch);
     return u < 0x20 || u == 0x7f;
   });
-}
-
-// The shortest text that reads back as exactly `v`.
-std::string FmtDouble(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, r.ptr);
-}
-
-// `v` as a YAML scalar that reads back as the same string: plain when it is
-// unambiguous (names, paths), otherwise double-quoted with escapes.
-std::string YamlString(const std::string& v) {
-  const bool plain =
-      !v.empty() && v != "null" && v != "Null" && v != "NULL" && v != "~" &&
-      (std::isalnum(static_cast<unsigned char>(v[0])) || v[0] == '/' || v[0] == '_') &&
-      std::all_of(v.begin(), v.end(), [](char ch) {
-        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '/' || ch == '_' || ch == '-' || ch == '.';
-      });
-  if (plain) return v;
-  std::string out = "\"";
-  for (const char ch : v) {
-    const auto u = static_cast<unsigned char>(ch);
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (u < 0x20 || u == 0x7f) {
-      static const char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    } else {
-      out += ch;  // UTF-8 bytes pass through.
-    }
-  }
-  return out + "\"";
 }
 
 }  // namespace
@@ -483,66 +439,6 @@ Result<DaemonConfig> LoadConfigFile(const std::string& path) {
   return ParseConfig(buf.str(), path);
 }
 
-std::string DumpConfig(const DaemonConfig& c) {
-  std::ostringstream o;
-  o << "instance: " << YamlString(c.instance) << "\n"
-    << "socket: " << YamlString(c.socket_path) << "\n"
-    << "backend: " << c.backend << "\n"
-    << "log_level: " << c.log_level << "\n"
-    << "warm_restart: " << (c.warm_restart ? "true" : "false") << "\n"
-    << "busy_poll_us: " << c.busy_poll_us << "\n"
-    << "profiles:\n";
-  for (const ProfileConfig& p : c.profiles) {
-    o << "  - name: " << YamlString(p.profile.name) << "\n"
-      << "    layers: " << p.profile.layers << "\n"
-      << "    kv_heads: " << p.profile.kv_heads << "\n"
-      << "    head_dim: " << p.profile.head_dim << "\n"
-      << "    dtype: " << DTypeName(p.profile.dtype) << "\n"
-      << "    block_tokens: " << p.profile.block_tokens << "\n"
-      << "    gpu_blocks: " << p.gpu_blocks << "    # " << p.gpu_blocks * p.profile.BlockBytes() / 1048576.0 << " MiB\n"
-      << "    host_blocks: " << p.host_blocks << "    # " << p.host_blocks * p.profile.BlockBytes() / 1048576.0 << " MiB\n";
-  }
-  o << "tiering:\n"
-    << "  gpu_high_watermark: " << FmtDouble(c.gpu_high_watermark) << "\n"
-    << "  gpu_low_watermark: " << FmtDouble(c.gpu_low_watermark) << "\n"
-    << "  host_high_watermark: " << FmtDouble(c.host_high_watermark) << "\n"
-    << "  host_low_watermark: " << FmtDouble(c.host_low_watermark) << "\n"
-    << "  max_copy_batch: " << c.max_copy_batch << "\n"
-    << "  policy: " << c.policy << "\n"
-    << "  tick_ms: " << c.tick_ms << "\n"
-    << "  warm_snapshot_ms: " << c.warm_snapshot_ms << "\n"
-    << "limits:\n"
-    << "  max_clients: " << c.max_clients << "\n"
-    << "  max_sessions: " << c.max_sessions << "\n"
-    << "  max_sessions_per_tenant: " << c.max_sessions_per_tenant << "\n"
-    << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
-    << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
-    << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
-    << "  hello_timeout_ms: " << c.hello_timeout_ms << "\n"
-    << "metrics:\n"
-    << "  listen: " << (c.metrics_listen.empty() ? "\"\"" : YamlString(c.metrics_listen)) << "\n";
-  char mode[8];
-  std::snprintf(mode, sizeof(mode), "%04o", c.access.mode);
-  o << "access:\n"
-    << "  allow_users: " << IdList(c.access.allow_users) << "\n"
-    << "  allow_groups: " << IdList(c.access.allow_groups) << "\n"
-    << "  admin_users: " << IdList(c.access.admin_users) << "\n"
-    << "  admin_groups: " << IdList(c.access.admin_groups) << "\n"
-    << "  allow_root: " << (c.access.allow_root ? "true" : "false") << "\n"
-    << "  group: " << (c.access.group.empty() ? "\"\"" : YamlString(c.access.group)) << "\n"
-    << "  mode: \"" << mode << "\"\n";
-  o << "tenants:" << (c.tenants.empty() ? " []" : "") << "\n";
-  for (const TenantConfig& t : c.tenants) {
-    o << "  - name: " << YamlString(t.name) << "\n"
-      << "    users: " << IdList(t.users) << "\n"
-      << "    groups: " << IdList(t.groups) << "\n"
-      << "    allow_requested: " << (t.allow_requested ? "true" : "false") << "\n"
-      << "    gpu_blocks: " << t.gpu_blocks << "\n"
-      << "    host_blocks: " << t.host_blocks << "\n";
-  }
-  return o.str();
-}
-
 Result<ListenAddress> ParseListenAddress(std::string_view text) {
   const std::string usage = "'" + std::string(text) + "' is not HOST:PORT (e.g. 127.0.0.1:9464 or [::1]:9464)";
   const size_t colon = text.rfind(':');
@@ -572,115 +468,6 @@ Result<ListenAddress> ParseListenAddress(std::string_view text) {
   if (p > 65535) return InvalidArgument("port " + std::string(port) + " is not in [0, 65535]");
   out.port = static_cast<uint16_t>(p);
   return out;
-}
-
-namespace {
-
-struct Setting {
-  std::string key;
-  std::string value;
-  bool reloadable;
-};
-
-// Every setting as "key: value", in file order, marked as reloadable or not.
-std::vector<Setting> Flatten(const DaemonConfig& c) {
-  std::vector<Setting> out;
-  auto add = [&](std::string key, std::string value, bool reloadable) {
-    out.push_back(Setting{std::move(key), std::move(value), reloadable});
-  };
-  add("instance", c.instance, false);
-  add("socket", c.socket_path, false);
-  add("backend", c.backend, false);
-  add("log_level", c.log_level, true);
-  add("warm_restart", c.warm_restart ? "true" : "false", false);
-  add("busy_poll_us", std::to_string(c.busy_poll_us), true);
-  for (size_t i = 0; i < c.profiles.size(); ++i) {
-    const ProfileConfig& p = c.profiles[i];
-    const std::string k = "profiles[" + std::to_string(i) + "].";
-    add(k + "name", p.profile.name, false);
-    add(k + "layers", std::to_string(p.profile.layers), false);
-    add(k + "kv_heads", std::to_string(p.profile.kv_heads), false);
-    add(k + "head_dim", std::to_string(p.profile.head_dim), false);
-    add(k + "dtype", std::string(DTypeName(p.profile.dtype)), false);
-    add(k + "block_tokens", std::to_string(p.profile.block_tokens), false);
-    add(k + "gpu_blocks", std::to_string(p.gpu_blocks), false);
-    add(k + "host_blocks", std::to_string(p.host_blocks), false);
-  }
-  add("tiering.gpu_high_watermark", FmtDouble(c.gpu_high_watermark), true);
-  add("tiering.gpu_low_watermark", FmtDouble(c.gpu_low_watermark), true);
-  add("tiering.host_high_watermark", FmtDouble(c.host_high_watermark), true);
-  add("tiering.host_low_watermark", FmtDouble(c.host_low_watermark), true);
-  add("tiering.max_copy_batch", std::to_string(c.max_copy_batch), true);
-  add("tiering.policy", c.policy, true);
-  add("tiering.tick_ms", std::to_string(c.tick_ms), true);
-  add("tiering.warm_snapshot_ms", std::to_string(c.warm_snapshot_ms), true);
-  add("limits.max_clients", std::to_string(c.max_clients), true);
-  add("limits.max_sessions", std::to_string(c.max_sessions), false);
-  add("limits.max_sessions_per_tenant", std::to_string(c.max_sessions_per_tenant), false);
-  add("limits.max_leases_per_client", std::to_string(c.max_leases_per_client), true);
-  add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);
-  add("limits.max_frame_bytes", std::to_string(c.max_frame_bytes), false);
-  add("limits.hello_timeout_ms", std::to_string(c.hello_timeout_ms), true);
-  add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
-  add("access.allow_users", IdList(c.access.allow_users), false);
-  add("access.allow_groups", IdList(c.access.allow_groups), false);
-  add("access.admin_users", IdList(c.access.admin_users), false);
-  add("access.admin_groups", IdList(c.access.admin_groups), false);
-  add("access.allow_root", c.access.allow_root ? "true" : "false", false);
-  add("access.group", "\"" + c.access.group + "\"", false);
-  add("access.mode", std::to_string(c.access.mode), false);
-  for (size_t i = 0; i < c.tenants.size(); ++i) {
-    const TenantConfig& t = c.tenants[i];
-    const std::string k = "tenants[" + std::to_string(i) + "].";
-    add(k + "name", t.name, false);
-    add(k + "users", IdList(t.users), false);
-    add(k + "groups", IdList(t.groups), false);
-    add(k + "allow_requested", t.allow_requested ? "true" : "false", false);
-    add(k + "gpu_blocks", std::to_string(t.gpu_blocks), false);
-    add(k + "host_blocks", std::to_string(t.host_blocks), false);
-  }
-  return out;
-}
-
-}  // namespace
-
-ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
-  ReloadPlan plan;
-  plan.next = running;
-  DaemonConfig& n = plan.next;
-  n.log_level = loaded.log_level;
-  n.busy_poll_us = loaded.busy_poll_us;
-  n.gpu_high_watermark = loaded.gpu_high_watermark;
-  n.gpu_low_watermark = loaded.gpu_low_watermark;
-  n.host_high_watermark = loaded.host_high_watermark;
-  n.host_low_watermark = loaded.host_low_watermark;
-  n.max_copy_batch = loaded.max_copy_batch;
-  n.policy = loaded.policy;
-  n.tick_ms = loaded.tick_ms;
-  n.warm_snapshot_ms = loaded.warm_snapshot_ms;
-  n.max_clients = loaded.max_clients;
-  n.max_leases_per_client = loaded.max_leases_per_client;
-  n.hello_timeout_ms = loaded.hello_timeout_ms;
-
-  const std::vector<Setting> before = Flatten(running), after = Flatten(loaded);
-  auto find = [](const std::vector<Setting>& in, const std::string& key) -> const Setting* {
-    for (const Setting& s : in) {
-      if (s.key == key) return &s;
-    }
-    return nullptr;
-  };
-  for (const Setting& b : before) {
-    const Setting* a = find(after, b.key);
-    if (a == nullptr) {
-      plan.kept.push_back(b.key + ": " + b.value + " -> (none)");
-    } else if (a->value != b.value) {
-      (b.reloadable ? plan.applied : plan.kept).push_back(b.key + ": " + b.value + " -> " + a->value);
-    }
-  }
-  for (const Setting& a : after) {
-    if (find(before, a.key) == nullptr) plan.kept.push_back(a.key + ": (none) -> " + a.value);
-  }
-  return plan;
 }
 
 }  // namespace kvtier::daemon

@@ -2,6 +2,8 @@
 //
 // Every error names the key ("profiles[0].block_tokens: must be in [1, 1024]"),
 // and unknown keys are errors, so a typo never silently means "the default".
+// Parsing is config.cc; writing a configuration back out, as YAML (DumpConfig)
+// or key by key to compare two (PlanReload), is config_dump.cc.
 #pragma once
 
 #include <cstdint>

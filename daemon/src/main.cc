@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config.h"
+#include "instance_lock.h"
 #include "log.h"
 #include "notify.h"
 #include "server.h"

@@ -18,23 +18,6 @@ namespace kvtier::daemon {
 
 class Service;
 
-// Proof that this process is the only kvtierd for its socket and its instance
-// name: exclusive locks on "<socket>.lock" and "/dev/shm/<instance>.lock", held
-// until destruction (which removes the files). Take it before creating any
-// shared segment.
-class InstanceLock {
- public:
-  static Result<InstanceLock> Acquire(const DaemonConfig& config);
-  InstanceLock(InstanceLock&& other) noexcept;
-  InstanceLock& operator=(InstanceLock&&) = delete;
-  ~InstanceLock();
-
- private:
-  InstanceLock() = default;
-  int fds_[2] = {-1, -1};
-  std::string paths_[2];
-};
-
 class Server {
  public:
   // What SIGHUP re-reads: the configuration as it would be at start now.
@@ -44,7 +27,7 @@ class Server {
   ~Server();
 
   // Replaces a stale socket, binds and listens; starts the metrics endpoint when
-  // configured. REQUIRES: the InstanceLock is held.
+  // configured. REQUIRES: the InstanceLock (instance_lock.h) is held.
   // kAlreadyExists when another process serves this socket.
   Status Start();
   // Serves until SIGTERM/SIGINT (or Stop), then drains and cleans up. On SIGHUP

@@ -1,20 +1,14 @@
 #include "service.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <random>
+#include <type_traits>
 
-#include "kvtier/index_layout.h"
+#include "backend_factory.h"
 #include "kvtier/shm_names.h"
-#include "kvtier/tiering/backend_select.h"
-#include "kvtier/tiering/host_backend.h"
-#ifdef KVTIER_HAVE_CUDA_BACKEND
-#include "kvtier/tiering/cuda_backend.h"
-#endif
 #include "log.h"
-#include "notify.h"
 
 namespace kvtier::daemon {
 
@@ -22,8 +16,6 @@ using tiering::Engine;
 using kvtier::Tier;
 
 namespace {
-
-wire::Message Error(const Status& st) { return wire::FromStatus(st); }
 
 tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const ProfileConfig& p) {
   tiering::EngineOptions o;
@@ -53,124 +45,31 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   return o;
 }
 
-std::string WarmSegment(const DaemonConfig& config, const ProfileConfig& p) {
-  return shm_names::WarmManifest(config.instance, p.profile.name);
-}
-
-std::string Millis(std::chrono::microseconds us) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(us.count()) / 1000.0);
-  return buf;
-}
-
-// Before the engine exists: with warm restart off, what an earlier run with it
-// on left behind (manifest and host pool) is removed.
-void RemoveWarmLeftovers(const DaemonConfig& config, const ProfileConfig& p) {
-  const std::string manifest = WarmSegment(config, p);
-  shm_unlink(shm_names::Staging(manifest).c_str());  // A write the earlier run did not finish.
-  if (shm_unlink(manifest.c_str()) == 0) {
-    const std::string pool = shm_names::Pool(config.instance, p.profile.name, Tier::kHost);
-    shm_unlink(pool.c_str());
-    LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
-  }
-}
-
-// After the engine exists: adopt the host tier an earlier run left, and say
-// what happened. Nothing here stops a start: what cannot be adopted is removed.
-void AdoptWarm(Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
-  const std::string manifest = WarmSegment(config, p);
-  auto report = engine.AdoptWarm(manifest);
-  const std::string who = "warm restart, profile '" + p.profile.name + "': ";
-  if (!report.ok()) {
-    shm_unlink(manifest.c_str());
-    LogWarn(who + "removed " + manifest + ", which cannot be read (" + report.status().ToString() +
-            "); starting cold");
-  } else if (!report->found) {
-    LogInfo(who + "no manifest " + manifest + "; starting cold");
-  } else if (!report->compatible) {
-    LogWarn(who + "removed stale segment " + manifest + " (" + report->reason + "); starting cold");
-  } else {
-    LogInfo(who + "adopted " + std::to_string(report->adopted_blocks) + " of " +
-            std::to_string(report->listed_blocks) + " host blocks (" + std::to_string(report->dropped_blocks) +
-            " dropped) and " + std::to_string(report->adopted_sessions) + " sessions (" +
-            std::to_string(report->dropped_sessions) + " dropped) from a " +
-            (report->clean ? "clean-shutdown manifest" : "snapshot (unclean shutdown)") + " in " +
-            Millis(report->took));
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// The backend named by `backend:` (auto|host|cuda), or why it cannot run here.
-Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& config) {
-  auto choice = tiering::ChooseBackend(config.backend);
-  if (!choice.ok()) return choice.status();
-  LogInfo(choice->reason);
-  if (choice->kind == tiering::BackendKind::kCuda) {
-#ifdef KVTIER_HAVE_CUDA_BACKEND
-    tiering::CudaBackendOptions co;
-    co.name_prefix = config.instance;
-    co.segment_mode = config.access.mode;
-    co.segment_group = config.access.group_gid;
-    // Pinning a large host tier takes seconds: say how far it got, in the log and to systemd.
-    co.pin_progress = [last_percent = -1](const std::string& pool, size_t pinned, size_t total) mutable {
-      const int percent = total == 0 ? 100 : static_cast<int>(pinned * 100 / total);
-      if (percent / 10 == last_percent / 10 && pinned != total) return;
-      last_percent = percent;
-      const std::string line = "pinning host pool '" + pool + "': " + std::to_string(pinned >> 20) + " of " +
-                               std::to_string(total >> 20) + " MiB (" + std::to_string(percent) + "%)";
-      LogInfo(line);
-      notify::SetStatus(line);
-      if (pinned == total) last_percent = -1;
-    };
-    auto cuda = tiering::CreateCudaBackend(co);
-    if (!cuda.ok()) return Status(cuda.status().code(), "backend cuda: " + cuda.status().message());
-    LogInfo((*cuda)->Describe());
-    return std::unique_ptr<tiering::Backend>(std::move(cuda).value());
-#else
-    return FailedPrecondition("backend: cuda: this kvtierd was built without the CUDA backend");
-#endif
-  }
-  tiering::HostBackendOptions bo;
-  bo.name_prefix = config.instance;
-  bo.segment_mode = config.access.mode;
-  bo.segment_group = config.access.group_gid;
-  auto host = tiering::CreateHostBackend(bo);
-  if (!host.ok()) return host.status();
-  return std::unique_ptr<tiering::Backend>(std::move(host).value());
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = CreateBackend(config);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
-  // Warm restart keeps shared-memory pools: the host backend's. Another backend starts cold.
-  svc->warm_ = config.warm_restart && svc->backend_->kind() == tiering::BackendKind::kHost;
-  if (config.warm_restart && !svc->warm_) {
-    LogWarn(std::string("warm_restart is ignored with the ") + tiering::BackendKindName(svc->backend_->kind()) +
-            " backend (host backend only)");
-  }
   for (const ProfileConfig& p : config.profiles) {
-    if (!config.warm_restart) RemoveWarmLeftovers(config, p);
+    svc->warm_.BeforeEngine(config, p);
     tiering::EngineOptions options = EngineOptionsFor(config, p);
-    options.warm_restart = svc->warm_;
+    options.warm_restart = svc->warm_.enabled();
     auto engine = Engine::Create(options, *svc->backend_);
     if (!engine.ok()) {
       return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
     }
-    if (svc->warm_) AdoptWarm(**engine, config, p);
+    svc->warm_.AdoptInto(**engine, config, p);
     svc->engines_.push_back(std::move(engine).value());
   }
-  svc->last_snapshot_ = std::chrono::steady_clock::now();
   return svc;
 }
 
 Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
-    : config_(std::move(config)), backend_(std::move(backend)), access_(config_, ::geteuid()) {
+    : config_(std::move(config)),
+      backend_(std::move(backend)),
+      warm_(config_, backend_->kind()),
+      access_(config_, ::geteuid()) {
   for (const TenantConfig& t : config_.tenants) tenants_seen_.push_back(t.name);
   std::random_device rd;
   instance_id_ = (uint64_t{rd()} << 32) | rd();
@@ -192,44 +91,10 @@ std::string Service::Describe() const {
 
 void Service::Tick() {
   for (auto& e : engines_) e->Tick();
-  if (warm_ && config_.warm_snapshot_ms > 0 &&
-      std::chrono::steady_clock::now() - last_snapshot_ >= std::chrono::milliseconds(config_.warm_snapshot_ms)) {
-    last_snapshot_ = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < engines_.size(); ++i) {
-      if (!engines_[i]->warm_dirty()) continue;
-      auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), false);
-      if (!r.ok()) {
-        LogWarn("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "' failed: " +
-                r.status().ToString());
-      } else {
-        LogDebug("warm restart: snapshot of profile '" + config_.profiles[i].profile.name + "': " +
-                 std::to_string(r->blocks) + " blocks, " + std::to_string(r->sessions) + " sessions in " +
-                 Millis(r->took));
-      }
-    }
-  }
+  warm_.MaybeSnapshot(engines_, config_);
 }
 
-void Service::SaveForRestart(std::chrono::milliseconds budget) {
-  if (!warm_) return;
-  const auto start = std::chrono::steady_clock::now();
-  uint32_t demoted = 0;
-  for (auto& e : engines_) demoted += e->DemoteForShutdown();
-  const Status idle = WaitIdle(budget);
-  if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
-  for (size_t i = 0; i < engines_.size(); ++i) {
-    const std::string& name = config_.profiles[i].profile.name;
-    auto r = engines_[i]->SaveWarm(WarmSegment(config_, config_.profiles[i]), true);
-    if (!r.ok()) {
-      LogError("warm restart: cannot write the manifest of profile '" + name + "': " + r.status().ToString());
-      continue;
-    }
-    LogInfo("warm restart, profile '" + name + "': saved " + std::to_string(r->blocks) + " host blocks of " +
-            std::to_string(r->sessions) + " sessions (" + std::to_string(r->bytes) + " bytes of manifest)");
-  }
-  LogInfo("warm restart: demoted " + std::to_string(demoted) + " blocks and wrote the manifests in " +
-          Millis(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start)));
-}
+void Service::SaveForRestart(std::chrono::milliseconds budget) { warm_.SaveAtShutdown(engines_, config_, budget); }
 
 void Service::Poll() {
   for (auto& e : engines_) e->Poll();
@@ -253,7 +118,7 @@ void Service::Disconnect(ClientState& c) {
     for (uint64_t lease : c.leases) (void)e.Release(lease);
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
-    --connected_;
+    --counters_.clients;
   }
   c.leases.clear();
   c.welcomed = false;
@@ -280,105 +145,51 @@ Reply Service::Handle(ClientState& c, const wire::Message& request) {
   Reply reply = Dispatch(c, request);
   if (reply.deferred) return reply;
   c.waiting_for_room.reset();
-  ++requests_;
+  ++counters_.requests;
   if (std::holds_alternative<wire::ErrorResponse>(reply.message)) {
-    ++errors_;
-    ++request_metrics_[wire::TypeOf(request)].errors;
+    ++counters_.errors;
+    ++counters_.per_type[wire::TypeOf(request)].errors;
   }
   return reply;
 }
 
 void Service::ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took) {
-  request_metrics_[type].latency.Observe(std::chrono::duration<double>(took).count());
+  counters_.per_type[type].latency.Observe(std::chrono::duration<double>(took).count());
 }
 
 Reply Service::Dispatch(ClientState& c, const wire::Message& request) {
-  if (!c.welcomed) {
-    if (const auto* hello = std::get_if<wire::Hello>(&request)) return OnHello(c, *hello);
-    return {Error(FailedPrecondition(std::string("the first frame must be Hello, got ") +
-                                     wire::MessageTypeName(wire::TypeOf(request)))),
-            true};
-  }
-  Engine& e = *engines_[c.profile];
-  bool deferred = false;
-  wire::Message reply = std::visit(
-      [&](const auto& m) -> wire::Message {
-        using T = std::decay_t<decltype(m)>;
-        if constexpr (std::is_same_v<T, wire::AllocateRequest>) {
-          return OnAllocate(c, m, &deferred);
-        } else if constexpr (std::is_same_v<T, wire::CommitRequest>) {
-          return OnCommit(c, m);
-        } else if constexpr (std::is_same_v<T, wire::AcquireRequest>) {
-          return OnAcquire(c, m, &deferred);
-        } else if constexpr (std::is_same_v<T, wire::ReleaseRequest>) {
-          return OnRelease(c, m);
-        } else if constexpr (std::is_same_v<T, wire::PrefetchRequest>) {
-          auto r = e.Prefetch(TenantOf(c), m.session);
-          if (!r.ok()) return Error(r.status());
-          return wire::CountResponse{*r};
-        } else if constexpr (std::is_same_v<T, wire::DemoteRequest>) {
-          auto r = e.Demote(TenantOf(c), m.session);
-          if (!r.ok()) return Error(r.status());
-          return wire::CountResponse{*r};
-        } else if constexpr (std::is_same_v<T, wire::EvictRequest>) {
-          return OnEvict(c, m);
-        } else if constexpr (std::is_same_v<T, wire::SetPriorityRequest>) {
-          if (m.ttl_ms > static_cast<uint64_t>(std::chrono::milliseconds(tiering::kMaxPriorityTtl).count())) {
-            return Error(InvalidArgument("priority ttl of " + std::to_string(m.ttl_ms) + " ms exceeds " +
-                                         std::to_string(tiering::kMaxPriorityTtl.count()) + " hours"));
-          }
-          const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
-          const Status st = e.SetPriority(TenantOf(c), m.session, m.priority, ttl);
-          if (!st.ok()) return Error(st);
-          if (m.ttl_ms > 0) {
-            LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
-                    std::to_string(m.priority) + " for " + std::to_string(m.ttl_ms) + " ms");
-          }
-          return wire::OkResponse{};
-        } else if constexpr (std::is_same_v<T, wire::ListSessionsRequest>) {
-          return OnListSessions(c, m);
-        } else if constexpr (std::is_same_v<T, wire::SessionInfoRequest>) {
-          return OnSessionInfo(c, m);
-        } else if constexpr (std::is_same_v<T, wire::StatsRequest>) {
-          return OnStats(c);
-        } else if constexpr (std::is_same_v<T, wire::ConfigRequest>) {
-          if (!c.admin) {
-            return Error(Status(StatusCode::kPermissionDenied,
-                                "the configuration is for admins (access.admin_users / admin_groups); " +
-                                    c.peer.Describe() + " is not an admin"));
-          }
-          return wire::ConfigResponse{DumpConfig(config_)};
-        } else if constexpr (std::is_same_v<T, wire::Ping>) {
-          return wire::Pong{m.nonce};
-        } else if constexpr (std::is_same_v<T, wire::Hello>) {
-          return Error(FailedPrecondition("Hello was already received on this connection"));
-        } else {
-          return Error(InvalidArgument(std::string(wire::MessageTypeName(T::kType)) + " is not a request"));
+  Result<Reply> reply = std::visit(
+      [&](const auto& m) -> Result<Reply> {
+        using M = std::decay_t<decltype(m)>;
+        if (!c.welcomed && !std::is_same_v<M, wire::Hello>) {
+          return FailedPrecondition(std::string("the first frame must be Hello, got ") + M::kName);
         }
+        return On(c, m);
       },
       request);
-  return {std::move(reply), false, deferred};
+  if (reply.ok()) return std::move(reply).value();
+  // Before a Hello succeeded, any error ends the connection.
+  return {wire::FromStatus(reply.status()), /*close=*/!c.welcomed};
 }
 
 bool Service::MayWaitForRoom(ClientState& c) {
   const auto now = std::chrono::steady_clock::now();
   if (!c.waiting_for_room) {
     c.waiting_for_room = now;
-    ++room_waits_;
+    ++counters_.room_waits;
     return true;
   }
   if (now - *c.waiting_for_room < kRoomWaitLimit) return true;
-  ++room_wait_timeouts_;
+  ++counters_.room_wait_timeouts;
   return false;
 }
 
-Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
+Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
+  if (c.welcomed) return FailedPrecondition("Hello was already received on this connection");
   if (m.min_version > wire::kProtocolVersion || m.max_version < wire::kProtocolVersion) {
-    return {Error(Status(StatusCode::kVersionMismatch,
-                         "client speaks protocol versions " + std::to_string(m.min_version) + ".." +
-                             std::to_string(m.max_version) + ", this kvtierd speaks " +
-                             std::to_string(wire::kProtocolVersion))),
-            true};
+    return Status(StatusCode::kVersionMismatch, "client speaks protocol versions " + std::to_string(m.min_version) +
+                                                    ".." + std::to_string(m.max_version) + ", this kvtierd speaks " +
+                                                    std::to_string(wire::kProtocolVersion));
   }
   int profile = 0;
   if (!m.profile.empty()) {
@@ -387,18 +198,17 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
       if (engines_[i]->profile().name == m.profile) profile = static_cast<int>(i);
     }
     if (profile < 0) {
-      return {Error(NotFound("no model profile named '" + m.profile + "' (see cachectl config)")), true};
+      return NotFound("no model profile named '" + m.profile + "' (see cachectl config)");
     }
   }
-  if (connected_ >= config_.max_clients) {
-    return {Error(ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients")),
-            true};
+  if (counters_.clients >= config_.max_clients) {
+    return ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients");
   }
   if (m.tenant.find('/') != std::string::npos) {
-    return {Error(InvalidArgument("tenant '" + m.tenant + "' may not contain '/'")), true};
+    return InvalidArgument("tenant '" + m.tenant + "' may not contain '/'");
   }
   auto tenant = access_.TenantFor(c.peer, m.tenant);
-  if (!tenant.ok()) return {Error(tenant.status()), true};
+  if (!tenant.ok()) return tenant.status();
   Engine& e = *engines_[profile];
   c.welcomed = true;
   c.name = m.client_name;
@@ -411,8 +221,8 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   if (std::find(tenants_seen_.begin(), tenants_seen_.end(), c.tenant) == tenants_seen_.end()) {
     tenants_seen_.push_back(c.tenant);
   }
-  ++connected_;
-  ++connections_;
+  ++counters_.clients;
+  ++counters_.connections;
 
   wire::Welcome w;
   w.version = wire::kProtocolVersion;
@@ -420,8 +230,8 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.client_id = c.id;
   w.profile = e.profile();
   w.ns = c.ns;
-  w.backend = tiering::BackendKindName(backend_->kind());
-  for (Tier t : {Tier::kGpu, Tier::kHost}) {
+  w.backend = WireBackendKind(backend_->kind());
+  for (Tier t : kTiers) {
     const tiering::PoolHandle h = e.pool(t).Export();
     w.pools.push_back(wire::PoolDesc{t, h.slot_bytes, h.slots, h.shm_name, h.ipc_handle});
   }
@@ -432,63 +242,59 @@ Reply Service::OnHello(ClientState& c, const wire::Hello& m) {
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + m.client_name + " (pid " + std::to_string(m.pid) +
           ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", profile " + e.profile().name + ")");
-  return {std::move(w), false};
+  return Reply{std::move(w)};
 }
 
-wire::Message Service::OnAllocate(ClientState& c, const wire::AllocateRequest& m, bool* deferred) {
+Result<Reply> Service::On(ClientState&, const wire::Ping& m) { return Reply{wire::Pong{m.nonce}}; }
+
+Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
   if (c.leases.size() >= config_.max_leases_per_client) {
-    return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
-                                   " leases, the limit (limits.max_leases_per_client)"));
+    return ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
+                             " leases, the limit (limits.max_leases_per_client)");
   }
   Engine& e = *engines_[c.profile];
   auto r = e.TryAllocate(m.count);
   if (r.ok() && !r->has_value()) {
-    if (MayWaitForRoom(c)) {
-      *deferred = true;
-      return {};
-    }
+    if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: answer with what there is now (it may drop or fail).
     r = e.TryAllocate(m.count, /*may_wait=*/false);
   }
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   tiering::WriteLease& w = **r;
   c.leases.insert(w.id);
-  return wire::AllocateResponse{w.id, std::move(w.slots)};
+  return Reply{wire::AllocateResponse{w.id, std::move(w.slots)}};
 }
 
-wire::Message Service::OnCommit(ClientState& c, const wire::CommitRequest& m) {
-  if (!c.leases.count(m.lease_id)) return Error(NotFound("lease " + std::to_string(m.lease_id) + " is not yours"));
+Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
+  if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   if (m.writer_event) {
     // Before the blocks become demotable: no GPU->host copy may overtake the writer.
     const Status st = backend_->OrderAfterWriter(*m.writer_event);
-    if (!st.ok()) return Error(Status(st.code(), "commit: " + st.message()));
+    if (!st.ok()) return Status(st.code(), "commit: " + st.message());
   }
   auto r = engines_[c.profile]->Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block,
                                        m.tokens, m.slots);
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
   // the demotions now, not at the next tick, so the next Allocate finds room.
   engines_[c.profile]->EnforceWatermarks();
-  return wire::CommitResponse{r->stored, r->duplicates};
+  return Reply{wire::CommitResponse{r->stored, r->duplicates}};
 }
 
-wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, bool* deferred) {
+Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   if (c.leases.size() >= config_.max_leases_per_client) {
-    return Error(ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
-                                   " leases, the limit (limits.max_leases_per_client)"));
+    return ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
+                             " leases, the limit (limits.max_leases_per_client)");
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   if (promote && engines_[c.profile]->AcquireNeedsRoom(c.ns, m.keys, m.tokens)) {
-    if (MayWaitForRoom(c)) {
-      *deferred = true;
-      return {};
-    }
+    if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are
     // readable there) rather than wait for room on this thread.
     promote = false;
   }
   auto r = engines_[c.profile]->Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote);
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
   out.lease_id = r->id;
@@ -497,36 +303,47 @@ wire::Message Service::OnAcquire(ClientState& c, const wire::AcquireRequest& m, 
   out.fence = r->fence;
   out.blocks.reserve(r->blocks.size());
   for (const auto& b : r->blocks) out.blocks.push_back(wire::BlockLoc{b.tier, b.slot});
-  return out;
+  return Reply{std::move(out)};
 }
 
-wire::Message Service::OnRelease(ClientState& c, const wire::ReleaseRequest& m) {
-  if (!c.leases.erase(m.lease_id)) return Error(NotFound("lease " + std::to_string(m.lease_id) + " is not yours"));
+Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
+  if (!c.leases.erase(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   const Status st = engines_[c.profile]->Release(m.lease_id);
-  if (!st.ok()) return Error(st);
-  return wire::OkResponse{};
+  if (!st.ok()) return st;
+  return Reply{wire::OkResponse{}};
 }
 
-wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
+Result<Reply> Service::On(ClientState& c, const wire::PrefetchRequest& m) {
+  auto r = engines_[c.profile]->Prefetch(TenantOf(c), m.session);
+  if (!r.ok()) return r.status();
+  return Reply{wire::CountResponse{*r}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::DemoteRequest& m) {
+  auto r = engines_[c.profile]->Demote(TenantOf(c), m.session);
+  if (!r.ok()) return r.status();
+  return Reply{wire::CountResponse{*r}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
   Engine& e = *engines_[c.profile];
   if (m.all && !c.admin) {
-    return Error(Status(StatusCode::kPermissionDenied,
-                        "evict --all is for admins (access.admin_users / admin_groups); " + c.peer.Describe() +
-                            " is not an admin"));
+    return Status(StatusCode::kPermissionDenied, "evict --all is for admins (access.admin_users / admin_groups); " +
+                                                     c.peer.Describe() + " is not an admin");
   }
   if (!m.session.empty()) {
     // With a tenant too: that tenant's session (admins only, unless it is the client's own).
     auto tenant = TenantToActOn(c, m.tenant, "evict a session");
-    if (!tenant.ok()) return Error(tenant.status());
+    if (!tenant.ok()) return tenant.status();
     const Status st = e.Evict(TenantNamed(*tenant, e), m.session);
-    if (!st.ok()) return Error(st);
+    if (!st.ok()) return st;
     LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "' of tenant '" + *tenant + "'");
-    return wire::CountResponse{1};
+    return Reply{wire::CountResponse{1}};
   }
-  if (!m.all && m.tenant.empty()) return Error(InvalidArgument("evict needs a session, a tenant or all"));
+  if (!m.all && m.tenant.empty()) return InvalidArgument("evict needs a session, a tenant or all");
   if (!m.all) {
     auto tenant = TenantToActOn(c, m.tenant, "evict the sessions");
-    if (!tenant.ok()) return Error(tenant.status());
+    if (!tenant.ok()) return tenant.status();
   }
   uint32_t n = 0;
   for (const tiering::SessionInfo& s : e.ListSessions()) {
@@ -534,7 +351,22 @@ wire::Message Service::OnEvict(ClientState& c, const wire::EvictRequest& m) {
   }
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
-  return wire::CountResponse{n};
+  return Reply{wire::CountResponse{n}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::SetPriorityRequest& m) {
+  if (m.ttl_ms > static_cast<uint64_t>(std::chrono::milliseconds(tiering::kMaxPriorityTtl).count())) {
+    return InvalidArgument("priority ttl of " + std::to_string(m.ttl_ms) + " ms exceeds " +
+                           std::to_string(tiering::kMaxPriorityTtl.count()) + " hours");
+  }
+  const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
+  const Status st = engines_[c.profile]->SetPriority(TenantOf(c), m.session, m.priority, ttl);
+  if (!st.ok()) return st;
+  if (m.ttl_ms > 0) {
+    LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
+            std::to_string(m.priority) + " for " + std::to_string(m.ttl_ms) + " ms");
+  }
+  return Reply{wire::OkResponse{}};
 }
 
 wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
@@ -551,12 +383,12 @@ wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
   return out;
 }
 
-wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRequest& m) {
+Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
   // A client sees its own tenant's sessions; an admin every tenant's (or one's).
   std::string only = m.tenant_filter;
   if (!c.admin) {
     auto tenant = TenantToActOn(c, m.tenant_filter, "list the sessions");
-    if (!tenant.ok()) return Error(tenant.status());
+    if (!tenant.ok()) return tenant.status();
     only = *tenant;
   }
   wire::ListSessionsResponse out;
@@ -565,86 +397,35 @@ wire::Message Service::OnListSessions(ClientState& c, const wire::ListSessionsRe
     out.sessions.push_back(Summarize(s));
     if (out.sessions.size() >= wire::kMaxArray / 4) break;
   }
-  return out;
+  return Reply{std::move(out)};
 }
 
-wire::Message Service::OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m) {
+Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
   auto r = engines_[c.profile]->GetSession(TenantOf(c), m.session);
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) return r.status();
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
   out.chain = r->chain;
   for (Tier t : r->tiers) out.tiers.push_back(static_cast<uint8_t>(t));
-  return out;
+  return Reply{std::move(out)};
 }
 
-wire::Message Service::OnStats(ClientState& c) {
-  wire::StatsResponse out;
-  auto add = [&](const std::string& name, double v) { out.values.emplace_back(name, v); };
-  add("uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
-  add("clients", connected_);
-  add("requests", static_cast<double>(requests_));
-  add("room_waits", static_cast<double>(room_waits_));
-  add("room_wait_timeouts", static_cast<double>(room_wait_timeouts_));
-  add("errors", static_cast<double>(errors_));
-  const tiering::EngineStats s = engines_[c.profile]->stats();
-  add("gpu_slots", s.slots[Tier::kGpu]);
-  add("gpu_used", s.used[Tier::kGpu]);
-  add("host_slots", s.slots[Tier::kHost]);
-  add("host_used", s.used[Tier::kHost]);
-  add("blocks", s.blocks);
-  add("sessions", s.sessions);
-  add("read_leases", s.read_leases);
-  add("write_leases", s.write_leases);
-  add("copies_in_flight", s.copies_in_flight);
-  add("hit_blocks", static_cast<double>(s.hit_blocks));
-  add("miss_blocks", static_cast<double>(s.miss_blocks));
-  add("committed_blocks", static_cast<double>(s.committed_blocks));
-  add("duplicate_blocks", static_cast<double>(s.duplicate_blocks));
-  add("demoted_blocks", static_cast<double>(s.demoted_blocks));
-  add("promoted_blocks", static_cast<double>(s.promoted_blocks));
-  add("dropped_blocks", static_cast<double>(s.dropped_blocks));
-  add("evicted_sessions", static_cast<double>(s.evicted_sessions));
-  add("allocation_failures", static_cast<double>(s.allocation_failures));
-  add("warm_adopted_blocks", static_cast<double>(s.warm_adopted_blocks));
-  add("warm_dropped_blocks", static_cast<double>(s.warm_dropped_blocks));
-  add("warm_adopted_sessions", static_cast<double>(s.warm_adopted_sessions));
-  add("warm_snapshots", static_cast<double>(s.warm_snapshots));
-  // Tokens are counted in whole blocks: a prompt's partial last block never reaches the daemon.
-  const double bt = engines_[c.profile]->profile().block_tokens;
-  const double block_bytes = static_cast<double>(engines_[c.profile]->profile().BlockBytes());
-  add("hit_tokens", static_cast<double>(s.hit_blocks) * bt);
-  add("miss_tokens", static_cast<double>(s.miss_blocks) * bt);
-  add("demoted_bytes", static_cast<double>(s.demoted_blocks) * block_bytes);
-  add("promoted_bytes", static_cast<double>(s.promoted_blocks) * block_bytes);
-  add("expired_priorities", static_cast<double>(s.expired_priorities));
-  // The copy engine serves every profile.
-  for (const auto dir : {CopyDirection::kGpuToHost, CopyDirection::kHostToGpu}) {
-    const tiering::CopyStats cs = backend_->copy_stats(dir);
-    const std::string prefix = dir == CopyDirection::kGpuToHost ? "copy_gpu_to_host_" : "copy_host_to_gpu_";
-    add(prefix + "bytes", static_cast<double>(cs.bytes));
-    add(prefix + "seconds", cs.busy_seconds);
-  }
-  Histogram all(LatencyBuckets());
-  for (const auto& [type, m] : request_metrics_) all.Merge(m.latency);
-  add("rpc_latency_p50_s", all.Quantile(0.50));
-  add("rpc_latency_p90_s", all.Quantile(0.90));
-  add("rpc_latency_p99_s", all.Quantile(0.99));
-  add("bad_frames", static_cast<double>(bad_frames_));
-  add("refused_connections", static_cast<double>(refused_connections_));
-  // Blocks per tier of each tenant (a non-admin sees its own), and their quotas.
+Result<Reply> Service::On(ClientState& c, const wire::StatsRequest&) {
+  // A client that is not an admin sees its own tenant's figures only.
+  std::vector<std::string> tenants;
   for (const std::string& t : KnownTenants()) {
-    if (!c.admin && t != c.tenant) continue;
-    const std::string label = t.empty() ? "-" : t;
-    const auto u = engines_[c.profile]->tenant_usage(TenantNamed(t, *engines_[c.profile]).ns);
-    add("tenant." + label + ".gpu_blocks", u.blocks[Tier::kGpu]);
-    add("tenant." + label + ".host_blocks", u.blocks[Tier::kHost]);
-    if (const TenantConfig* q = access_.FindTenant(t)) {
-      add("tenant." + label + ".gpu_quota", q->gpu_blocks);
-      add("tenant." + label + ".host_quota", q->host_blocks);
-    }
+    if (c.admin || t == c.tenant) tenants.push_back(t);
   }
-  return out;
+  return Reply{wire::StatsResponse{StatsList(View(std::move(tenants)), static_cast<size_t>(c.profile))}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::ConfigRequest&) {
+  if (!c.admin) {
+    return Status(StatusCode::kPermissionDenied,
+                  "the configuration is for admins (access.admin_users / admin_groups); " + c.peer.Describe() +
+                      " is not an admin");
+  }
+  return Reply{wire::ConfigResponse{DumpConfig(config_)}};
 }
 
 Status Service::Reconfigure(const DaemonConfig& next) {
@@ -665,145 +446,14 @@ std::string Service::StatusLine() const {
     }
   }
   auto percent = [&](Tier t) { return std::to_string(slots[t] == 0 ? 0 : (100 * used[t] + slots[t] / 2) / slots[t]); };
-  return "serving " + std::to_string(connected_) + (connected_ == 1 ? " client" : " clients") + ", gpu " +
+  return "serving " + std::to_string(counters_.clients) + (counters_.clients == 1 ? " client" : " clients") + ", gpu " +
          percent(Tier::kGpu) + "% host " + percent(Tier::kHost) + "%";
 }
 
-std::string Service::RenderMetrics() const {
-  using Type = Exposition::Type;
-  Exposition x;
-  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-
-  x.Family("kvtier_build_info", Type::kGauge, "kvtierd's version and backend; always 1");
-  x.Sample({{"version", KVTIER_VERSION}, {"backend", tiering::BackendKindName(backend_->kind())}}, 1);
-  x.Family("kvtier_uptime_seconds", Type::kGauge, "Seconds since kvtierd started");
-  x.Sample({}, uptime);
-  x.Family("kvtier_clients", Type::kGauge, "Clients connected now (after Hello)");
-  x.Sample({}, connected_);
-  x.Family("kvtier_client_connections_total", Type::kCounter, "Clients welcomed since start");
-  x.Sample({}, static_cast<double>(connections_));
-  x.Family("kvtier_bad_frames_total", Type::kCounter, "Frames that did not decode; each closed its connection");
-  x.Sample({}, static_cast<double>(bad_frames_));
-  x.Family("kvtier_room_waits_total", Type::kCounter,
-           "Allocate/Acquire requests that waited (without blocking the daemon) for demotions to free GPU slots");
-  x.Sample({}, static_cast<double>(room_waits_));
-  x.Family("kvtier_room_wait_timeouts_total", Type::kCounter,
-           "Of those, answered after the wait limit without the room (Allocate failed or dropped; Acquire leased "
-           "host-tier blocks in place)");
-  x.Sample({}, static_cast<double>(room_wait_timeouts_));
-  x.Family("kvtier_refused_connections_total", Type::kCounter,
-           "Connections refused at accept: the peer's uid/gids are not allowed (access:)");
-  x.Sample({}, static_cast<double>(refused_connections_));
-  x.Family("kvtier_tenant_blocks", Type::kGauge, "Blocks a tenant holds, by profile and tier (moves count where they land)");
-  for (const auto& eng : engines_) {
-    for (const std::string& t : KnownTenants()) {
-      const auto u = eng->tenant_usage(TenantNamed(t, *eng).ns);
-      for (Tier tier : kTiers) {
-        x.Sample({{"profile", eng->profile().name}, {"tenant", t}, {"tier", TierName(tier)}}, u.blocks[tier]);
-      }
-    }
-  }
-  x.Family("kvtier_config_reloads_total", Type::kCounter, "Configuration reloads (SIGHUP) by result");
-  x.Sample({{"result", "applied"}}, static_cast<double>(reloads_applied_));
-  x.Sample({{"result", "rejected"}}, static_cast<double>(reloads_rejected_));
-
-  x.Family("kvtier_rpc_duration_seconds", Type::kHistogram,
-           "Time from a request's decoded frame to its reply queued for sending, by request type");
-  for (const auto& [type, m] : request_metrics_) x.Histogram({{"type", wire::MessageTypeName(type)}}, m.latency);
-  x.Family("kvtier_rpc_errors_total", Type::kCounter, "Requests answered with an error, by request type");
-  for (const auto& [type, m] : request_metrics_) {
-    x.Sample({{"type", wire::MessageTypeName(type)}}, static_cast<double>(m.errors));
-  }
-
-  std::vector<tiering::EngineStats> stats;
-  for (const auto& e : engines_) stats.push_back(e->stats());
-  auto name = [&](size_t i) { return engines_[i]->profile().name; };
-  // One family, one sample per profile (and tier or direction where given).
-  auto per_profile = [&](const char* family, Type type, const char* help, auto value) {
-    x.Family(family, type, help);
-    for (size_t i = 0; i < engines_.size(); ++i) x.Sample({{"profile", name(i)}}, static_cast<double>(value(i)));
-  };
-  auto per_tier = [&](const char* family, const char* help, auto value) {
-    x.Family(family, Type::kGauge, help);
-    for (size_t i = 0; i < engines_.size(); ++i) {
-      for (Tier t : kTiers) {
-        x.Sample({{"profile", name(i)}, {"tier", TierName(t)}}, static_cast<double>(value(i, t)));
-      }
-    }
-  };
-  auto bytes = [&](size_t i) { return static_cast<double>(engines_[i]->profile().BlockBytes()); };
-  auto tokens = [&](size_t i) { return static_cast<double>(engines_[i]->profile().block_tokens); };
-
-  x.Family("kvtier_lookup_blocks_total", Type::kCounter, "Blocks asked for by Acquire, found (hit) or not (miss)");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks));
-    x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks));
-  }
-  x.Family("kvtier_lookup_tokens_total", Type::kCounter,
-           "Prompt tokens asked for by Acquire, in whole blocks, found (hit) or not (miss)");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"result", "hit"}}, static_cast<double>(stats[i].hit_blocks) * tokens(i));
-    x.Sample({{"profile", name(i)}, {"result", "miss"}}, static_cast<double>(stats[i].miss_blocks) * tokens(i));
-  }
-  per_tier("kvtier_tier_slots", "Block slots in a tier", [&](size_t i, Tier t) { return stats[i].slots[t]; });
-  per_tier("kvtier_tier_used_slots", "Block slots in use (blocks, moves' destinations, write leases)",
-           [&](size_t i, Tier t) { return stats[i].used[t]; });
-  per_tier("kvtier_tier_capacity_bytes", "Bytes of a tier's pool",
-           [&](size_t i, Tier t) { return stats[i].slots[t] * bytes(i); });
-  per_tier("kvtier_tier_used_bytes", "Bytes of a tier's pool in use",
-           [&](size_t i, Tier t) { return stats[i].used[t] * bytes(i); });
-  per_profile("kvtier_blocks", Type::kGauge, "Blocks cached", [&](size_t i) { return stats[i].blocks; });
-  per_profile("kvtier_sessions", Type::kGauge, "Sessions", [&](size_t i) { return stats[i].sessions; });
-  x.Family("kvtier_leases", Type::kGauge, "Leases held by clients now, by kind");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"kind", "read"}}, stats[i].read_leases);
-    x.Sample({{"profile", name(i)}, {"kind", "write"}}, stats[i].write_leases);
-  }
-  per_profile("kvtier_copies_in_flight", Type::kGauge, "Blocks with a copy between tiers in flight",
-              [&](size_t i) { return stats[i].copies_in_flight; });
-  per_profile("kvtier_committed_blocks_total", Type::kCounter, "New blocks published by Commit",
-              [&](size_t i) { return stats[i].committed_blocks; });
-  per_profile("kvtier_duplicate_blocks_total", Type::kCounter, "Committed blocks that were already cached",
-              [&](size_t i) { return stats[i].duplicate_blocks; });
-  x.Family("kvtier_moved_blocks_total", Type::kCounter, "Blocks that moved between tiers, by direction");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    x.Sample({{"profile", name(i)}, {"direction", "gpu_to_host"}}, static_cast<double>(stats[i].demoted_blocks));
-    x.Sample({{"profile", name(i)}, {"direction", "host_to_gpu"}}, static_cast<double>(stats[i].promoted_blocks));
-  }
-  x.Family("kvtier_moved_bytes_total", Type::kCounter, "Bytes of the blocks that moved between tiers, by direction");
-  for (size_t i = 0; i < stats.size(); ++i) {
-    const double down = static_cast<double>(stats[i].demoted_blocks) * bytes(i);
-    const double up = static_cast<double>(stats[i].promoted_blocks) * bytes(i);
-    x.Sample({{"profile", name(i)}, {"direction", "gpu_to_host"}}, down);
-    x.Sample({{"profile", name(i)}, {"direction", "host_to_gpu"}}, up);
-  }
-  per_profile("kvtier_evicted_blocks_total", Type::kCounter, "Blocks dropped from the cache under memory pressure",
-              [&](size_t i) { return stats[i].dropped_blocks; });
-  per_profile("kvtier_evicted_sessions_total", Type::kCounter, "Sessions removed (cachectl evict, limits.max_sessions)",
-              [&](size_t i) { return stats[i].evicted_sessions; });
-  per_profile("kvtier_allocation_failures_total", Type::kCounter, "Allocate requests refused for want of GPU slots",
-              [&](size_t i) { return stats[i].allocation_failures; });
-  per_profile("kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
-              [&](size_t i) { return stats[i].warm_adopted_blocks; });
-  per_profile("kvtier_warm_dropped_blocks", Type::kGauge,
-              "Blocks of the previous run's manifest not adopted (failed a check, or orphaned)",
-              [&](size_t i) { return stats[i].warm_dropped_blocks; });
-  per_profile("kvtier_warm_snapshots_total", Type::kCounter, "Warm-restart manifests written",
-              [&](size_t i) { return stats[i].warm_snapshots; });
-  per_profile("kvtier_priority_expirations_total", Type::kCounter, "Session priorities reset to 0 when their TTL ended",
-              [&](size_t i) { return stats[i].expired_priorities; });
-
-  const tiering::CopyStats copies[2] = {backend_->copy_stats(CopyDirection::kGpuToHost),
-                                        backend_->copy_stats(CopyDirection::kHostToGpu)};
-  const char* directions[2] = {"gpu_to_host", "host_to_gpu"};
-  x.Family("kvtier_copy_batches_total", Type::kCounter, "Copy batches the copy engine completed, by direction");
-  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, static_cast<double>(copies[d].batches));
-  x.Family("kvtier_copy_bytes_total", Type::kCounter, "Bytes the copy engine copied, by direction");
-  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, static_cast<double>(copies[d].bytes));
-  x.Family("kvtier_copy_seconds_total", Type::kCounter,
-           "Seconds the copy engine spent copying, by direction (bytes / seconds is its bandwidth)");
-  for (int d = 0; d < 2; ++d) x.Sample({{"direction", directions[d]}}, copies[d].busy_seconds);
-  return x.text();
+StatsView Service::View(std::vector<std::string> tenants) const {
+  return StatsView(counters_, *backend_, engines_, std::move(tenants), access_);
 }
+
+std::string Service::RenderMetrics() const { return RenderPrometheus(View(KnownTenants())); }
 
 }  // namespace kvtier::daemon

@@ -1,9 +1,13 @@
 // Service: kvtierd's state and request handling, apart from any socket.
 //
 // It owns the backend and one Engine per model profile, and turns each decoded
-// request of a client into a reply. Everything runs on one thread (the event
-// loop); nothing here blocks except WaitIdle at shutdown. A failing request gets
-// an ErrorResponse; it never takes the daemon or another client down.
+// request of a client into a reply: every message type that is a request has
+// one handler, Result<Reply> On(ClientState&, const M&), chosen from the
+// message's alternative (Dispatch); any other type is answered "not a request".
+// Everything runs on one thread (the event loop); nothing here blocks except
+// WaitIdle at shutdown. A failing request gets an ErrorResponse; it never takes
+// the daemon or another client down. Building the backend (backend_factory.h),
+// warm restart (warm_restart.h) and the figures it reports (stats.h) live apart.
 #pragma once
 
 #include <chrono>
@@ -21,7 +25,8 @@
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
-#include "metrics.h"
+#include "stats.h"
+#include "warm_restart.h"
 
 namespace kvtier::daemon {
 
@@ -42,6 +47,7 @@ struct ClientState {
   std::optional<std::chrono::steady_clock::time_point> waiting_for_room;
 };
 
+// What a request gets.
 struct Reply {
   wire::Message message;
   bool close = false;  // Close the connection after sending (a protocol violation).
@@ -49,6 +55,12 @@ struct Reply {
   // free. Handle the same request again after copies completed (Poll, Tick);
   // nothing was changed meanwhile, and `message` is empty.
   bool deferred = false;
+
+  static Reply Deferred() {
+    Reply r;
+    r.deferred = true;
+    return r;
+  }
 };
 
 // How long an Allocate or Acquire may wait for demotions to free GPU slots
@@ -83,10 +95,10 @@ class Service {
   // Metrics the server measures: a request of `type` was answered `took` after
   // its frame was decoded (reply encoded and queued); a frame did not decode.
   void ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took);
-  void CountBadFrame() { ++bad_frames_; }
-  void CountRefused() { ++refused_connections_; }
+  void CountBadFrame() { ++counters_.bad_frames; }
+  void CountRefused() { ++counters_.refused_connections; }
   const AccessPolicy& access() const { return access_; }
-  void CountReload(bool applied) { ++(applied ? reloads_applied_ : reloads_rejected_); }
+  void CountReload(bool applied) { ++(applied ? counters_.reloads_applied : counters_.reloads_rejected); }
 
   // Runs with `next` from now on: PlanReload(config(), loaded).next, which
   // differs from config() in reloadable settings only. The engines take the new
@@ -111,19 +123,35 @@ class Service {
  private:
   Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend);
 
+  // Finds the handler of `request`'s type; turns its error into an
+  // ErrorResponse, which closes the connection of a client not welcomed (yet).
   Reply Dispatch(ClientState& c, const wire::Message& request);
-  Reply OnHello(ClientState& c, const wire::Hello& m);
-  // Set *deferred (and return an empty message) to wait for GPU room.
-  wire::Message OnAllocate(ClientState& c, const wire::AllocateRequest& m, bool* deferred);
-  wire::Message OnCommit(ClientState& c, const wire::CommitRequest& m);
-  wire::Message OnAcquire(ClientState& c, const wire::AcquireRequest& m, bool* deferred);
+
+  // The handlers. REQUIRES: c.welcomed, except for Hello. Each returns the
+  // reply, a deferral (Reply::deferred) or the error to answer with.
+  Result<Reply> On(ClientState& c, const wire::Hello& m);
+  Result<Reply> On(ClientState& c, const wire::Ping& m);
+  // Allocate and Acquire defer while demotions free GPU room (kRoomWaitLimit).
+  Result<Reply> On(ClientState& c, const wire::AllocateRequest& m);
+  Result<Reply> On(ClientState& c, const wire::CommitRequest& m);
+  Result<Reply> On(ClientState& c, const wire::AcquireRequest& m);
+  Result<Reply> On(ClientState& c, const wire::ReleaseRequest& m);
+  Result<Reply> On(ClientState& c, const wire::PrefetchRequest& m);
+  Result<Reply> On(ClientState& c, const wire::DemoteRequest& m);
+  Result<Reply> On(ClientState& c, const wire::EvictRequest& m);
+  Result<Reply> On(ClientState& c, const wire::SetPriorityRequest& m);
+  Result<Reply> On(ClientState& c, const wire::ListSessionsRequest& m);
+  Result<Reply> On(ClientState& c, const wire::SessionInfoRequest& m);
+  Result<Reply> On(ClientState& c, const wire::StatsRequest& m);
+  Result<Reply> On(ClientState& c, const wire::ConfigRequest& m);
+  // Every other message type is a reply, which no client sends.
+  template <typename M>
+  Result<Reply> On(ClientState&, const M&) {
+    return InvalidArgument(std::string(M::kName) + " is not a request");
+  }
+
   // True (and the wait starts or goes on) if the client may still wait for room.
   bool MayWaitForRoom(ClientState& c);
-  wire::Message OnRelease(ClientState& c, const wire::ReleaseRequest& m);
-  wire::Message OnEvict(ClientState& c, const wire::EvictRequest& m);
-  wire::Message OnListSessions(ClientState& c, const wire::ListSessionsRequest& m);
-  wire::Message OnSessionInfo(ClientState& c, const wire::SessionInfoRequest& m);
-  wire::Message OnStats(ClientState& c);
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
   // The client's own tenant, and tenant `name` of engine `e`.
   static tiering::Tenant TenantOf(const ClientState& c);
@@ -132,32 +160,18 @@ class Service {
   // for another tenant unless the client is an admin.
   Result<std::string> TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const;
   std::vector<std::string> KnownTenants() const;
+  // What the figures are read from, reporting the tenants in `tenants`.
+  StatsView View(std::vector<std::string> tenants) const;
 
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
   std::vector<std::unique_ptr<tiering::Engine>> engines_;
+  WarmRestart warm_;
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
-  uint32_t connected_ = 0;
   AccessPolicy access_;
   std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
-  uint64_t refused_connections_ = 0;
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point last_snapshot_{};
-  bool warm_ = false;  // config_.warm_restart on a backend that supports it.
-  uint64_t requests_ = 0;
-  uint64_t room_waits_ = 0;          // Requests deferred for GPU room.
-  uint64_t room_wait_timeouts_ = 0;  // Of those, answered after kRoomWaitLimit without it.
-  uint64_t errors_ = 0;
-  uint64_t connections_ = 0;  // Clients welcomed since start.
-  uint64_t bad_frames_ = 0;
-  uint64_t reloads_applied_ = 0;
-  uint64_t reloads_rejected_ = 0;
-  struct RequestMetrics {
-    Histogram latency{LatencyBuckets()};
-    uint64_t errors = 0;
-  };
-  std::map<wire::MessageType, RequestMetrics> request_metrics_;
+  ServiceCounters counters_;
 };
 
 }  // namespace kvtier::daemon

@@ -1,9 +1,11 @@
 #include "kvtier/wire.h"
 
+#include <array>
 #include <concepts>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 namespace kvtier::wire {
@@ -19,7 +21,18 @@ constexpr uint64_t kDTypeEnd = static_cast<uint64_t>(DType::kF32) + 1;
 constexpr uint64_t kTierEnd = kTierCount;
 constexpr uint64_t kStreamEnd = kCopyStreams;
 constexpr uint64_t kFirstErrorCode = static_cast<uint64_t>(StatusCode::kInvalidArgument);
-constexpr uint64_t kStatusCodeEnd = static_cast<uint64_t>(StatusCode::kInternal) + 1;  // Update when appending.
+
+// One past the last StatusCode: the first value StatusCodeName has no name for.
+// Its switch names every enumerator (the compiler checks it), so a code appended
+// to StatusCode is valid on the wire without another edit here.
+uint64_t StatusCodeEnd() {
+  static const uint64_t end = [] {
+    uint64_t code = kFirstErrorCode;
+    while (StatusCodeName(static_cast<StatusCode>(code)) != "unknown") ++code;
+    return code;
+  }();
+  return end;
+}
 
 // Smallest encodings of the array elements, for Reader::Count.
 constexpr size_t kBlockKeyBytes = 16;
@@ -70,6 +83,20 @@ void Fields(IO& io, M& s) {
   io.U32("host_blocks", s.host_blocks);
   io.U32("moving", s.moving);
   io.U64("tokens", s.tokens);
+}
+
+// Welcome.backend: the kind's name as a string.
+inline void Backend(Writer& w, BackendKind kind) {
+  const std::string_view name = BackendKindName(kind);
+  w.Require(name != "unknown", "backend", "is not a BackendKind");
+  w.String("backend", name);
+}
+inline void Backend(Reader& r, BackendKind& kind) {
+  std::string name;
+  if (!r.String("backend", name)) return;
+  const std::optional<BackendKind> parsed = ParseBackendKind(name);
+  if (!r.Require(parsed.has_value(), "backend", "names no backend kind (host, cuda)")) return;
+  kind = *parsed;
 }
 
 // Welcome.fence_events: an extension byte string of whole event handles.
@@ -126,7 +153,7 @@ void Fields(IO& io, M& m) {
   Fields(io, m.profile);
   io.U64("ns.lo", m.ns.id.lo);
   io.U64("ns.hi", m.ns.id.hi);
-  io.String("backend", m.backend);
+  Backend(io, m.backend);
   io.Array("pools", m.pools, kPoolDescMinBytes, [](auto& sub, auto& p) { Fields(sub, p); });
   io.String("index_segment", m.index_segment);
   io.String("fence_segment", m.fence_segment);
@@ -252,7 +279,7 @@ void Fields(IO& io, M& m) { io.U64("nonce", m.nonce); }
 
 template <typename IO, Is<ErrorResponse> M>
 void Fields(IO& io, M& m) {
-  io.Enum("code", m.code, kStatusCodeEnd, kFirstErrorCode);
+  io.Enum("code", m.code, StatusCodeEnd(), kFirstErrorCode);
   io.String("message", m.message);
 }
 
@@ -265,11 +292,36 @@ bool EncodePayload(Writer& w, const Message& m) {
 template <typename T>
 Result<Message> DecodeAs(std::span<const uint8_t> payload) {
   T msg;
-  Reader r(payload, MessageTypeName(T::kType));
+  Reader r(payload, T::kName);
   Fields(r, msg);
   if (Status st = r.Finish(); !st.ok()) return st;
   return Message(std::move(msg));
 }
+
+// Per alternative of Message, in its order: type, name and decoder; and the
+// alternative's index by type value, for the header's type field.
+template <typename V>
+struct Alternatives;
+template <typename... M>
+struct Alternatives<std::variant<M...>> {
+  using Decoder = Result<Message> (*)(std::span<const uint8_t>);
+  static constexpr size_t kCount = sizeof...(M);
+  static constexpr std::array<MessageType, kCount> kTypes = {M::kType...};
+  static constexpr std::array<const char*, kCount> kNames = {M::kName...};
+  static constexpr std::array<Decoder, kCount> kDecoders = {&DecodeAs<M>...};
+  // Type values are small (below 64 today): a dense table finds one in O(1).
+  static constexpr size_t kTypeEnd = static_cast<size_t>(kTypes[kCount - 1]) + 1;
+  static constexpr std::array<int16_t, kTypeEnd> kIndex = [] {
+    std::array<int16_t, kTypeEnd> index{};
+    index.fill(-1);
+    for (size_t i = 0; i < kCount; ++i) index[static_cast<size_t>(kTypes[i])] = static_cast<int16_t>(i);
+    return index;
+  }();
+  // The alternative of type value `type`, or -1.
+  static int IndexOf(uint16_t type) { return type < kTypeEnd ? kIndex[type] : -1; }
+};
+using Messages = Alternatives<Message>;
+static_assert(Messages::kTypeEnd <= 4096, "MessageType values are dense enough for a lookup table");
 
 Status EncodeChecked(std::vector<uint8_t>& out, uint64_t request_id, const Message& m) {
   const MessageType type = TypeOf(m);
@@ -295,65 +347,30 @@ Status EncodeChecked(std::vector<uint8_t>& out, uint64_t request_id, const Messa
 }  // namespace
 
 const char* MessageTypeName(MessageType type) {
-  switch (type) {
-    case MessageType::kHello:
-      return "Hello";
-    case MessageType::kWelcome:
-      return "Welcome";
-    case MessageType::kPing:
-      return "Ping";
-    case MessageType::kPong:
-      return "Pong";
-    case MessageType::kOkResponse:
-      return "OkResponse";
-    case MessageType::kErrorResponse:
-      return "ErrorResponse";
-    case MessageType::kCountResponse:
-      return "CountResponse";
-    case MessageType::kAllocateRequest:
-      return "AllocateRequest";
-    case MessageType::kAllocateResponse:
-      return "AllocateResponse";
-    case MessageType::kCommitRequest:
-      return "CommitRequest";
-    case MessageType::kCommitResponse:
-      return "CommitResponse";
-    case MessageType::kAcquireRequest:
-      return "AcquireRequest";
-    case MessageType::kAcquireResponse:
-      return "AcquireResponse";
-    case MessageType::kReleaseRequest:
-      return "ReleaseRequest";
-    case MessageType::kPrefetchRequest:
-      return "PrefetchRequest";
-    case MessageType::kDemoteRequest:
-      return "DemoteRequest";
-    case MessageType::kEvictRequest:
-      return "EvictRequest";
-    case MessageType::kSetPriorityRequest:
-      return "SetPriorityRequest";
-    case MessageType::kListSessionsRequest:
-      return "ListSessionsRequest";
-    case MessageType::kListSessionsResponse:
-      return "ListSessionsResponse";
-    case MessageType::kSessionInfoRequest:
-      return "SessionInfoRequest";
-    case MessageType::kSessionInfoResponse:
-      return "SessionInfoResponse";
-    case MessageType::kStatsRequest:
-      return "StatsRequest";
-    case MessageType::kStatsResponse:
-      return "StatsResponse";
-    case MessageType::kConfigRequest:
-      return "ConfigRequest";
-    case MessageType::kConfigResponse:
-      return "ConfigResponse";
-  }
-  return "Unknown";
+  const int i = Messages::IndexOf(static_cast<uint16_t>(type));
+  return i < 0 ? "Unknown" : Messages::kNames[static_cast<size_t>(i)];
 }
 
-bool IsKnownMessageType(uint16_t type) {
-  return std::string_view(MessageTypeName(static_cast<MessageType>(type))) != "Unknown";
+bool IsKnownMessageType(uint16_t type) { return Messages::IndexOf(type) >= 0; }
+
+const char* BackendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kHost:
+      return "host";
+    case BackendKind::kCuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+std::optional<BackendKind> ParseBackendKind(std::string_view name) {
+  // The kinds are numbered from 0 without gaps; the first without a name ends them.
+  for (unsigned v = 0;; ++v) {
+    const auto kind = static_cast<BackendKind>(v);
+    const std::string_view known = BackendKindName(kind);
+    if (known == "unknown") return std::nullopt;
+    if (name == known) return kind;
+  }
 }
 
 MessageType TypeOf(const Message& m) {
@@ -411,7 +428,7 @@ ErrorResponse FromStatus(const Status& status) {
     return e;
   }
   const auto code = static_cast<uint64_t>(status.code());
-  if (code < kFirstErrorCode || code >= kStatusCodeEnd) {
+  if (code < kFirstErrorCode || code >= StatusCodeEnd()) {
     e.code = StatusCode::kInternal;
     e.message = "status code " + std::to_string(code) + ": " + status.message();
   } else {
@@ -444,60 +461,8 @@ Result<Message> DecodePayload(const FrameHeader& header, std::span<const uint8_t
     return ProtocolError(std::string(MessageTypeName(header.type)) + ": payload is " + std::to_string(payload.size()) +
                          " bytes, header declares " + std::to_string(header.payload_length));
   }
-  switch (header.type) {
-    case MessageType::kHello:
-      return DecodeAs<Hello>(payload);
-    case MessageType::kWelcome:
-      return DecodeAs<Welcome>(payload);
-    case MessageType::kPing:
-      return DecodeAs<Ping>(payload);
-    case MessageType::kPong:
-      return DecodeAs<Pong>(payload);
-    case MessageType::kOkResponse:
-      return DecodeAs<OkResponse>(payload);
-    case MessageType::kErrorResponse:
-      return DecodeAs<ErrorResponse>(payload);
-    case MessageType::kCountResponse:
-      return DecodeAs<CountResponse>(payload);
-    case MessageType::kAllocateRequest:
-      return DecodeAs<AllocateRequest>(payload);
-    case MessageType::kAllocateResponse:
-      return DecodeAs<AllocateResponse>(payload);
-    case MessageType::kCommitRequest:
-      return DecodeAs<CommitRequest>(payload);
-    case MessageType::kCommitResponse:
-      return DecodeAs<CommitResponse>(payload);
-    case MessageType::kAcquireRequest:
-      return DecodeAs<AcquireRequest>(payload);
-    case MessageType::kAcquireResponse:
-      return DecodeAs<AcquireResponse>(payload);
-    case MessageType::kReleaseRequest:
-      return DecodeAs<ReleaseRequest>(payload);
-    case MessageType::kPrefetchRequest:
-      return DecodeAs<PrefetchRequest>(payload);
-    case MessageType::kDemoteRequest:
-      return DecodeAs<DemoteRequest>(payload);
-    case MessageType::kEvictRequest:
-      return DecodeAs<EvictRequest>(payload);
-    case MessageType::kSetPriorityRequest:
-      return DecodeAs<SetPriorityRequest>(payload);
-    case MessageType::kListSessionsRequest:
-      return DecodeAs<ListSessionsRequest>(payload);
-    case MessageType::kListSessionsResponse:
-      return DecodeAs<ListSessionsResponse>(payload);
-    case MessageType::kSessionInfoRequest:
-      return DecodeAs<SessionInfoRequest>(payload);
-    case MessageType::kSessionInfoResponse:
-      return DecodeAs<SessionInfoResponse>(payload);
-    case MessageType::kStatsRequest:
-      return DecodeAs<StatsRequest>(payload);
-    case MessageType::kStatsResponse:
-      return DecodeAs<StatsResponse>(payload);
-    case MessageType::kConfigRequest:
-      return DecodeAs<ConfigRequest>(payload);
-    case MessageType::kConfigResponse:
-      return DecodeAs<ConfigResponse>(payload);
-  }
+  const int i = Messages::IndexOf(static_cast<uint16_t>(header.type));
+  if (i >= 0) return Messages::kDecoders[static_cast<size_t>(i)](payload);
   return ProtocolError("unknown message type " + std::to_string(static_cast<uint16_t>(header.type)));
 }
 

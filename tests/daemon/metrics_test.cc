@@ -1,12 +1,16 @@
-// The metrics kvtierd keeps and renders: histogram quantiles and the Prometheus
-// text exposition format (0.0.4).
+// The metrics kvtierd keeps and renders: histogram quantiles, the Prometheus
+// text exposition format (0.0.4) and the table of every figure.
 #include "metrics.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
+
+#include "stats.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -93,6 +97,39 @@ TEST(ExpositionTest, ValuesUseTheShortestExactForm) {
   EXPECT_EQ(FormatValue(INFINITY), "+Inf");
   EXPECT_EQ(FormatValue(-INFINITY), "-Inf");
   EXPECT_EQ(FormatValue(NAN), "NaN");
+}
+
+// One row per figure: each cachectl name once, and each Prometheus family's rows
+// alike in type and scope, told apart by their labels, with the help on the first.
+TEST(StatsTableTest, EveryFigureIsNamedOnceAndFamiliesAreConsistent) {
+  std::set<std::string> names;
+  std::map<std::string, const StatRow*> first_of_family;
+  for (const StatRow& row : StatsTable()) {
+    const std::string what = row.name != nullptr ? row.name : row.family != nullptr ? row.family : "(unnamed)";
+    SCOPED_TRACE(what);
+    EXPECT_TRUE(row.name != nullptr || row.family != nullptr) << "a row no output shows";
+    EXPECT_EQ(row.histogram != nullptr, row.type == Exposition::Type::kHistogram);
+    EXPECT_EQ(row.value != nullptr, row.histogram == nullptr);
+    if (row.name != nullptr) {
+      EXPECT_TRUE(names.insert(row.name).second) << "two rows named " << row.name;
+    }
+    if (row.family == nullptr) continue;
+    const std::string family = row.family;
+    EXPECT_EQ(family.rfind("kvtier_", 0), 0u);
+    if (row.type == Exposition::Type::kCounter) {
+      EXPECT_EQ(family.substr(family.size() - 6), "_total");
+    }
+    auto [first, inserted] = first_of_family.emplace(family, &row);
+    if (inserted) {
+      EXPECT_NE(row.help, nullptr) << "a family's first row carries its help";
+      continue;
+    }
+    EXPECT_EQ(row.help, nullptr) << "only a family's first row carries its help";
+    EXPECT_EQ(row.type, first->second->type);
+    EXPECT_EQ(row.scope, first->second->scope);
+    EXPECT_NE(row.label.first, nullptr) << "rows of one family differ by a label";
+    EXPECT_NE(first->second->label.first, nullptr) << "rows of one family differ by a label";
+  }
 }
 
 }  // namespace

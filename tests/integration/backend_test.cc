@@ -133,7 +133,7 @@ TEST(ClientAttachTest, CudaKvtierdWithoutADriverIsAClearErrorAtConnect) {
   if (CudaDriver::Default().ok()) GTEST_SKIP() << "this machine has a CUDA driver";
   wire::Welcome w;
   w.profile = ModelProfile{"it", 2, 2, 32, DType::kF16, 16};
-  w.backend = "cuda";
+  w.backend = wire::BackendKind::kCuda;
   GpuPoolHandle gpu;
   gpu.bytes = w.profile.BlockBytes() * 256;
   gpu.device_uuid.fill(0x42);

@@ -376,6 +376,27 @@ TEST_F(IntegrationTest, BadFramesCloseOnlyTheirConnection) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
 }
 
+// After a Hello, a request that is not allowed is answered with an error and
+// the connection goes on: a second Hello, and a reply type sent as a request.
+TEST_F(IntegrationTest, ASecondHelloAndNonRequestsAreRefusedWithoutClosing) {
+  RawConn c(daemon_.socket());
+  ASSERT_TRUE(c.ok());
+  c.Send(wire::EncodeFrame(1, wire::Hello{}));
+  auto welcome = c.Receive();
+  ASSERT_TRUE(welcome.ok()) << welcome.status().ToString();
+  ASSERT_TRUE(std::holds_alternative<wire::Welcome>(*welcome));
+  EXPECT_EQ(std::get<wire::Welcome>(*welcome).backend, wire::BackendKind::kHost);
+  c.Send(wire::EncodeFrame(2, wire::Hello{}));
+  EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kFailedPrecondition);
+  c.Send(wire::EncodeFrame(3, wire::OkResponse{}));
+  EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kInvalidArgument);
+  c.Send(wire::EncodeFrame(4, wire::Ping{7}));
+  auto pong = c.Receive();
+  ASSERT_TRUE(pong.ok()) << pong.status().ToString();
+  ASSERT_TRUE(std::holds_alternative<wire::Pong>(*pong));
+  EXPECT_EQ(std::get<wire::Pong>(*pong).nonce, 7u);
+}
+
 TEST_F(IntegrationTest, ASecondDaemonOnTheSameSocketRefuses) {
   auto rc = daemon_.StartSecondInstance();
   ASSERT_TRUE(rc.ok());

@@ -34,7 +34,7 @@ std::vector<Message> SampleMessages() {
   w.client_id = 7;
   w.profile = ModelProfile{"llama-8b", 32, 8, 128, DType::kBF16, 16};
   w.ns = Namespace{BlockKey{0x1111222233334444ULL, 0x5555666677778888ULL}};
-  w.backend = "cuda";
+  w.backend = BackendKind::kCuda;
   PoolDesc gpu{Tier::kGpu, 2u << 20, 4096, "", {}};
   for (int i = 0; i < 64; ++i) gpu.ipc_handle.push_back(static_cast<uint8_t>(i * 3 + 1));
   w.pools.push_back(gpu);

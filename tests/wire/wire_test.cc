@@ -599,6 +599,45 @@ TEST(WireTest, MessageTypeNames) {
   EXPECT_EQ(TypeOf(Message(SessionInfoResponse{})), MessageType::kSessionInfoResponse);
 }
 
+TEST(WireTest, NamesComeFromTheMessageStructs) {
+  for (const Message& m : testing::SampleMessages()) {
+    std::visit(
+        [](const auto& msg) {
+          using M = std::decay_t<decltype(msg)>;
+          EXPECT_STREQ(MessageTypeName(M::kType), M::kName);
+        },
+        m);
+  }
+}
+
+// Welcome.backend is an enum in the struct and its name on the wire: a u32
+// length and "host" or "cuda", the layout every version-1 peer speaks.
+TEST(WireTest, BackendKindTravelsAsItsName) {
+  EXPECT_STREQ(BackendKindName(BackendKind::kHost), "host");
+  EXPECT_STREQ(BackendKindName(BackendKind::kCuda), "cuda");
+  EXPECT_STREQ(BackendKindName(static_cast<BackendKind>(7)), "unknown");
+  EXPECT_EQ(ParseBackendKind("cuda"), BackendKind::kCuda);
+  EXPECT_EQ(ParseBackendKind("tpu"), std::nullopt);
+
+  Welcome w;
+  w.backend = BackendKind::kHost;
+  Bytes frame = EncodeFrame(1, w);
+  const std::string host("\x04\0\0\0host", 8);
+  auto at = std::search(frame.begin(), frame.end(), host.begin(), host.end());
+  ASSERT_NE(at, frame.end()) << "the backend is a length-prefixed string";
+  auto r = DecodeFrame(frame);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(std::get<Welcome>(r->second).backend, BackendKind::kHost);
+
+  std::copy_n("tpu!", 4, at + 4);
+  ExpectProtocolError(frame, "Welcome.backend: names no backend kind");
+
+  Bytes out;
+  w.backend = static_cast<BackendKind>(7);
+  EXPECT_EQ(TryAppendFrame(out, 1, w).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(out.empty());
+}
+
 // Random damage to valid frames: decoding must never crash, and whatever does
 // decode must re-encode to the very same bytes.
 TEST(WireTest, RandomMutationsDecodeOrFailCleanly) {

@@ -41,6 +41,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -97,8 +98,10 @@ enum class MessageType : uint16_t {
   kConfigResponse = 43,
 };
 
-// "Hello", "AcquireResponse", ...; "Unknown" for a value that names no type.
+// "Hello", "AcquireResponse", ... (the message's kName); "Unknown" for a value
+// that names no alternative of Message.
 const char* MessageTypeName(MessageType type);
+// True if `type` is the kType of an alternative of Message.
 bool IsKnownMessageType(uint16_t type);
 
 struct FrameHeader {
@@ -118,6 +121,14 @@ void EncodeHeader(const FrameHeader& header, std::span<uint8_t, kHeaderBytes> ou
 Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes);
 
 // ---- Shared parts ----
+
+// The backend a kvtierd runs (Welcome.backend). On the wire it is its name, a
+// string ("host", "cuda"), as in every protocol version-1 peer; a string that
+// names no BackendKind is a protocol error.
+enum class BackendKind : uint8_t { kHost = 0, kCuda = 1 };  // Numbered from 0, without gaps.
+// "host", "cuda"; "unknown" for a value that names no kind.
+const char* BackendKindName(BackendKind kind);
+std::optional<BackendKind> ParseBackendKind(std::string_view name);
 
 struct PoolDesc {
   Tier tier = Tier::kGpu;
@@ -154,6 +165,7 @@ struct SessionSummary {
 // Client -> daemon, first frame of a connection.
 struct Hello {
   static constexpr MessageType kType = MessageType::kHello;
+  static constexpr const char* kName = "Hello";
   uint16_t min_version = kProtocolVersion;  // 1 <= min_version <= max_version.
   uint16_t max_version = kProtocolVersion;
   std::string client_name;
@@ -166,12 +178,13 @@ struct Hello {
 // Daemon -> client, the reply to Hello.
 struct Welcome {
   static constexpr MessageType kType = MessageType::kWelcome;
+  static constexpr const char* kName = "Welcome";
   uint16_t version = kProtocolVersion;  // The version this connection speaks.
   uint64_t instance_id = 0;             // Random per daemon start.
   uint32_t client_id = 0;
   ModelProfile profile;  // dtype is checked to be a known DType; the geometry is not validated.
   Namespace ns;
-  std::string backend;  // "host" or "cuda".
+  BackendKind backend = BackendKind::kHost;
   std::vector<PoolDesc> pools;
   std::string index_segment;
   std::string fence_segment;
@@ -190,12 +203,14 @@ struct Welcome {
 
 struct AllocateRequest {
   static constexpr MessageType kType = MessageType::kAllocateRequest;
+  static constexpr const char* kName = "AllocateRequest";
   uint32_t count = 0;
   friend bool operator==(const AllocateRequest&, const AllocateRequest&) = default;
 };
 
 struct AllocateResponse {
   static constexpr MessageType kType = MessageType::kAllocateResponse;
+  static constexpr const char* kName = "AllocateResponse";
   uint64_t lease_id = 0;
   std::vector<uint32_t> slots;  // GPU-tier slots, leased for writing.
   friend bool operator==(const AllocateResponse&, const AllocateResponse&) = default;
@@ -206,6 +221,7 @@ struct AllocateResponse {
 // start_block + i of the session, chained from `parent`.
 struct CommitRequest {
   static constexpr MessageType kType = MessageType::kCommitRequest;
+  static constexpr const char* kName = "CommitRequest";
   uint64_t lease_id = 0;
   std::string session;
   BlockKey parent;
@@ -221,6 +237,7 @@ struct CommitRequest {
 
 struct CommitResponse {
   static constexpr MessageType kType = MessageType::kCommitResponse;
+  static constexpr const char* kName = "CommitResponse";
   uint32_t stored = 0;
   uint32_t duplicates = 0;  // Keys already present; their slots were freed.
   friend bool operator==(const CommitResponse&, const CommitResponse&) = default;
@@ -232,6 +249,7 @@ inline constexpr uint8_t kAcquireKnownFlags = kAcquirePromote;
 // Pins the longest present prefix of `keys` (tokens as in CommitRequest).
 struct AcquireRequest {
   static constexpr MessageType kType = MessageType::kAcquireRequest;
+  static constexpr const char* kName = "AcquireRequest";
   std::string session;
   uint8_t flags = 0;  // kAcquire* bits; unknown bits are a protocol error.
   std::vector<BlockKey> keys;
@@ -241,6 +259,7 @@ struct AcquireRequest {
 
 struct AcquireResponse {
   static constexpr MessageType kType = MessageType::kAcquireResponse;
+  static constexpr const char* kName = "AcquireResponse";
   uint64_t lease_id = 0;
   uint32_t matched = 0;
   uint32_t promoted = 0;
@@ -251,18 +270,21 @@ struct AcquireResponse {
 
 struct ReleaseRequest {
   static constexpr MessageType kType = MessageType::kReleaseRequest;
+  static constexpr const char* kName = "ReleaseRequest";
   uint64_t lease_id = 0;
   friend bool operator==(const ReleaseRequest&, const ReleaseRequest&) = default;
 };
 
 struct PrefetchRequest {
   static constexpr MessageType kType = MessageType::kPrefetchRequest;
+  static constexpr const char* kName = "PrefetchRequest";
   std::string session;
   friend bool operator==(const PrefetchRequest&, const PrefetchRequest&) = default;
 };
 
 struct DemoteRequest {
   static constexpr MessageType kType = MessageType::kDemoteRequest;
+  static constexpr const char* kName = "DemoteRequest";
   std::string session;
   friend bool operator==(const DemoteRequest&, const DemoteRequest&) = default;
 };
@@ -270,6 +292,7 @@ struct DemoteRequest {
 // Evicts one session, every session of a tenant, or (all) everything.
 struct EvictRequest {
   static constexpr MessageType kType = MessageType::kEvictRequest;
+  static constexpr const char* kName = "EvictRequest";
   std::string session;
   std::string tenant;
   bool all = false;  // One byte, 0 or 1.
@@ -278,6 +301,7 @@ struct EvictRequest {
 
 struct SetPriorityRequest {
   static constexpr MessageType kType = MessageType::kSetPriorityRequest;
+  static constexpr const char* kName = "SetPriorityRequest";
   std::string session;
   int32_t priority = 0;
   // Extension: after this many milliseconds the daemon sets the priority back
@@ -289,30 +313,35 @@ struct SetPriorityRequest {
 // The reply to Prefetch, Demote and Evict: how many blocks the call affected.
 struct CountResponse {
   static constexpr MessageType kType = MessageType::kCountResponse;
+  static constexpr const char* kName = "CountResponse";
   uint32_t count = 0;
   friend bool operator==(const CountResponse&, const CountResponse&) = default;
 };
 
 struct ListSessionsRequest {
   static constexpr MessageType kType = MessageType::kListSessionsRequest;
+  static constexpr const char* kName = "ListSessionsRequest";
   std::string tenant_filter;  // Empty: every tenant.
   friend bool operator==(const ListSessionsRequest&, const ListSessionsRequest&) = default;
 };
 
 struct ListSessionsResponse {
   static constexpr MessageType kType = MessageType::kListSessionsResponse;
+  static constexpr const char* kName = "ListSessionsResponse";
   std::vector<SessionSummary> sessions;
   friend bool operator==(const ListSessionsResponse&, const ListSessionsResponse&) = default;
 };
 
 struct SessionInfoRequest {
   static constexpr MessageType kType = MessageType::kSessionInfoRequest;
+  static constexpr const char* kName = "SessionInfoRequest";
   std::string session;
   friend bool operator==(const SessionInfoRequest&, const SessionInfoRequest&) = default;
 };
 
 struct SessionInfoResponse {
   static constexpr MessageType kType = MessageType::kSessionInfoResponse;
+  static constexpr const char* kName = "SessionInfoResponse";
   SessionSummary summary;
   std::vector<BlockKey> chain;
   // Tier of each chain block (a Tier value; not validated, so that a newer
@@ -323,35 +352,41 @@ struct SessionInfoResponse {
 
 struct StatsRequest {
   static constexpr MessageType kType = MessageType::kStatsRequest;
+  static constexpr const char* kName = "StatsRequest";
   friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
 };
 
 // Named counters and gauges; the set of names may grow without a version change.
 struct StatsResponse {
   static constexpr MessageType kType = MessageType::kStatsResponse;
+  static constexpr const char* kName = "StatsResponse";
   std::vector<std::pair<std::string, double>> values;
   friend bool operator==(const StatsResponse&, const StatsResponse&) = default;
 };
 
 struct ConfigRequest {
   static constexpr MessageType kType = MessageType::kConfigRequest;
+  static constexpr const char* kName = "ConfigRequest";
   friend bool operator==(const ConfigRequest&, const ConfigRequest&) = default;
 };
 
 struct ConfigResponse {
   static constexpr MessageType kType = MessageType::kConfigResponse;
+  static constexpr const char* kName = "ConfigResponse";
   std::string yaml;  // The effective configuration; at most kMaxConfigBytes.
   friend bool operator==(const ConfigResponse&, const ConfigResponse&) = default;
 };
 
 struct Ping {
   static constexpr MessageType kType = MessageType::kPing;
+  static constexpr const char* kName = "Ping";
   uint64_t nonce = 0;
   friend bool operator==(const Ping&, const Ping&) = default;
 };
 
 struct Pong {
   static constexpr MessageType kType = MessageType::kPong;
+  static constexpr const char* kName = "Pong";
   uint64_t nonce = 0;
   friend bool operator==(const Pong&, const Pong&) = default;
 };
@@ -359,22 +394,50 @@ struct Pong {
 // The reply to Release and SetPriority, and to any request with nothing to report.
 struct OkResponse {
   static constexpr MessageType kType = MessageType::kOkResponse;
+  static constexpr const char* kName = "OkResponse";
   friend bool operator==(const OkResponse&, const OkResponse&) = default;
 };
 
 // The reply to any request that failed.
 struct ErrorResponse {
   static constexpr MessageType kType = MessageType::kErrorResponse;
+  static constexpr const char* kName = "ErrorResponse";
   StatusCode code = StatusCode::kInternal;  // Never kOk; an unknown code is a protocol error.
   std::string message;
   friend bool operator==(const ErrorResponse&, const ErrorResponse&) = default;
 };
 
-using Message =
-    std::variant<Hello, Welcome, AllocateRequest, AllocateResponse, CommitRequest, CommitResponse, AcquireRequest,
-                 AcquireResponse, ReleaseRequest, PrefetchRequest, DemoteRequest, EvictRequest, SetPriorityRequest,
-                 CountResponse, ListSessionsRequest, ListSessionsResponse, SessionInfoRequest, SessionInfoResponse,
-                 StatsRequest, StatsResponse, ConfigRequest, ConfigResponse, Ping, Pong, OkResponse, ErrorResponse>;
+// Every message, in MessageType order. This list is the one place a message is
+// registered: the type names, the decoder and kvtierd's dispatch are derived
+// from its alternatives (each struct's kType and kName). Adding a message is an
+// enumerator above, a struct with kType and kName, its codec (wire.cc) and an
+// alternative here. The static_assert below checks that the alternatives follow
+// the enum's order, with distinct values and names; a value with no alternative
+// is no known type (DecodeHeader refuses it, and wire_test counts them).
+using Message = std::variant<Hello, Welcome, Ping, Pong, OkResponse, ErrorResponse, CountResponse, AllocateRequest,
+                             AllocateResponse, CommitRequest, CommitResponse, AcquireRequest, AcquireResponse,
+                             ReleaseRequest, PrefetchRequest, DemoteRequest, EvictRequest, SetPriorityRequest,
+                             ListSessionsRequest, ListSessionsResponse, SessionInfoRequest, SessionInfoResponse,
+                             StatsRequest, StatsResponse, ConfigRequest, ConfigResponse>;
+
+namespace internal {
+// The kTypes of the alternatives strictly increase (so no two share a value and
+// the variant lists them in the enum's order), and no two kNames are equal.
+template <typename... M>
+constexpr bool AlternativesFollowTheEnum(const std::variant<M...>*) {
+  constexpr MessageType types[] = {M::kType...};
+  constexpr std::string_view names[] = {M::kName...};
+  for (size_t i = 1; i < sizeof...(M); ++i) {
+    if (!(types[i - 1] < types[i])) return false;
+    for (size_t j = 0; j < i; ++j) {
+      if (names[j] == names[i]) return false;
+    }
+  }
+  return true;
+}
+}  // namespace internal
+static_assert(internal::AlternativesFollowTheEnum(static_cast<const Message*>(nullptr)),
+              "wire::Message must list its alternatives in MessageType order, each with its own kType and kName");
 
 MessageType TypeOf(const Message& m);
 

@@ -1,0 +1,365 @@
+#include "stats.h"
+
+#include <cstring>
+
+namespace kvtier::daemon {
+namespace {
+
+using Type = Exposition::Type;
+using Value = std::optional<double>;
+
+constexpr CopyDirection kDirections[] = {CopyDirection::kGpuToHost, CopyDirection::kHostToGpu};
+
+const char* DirectionName(CopyDirection d) { return d == CopyDirection::kGpuToHost ? "gpu_to_host" : "host_to_gpu"; }
+
+double BlockBytes(const StatsView& v, size_t profile) {
+  return static_cast<double>(v.engines[profile]->profile().BlockBytes());
+}
+double BlockTokens(const StatsView& v, size_t profile) {
+  return static_cast<double>(v.engines[profile]->profile().block_tokens);
+}
+
+// ---- Getters: how a row reads its figure ----
+
+template <auto Field>
+Value Counter(const StatsView& v, const StatPoint&) {
+  return static_cast<double>(v.counters.*Field);
+}
+template <auto Field>
+Value Engine(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.engine_stats[at.profile].*Field);
+}
+// Tokens and bytes are counted in whole blocks: a prompt's partial last block never reaches the daemon.
+template <auto Field>
+Value Tokens(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.engine_stats[at.profile].*Field) * BlockTokens(v, at.profile);
+}
+template <auto Field>
+Value Bytes(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.engine_stats[at.profile].*Field) * BlockBytes(v, at.profile);
+}
+template <auto Field>
+Value InTier(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>((v.engine_stats[at.profile].*Field)[at.tier]);
+}
+template <auto Field>
+Value TierBytes(const StatsView& v, const StatPoint& at) {
+  return *InTier<Field>(v, at) * BlockBytes(v, at.profile);
+}
+template <auto Field>
+Value Copied(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.backend.copy_stats(at.direction).*Field);
+}
+
+Value One(const StatsView&, const StatPoint&) { return 1; }
+
+Value Uptime(const StatsView& v, const StatPoint&) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - v.counters.started).count();
+}
+
+// Over every request type, as Prometheus' histogram_quantile estimates it.
+template <int Percent>
+Value LatencyQuantile(const StatsView& v, const StatPoint&) {
+  Histogram all(LatencyBuckets());
+  for (const auto& [type, m] : v.counters.per_type) all.Merge(m.latency);
+  return all.Quantile(Percent / 100.0);
+}
+
+const Histogram* RpcLatency(const StatsView& v, const StatPoint& at) {
+  return &v.counters.per_type.at(at.type).latency;
+}
+Value RpcErrors(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.counters.per_type.at(at.type).errors);
+}
+
+Value TenantBlocks(const StatsView& v, const StatPoint& at) {
+  const tiering::Engine& e = *v.engines[at.profile];
+  const auto u = e.tenant_usage(tiering::Tenant::Make(e.profile().Fingerprint(), *at.tenant).ns);
+  return u.blocks[at.tier];
+}
+// Only for a configured tenant (tenants:), 0 meaning unlimited.
+Value TenantQuota(const StatsView& v, const StatPoint& at) {
+  const TenantConfig* q = v.access.FindTenant(*at.tenant);
+  if (q == nullptr) return std::nullopt;
+  switch (at.tier) {
+    case Tier::kGpu:
+      return q->gpu_blocks;
+    case Tier::kHost:
+      return q->host_blocks;
+  }
+  return std::nullopt;
+}
+
+// ---- The table ----
+
+using S = StatScope;
+using E = tiering::EngineStats;
+using C = ServiceCounters;
+constexpr std::pair<const char*, const char*> kNoLabel{nullptr, nullptr};
+
+// clang-format off
+constexpr StatRow kStats[] = {
+  {nullptr, "kvtier_build_info", Type::kGauge, "kvtierd's version and backend; always 1", S::kBuild, kNoLabel, &One},
+  {"uptime_s", "kvtier_uptime_seconds", Type::kGauge, "Seconds since kvtierd started", S::kDaemon, kNoLabel, &Uptime},
+  {"clients", "kvtier_clients", Type::kGauge, "Clients connected now (after Hello)", S::kDaemon, kNoLabel,
+   &Counter<&C::clients>},
+  {nullptr, "kvtier_client_connections_total", Type::kCounter, "Clients welcomed since start", S::kDaemon, kNoLabel,
+   &Counter<&C::connections>},
+  {"requests", nullptr, Type::kCounter, "Requests answered", S::kDaemon, kNoLabel, &Counter<&C::requests>},
+  {"room_waits", "kvtier_room_waits_total", Type::kCounter,
+   "Allocate/Acquire requests that waited (without blocking the daemon) for demotions to free GPU slots",
+   S::kDaemon, kNoLabel, &Counter<&C::room_waits>},
+  {"room_wait_timeouts", "kvtier_room_wait_timeouts_total", Type::kCounter,
+   "Of those, answered after the wait limit without the room (Allocate failed or dropped; Acquire leased "
+   "host-tier blocks in place)", S::kDaemon, kNoLabel, &Counter<&C::room_wait_timeouts>},
+  {"errors", nullptr, Type::kCounter, "Requests answered with an error", S::kDaemon, kNoLabel, &Counter<&C::errors>},
+
+  {"{tier}_slots", "kvtier_tier_slots", Type::kGauge, "Block slots in a tier", S::kProfileTier, kNoLabel,
+   &InTier<&E::slots>},
+  {"{tier}_used", "kvtier_tier_used_slots", Type::kGauge, "Block slots in use (blocks, moves' destinations, write leases)",
+   S::kProfileTier, kNoLabel, &InTier<&E::used>},
+  {nullptr, "kvtier_tier_capacity_bytes", Type::kGauge, "Bytes of a tier's pool", S::kProfileTier, kNoLabel,
+   &TierBytes<&E::slots>},
+  {nullptr, "kvtier_tier_used_bytes", Type::kGauge, "Bytes of a tier's pool in use", S::kProfileTier, kNoLabel,
+   &TierBytes<&E::used>},
+
+  {"blocks", "kvtier_blocks", Type::kGauge, "Blocks cached", S::kProfile, kNoLabel, &Engine<&E::blocks>},
+  {"sessions", "kvtier_sessions", Type::kGauge, "Sessions", S::kProfile, kNoLabel, &Engine<&E::sessions>},
+  {"read_leases", "kvtier_leases", Type::kGauge, "Leases held by clients now, by kind", S::kProfile, {"kind", "read"},
+   &Engine<&E::read_leases>},
+  {"write_leases", "kvtier_leases", Type::kGauge, nullptr, S::kProfile, {"kind", "write"}, &Engine<&E::write_leases>},
+  {"copies_in_flight", "kvtier_copies_in_flight", Type::kGauge, "Blocks with a copy between tiers in flight",
+   S::kProfile, kNoLabel, &Engine<&E::copies_in_flight>},
+  {"hit_blocks", "kvtier_lookup_blocks_total", Type::kCounter, "Blocks asked for by Acquire, found (hit) or not (miss)",
+   S::kProfile, {"result", "hit"}, &Engine<&E::hit_blocks>},
+  {"miss_blocks", "kvtier_lookup_blocks_total", Type::kCounter, nullptr, S::kProfile, {"result", "miss"},
+   &Engine<&E::miss_blocks>},
+  {"committed_blocks", "kvtier_committed_blocks_total", Type::kCounter, "New blocks published by Commit", S::kProfile,
+   kNoLabel, &Engine<&E::committed_blocks>},
+  {"duplicate_blocks", "kvtier_duplicate_blocks_total", Type::kCounter, "Committed blocks that were already cached",
+   S::kProfile, kNoLabel, &Engine<&E::duplicate_blocks>},
+  {"demoted_blocks", "kvtier_moved_blocks_total", Type::kCounter, "Blocks that moved between tiers, by direction",
+   S::kProfile, {"direction", "gpu_to_host"}, &Engine<&E::demoted_blocks>},
+  {"promoted_blocks", "kvtier_moved_blocks_total", Type::kCounter, nullptr, S::kProfile, {"direction", "host_to_gpu"},
+   &Engine<&E::promoted_blocks>},
+  {"dropped_blocks", "kvtier_evicted_blocks_total", Type::kCounter, "Blocks dropped from the cache under memory pressure",
+   S::kProfile, kNoLabel, &Engine<&E::dropped_blocks>},
+  {"evicted_sessions", "kvtier_evicted_sessions_total", Type::kCounter,
+   "Sessions removed (cachectl evict, limits.max_sessions)", S::kProfile, kNoLabel, &Engine<&E::evicted_sessions>},
+  {"allocation_failures", "kvtier_allocation_failures_total", Type::kCounter,
+   "Allocate requests refused for want of GPU slots", S::kProfile, kNoLabel, &Engine<&E::allocation_failures>},
+  {"warm_adopted_blocks", "kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
+   S::kProfile, kNoLabel, &Engine<&E::warm_adopted_blocks>},
+  {"warm_dropped_blocks", "kvtier_warm_dropped_blocks", Type::kGauge,
+   "Blocks of the previous run's manifest not adopted (failed a check, or orphaned)", S::kProfile, kNoLabel,
+   &Engine<&E::warm_dropped_blocks>},
+  {"warm_adopted_sessions", nullptr, Type::kGauge, "Sessions adopted from the previous run at start", S::kProfile,
+   kNoLabel, &Engine<&E::warm_adopted_sessions>},
+  {"warm_snapshots", "kvtier_warm_snapshots_total", Type::kCounter, "Warm-restart manifests written", S::kProfile,
+   kNoLabel, &Engine<&E::warm_snapshots>},
+  {"hit_tokens", "kvtier_lookup_tokens_total", Type::kCounter,
+   "Prompt tokens asked for by Acquire, in whole blocks, found (hit) or not (miss)", S::kProfile, {"result", "hit"},
+   &Tokens<&E::hit_blocks>},
+  {"miss_tokens", "kvtier_lookup_tokens_total", Type::kCounter, nullptr, S::kProfile, {"result", "miss"},
+   &Tokens<&E::miss_blocks>},
+  {"demoted_bytes", "kvtier_moved_bytes_total", Type::kCounter,
+   "Bytes of the blocks that moved between tiers, by direction", S::kProfile, {"direction", "gpu_to_host"},
+   &Bytes<&E::demoted_blocks>},
+  {"promoted_bytes", "kvtier_moved_bytes_total", Type::kCounter, nullptr, S::kProfile, {"direction", "host_to_gpu"},
+   &Bytes<&E::promoted_blocks>},
+  {"expired_priorities", "kvtier_priority_expirations_total", Type::kCounter,
+   "Session priorities reset to 0 when their TTL ended", S::kProfile, kNoLabel, &Engine<&E::expired_priorities>},
+
+  // The copy engine serves every profile.
+  {"copy_{direction}_bytes", "kvtier_copy_bytes_total", Type::kCounter, "Bytes the copy engine copied, by direction",
+   S::kDirection, kNoLabel, &Copied<&tiering::CopyStats::bytes>},
+  {"copy_{direction}_seconds", "kvtier_copy_seconds_total", Type::kCounter,
+   "Seconds the copy engine spent copying, by direction (bytes / seconds is its bandwidth)", S::kDirection, kNoLabel,
+   &Copied<&tiering::CopyStats::busy_seconds>},
+  {nullptr, "kvtier_copy_batches_total", Type::kCounter, "Copy batches the copy engine completed, by direction",
+   S::kDirection, kNoLabel, &Copied<&tiering::CopyStats::batches>},
+
+  {nullptr, "kvtier_rpc_duration_seconds", Type::kHistogram,
+   "Time from a request's decoded frame to its reply queued for sending, by request type", S::kRequestType, kNoLabel,
+   nullptr, &RpcLatency},
+  {nullptr, "kvtier_rpc_errors_total", Type::kCounter, "Requests answered with an error, by request type",
+   S::kRequestType, kNoLabel, &RpcErrors},
+  {"rpc_latency_p50_s", nullptr, Type::kGauge, "Median request latency, over every request type", S::kDaemon, kNoLabel,
+   &LatencyQuantile<50>},
+  {"rpc_latency_p90_s", nullptr, Type::kGauge, "90th percentile of it", S::kDaemon, kNoLabel, &LatencyQuantile<90>},
+  {"rpc_latency_p99_s", nullptr, Type::kGauge, "99th percentile of it", S::kDaemon, kNoLabel, &LatencyQuantile<99>},
+  {"bad_frames", "kvtier_bad_frames_total", Type::kCounter, "Frames that did not decode; each closed its connection",
+   S::kDaemon, kNoLabel, &Counter<&C::bad_frames>},
+  {"refused_connections", "kvtier_refused_connections_total", Type::kCounter,
+   "Connections refused at accept: the peer's uid/gids are not allowed (access:)", S::kDaemon, kNoLabel,
+   &Counter<&C::refused_connections>},
+  {nullptr, "kvtier_config_reloads_total", Type::kCounter, "Configuration reloads (SIGHUP) by result", S::kDaemon,
+   {"result", "applied"}, &Counter<&C::reloads_applied>},
+  {nullptr, "kvtier_config_reloads_total", Type::kCounter, nullptr, S::kDaemon, {"result", "rejected"},
+   &Counter<&C::reloads_rejected>},
+
+  // Blocks per tier of each tenant (a client that is not an admin sees its own), and their quotas.
+  {"tenant.{tenant}.{tier}_blocks", "kvtier_tenant_blocks", Type::kGauge,
+   "Blocks a tenant holds, by profile and tier (moves count where they land)", S::kTenantTier, kNoLabel,
+   &TenantBlocks},
+  {"tenant.{tenant}.{tier}_quota", nullptr, Type::kGauge, "A configured tenant's quota in the tier (0: unlimited)",
+   S::kTenantTier, kNoLabel, &TenantQuota},
+};
+// clang-format on
+
+// ---- Rendering ----
+
+bool PerProfile(StatScope s) { return s == S::kProfile || s == S::kProfileTier || s == S::kTenantTier; }
+
+// The points of `scope` within profile `profile`, in the order they are listed.
+std::vector<StatPoint> Points(const StatsView& v, StatScope scope, size_t profile) {
+  std::vector<StatPoint> out;
+  StatPoint at;
+  at.profile = profile;
+  // `at` once per value of one of its fields.
+  auto each = [&](auto field, const auto& values) {
+    for (const auto& value : values) {
+      at.*field = value;
+      out.push_back(at);
+    }
+  };
+  switch (scope) {
+    case S::kDaemon:
+    case S::kBuild:
+    case S::kProfile:
+      out.push_back(at);
+      break;
+    case S::kProfileTier:
+      each(&StatPoint::tier, kTiers);
+      break;
+    case S::kTenantTier:
+      for (const std::string& tenant : v.tenants) {
+        at.tenant = &tenant;
+        each(&StatPoint::tier, kTiers);
+      }
+      break;
+    case S::kDirection:
+      each(&StatPoint::direction, kDirections);
+      break;
+    case S::kRequestType:
+      for (const auto& [type, m] : v.counters.per_type) {
+        at.type = type;
+        out.push_back(at);
+      }
+      break;
+  }
+  return out;
+}
+
+void Replace(std::string& s, std::string_view placeholder, std::string_view value) {
+  const size_t at = s.find(placeholder);
+  if (at != std::string::npos) s.replace(at, placeholder.size(), value);
+}
+
+// A row's cachectl name at `at`: "{tier}_slots" -> "gpu_slots".
+std::string NameAt(const StatRow& row, const StatPoint& at) {
+  std::string name = row.name;
+  Replace(name, "{tier}", TierName(at.tier));
+  if (at.tenant != nullptr) Replace(name, "{tenant}", at.tenant->empty() ? "-" : *at.tenant);
+  Replace(name, "{direction}", DirectionName(at.direction));
+  return name;
+}
+
+// A sample's labels: those of the row's scope, then the row's own.
+Labels LabelsAt(const StatsView& v, const StatRow& row, const StatPoint& at) {
+  Labels out;
+  auto profile = [&] { out.emplace_back("profile", v.engines[at.profile]->profile().name); };
+  switch (row.scope) {
+    case S::kDaemon:
+      break;
+    case S::kBuild:
+      out.emplace_back("version", KVTIER_VERSION);
+      out.emplace_back("backend", tiering::BackendKindName(v.backend.kind()));
+      break;
+    case S::kProfile:
+      profile();
+      break;
+    case S::kProfileTier:
+      profile();
+      out.emplace_back("tier", TierName(at.tier));
+      break;
+    case S::kTenantTier:
+      profile();
+      out.emplace_back("tenant", *at.tenant);
+      out.emplace_back("tier", TierName(at.tier));
+      break;
+    case S::kDirection:
+      out.emplace_back("direction", DirectionName(at.direction));
+      break;
+    case S::kRequestType:
+      out.emplace_back("type", wire::MessageTypeName(at.type));
+      break;
+  }
+  if (row.label.first != nullptr) out.emplace_back(row.label.first, row.label.second);
+  return out;
+}
+
+bool SameFamily(const StatRow& a, const StatRow& b) {
+  return a.family != nullptr && b.family != nullptr && std::strcmp(a.family, b.family) == 0;
+}
+
+}  // namespace
+
+StatsView::StatsView(const ServiceCounters& c, const tiering::Backend& b,
+                     const std::vector<std::unique_ptr<tiering::Engine>>& e, std::vector<std::string> t,
+                     const AccessPolicy& a)
+    : counters(c), backend(b), engines(e), tenants(std::move(t)), access(a) {
+  engine_stats.reserve(engines.size());
+  for (const auto& engine : engines) engine_stats.push_back(engine->stats());
+}
+
+std::span<const StatRow> StatsTable() { return kStats; }
+
+std::vector<std::pair<std::string, double>> StatsList(const StatsView& view, size_t profile) {
+  std::vector<std::pair<std::string, double>> out;
+  const std::span<const StatRow> rows = StatsTable();
+  // A run of rows with one scope is listed point by point, the run's rows at each.
+  for (size_t begin = 0, end = 0; begin < rows.size(); begin = end) {
+    while (end < rows.size() && rows[end].scope == rows[begin].scope) ++end;
+    for (const StatPoint& at : Points(view, rows[begin].scope, profile)) {
+      for (size_t i = begin; i < end; ++i) {
+        const StatRow& row = rows[i];
+        if (row.name == nullptr || row.value == nullptr) continue;
+        if (const Value v = row.value(view, at)) out.emplace_back(NameAt(row, at), *v);
+      }
+    }
+  }
+  return out;
+}
+
+std::string RenderPrometheus(const StatsView& view) {
+  Exposition x;
+  const std::span<const StatRow> rows = StatsTable();
+  for (size_t first = 0; first < rows.size(); ++first) {
+    const StatRow& head = rows[first];
+    if (head.family == nullptr) continue;
+    bool written = false;  // The family was written where an earlier row of it stands.
+    for (size_t i = 0; i < first && !written; ++i) written = SameFamily(rows[i], head);
+    if (written) continue;
+    std::vector<const StatRow*> family;
+    for (size_t i = first; i < rows.size(); ++i) {
+      if (SameFamily(rows[i], head)) family.push_back(&rows[i]);
+    }
+    x.Family(head.family, head.type, head.help);
+    const size_t profiles = PerProfile(head.scope) ? view.engines.size() : 1;
+    for (size_t p = 0; p < profiles; ++p) {
+      for (const StatRow* row : family) {
+        for (const StatPoint& at : Points(view, row->scope, p)) {
+          if (row->histogram != nullptr) {
+            x.Histogram(LabelsAt(view, *row, at), *row->histogram(view, at));
+          } else if (const Value v = row->value(view, at)) {
+            x.Sample(LabelsAt(view, *row, at), *v);
+          }
+        }
+      }
+    }
+  }
+  return x.text();
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,110 @@
+#include "warm_restart.h"
+
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <string>
+
+#include "kvtier/shm_names.h"
+#include "log.h"
+
+namespace kvtier::daemon {
+namespace {
+
+std::string Millis(std::chrono::microseconds us) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f ms", static_cast<double>(us.count()) / 1000.0);
+  return buf;
+}
+
+std::string Manifest(const DaemonConfig& config, const ProfileConfig& p) {
+  return shm_names::WarmManifest(config.instance, p.profile.name);
+}
+
+}  // namespace
+
+WarmRestart::WarmRestart(const DaemonConfig& config, tiering::BackendKind backend)
+    : enabled_(config.warm_restart && backend == tiering::BackendKind::kHost) {
+  if (config.warm_restart && !enabled_) {
+    LogWarn(std::string("warm_restart is ignored with the ") + tiering::BackendKindName(backend) +
+            " backend (host backend only)");
+  }
+}
+
+void WarmRestart::BeforeEngine(const DaemonConfig& config, const ProfileConfig& p) const {
+  if (config.warm_restart) return;
+  const std::string manifest = Manifest(config, p);
+  shm_unlink(shm_names::Staging(manifest).c_str());  // A write the earlier run did not finish.
+  if (shm_unlink(manifest.c_str()) == 0) {
+    const std::string pool = shm_names::Pool(config.instance, p.profile.name, Tier::kHost);
+    shm_unlink(pool.c_str());
+    LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
+  }
+}
+
+void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
+  if (!enabled_) return;
+  const std::string manifest = Manifest(config, p);
+  auto report = engine.AdoptWarm(manifest);
+  const std::string who = "warm restart, profile '" + p.profile.name + "': ";
+  if (!report.ok()) {
+    shm_unlink(manifest.c_str());
+    LogWarn(who + "removed " + manifest + ", which cannot be read (" + report.status().ToString() + "); starting cold");
+  } else if (!report->found) {
+    LogInfo(who + "no manifest " + manifest + "; starting cold");
+  } else if (!report->compatible) {
+    LogWarn(who + "removed stale segment " + manifest + " (" + report->reason + "); starting cold");
+  } else {
+    LogInfo(who + "adopted " + std::to_string(report->adopted_blocks) + " of " + std::to_string(report->listed_blocks) +
+            " host blocks (" + std::to_string(report->dropped_blocks) + " dropped) and " +
+            std::to_string(report->adopted_sessions) + " sessions (" + std::to_string(report->dropped_sessions) +
+            " dropped) from a " + (report->clean ? "clean-shutdown manifest" : "snapshot (unclean shutdown)") + " in " +
+            Millis(report->took));
+  }
+  last_snapshot_ = std::chrono::steady_clock::now();
+}
+
+void WarmRestart::MaybeSnapshot(const Engines& engines, const DaemonConfig& config) {
+  if (!enabled_ || config.warm_snapshot_ms == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_snapshot_ < std::chrono::milliseconds(config.warm_snapshot_ms)) return;
+  last_snapshot_ = now;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    if (!engines[i]->warm_dirty()) continue;
+    const std::string& name = config.profiles[i].profile.name;
+    auto r = engines[i]->SaveWarm(Manifest(config, config.profiles[i]), false);
+    if (!r.ok()) {
+      LogWarn("warm restart: snapshot of profile '" + name + "' failed: " + r.status().ToString());
+    } else {
+      LogDebug("warm restart: snapshot of profile '" + name + "': " + std::to_string(r->blocks) + " blocks, " +
+               std::to_string(r->sessions) + " sessions in " + Millis(r->took));
+    }
+  }
+}
+
+void WarmRestart::SaveAtShutdown(const Engines& engines, const DaemonConfig& config, std::chrono::milliseconds budget) {
+  if (!enabled_) return;
+  const auto start = std::chrono::steady_clock::now();
+  uint32_t demoted = 0;
+  for (const auto& e : engines) demoted += e->DemoteForShutdown();
+  Status idle;
+  for (const auto& e : engines) {
+    idle = e->WaitIdle(budget);
+    if (!idle.ok()) break;
+  }
+  if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
+  for (size_t i = 0; i < engines.size(); ++i) {
+    const std::string& name = config.profiles[i].profile.name;
+    auto r = engines[i]->SaveWarm(Manifest(config, config.profiles[i]), true);
+    if (!r.ok()) {
+      LogError("warm restart: cannot write the manifest of profile '" + name + "': " + r.status().ToString());
+      continue;
+    }
+    LogInfo("warm restart, profile '" + name + "': saved " + std::to_string(r->blocks) + " host blocks of " +
+            std::to_string(r->sessions) + " sessions (" + std::to_string(r->bytes) + " bytes of manifest)");
+  }
+  LogInfo("warm restart: demoted " + std::to_string(demoted) + " blocks and wrote the manifests in " +
+          Millis(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start)));
+}
+
+}  // namespace kvtier::daemon
