@@ -56,7 +56,7 @@ class Client;
 
 namespace client_internal {
 struct Attachment;
-struct Core;
+class Core;
 struct WriterEvent;
 
 // What every lease holds: the connection it was made on and its id there.

@@ -1,0 +1,93 @@
+// Core: Hello, connection generations and Call.
+#include "core.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+namespace kvtier::client_internal {
+namespace {
+
+std::string ProgramName() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name.empty() ? "kvtier-client" : name;
+}
+
+}  // namespace
+
+Status Core::Reconnect() {
+  std::lock_guard lock(mu_);
+  return ConnectLocked();
+}
+
+std::shared_ptr<const Attachment> Core::attachment() const {
+  std::lock_guard lock(att_mu_);
+  return att_;
+}
+
+Status Core::ConnectLocked() {
+  KVTIER_RETURN_IF_ERROR(transport_.Open());
+  wire::Hello hello;
+  hello.client_name = options_.client_name.empty() ? ProgramName() : options_.client_name;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  hello.tenant = options_.tenant;
+  hello.profile = options_.profile;
+  auto reply = transport_.RoundTrip(hello);
+  if (!reply.ok()) return reply.status();
+  if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) {
+    transport_.Close();
+    return wire::ToStatus(*err);
+  }
+  auto* welcome = std::get_if<wire::Welcome>(&*reply);
+  if (welcome == nullptr) {
+    transport_.Close();
+    return ProtocolError("kvtierd answered Hello with something other than Welcome");
+  }
+  auto attached = Attachment::Map(std::move(*welcome));
+  if (!attached.ok()) {
+    transport_.Close();
+    return attached.status();
+  }
+  {
+    std::lock_guard lock(att_mu_);
+    att_ = std::move(attached).value();
+  }
+  ++generation_;
+  return Status::Ok();
+}
+
+Result<wire::Message> Core::Call(const wire::Message& request, Resend resend) {
+  std::lock_guard lock(mu_);
+  if (!transport_.connected()) {
+    if (!options_.reconnect) return Unavailable("not connected to kvtierd (reconnect is off)");
+    KVTIER_RETURN_IF_ERROR(ConnectLocked());
+  }
+  auto reply = transport_.RoundTrip(request);
+  if (!reply.ok() && !transport_.connected() && resend == Resend::kYes && options_.reconnect) {
+    KVTIER_RETURN_IF_ERROR(ConnectLocked());
+    reply = transport_.RoundTrip(request);
+  }
+  if (!reply.ok()) return reply.status();
+  if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
+  return reply;
+}
+
+Status Core::ReleaseLease(uint64_t id, uint64_t generation) {
+  std::lock_guard lock(mu_);
+  if (generation != generation_ || !transport_.connected()) {
+    return Unavailable("the lease ended with its connection to kvtierd");
+  }
+  auto reply = transport_.RoundTrip(wire::ReleaseRequest{id});
+  if (!reply.ok()) return reply.status();
+  if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
+  return Status::Ok();
+}
+
+uint64_t Core::current_generation() {
+  std::lock_guard lock(mu_);
+  return generation_;
+}
+
+}  // namespace kvtier::client_internal
