@@ -183,7 +183,7 @@ std::string TierLabel(uint8_t tier) {
   }
 }
 
-json SessionJson(const wire::SessionSummary& s) {
+json SessionJson(const SessionSummary& s) {
   return json{{"id", s.id},
               {"tenant", s.tenant},
               {"blocks", s.blocks},
@@ -201,7 +201,7 @@ void PrintSessionHeader() {
   std::printf(kSessionHeader, "SESSION", "TENANT", "BLOCKS", "GPU", "HOST", "TOKENS", "IDLE", "PRIO");
 }
 
-void PrintSessionLine(const wire::SessionSummary& s) {
+void PrintSessionLine(const SessionSummary& s) {
   const std::string tenant = s.tenant.empty() ? "-" : s.tenant;
   std::printf(kSessionHeader, s.id.c_str(), tenant.c_str(), std::to_string(s.blocks).c_str(),
               std::to_string(s.gpu_blocks).c_str(), std::to_string(s.host_blocks).c_str(),
@@ -286,8 +286,8 @@ int CmdSessions(const GlobalOptions& g, const SessionsArgs& a) {
   if (!c) return rc;
   auto r = c->ListSessions(a.tenant);
   if (!r.ok()) return Fail("sessions", r.status());
-  std::vector<wire::SessionSummary> list = std::move(r).value();
-  auto by = [&](const wire::SessionSummary& x, const wire::SessionSummary& y) {
+  std::vector<SessionSummary> list = std::move(r).value();
+  auto by = [&](const SessionSummary& x, const SessionSummary& y) {
     if (a.sort == "blocks" && x.blocks != y.blocks) return x.blocks > y.blocks;
     if (a.sort == "tokens" && x.tokens != y.tokens) return x.tokens > y.tokens;
     if (a.sort == "idle" && x.last_use_ms_ago != y.last_use_ms_ago) return x.last_use_ms_ago > y.last_use_ms_ago;
@@ -312,7 +312,7 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
   if (!c) return rc;
   auto r = c->GetSession(id);
   if (!r.ok()) return Fail("session '" + id + "'", r.status());
-  const wire::SessionInfoResponse& info = *r;
+  const SessionInfo& info = *r;
   if (g.json) {
     json chain = json::array();
     for (size_t i = 0; i < info.chain.size(); ++i) {
@@ -325,7 +325,7 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
     PrintJson(j);
     return kExitOk;
   }
-  const wire::SessionSummary& s = info.summary;
+  const SessionSummary& s = info.summary;
   std::printf("session:  %s\n", s.id.c_str());
   std::printf("tenant:   %s\n", s.tenant.empty() ? "-" : s.tenant.c_str());
   std::printf("blocks:   %u (gpu %u, host %u, moving %u)\n", s.blocks, s.gpu_blocks, s.host_blocks, s.moving);

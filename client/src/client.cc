@@ -15,6 +15,17 @@ using client_internal::Core;
 using client_internal::Expect;
 using client_internal::Resend;
 
+namespace {
+
+SessionSummary FromWire(wire::SessionSummary s) {
+  return SessionSummary{std::move(s.id),  std::move(s.tenant), s.priority, s.last_use_ms_ago, s.blocks,
+                        s.gpu_blocks,     s.host_blocks,       s.moving,   s.tokens};
+}
+
+}  // namespace
+
+uint16_t ProtocolVersion() { return wire::kProtocolVersion; }
+
 Client::Client(ClientOptions options) : options_(std::move(options)), core_(std::make_shared<Core>(options_)) {}
 
 Client::~Client() = default;
@@ -200,15 +211,20 @@ Status Client::SetPriority(std::string_view session, int priority, std::chrono::
   return r.ok() ? Status::Ok() : r.status();
 }
 
-Result<std::vector<wire::SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
+Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
   auto r = Expect<wire::ListSessionsResponse>(
       core_->Call(wire::ListSessionsRequest{std::string(tenant_filter)}, Resend::kYes));
   if (!r.ok()) return r.status();
-  return std::move(r->sessions);
+  std::vector<SessionSummary> out;
+  out.reserve(r->sessions.size());
+  for (wire::SessionSummary& s : r->sessions) out.push_back(FromWire(std::move(s)));
+  return out;
 }
 
-Result<wire::SessionInfoResponse> Client::GetSession(std::string_view session) {
-  return Expect<wire::SessionInfoResponse>(core_->Call(wire::SessionInfoRequest{std::string(session)}, Resend::kYes));
+Result<SessionInfo> Client::GetSession(std::string_view session) {
+  auto r = Expect<wire::SessionInfoResponse>(core_->Call(wire::SessionInfoRequest{std::string(session)}, Resend::kYes));
+  if (!r.ok()) return r.status();
+  return SessionInfo{FromWire(std::move(r->summary)), std::move(r->chain), std::move(r->tiers)};
 }
 
 Result<std::vector<std::pair<std::string, double>>> Client::Stats() {

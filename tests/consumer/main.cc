@@ -7,7 +7,7 @@
 #include <kvtier/client.h>
 
 int main(int argc, char** argv) {
-  std::printf("kvtier %s (protocol %u)\n", KVTIER_PACKAGE_VERSION, kvtier::wire::kProtocolVersion);
+  std::printf("kvtier %s (protocol %u)\n", KVTIER_PACKAGE_VERSION, kvtier::ProtocolVersion());
   if (argc < 2) {
     const kvtier::TokenId tokens[] = {1, 2, 3, 4};
     const auto ns = kvtier::Namespace::Make(0, "consumer");

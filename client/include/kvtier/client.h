@@ -31,10 +31,9 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/fence_layout.h"
-#include "kvtier/index_layout.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
-#include "kvtier/wire.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
@@ -166,6 +165,34 @@ struct CommitResult {
   uint32_t duplicates = 0;
 };
 
+// One session as kvtierd reports it (Client::ListSessions, GetSession).
+struct SessionSummary {
+  std::string id;
+  std::string tenant;
+  int32_t priority = 0;
+  uint64_t last_use_ms_ago = 0;
+  uint32_t blocks = 0;
+  uint32_t gpu_blocks = 0;
+  uint32_t host_blocks = 0;
+  uint32_t moving = 0;  // Blocks with a copy in flight.
+  uint64_t tokens = 0;
+  friend bool operator==(const SessionSummary&, const SessionSummary&) = default;
+};
+
+// A session and its chain of blocks (Client::GetSession).
+struct SessionInfo {
+  SessionSummary summary;
+  std::vector<BlockKey> chain;
+  // The tier of each chain block, same length as chain: a Tier value, or a
+  // number this library has no Tier for (a newer kvtierd's tier), passed on as is.
+  std::vector<uint8_t> tiers;
+  friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
+};
+
+// The wire protocol version this library speaks (a Client and kvtierd agree on
+// one at Hello).
+uint16_t ProtocolVersion();
+
 class Client {
  public:
   // Connects, says Hello, and maps the daemon's segments. Retries until
@@ -217,8 +244,8 @@ class Client {
   // back to 0 after `ttl`, whether or not this client is still there; a kvtierd
   // that predates priority TTLs refuses such a request (kProtocolError).
   Status SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl = {});
-  Result<std::vector<wire::SessionSummary>> ListSessions(std::string_view tenant_filter = {});
-  Result<wire::SessionInfoResponse> GetSession(std::string_view session);
+  Result<std::vector<SessionSummary>> ListSessions(std::string_view tenant_filter = {});
+  Result<SessionInfo> GetSession(std::string_view session);
   Result<std::vector<std::pair<std::string, double>>> Stats();
   Result<std::string> Config();
   // Round trip time of one Ping.
