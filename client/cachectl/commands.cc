@@ -233,7 +233,7 @@ int CmdStatus(const GlobalOptions& g) {
   auto stats = c->Stats();
   if (!stats.ok()) return Fail("status", stats.status());
   const StatMap& s = *stats;
-  const ModelProfile& p = c->profile();
+  const ModelProfile p = c->profile();
   if (g.json) {
     json pools = json::object();
     for (const char* tier : {"gpu", "host"}) {

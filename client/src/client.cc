@@ -1,5 +1,5 @@
 // Client: libkvtier's API — each request built, sent through Core, and its
-// reply read against the connection's attachment; probes straight from the
+// reply read against the connection it came on; probes straight from the
 // shared index.
 #include "kvtier/client.h"
 
@@ -12,7 +12,6 @@ namespace kvtier {
 
 using client_internal::Attachment;
 using client_internal::Core;
-using client_internal::Expect;
 using client_internal::Resend;
 
 namespace {
@@ -20,6 +19,13 @@ namespace {
 SessionSummary FromWire(wire::SessionSummary s) {
   return SessionSummary{std::move(s.id),  std::move(s.tenant), s.priority, s.last_use_ms_ago, s.blocks,
                         s.gpu_blocks,     s.host_blocks,       s.moving,   s.tokens};
+}
+
+std::vector<BlockKey> KeysOn(const Attachment& att, std::span<const TokenId> tokens, const BlockKey& parent) {
+  const uint32_t bt = att.welcome.profile.block_tokens;
+  std::vector<BlockKey> keys(tokens.size() / bt);
+  ComputeKeys(att.welcome.ns, parent, tokens, bt, keys);
+  return keys;
 }
 
 }  // namespace
@@ -38,18 +44,15 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
 
 Status Client::Reconnect() { return core_->Reconnect(); }
 
-const ModelProfile& Client::profile() const { return core_->attachment()->welcome.profile; }
-const Namespace& Client::ns() const { return core_->attachment()->welcome.ns; }
+ModelProfile Client::profile() const { return core_->attachment()->welcome.profile; }
+Namespace Client::ns() const { return core_->attachment()->welcome.ns; }
+uint32_t Client::block_tokens() const { return core_->attachment()->welcome.profile.block_tokens; }
 std::string Client::backend() const { return core_->attachment()->welcome.backend; }
 uint64_t Client::instance_id() const { return core_->attachment()->welcome.instance_id; }
 uint32_t Client::client_id() const { return core_->attachment()->welcome.client_id; }
 
 std::vector<BlockKey> Client::Keys(std::span<const TokenId> tokens, const BlockKey& parent) const {
-  const auto att = core_->attachment();
-  const uint32_t bt = att->welcome.profile.block_tokens;
-  std::vector<BlockKey> keys(tokens.size() / bt);
-  ComputeKeys(att->welcome.ns, parent, tokens, bt, keys);
-  return keys;
+  return KeysOn(*core_->attachment(), tokens, parent);
 }
 
 size_t Client::Probe(std::span<const TokenId> tokens, std::span<Tier> tiers) const {
@@ -75,8 +78,9 @@ size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId
 }
 
 Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote) {
-  const std::vector<BlockKey> keys = Keys(tokens);
-  return AcquireKeys(session, keys, tokens.first(keys.size() * block_tokens()), promote);
+  const auto att = core_->attachment();
+  const std::vector<BlockKey> keys = KeysOn(*att, tokens, BlockKey{});
+  return AcquireKeys(session, keys, tokens.first(keys.size() * att->welcome.profile.block_tokens), promote);
 }
 
 Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const BlockKey> keys,
@@ -86,14 +90,13 @@ Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const Bloc
   req.flags = promote ? wire::kAcquirePromote : 0;
   req.keys.assign(keys.begin(), keys.end());
   req.tokens.assign(tokens.begin(), tokens.end());
-  // The reply and the attachment must belong to one connection generation.
-  auto reply = Expect<wire::AcquireResponse>(core_->Call(req, Resend::kYes));
+  auto reply = core_->Call<wire::AcquireResponse>(req, Resend::kYes);
   if (!reply.ok()) return reply.status();
-  const wire::AcquireResponse& r = *reply;
+  const wire::AcquireResponse& r = reply->message;
   Lease lease;
   lease.core_ = core_;
-  lease.attachment_ = core_->attachment();
-  lease.generation_ = core_->current_generation();
+  lease.attachment_ = std::move(reply->attachment);
+  lease.generation_ = reply->generation;
   lease.id_ = r.lease_id;
   lease.matched_ = r.matched;
   lease.promoted_ = r.promoted;
@@ -109,16 +112,16 @@ Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const Bloc
 }
 
 Result<WriteLease> Client::Allocate(uint32_t blocks) {
-  auto reply = Expect<wire::AllocateResponse>(core_->Call(wire::AllocateRequest{blocks}, Resend::kYes));
+  auto reply = core_->Call<wire::AllocateResponse>(wire::AllocateRequest{blocks}, Resend::kYes);
   if (!reply.ok()) return reply.status();
   WriteLease lease;
   lease.core_ = core_;
-  lease.attachment_ = core_->attachment();
-  lease.generation_ = core_->current_generation();
-  lease.id_ = reply->lease_id;
+  lease.attachment_ = std::move(reply->attachment);
+  lease.generation_ = reply->generation;
+  lease.id_ = reply->message.lease_id;
   const Attachment& att = *lease.attachment_;
   lease.slot_bytes_ = att.welcome.profile.BlockBytes();
-  for (uint32_t s : reply->slots) {
+  for (uint32_t s : reply->message.slots) {
     if (s >= att.pool(Tier::kGpu).slots) return ProtocolError("allocate reply names a slot outside the gpu pool");
     lease.slots_.push_back(s);
     lease.data_.push_back(att.SlotData(Tier::kGpu, s));
@@ -129,7 +132,7 @@ Result<WriteLease> Client::Allocate(uint32_t blocks) {
 Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
                                     uint32_t start_block, std::span<const TokenId> tokens,
                                     std::span<const uint32_t> slot_indices) {
-  const uint32_t bt = block_tokens();
+  const uint32_t bt = (lease.attachment_ ? lease.attachment_ : core_->attachment())->welcome.profile.block_tokens;
   if (tokens.size() % bt != 0) {
     return InvalidArgument("commit of " + std::to_string(tokens.size()) + " tokens: not whole " + std::to_string(bt) +
                            "-token blocks");
@@ -141,9 +144,6 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
   }
   if (idx.size() != n) return InvalidArgument("commit: one slot index per block");
   if (lease.id_ == 0) return FailedPrecondition("commit through a released write lease");
-  if (lease.generation_ != core_->current_generation()) {
-    return Unavailable("the write lease ended with its connection to kvtierd");
-  }
   wire::CommitRequest req;
   req.lease_id = lease.id_;
   req.session = std::string(session);
@@ -155,7 +155,8 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
     req.slots.push_back(lease.slots_[i]);
   }
   if (lease.writer_event_) req.writer_event = lease.writer_event_->handle;
-  auto reply = Expect<wire::CommitResponse>(core_->Call(req, Resend::kNo));
+  // Sent on the lease's own connection or not at all.
+  auto reply = core_->CallOn<wire::CommitResponse>(lease.generation_, "write lease", req);
   if (!reply.ok()) return reply.status();
   // Committed slots now belong to the cache, not to the lease (O(n): one mark per slot).
   std::vector<bool> committed(lease.slots_.size(), false);
@@ -170,78 +171,79 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
   }
   lease.slots_ = std::move(keep_slots);
   lease.data_ = std::move(keep_data);
-  return CommitResult{reply->stored, reply->duplicates};
+  return CommitResult{reply->message.stored, reply->message.duplicates};
 }
 
 Result<uint32_t> Client::Prefetch(std::string_view session) {
-  auto r = Expect<wire::CountResponse>(core_->Call(wire::PrefetchRequest{std::string(session)}, Resend::kYes));
+  auto r = core_->Call<wire::CountResponse>(wire::PrefetchRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return r->count;
+  return r->message.count;
 }
 
 Result<uint32_t> Client::Demote(std::string_view session) {
-  auto r = Expect<wire::CountResponse>(core_->Call(wire::DemoteRequest{std::string(session)}, Resend::kYes));
+  auto r = core_->Call<wire::CountResponse>(wire::DemoteRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return r->count;
+  return r->message.count;
 }
 
 Result<uint32_t> Client::Evict(std::string_view session, std::string_view tenant) {
-  auto r = Expect<wire::CountResponse>(
-      core_->Call(wire::EvictRequest{std::string(session), std::string(tenant), false}, Resend::kYes));
+  auto r = core_->Call<wire::CountResponse>(wire::EvictRequest{std::string(session), std::string(tenant), false},
+                                            Resend::kYes);
   if (!r.ok()) return r.status();
-  return r->count;
+  return r->message.count;
 }
 
 Result<uint32_t> Client::EvictTenant(std::string_view tenant) {
-  auto r = Expect<wire::CountResponse>(core_->Call(wire::EvictRequest{"", std::string(tenant), false}, Resend::kYes));
+  auto r = core_->Call<wire::CountResponse>(wire::EvictRequest{"", std::string(tenant), false}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return r->count;
+  return r->message.count;
 }
 
 Result<uint32_t> Client::EvictAll() {
-  auto r = Expect<wire::CountResponse>(core_->Call(wire::EvictRequest{"", "", true}, Resend::kYes));
+  auto r = core_->Call<wire::CountResponse>(wire::EvictRequest{"", "", true}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return r->count;
+  return r->message.count;
 }
 
 Status Client::SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl) {
   if (ttl.count() < 0) return InvalidArgument("priority ttl must not be negative");
   const wire::SetPriorityRequest request{std::string(session), priority, static_cast<uint64_t>(ttl.count())};
-  auto r = Expect<wire::OkResponse>(core_->Call(request, Resend::kYes));
+  auto r = core_->Call<wire::OkResponse>(request, Resend::kYes);
   return r.ok() ? Status::Ok() : r.status();
 }
 
 Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
-  auto r = Expect<wire::ListSessionsResponse>(
-      core_->Call(wire::ListSessionsRequest{std::string(tenant_filter)}, Resend::kYes));
+  auto r = core_->Call<wire::ListSessionsResponse>(wire::ListSessionsRequest{std::string(tenant_filter)},
+                                                   Resend::kYes);
   if (!r.ok()) return r.status();
   std::vector<SessionSummary> out;
-  out.reserve(r->sessions.size());
-  for (wire::SessionSummary& s : r->sessions) out.push_back(FromWire(std::move(s)));
+  out.reserve(r->message.sessions.size());
+  for (wire::SessionSummary& s : r->message.sessions) out.push_back(FromWire(std::move(s)));
   return out;
 }
 
 Result<SessionInfo> Client::GetSession(std::string_view session) {
-  auto r = Expect<wire::SessionInfoResponse>(core_->Call(wire::SessionInfoRequest{std::string(session)}, Resend::kYes));
+  auto r = core_->Call<wire::SessionInfoResponse>(wire::SessionInfoRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return SessionInfo{FromWire(std::move(r->summary)), std::move(r->chain), std::move(r->tiers)};
+  wire::SessionInfoResponse& info = r->message;
+  return SessionInfo{FromWire(std::move(info.summary)), std::move(info.chain), std::move(info.tiers)};
 }
 
 Result<std::vector<std::pair<std::string, double>>> Client::Stats() {
-  auto r = Expect<wire::StatsResponse>(core_->Call(wire::StatsRequest{}, Resend::kYes));
+  auto r = core_->Call<wire::StatsResponse>(wire::StatsRequest{}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return std::move(r->values);
+  return std::move(r->message.values);
 }
 
 Result<std::string> Client::Config() {
-  auto r = Expect<wire::ConfigResponse>(core_->Call(wire::ConfigRequest{}, Resend::kYes));
+  auto r = core_->Call<wire::ConfigResponse>(wire::ConfigRequest{}, Resend::kYes);
   if (!r.ok()) return r.status();
-  return std::move(r->yaml);
+  return std::move(r->message.yaml);
 }
 
 Result<std::chrono::nanoseconds> Client::Ping() {
   const auto start = std::chrono::steady_clock::now();
-  auto r = Expect<wire::Pong>(core_->Call(wire::Ping{42}, Resend::kYes));
+  auto r = core_->Call<wire::Pong>(wire::Ping{42}, Resend::kYes);
   if (!r.ok()) return r.status();
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
 }

@@ -58,9 +58,14 @@ Status Core::ConnectLocked() {
   return Status::Ok();
 }
 
-Result<wire::Message> Core::Call(const wire::Message& request, Resend resend) {
+Result<Reply<wire::Message>> Core::Send(const wire::Message& request, Resend resend, uint64_t generation,
+                                        std::string_view lease_kind) {
   std::lock_guard lock(mu_);
-  if (!transport_.connected()) {
+  if (generation != 0) {
+    if (generation != generation_ || !transport_.connected()) {
+      return Unavailable("the " + std::string(lease_kind) + " ended with its connection to kvtierd");
+    }
+  } else if (!transport_.connected()) {
     if (!options_.reconnect) return Unavailable("not connected to kvtierd (reconnect is off)");
     KVTIER_RETURN_IF_ERROR(ConnectLocked());
   }
@@ -71,23 +76,13 @@ Result<wire::Message> Core::Call(const wire::Message& request, Resend resend) {
   }
   if (!reply.ok()) return reply.status();
   if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
-  return reply;
+  // Still under mu_: the connection the reply came on is the current one.
+  return Reply<wire::Message>{std::move(reply).value(), att_, generation_};
 }
 
-Status Core::ReleaseLease(uint64_t id, uint64_t generation) {
-  std::lock_guard lock(mu_);
-  if (generation != generation_ || !transport_.connected()) {
-    return Unavailable("the lease ended with its connection to kvtierd");
-  }
-  auto reply = transport_.RoundTrip(wire::ReleaseRequest{id});
-  if (!reply.ok()) return reply.status();
-  if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
-  return Status::Ok();
-}
-
-uint64_t Core::current_generation() {
-  std::lock_guard lock(mu_);
-  return generation_;
+Status Core::UnexpectedReply(const wire::Message& got, wire::MessageType wanted) {
+  return ProtocolError(std::string("unexpected reply ") + wire::MessageTypeName(wire::TypeOf(got)) + ", wanted " +
+                       wire::MessageTypeName(wanted));
 }
 
 }  // namespace kvtier::client_internal

@@ -24,7 +24,8 @@ Status LeaseHandle::ReleaseHandle() {
   const uint64_t id = std::exchange(id_, 0);
   auto core = core_.lock();
   if (!core) return Unavailable("the client that made the lease is gone");
-  return core->ReleaseLease(id, generation_);
+  auto reply = core->CallOn<wire::OkResponse>(generation_, "lease", wire::ReleaseRequest{id});
+  return reply.ok() ? Status::Ok() : reply.status();
 }
 
 }  // namespace client_internal

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier-consumer: ping: %s\n", rtt.status().ToString().c_str());
     return 1;
   }
-  const kvtier::ModelProfile& p = (*client)->profile();
+  const kvtier::ModelProfile p = (*client)->profile();
   std::printf("connected: backend %s, profile %s (%zu bytes/block), ping %.1f us\n", (*client)->backend().c_str(),
               p.name.c_str(), p.BlockBytes(),
               std::chrono::duration<double, std::micro>(*rtt).count());

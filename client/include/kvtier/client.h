@@ -15,7 +15,10 @@
 // dlopen, so the worker needs a driver but libkvtier links no CUDA library). A Client is safe to use from
 // several threads; requests on one Client are serialized. If the daemon goes
 // away, the next call reconnects (with backoff, within connect_timeout) and maps
-// the new daemon's segments; leases from before fail with kUnavailable, and the
+// the new daemon's segments. A lease belongs to the connection it was made on,
+// even while other threads reconnect: its slots point into that connection's
+// pools, and its requests go to that connection only. Leases from before a
+// reconnect fail with kUnavailable (they never reach the new daemon), and the
 // memory they point into stays mapped until they are destroyed.
 #pragma once
 
@@ -114,7 +117,8 @@ class Lease : public client_internal::LeaseHandle {
   // enqueues cuStreamWaitEvent on the promotion fence's event. Where there is no
   // GPU-side fence (host backend) it waits on the CPU, as Wait(host_timeout).
   Status WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const;
-  // Ends the lease (idempotent). kUnavailable if the daemon restarted meanwhile.
+  // Ends the lease (idempotent). kUnavailable if its connection is gone (the
+  // daemon restarted or the client reconnected meanwhile): it ended with it.
   Status Release() { return ReleaseHandle(); }
 
  private:
@@ -202,9 +206,12 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  const ModelProfile& profile() const;
-  const Namespace& ns() const;
-  uint32_t block_tokens() const { return profile().block_tokens; }
+  // What the daemon of the current connection announced at Hello. Returned by
+  // value: a reconnect by another thread (which replaces them) cannot
+  // invalidate what a caller holds, but two calls may describe two daemons.
+  ModelProfile profile() const;
+  Namespace ns() const;
+  uint32_t block_tokens() const;
   std::string backend() const;
   uint64_t instance_id() const;
   uint32_t client_id() const;
@@ -251,8 +258,11 @@ class Client {
   // Round trip time of one Ping.
   Result<std::chrono::nanoseconds> Ping();
 
+  // Waits for a fence of the current connection (Lease::Wait waits for a
+  // lease's own fence on the connection it was made on, whatever came since).
   Status WaitFence(const Fence& fence, std::chrono::milliseconds timeout) const;
-  // Reconnects now (normally done lazily). Existing leases become invalid.
+  // Reconnects now (normally done lazily). Existing leases become invalid:
+  // their requests fail with kUnavailable and are never sent to the new daemon.
   Status Reconnect();
 
  private:
