@@ -173,14 +173,10 @@ Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
 }
 
 std::string TierLabel(uint8_t tier) {
-  switch (tier) {
-    case static_cast<uint8_t>(Tier::kGpu):
-      return "gpu";
-    case static_cast<uint8_t>(Tier::kHost):
-      return "host";
-    default:
-      return "tier" + std::to_string(tier);
+  for (Tier t : kTiers) {
+    if (TierIndex(t) == tier) return TierName(t);
   }
+  return "tier" + std::to_string(tier);
 }
 
 json SessionJson(const SessionSummary& s) {
@@ -236,9 +232,10 @@ int CmdStatus(const GlobalOptions& g) {
   const ModelProfile p = c->profile();
   if (g.json) {
     json pools = json::object();
-    for (const char* tier : {"gpu", "host"}) {
-      const double slots = StatValue(s, std::string(tier) + "_slots");
-      const double used = StatValue(s, std::string(tier) + "_used");
+    for (Tier t : kTiers) {
+      const std::string tier = TierName(t);
+      const double slots = StatValue(s, tier + "_slots");
+      const double used = StatValue(s, tier + "_used");
       pools[tier] = json{{"slots", Number(slots)},
                          {"used", Number(used)},
                          {"free", Number(slots - used)},
@@ -261,10 +258,11 @@ int CmdStatus(const GlobalOptions& g) {
   std::printf("backend:     %s\n", c->backend().c_str());
   std::printf("profile:     %s\n", p.Describe().c_str());
   std::printf("instance:    %s\n", InstanceHex(c->instance_id()).c_str());
-  for (const char* tier : {"gpu", "host"}) {
-    const double slots = StatValue(s, std::string(tier) + "_slots");
-    const double used = StatValue(s, std::string(tier) + "_used");
-    std::printf("%-5s pool:  %s / %s blocks used (%.1f%%)\n", tier, FormatNumber(used).c_str(),
+  for (Tier t : kTiers) {
+    const std::string tier = TierName(t);
+    const double slots = StatValue(s, tier + "_slots");
+    const double used = StatValue(s, tier + "_used");
+    std::printf("%-5s pool:  %s / %s blocks used (%.1f%%)\n", tier.c_str(), FormatNumber(used).c_str(),
                 FormatNumber(slots).c_str(), slots > 0 ? 100.0 * used / slots : 0.0);
   }
   std::printf("sessions:    %s (%s blocks)\n", FormatNumber(StatValue(s, "sessions")).c_str(),
