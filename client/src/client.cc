@@ -17,8 +17,8 @@ using client_internal::Resend;
 namespace {
 
 SessionSummary FromWire(wire::SessionSummary s) {
-  return SessionSummary{std::move(s.id),  std::move(s.tenant), s.priority, s.last_use_ms_ago, s.blocks,
-                        s.gpu_blocks,     s.host_blocks,       s.moving,   s.tokens};
+  return SessionSummary{std::move(s.id), std::move(s.tenant), s.priority, s.last_use_ms_ago, s.blocks,
+                        s.gpu_blocks,    s.host_blocks,       s.moving,   s.tokens};
 }
 
 std::vector<BlockKey> KeysOn(const Attachment& att, std::span<const TokenId> tokens, const BlockKey& parent) {
@@ -213,8 +213,7 @@ Status Client::SetPriority(std::string_view session, int priority, std::chrono::
 }
 
 Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
-  auto r = core_->Call<wire::ListSessionsResponse>(wire::ListSessionsRequest{std::string(tenant_filter)},
-                                                   Resend::kYes);
+  auto r = core_->Call<wire::ListSessionsResponse>(wire::ListSessionsRequest{std::string(tenant_filter)}, Resend::kYes);
   if (!r.ok()) return r.status();
   std::vector<SessionSummary> out;
   out.reserve(r->message.sessions.size());

@@ -90,8 +90,8 @@ class Core {
   static Status UnexpectedReply(const wire::Message& got, wire::MessageType wanted);
 
   const ClientOptions options_;
-  std::mutex mu_;         // Serializes requests.
-  Transport transport_;   // GUARDED_BY(mu_)
+  std::mutex mu_;            // Serializes requests.
+  Transport transport_;      // GUARDED_BY(mu_)
   uint64_t generation_ = 0;  // GUARDED_BY(mu_); counts successful connections.
   mutable std::mutex att_mu_;
   std::shared_ptr<const Attachment> att_;  // Written under mu_ and att_mu_, so either suffices to read it.

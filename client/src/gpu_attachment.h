@@ -67,7 +67,7 @@ class GpuAttachment {
   CUdeviceptr base_ = 0;     // The GPU pool, mapped.
   std::vector<CUevent> fence_events_;
   mutable std::mutex mu_;
-  mutable std::vector<WriterEvent*> free_writer_events_;               // GUARDED_BY(mu_)
+  mutable std::vector<WriterEvent*> free_writer_events_;             // GUARDED_BY(mu_)
   mutable std::vector<std::unique_ptr<WriterEvent>> writer_events_;  // GUARDED_BY(mu_); all ever made
 };
 

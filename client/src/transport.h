@@ -50,7 +50,7 @@ class Transport {
   const ClientOptions& options_;  // The owning Core's; outlives this.
   int fd_ = -1;
   std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
-  size_t rbegin_ = 0, rend_ = 0;                                // Unread bytes in rbuf_.
+  size_t rbegin_ = 0, rend_ = 0;                                 // Unread bytes in rbuf_.
   uint64_t next_request_ = 1;
   Clock::time_point last_reply_{};     // When the previous reply arrived.
   Clock::time_point no_spin_until_{};  // A spin that found no reply pauses spinning.

@@ -39,8 +39,8 @@ struct Tally {
   std::atomic<uint64_t> verified_blocks{0};  // Read through a lease that stayed valid throughout.
   std::atomic<uint64_t> corrupt_blocks{0};   // ... and held another block's bytes.
   std::atomic<uint64_t> commits{0};
-  std::atomic<uint64_t> stale{0};         // Requests refused because their lease's connection was gone.
-  std::atomic<uint64_t> foreign_ids{0};   // A lease id answered by a daemon that did not make it.
+  std::atomic<uint64_t> stale{0};        // Requests refused because their lease's connection was gone.
+  std::atomic<uint64_t> foreign_ids{0};  // A lease id answered by a daemon that did not make it.
   std::atomic<uint64_t> unexpected{0};
   std::mutex mu;
   std::map<std::string, int> unexpected_samples;  // GUARDED_BY(mu)
@@ -53,8 +53,8 @@ struct Tally {
 };
 
 bool ForeignLeaseId(const Status& st) {
-  return st.code() == StatusCode::kNotFound ||
-         (st.code() == StatusCode::kInvalidArgument && st.message().find("not part of write lease") != std::string::npos);
+  return st.code() == StatusCode::kNotFound || (st.code() == StatusCode::kInvalidArgument &&
+                                                st.message().find("not part of write lease") != std::string::npos);
 }
 
 // Points `link` at `target`, atomically (a connect() never finds it missing).
