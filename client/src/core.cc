@@ -35,7 +35,10 @@ Status Core::ConnectLocked() {
   hello.tenant = options_.tenant;
   hello.profile = options_.profile;
   auto reply = transport_.RoundTrip(hello);
-  if (!reply.ok()) return reply.status();
+  if (!reply.ok()) {
+    transport_.Close();  // Also when the Hello could not be encoded: no connection without a Welcome.
+    return reply.status();
+  }
   if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) {
     transport_.Close();
     return wire::ToStatus(*err);
