@@ -25,19 +25,16 @@ install(TARGETS kvtier_client kvtier_proto EXPORT kvtierTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 
 # client.h and the proto headers it includes, directly or through one another.
-# shm_segment.h is proto's but only client.cc uses it, so workers never see it.
-# The install test compiles a worker against these alone, so a header missing
-# here fails it.
+# The wire format, the index layout and shm_segment.h are proto's but only
+# libkvtier's sources use them, so workers never see them. The install test
+# compiles a worker against these alone, so a header missing here fails it.
 set(KVTIER_PUBLIC_HEADERS
   client/include/kvtier/client.h
   proto/include/kvtier/block_key.h
   proto/include/kvtier/fence_layout.h
-  proto/include/kvtier/index_layout.h
   proto/include/kvtier/model_profile.h
   proto/include/kvtier/status.h
   proto/include/kvtier/tier.h
-  proto/include/kvtier/wire.h
-  proto/include/kvtier/wire_codec.h
 )
 install(FILES ${KVTIER_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvtier)
 

@@ -173,17 +173,13 @@ Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
 }
 
 std::string TierLabel(uint8_t tier) {
-  switch (tier) {
-    case static_cast<uint8_t>(Tier::kGpu):
-      return "gpu";
-    case static_cast<uint8_t>(Tier::kHost):
-      return "host";
-    default:
-      return "tier" + std::to_string(tier);
+  for (Tier t : kTiers) {
+    if (TierIndex(t) == tier) return TierName(t);
   }
+  return "tier" + std::to_string(tier);
 }
 
-json SessionJson(const wire::SessionSummary& s) {
+json SessionJson(const SessionSummary& s) {
   return json{{"id", s.id},
               {"tenant", s.tenant},
               {"blocks", s.blocks},
@@ -201,7 +197,7 @@ void PrintSessionHeader() {
   std::printf(kSessionHeader, "SESSION", "TENANT", "BLOCKS", "GPU", "HOST", "TOKENS", "IDLE", "PRIO");
 }
 
-void PrintSessionLine(const wire::SessionSummary& s) {
+void PrintSessionLine(const SessionSummary& s) {
   const std::string tenant = s.tenant.empty() ? "-" : s.tenant;
   std::printf(kSessionHeader, s.id.c_str(), tenant.c_str(), std::to_string(s.blocks).c_str(),
               std::to_string(s.gpu_blocks).c_str(), std::to_string(s.host_blocks).c_str(),
@@ -233,12 +229,13 @@ int CmdStatus(const GlobalOptions& g) {
   auto stats = c->Stats();
   if (!stats.ok()) return Fail("status", stats.status());
   const StatMap& s = *stats;
-  const ModelProfile& p = c->profile();
+  const ModelProfile p = c->profile();
   if (g.json) {
     json pools = json::object();
-    for (const char* tier : {"gpu", "host"}) {
-      const double slots = StatValue(s, std::string(tier) + "_slots");
-      const double used = StatValue(s, std::string(tier) + "_used");
+    for (Tier t : kTiers) {
+      const std::string tier = TierName(t);
+      const double slots = StatValue(s, tier + "_slots");
+      const double used = StatValue(s, tier + "_used");
       pools[tier] = json{{"slots", Number(slots)},
                          {"used", Number(used)},
                          {"free", Number(slots - used)},
@@ -261,10 +258,11 @@ int CmdStatus(const GlobalOptions& g) {
   std::printf("backend:     %s\n", c->backend().c_str());
   std::printf("profile:     %s\n", p.Describe().c_str());
   std::printf("instance:    %s\n", InstanceHex(c->instance_id()).c_str());
-  for (const char* tier : {"gpu", "host"}) {
-    const double slots = StatValue(s, std::string(tier) + "_slots");
-    const double used = StatValue(s, std::string(tier) + "_used");
-    std::printf("%-5s pool:  %s / %s blocks used (%.1f%%)\n", tier, FormatNumber(used).c_str(),
+  for (Tier t : kTiers) {
+    const std::string tier = TierName(t);
+    const double slots = StatValue(s, tier + "_slots");
+    const double used = StatValue(s, tier + "_used");
+    std::printf("%-5s pool:  %s / %s blocks used (%.1f%%)\n", tier.c_str(), FormatNumber(used).c_str(),
                 FormatNumber(slots).c_str(), slots > 0 ? 100.0 * used / slots : 0.0);
   }
   std::printf("sessions:    %s (%s blocks)\n", FormatNumber(StatValue(s, "sessions")).c_str(),
@@ -286,8 +284,8 @@ int CmdSessions(const GlobalOptions& g, const SessionsArgs& a) {
   if (!c) return rc;
   auto r = c->ListSessions(a.tenant);
   if (!r.ok()) return Fail("sessions", r.status());
-  std::vector<wire::SessionSummary> list = std::move(r).value();
-  auto by = [&](const wire::SessionSummary& x, const wire::SessionSummary& y) {
+  std::vector<SessionSummary> list = std::move(r).value();
+  auto by = [&](const SessionSummary& x, const SessionSummary& y) {
     if (a.sort == "blocks" && x.blocks != y.blocks) return x.blocks > y.blocks;
     if (a.sort == "tokens" && x.tokens != y.tokens) return x.tokens > y.tokens;
     if (a.sort == "idle" && x.last_use_ms_ago != y.last_use_ms_ago) return x.last_use_ms_ago > y.last_use_ms_ago;
@@ -312,7 +310,7 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
   if (!c) return rc;
   auto r = c->GetSession(id);
   if (!r.ok()) return Fail("session '" + id + "'", r.status());
-  const wire::SessionInfoResponse& info = *r;
+  const SessionInfo& info = *r;
   if (g.json) {
     json chain = json::array();
     for (size_t i = 0; i < info.chain.size(); ++i) {
@@ -325,7 +323,7 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
     PrintJson(j);
     return kExitOk;
   }
-  const wire::SessionSummary& s = info.summary;
+  const SessionSummary& s = info.summary;
   std::printf("session:  %s\n", s.id.c_str());
   std::printf("tenant:   %s\n", s.tenant.empty() ? "-" : s.tenant.c_str());
   std::printf("blocks:   %u (gpu %u, host %u, moving %u)\n", s.blocks, s.gpu_blocks, s.host_blocks, s.moving);

@@ -77,7 +77,7 @@ Result<std::unique_ptr<ChatRunner>> ChatRunner::Create(const Transformer& model,
   uint32_t bt = options.block_tokens;
   if (options.mode == CacheMode::kKvtier) {
     if (options.client == nullptr) return InvalidArgument("the kvtier cache mode needs a connected client");
-    const ModelProfile& daemon = options.client->profile();
+    const ModelProfile daemon = options.client->profile();
     const ModelProfile mine = model.config().Profile(daemon.block_tokens);
     if (daemon.Fingerprint() != mine.Fingerprint()) {
       return InvalidArgument("the daemon's profile (" + daemon.Describe() + ") does not fit this model's KV (" +

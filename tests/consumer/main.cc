@@ -7,7 +7,7 @@
 #include <kvtier/client.h>
 
 int main(int argc, char** argv) {
-  std::printf("kvtier %s (protocol %u)\n", KVTIER_PACKAGE_VERSION, kvtier::wire::kProtocolVersion);
+  std::printf("kvtier %s (protocol %u)\n", KVTIER_PACKAGE_VERSION, kvtier::ProtocolVersion());
   if (argc < 2) {
     const kvtier::TokenId tokens[] = {1, 2, 3, 4};
     const auto ns = kvtier::Namespace::Make(0, "consumer");
@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier-consumer: ping: %s\n", rtt.status().ToString().c_str());
     return 1;
   }
-  const kvtier::ModelProfile& p = (*client)->profile();
+  const kvtier::ModelProfile p = (*client)->profile();
   std::printf("connected: backend %s, profile %s (%zu bytes/block), ping %.1f us\n", (*client)->backend().c_str(),
               p.name.c_str(), p.BlockBytes(),
               std::chrono::duration<double, std::micro>(*rtt).count());

@@ -15,7 +15,10 @@
 // dlopen, so the worker needs a driver but libkvtier links no CUDA library). A Client is safe to use from
 // several threads; requests on one Client are serialized. If the daemon goes
 // away, the next call reconnects (with backoff, within connect_timeout) and maps
-// the new daemon's segments; leases from before fail with kUnavailable, and the
+// the new daemon's segments. A lease belongs to the connection it was made on,
+// even while other threads reconnect: its slots point into that connection's
+// pools, and its requests go to that connection only. Leases from before a
+// reconnect fail with kUnavailable (they never reach the new daemon), and the
 // memory they point into stays mapped until they are destroyed.
 #pragma once
 
@@ -31,10 +34,9 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/fence_layout.h"
-#include "kvtier/index_layout.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
-#include "kvtier/wire.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
@@ -56,7 +58,7 @@ class Client;
 
 namespace client_internal {
 struct Attachment;
-struct Core;
+class Core;
 struct WriterEvent;
 
 // What every lease holds: the connection it was made on and its id there.
@@ -115,7 +117,8 @@ class Lease : public client_internal::LeaseHandle {
   // enqueues cuStreamWaitEvent on the promotion fence's event. Where there is no
   // GPU-side fence (host backend) it waits on the CPU, as Wait(host_timeout).
   Status WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const;
-  // Ends the lease (idempotent). kUnavailable if the daemon restarted meanwhile.
+  // Ends the lease (idempotent). kUnavailable if its connection is gone (the
+  // daemon restarted or the client reconnected meanwhile): it ended with it.
   Status Release() { return ReleaseHandle(); }
 
  private:
@@ -166,6 +169,34 @@ struct CommitResult {
   uint32_t duplicates = 0;
 };
 
+// One session as kvtierd reports it (Client::ListSessions, GetSession).
+struct SessionSummary {
+  std::string id;
+  std::string tenant;
+  int32_t priority = 0;
+  uint64_t last_use_ms_ago = 0;
+  uint32_t blocks = 0;
+  uint32_t gpu_blocks = 0;
+  uint32_t host_blocks = 0;
+  uint32_t moving = 0;  // Blocks with a copy in flight.
+  uint64_t tokens = 0;
+  friend bool operator==(const SessionSummary&, const SessionSummary&) = default;
+};
+
+// A session and its chain of blocks (Client::GetSession).
+struct SessionInfo {
+  SessionSummary summary;
+  std::vector<BlockKey> chain;
+  // The tier of each chain block, same length as chain: a Tier value, or a
+  // number this library has no Tier for (a newer kvtierd's tier), passed on as is.
+  std::vector<uint8_t> tiers;
+  friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
+};
+
+// The wire protocol version this library speaks (a Client and kvtierd agree on
+// one at Hello).
+uint16_t ProtocolVersion();
+
 class Client {
  public:
   // Connects, says Hello, and maps the daemon's segments. Retries until
@@ -175,9 +206,12 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  const ModelProfile& profile() const;
-  const Namespace& ns() const;
-  uint32_t block_tokens() const { return profile().block_tokens; }
+  // What the daemon of the current connection announced at Hello. Returned by
+  // value: a reconnect by another thread (which replaces them) cannot
+  // invalidate what a caller holds, but two calls may describe two daemons.
+  ModelProfile profile() const;
+  Namespace ns() const;
+  uint32_t block_tokens() const;
   std::string backend() const;
   uint64_t instance_id() const;
   uint32_t client_id() const;
@@ -217,15 +251,18 @@ class Client {
   // back to 0 after `ttl`, whether or not this client is still there; a kvtierd
   // that predates priority TTLs refuses such a request (kProtocolError).
   Status SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl = {});
-  Result<std::vector<wire::SessionSummary>> ListSessions(std::string_view tenant_filter = {});
-  Result<wire::SessionInfoResponse> GetSession(std::string_view session);
+  Result<std::vector<SessionSummary>> ListSessions(std::string_view tenant_filter = {});
+  Result<SessionInfo> GetSession(std::string_view session);
   Result<std::vector<std::pair<std::string, double>>> Stats();
   Result<std::string> Config();
   // Round trip time of one Ping.
   Result<std::chrono::nanoseconds> Ping();
 
+  // Waits for a fence of the current connection (Lease::Wait waits for a
+  // lease's own fence on the connection it was made on, whatever came since).
   Status WaitFence(const Fence& fence, std::chrono::milliseconds timeout) const;
-  // Reconnects now (normally done lazily). Existing leases become invalid.
+  // Reconnects now (normally done lazily). Existing leases become invalid:
+  // their requests fail with kUnavailable and are never sent to the new daemon.
   Status Reconnect();
 
  private:

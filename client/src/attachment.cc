@@ -1,0 +1,83 @@
+// Attachment: mapping and validating the segments a Welcome names.
+#include "attachment.h"
+
+#include <atomic>
+#include <thread>
+#include <utility>
+
+namespace kvtier::client_internal {
+
+Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome) {
+  auto att = std::make_shared<Attachment>();
+  const bool cuda = welcome.backend == wire::BackendKind::kCuda;
+  if (!cuda && !welcome.fence_events.empty()) return ProtocolError("Welcome: fence events from a host backend");
+  if (welcome.pools.size() != kTierCount) {
+    return ProtocolError("Welcome must describe " + std::to_string(kTierCount) + " pools");
+  }
+  for (Tier t : kTiers) {
+    const wire::PoolDesc& d = welcome.pools[TierIndex(t)];
+    if (d.tier != t) return ProtocolError("Welcome pools out of order");
+    if (d.slot_bytes != welcome.profile.BlockBytes()) return ProtocolError("pool slot size does not match the profile");
+    if (cuda && t == Tier::kGpu) {
+      auto h = DecodeGpuPoolHandle(d.ipc_handle);
+      if (!h.ok()) return Status(h.status().code(), "Welcome: " + h.status().message());
+      if (h->bytes < d.slot_bytes * d.slots) return ProtocolError("Welcome: GPU pool smaller than its slots");
+      auto gpu = GpuAttachment::Open(*h, welcome.fence_events);
+      if (!gpu.ok()) return gpu.status();
+      att->gpu = std::move(gpu).value();
+      continue;
+    }
+    auto seg = ShmSegment::Open(d.shm_name, /*writable=*/true);
+    if (!seg.ok()) return Status(seg.status().code(), "mapping pool: " + seg.status().message());
+    if (seg->size() < d.slot_bytes * d.slots) return Corrupt("pool segment " + d.shm_name + " is smaller than announced");
+    att->pools[t] = std::move(seg).value();
+  }
+  auto idx = ShmSegment::Open(welcome.index_segment, /*writable=*/false);
+  if (!idx.ok()) return Status(idx.status().code(), "mapping index: " + idx.status().message());
+  att->index_segment = std::move(idx).value();
+  auto view = IndexView::Attach(att->index_segment.data(), att->index_segment.size());
+  if (!view.ok()) return view.status();
+  att->index = *view;
+  if (att->index.block_tokens() != welcome.profile.block_tokens ||
+      att->index.header().profile_fingerprint != welcome.profile.Fingerprint()) {
+    return Corrupt("index segment does not belong to the announced profile");
+  }
+  auto fences = ShmSegment::Open(welcome.fence_segment, /*writable=*/false);
+  if (!fences.ok()) return Status(fences.status().code(), "mapping fences: " + fences.status().message());
+  att->fence_segment = std::move(fences).value();
+  if (att->fence_segment.size() < sizeof(FenceSegment)) return Corrupt("fence segment too small");
+  att->fences = reinterpret_cast<const FenceSegment*>(att->fence_segment.data());
+  if (att->fences->magic != kFenceMagic) return Corrupt("fence segment has a bad magic number");
+  att->welcome = std::move(welcome);
+  return std::shared_ptr<const Attachment>(std::move(att));
+}
+
+std::byte* Attachment::SlotData(Tier tier, uint32_t slot) const {
+  const size_t offset = size_t{slot} * pool(tier).slot_bytes;
+  if (tier == Tier::kGpu && gpu) return gpu->base() + offset;
+  return pools[tier].data() + offset;
+}
+
+uint64_t Attachment::Completed(CopyDirection stream) const {
+  return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(fences->completed[static_cast<int>(stream)]))
+      .load(std::memory_order_acquire);
+}
+
+Status Attachment::WaitCompleted(const Fence& fence, std::chrono::milliseconds timeout) const {
+  using Clock = std::chrono::steady_clock;
+  if (fence.IsNull() || Completed(fence.stream) >= fence.seq) return Status::Ok();
+  const auto deadline = Clock::now() + timeout;
+  for (int spin = 0;; ++spin) {
+    if (Completed(fence.stream) >= fence.seq) return Status::Ok();
+    if (Clock::now() > deadline) {
+      return Status(StatusCode::kTimeout, "copy fence " + std::to_string(fence.seq) + " still pending");
+    }
+    if (spin < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(spin < 1000 ? 20 : 200));
+    }
+  }
+}
+
+}  // namespace kvtier::client_internal

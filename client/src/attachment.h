@@ -1,0 +1,54 @@
+// Attachment: kvtierd's segments as this process maps them for one connection —
+// the pools, the block index and the fence segment a Welcome names, each
+// checked against what the Welcome announced before anything reads it.
+//
+// Immutable once made and shared (shared_ptr<const Attachment>) by the
+// connection that made it and every lease made on that connection, so the
+// memory a lease points into stays mapped until the lease goes, whatever
+// reconnects happen meanwhile. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "gpu_attachment.h"
+#include "kvtier/fence_layout.h"
+#include "kvtier/index_layout.h"
+#include "kvtier/shm_segment.h"
+#include "kvtier/status.h"
+#include "kvtier/tier.h"
+#include "kvtier/wire.h"
+
+namespace kvtier::client_internal {
+
+struct Attachment {
+  // Validates `welcome` (backend, pools, profile) and maps what it names. On the
+  // cuda backend the GPU pool is opened first, so a worker without a usable
+  // driver learns that before anything else. kFailedPrecondition for a backend
+  // this client does not know, kProtocolError / kCorrupt for a Welcome or a
+  // segment that does not match it.
+  static Result<std::shared_ptr<const Attachment>> Map(wire::Welcome welcome);
+
+  // The pool of `tier` as the Welcome describes it.
+  const wire::PoolDesc& pool(Tier tier) const { return welcome.pools[TierIndex(tier)]; }
+  // Slot `slot` of `tier`'s pool in this process (a device address for the GPU
+  // pool on the cuda backend). REQUIRES: slot < pool(tier).slots.
+  std::byte* SlotData(Tier tier, uint32_t slot) const;
+  // The last completed sequence number of copy stream `stream`.
+  uint64_t Completed(CopyDirection stream) const;
+  // Waits on the CPU until `fence` (of this connection) has completed;
+  // kTimeout after `timeout`.
+  Status WaitCompleted(const Fence& fence, std::chrono::milliseconds timeout) const;
+
+  wire::Welcome welcome;  // Pools in tier order, one per tier (checked).
+  ShmSegment index_segment;
+  PerTier<ShmSegment> pools;  // The GPU tier's stays empty on the cuda backend.
+  ShmSegment fence_segment;
+  IndexView index;
+  const FenceSegment* fences = nullptr;
+  std::unique_ptr<GpuAttachment> gpu;  // Cuda backend only.
+};
+
+}  // namespace kvtier::client_internal

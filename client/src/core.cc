@@ -1,0 +1,91 @@
+// Core: Hello, connection generations and Call.
+#include "core.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+namespace kvtier::client_internal {
+namespace {
+
+std::string ProgramName() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name.empty() ? "kvtier-client" : name;
+}
+
+}  // namespace
+
+Status Core::Reconnect() {
+  std::lock_guard lock(mu_);
+  return ConnectLocked();
+}
+
+std::shared_ptr<const Attachment> Core::attachment() const {
+  std::lock_guard lock(att_mu_);
+  return att_;
+}
+
+Status Core::ConnectLocked() {
+  KVTIER_RETURN_IF_ERROR(transport_.Open());
+  wire::Hello hello;
+  hello.client_name = options_.client_name.empty() ? ProgramName() : options_.client_name;
+  hello.pid = static_cast<uint32_t>(::getpid());
+  hello.tenant = options_.tenant;
+  hello.profile = options_.profile;
+  auto reply = transport_.RoundTrip(hello);
+  if (!reply.ok()) {
+    transport_.Close();  // Also when the Hello could not be encoded: no connection without a Welcome.
+    return reply.status();
+  }
+  if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) {
+    transport_.Close();
+    return wire::ToStatus(*err);
+  }
+  auto* welcome = std::get_if<wire::Welcome>(&*reply);
+  if (welcome == nullptr) {
+    transport_.Close();
+    return ProtocolError("kvtierd answered Hello with something other than Welcome");
+  }
+  auto attached = Attachment::Map(std::move(*welcome));
+  if (!attached.ok()) {
+    transport_.Close();
+    return attached.status();
+  }
+  {
+    std::lock_guard lock(att_mu_);
+    att_ = std::move(attached).value();
+  }
+  ++generation_;
+  return Status::Ok();
+}
+
+Result<Reply<wire::Message>> Core::Send(const wire::Message& request, Resend resend, uint64_t generation,
+                                        std::string_view lease_kind) {
+  std::lock_guard lock(mu_);
+  if (generation != 0) {
+    if (generation != generation_ || !transport_.connected()) {
+      return Unavailable("the " + std::string(lease_kind) + " ended with its connection to kvtierd");
+    }
+  } else if (!transport_.connected()) {
+    if (!options_.reconnect) return Unavailable("not connected to kvtierd (reconnect is off)");
+    KVTIER_RETURN_IF_ERROR(ConnectLocked());
+  }
+  auto reply = transport_.RoundTrip(request);
+  if (!reply.ok() && !transport_.connected() && resend == Resend::kYes && options_.reconnect) {
+    KVTIER_RETURN_IF_ERROR(ConnectLocked());
+    reply = transport_.RoundTrip(request);
+  }
+  if (!reply.ok()) return reply.status();
+  if (auto* err = std::get_if<wire::ErrorResponse>(&*reply)) return wire::ToStatus(*err);
+  // Still under mu_: the connection the reply came on is the current one.
+  return Reply<wire::Message>{std::move(reply).value(), att_, generation_};
+}
+
+Status Core::UnexpectedReply(const wire::Message& got, wire::MessageType wanted) {
+  return ProtocolError(std::string("unexpected reply ") + wire::MessageTypeName(wire::TypeOf(got)) + ", wanted " +
+                       wire::MessageTypeName(wanted));
+}
+
+}  // namespace kvtier::client_internal

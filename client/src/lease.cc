@@ -1,0 +1,61 @@
+// Leases as the worker holds them: ending one, and waiting for or recording the
+// GPU work around its blocks.
+#include <utility>
+
+#include "core.h"
+#include "kvtier/client.h"
+
+namespace kvtier {
+namespace client_internal {
+
+LeaseHandle& LeaseHandle::operator=(LeaseHandle&& other) noexcept {
+  if (this != &other) {
+    (void)ReleaseHandle();
+    core_ = std::move(other.core_);
+    attachment_ = std::move(other.attachment_);
+    generation_ = other.generation_;
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+Status LeaseHandle::ReleaseHandle() {
+  if (id_ == 0) return Status::Ok();
+  const uint64_t id = std::exchange(id_, 0);
+  auto core = core_.lock();
+  if (!core) return Unavailable("the client that made the lease is gone");
+  auto reply = core->CallOn<wire::OkResponse>(generation_, "lease", wire::ReleaseRequest{id});
+  return reply.ok() ? Status::Ok() : reply.status();
+}
+
+}  // namespace client_internal
+
+Status Lease::Wait(std::chrono::milliseconds timeout) const {
+  if (!attachment_) return Status::Ok();
+  return attachment_->WaitCompleted(fence_, timeout);
+}
+
+Status Lease::WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const {
+  if (!attachment_ || fence_.IsNull() || attachment_->Completed(fence_.stream) >= fence_.seq) return Status::Ok();
+  const client_internal::GpuAttachment* gpu = attachment_->gpu.get();
+  if (gpu == nullptr || !gpu->HasFenceEvent(fence_)) return attachment_->WaitCompleted(fence_, host_timeout);
+  return gpu->StreamWait(fence_, static_cast<client_internal::CUstream>(stream));
+}
+
+Status WriteLease::RecordWritten(void* stream) {
+  if (!attachment_ || id_ == 0) return FailedPrecondition("RecordWritten on a released write lease");
+  const client_internal::GpuAttachment* gpu = attachment_->gpu.get();
+  if (gpu == nullptr) {
+    return FailedPrecondition(std::string("RecordWritten: kvtierd runs the ") +
+                              wire::BackendKindName(attachment_->welcome.backend) +
+                              " backend, whose blocks the CPU writes; there is no GPU work to record");
+  }
+  if (!writer_event_) {
+    auto e = gpu->TakeWriterEvent(attachment_);
+    if (!e.ok()) return e.status();
+    writer_event_ = std::move(e).value();
+  }
+  return gpu->RecordWriterEvent(*writer_event_, static_cast<client_internal::CUstream>(stream));
+}
+
+}  // namespace kvtier

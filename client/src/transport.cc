@@ -1,0 +1,204 @@
+// Transport: socket connect, framing and the reply spin.
+#include "transport.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace kvtier::client_internal {
+namespace {
+
+// How long a client stops polling for replies after a poll found none in time.
+constexpr auto kSpinPause = std::chrono::milliseconds(100);
+
+std::string UserName(uid_t uid) {
+  const passwd* pw = ::getpwuid(uid);
+  return pw ? std::string(pw->pw_name) + " (uid " + std::to_string(uid) + ")" : "uid " + std::to_string(uid);
+}
+
+std::string GroupName(gid_t gid) {
+  const group* gr = ::getgrgid(gid);
+  return gr ? std::string(gr->gr_name) + " (gid " + std::to_string(gid) + ")" : "gid " + std::to_string(gid);
+}
+
+// connect() refused by the socket's (or its directory's) permissions: say who
+// may open it and who the caller is, so the fix (a group, a socket) is obvious.
+Status SocketPermissionDenied(const std::string& path, const std::string& error) {
+  std::string msg = "cannot connect to kvtierd at " + path + ": " + error;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    msg += std::string("; the socket has mode ") + mode + ", owner " + UserName(st.st_uid) + ", group " +
+           GroupName(st.st_gid) + ", and you are " + UserName(::geteuid()) +
+           ": connect as a member of that group (or one access: allows), or use a socket you may open";
+  } else {
+    msg += "; a directory on the way to the socket does not let you in (" + std::string(std::strerror(errno)) + ")";
+  }
+  return Status(StatusCode::kPermissionDenied, msg);
+}
+
+}  // namespace
+
+Status Transport::Open() {
+  Close();
+  const auto deadline = Clock::now() + options_.connect_timeout;
+  auto backoff = std::chrono::milliseconds(2);
+  std::string last_error;
+  for (;;) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) return Internal(std::string("socket: ") + std::strerror(errno));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (options_.socket_path.size() >= sizeof(addr.sun_path)) {
+      Close();
+      return InvalidArgument("socket path too long: " + options_.socket_path);
+    }
+    std::strncpy(addr.sun_path, options_.socket_path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const auto ms = options_.request_timeout.count();
+      const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+      ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+      return Status::Ok();
+    }
+    const int err = errno;
+    last_error = std::strerror(err);
+    Close();
+    // Retrying cannot help a peer the socket's permissions keep out.
+    if (err == EACCES || err == EPERM) return SocketPermissionDenied(options_.socket_path, last_error);
+    if (Clock::now() + backoff > deadline) {
+      return Unavailable("cannot connect to kvtierd at " + options_.socket_path + ": " + last_error +
+                         " (is kvtierd running?)");
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
+  }
+}
+
+void Transport::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  rbegin_ = rend_ = 0;
+}
+
+Status Transport::SendAll(const std::vector<uint8_t>& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return Status(StatusCode::kTimeout, "kvtierd did not take a request in time");
+    } else {
+      return Unavailable(std::string("lost connection to kvtierd: ") + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+// Right after a reply kvtierd is still polling (busy_poll_us), so the next
+// reply comes within microseconds: poll for it (yielding, in case the daemon
+// shares this CPU) rather than sleep in recv and pay a wake-up. After a pause
+// the daemon sleeps, and spinning would only take a CPU it may need to wake up
+// on. A spin that runs out (a daemon that does not poll) pauses spinning for
+// kSpinPause. Returns recv's result; -1 with EAGAIN when the caller should
+// block in recv.
+ssize_t Transport::SpinRecv(uint8_t* dst, size_t cap) {
+  const auto spin = options_.reply_spin;
+  const auto now = Clock::now();
+  errno = EAGAIN;
+  if (spin.count() <= 0 || now - last_reply_ >= spin || now < no_spin_until_) return -1;
+  const auto until = now + spin;
+  ssize_t n;
+  while ((n = ::recv(fd_, dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    if (Clock::now() >= until) {
+      no_spin_until_ = Clock::now() + kSpinPause;
+      errno = EAGAIN;
+      return -1;
+    }
+    std::this_thread::yield();
+  }
+  return n;
+}
+
+// Reads exactly `len` bytes, through a buffer so a small reply costs one recv.
+Status Transport::RecvAll(uint8_t* out, size_t len) {
+  size_t off = 0;
+  while (off < len) {
+    if (rbegin_ < rend_) {
+      const size_t k = std::min(len - off, rend_ - rbegin_);
+      std::memcpy(out + off, rbuf_.data() + rbegin_, k);
+      rbegin_ += k;
+      off += k;
+      continue;
+    }
+    const bool direct = len - off >= rbuf_.size();
+    uint8_t* dst = direct ? out + off : rbuf_.data();
+    const size_t cap = direct ? len - off : rbuf_.size();
+    ssize_t n = SpinRecv(dst, cap);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) n = ::recv(fd_, dst, cap, 0);
+    if (n > 0) {
+      if (direct) {
+        off += static_cast<size_t>(n);
+      } else {
+        rbegin_ = 0;
+        rend_ = static_cast<size_t>(n);
+      }
+    } else if (n == 0) {
+      return Unavailable("lost connection to kvtierd: it closed the connection");
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return Status(StatusCode::kTimeout, "kvtierd did not answer in time");
+    } else if (errno != EINTR) {
+      return Unavailable(std::string("lost connection to kvtierd: ") + std::strerror(errno));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<wire::Message> Transport::RoundTrip(const wire::Message& request) {
+  const uint64_t id = next_request_++;
+  std::vector<uint8_t> frame;
+  const Status enc = wire::TryAppendFrame(frame, id, request);
+  if (!enc.ok()) return enc;
+  Status st = SendAll(frame);
+  std::array<uint8_t, wire::kHeaderBytes> header{};
+  if (st.ok()) st = RecvAll(header.data(), header.size());
+  if (!st.ok()) {
+    Close();
+    return st;
+  }
+  auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(header));
+  if (!h.ok()) {
+    Close();
+    return h.status();
+  }
+  std::vector<uint8_t> payload(h->payload_length);
+  st = RecvAll(payload.data(), payload.size());
+  if (!st.ok()) {
+    Close();
+    return st;
+  }
+  last_reply_ = Clock::now();
+  auto m = wire::DecodePayload(*h, payload);
+  if (!m.ok() || (h->request_id != id && h->request_id != 0)) {
+    Close();
+    return m.ok() ? ProtocolError("reply to another request") : m.status();
+  }
+  return m;
+}
+
+}  // namespace kvtier::client_internal

@@ -1,0 +1,59 @@
+// Transport: the socket to kvtierd and the frames on it — connecting (with
+// retries, and a diagnosis when permissions keep the caller out), one request
+// and its reply at a time, and the reply spin.
+//
+// Not thread-safe: its owner (Core) serializes every call. A request and its
+// reply are a blocking exchange with SO_SNDTIMEO/SO_RCVTIMEO = request_timeout,
+// so a reply wakes the caller straight from recv, as in a bare ping-pong.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvtier/client.h"
+#include "kvtier/status.h"
+#include "kvtier/wire.h"
+
+namespace kvtier::client_internal {
+
+class Transport {
+ public:
+  explicit Transport(const ClientOptions& options) : options_(options) {}
+  ~Transport() { Close(); }
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // Closes any socket, then connects to options.socket_path, retrying with
+  // backoff until connect_timeout (the daemon may be starting). kUnavailable
+  // when nothing answers in time, kPermissionDenied (naming the socket's owner,
+  // group and mode and the caller) when its permissions keep the caller out.
+  Status Open();
+  void Close();
+  bool connected() const { return fd_ >= 0; }
+
+  // One request and its reply (an ErrorResponse is a reply). A failure of the
+  // transport itself (send, receive, a malformed frame, a reply to another
+  // request) closes the socket and is returned. REQUIRES: connected().
+  Result<wire::Message> RoundTrip(const wire::Message& request);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  Status SendAll(const std::vector<uint8_t>& bytes);
+  Status RecvAll(uint8_t* out, size_t len);
+  ssize_t SpinRecv(uint8_t* dst, size_t cap);
+
+  const ClientOptions& options_;  // The owning Core's; outlives this.
+  int fd_ = -1;
+  std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
+  size_t rbegin_ = 0, rend_ = 0;                                 // Unread bytes in rbuf_.
+  uint64_t next_request_ = 1;
+  Clock::time_point last_reply_{};     // When the previous reply arrived.
+  Clock::time_point no_spin_until_{};  // A spin that found no reply pauses spinning.
+};
+
+}  // namespace kvtier::client_internal
