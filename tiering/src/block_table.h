@@ -7,7 +7,9 @@
 //    also `dst_slot` in the other tier; every other used slot is a write lease's;
 //  - a live record is indexed under its key unless it is doomed (freed while
 //    moving: its slots come free when its copy lands);
-//  - `refs` counts the session chains holding it, `readers` the read leases.
+//  - `refs` counts the session chains holding it, `readers` the read leases;
+//  - a block's stored parent (its index row) is the null key or the key of a
+//    block of the same tenant: lookups check the tenant of block 0 only.
 // Not thread-safe: the engine's thread owns it.
 #pragma once
 

@@ -30,20 +30,20 @@ uint32_t Engine::Impl::MatchRecords(const Namespace& ns, std::span<const BlockKe
   const size_t n = std::min(keys.size(), tokens.size() / bt());
   out->resize(n);
   // The keys come from the client, which may have chained them in another
-  // tenant's namespace: only a block of this tenant matches. The index's 32-bit
-  // tag check turns most such entries away (and prefetches the hits' rows); the
-  // record's tenant settles it, since two tenants' tags can collide.
+  // tenant's namespace: only this tenant's blocks may match. The index's 32-bit
+  // tag check turns most others away (and prefetches the hits' rows), but two
+  // tenants' tags can collide, so block 0's record must be this tenant's. That
+  // settles the rest: a block's stored parent is the key of a block of its own
+  // tenant (BlockTable's invariant), so a block whose parent matches the key of
+  // this tenant's block before it is this tenant's too.
   const TenantAccount* tenant = tenants.Find(ns);
-  if (tenant == nullptr) {
-    out->clear();
-    return 0;
-  }
-  const size_t found = blocks.index().FindPrefix(keys.first(n), NamespaceTag(ns), *out);
+  const size_t found = tenant == nullptr ? 0 : blocks.index().FindPrefix(keys.first(n), NamespaceTag(ns), *out);
   uint32_t matched = 0;
   for (size_t i = 0; i < found; ++i) {
     const uint32_t r = (*out)[i];
+    if (i == 0 && blocks[r].tenant != tenant) break;
     const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
-    if (blocks[r].tenant != tenant || !blocks.index().RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
+    if (!blocks.index().RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
     ++matched;
   }
   out->resize(matched);

@@ -79,6 +79,9 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     }
     if (!rec.held()) return Fail(name + " is held by no one");
     if (blocks.index().Find(rec.key) != r) return Fail(name + " is not indexed under its key");
+    if (const uint32_t p = blocks.index().Find(blocks.index().parent(r)); p != kNoRecord && blocks[p].tenant != rec.tenant) {
+      return Fail(name + "'s parent is another tenant's block");
+    }
     Counts& c = counts[rec.tenant];
     ++c.blocks[rec.tier];
     if (rec.moving()) ++c.moving_to[OtherTier(rec.tier)];

@@ -126,7 +126,11 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
   std::vector<uint32_t> slots;
   for (size_t i = 0; i < manifest.blocks.size(); ++i) {
     const WarmBlock& b = manifest.blocks[i];
-    if (!b.parent.IsNull() && by_key.find(b.parent) == by_key.end()) continue;
+    if (!b.parent.IsNull()) {
+      // Its parent must be adopted, and its tenant's (BlockTable's invariant).
+      auto parent = by_key.find(b.parent);
+      if (parent == by_key.end() || !(m.blocks[parent->second].ns() == b.ns)) continue;
+    }
     if (by_key.find(b.key) != by_key.end()) continue;
     if (ChainKey(b.parent, b.ns, b.tokens) != b.key) continue;
     if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
