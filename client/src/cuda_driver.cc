@@ -1,3 +1,4 @@
+// The CUDA driver API, loaded with dlopen so libkvtier runs without a GPU (cuda_driver.h).
 #include "cuda_driver.h"
 
 #include <dlfcn.h>

@@ -1,3 +1,4 @@
+// Access: peer credentials from the kernel, who may connect, and each peer's tenant (access.h).
 #include "access.h"
 
 #include <grp.h>

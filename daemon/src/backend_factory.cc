@@ -1,3 +1,4 @@
+// Building the configured backend (backend_factory.h).
 #include "backend_factory.h"
 
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// DaemonConfig: parsing and checking the YAML configuration (config.h).
 #include "config.h"
 
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// Writing a DaemonConfig back out, and planning what a reload may change (config.h).
 #include "config.h"
 
 #include <algorithm>

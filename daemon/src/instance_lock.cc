@@ -1,3 +1,4 @@
+// InstanceLock: the locks that keep one kvtierd per socket and instance (instance_lock.h).
 #include "instance_lock.h"
 
 #include <fcntl.h>

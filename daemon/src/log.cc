@@ -1,3 +1,4 @@
+// Daemon logging: one line per event on stderr (log.h).
 #include "log.h"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// Metrics: histograms and the Prometheus text exposition writer (metrics.h).
 #include "metrics.h"
 
 #include <algorithm>

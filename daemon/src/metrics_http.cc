@@ -1,3 +1,4 @@
+// The GET /metrics endpoint (metrics_http.h).
 #include "metrics_http.h"
 
 #include <boost/asio.hpp>

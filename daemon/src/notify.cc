@@ -1,3 +1,4 @@
+// systemd notifications: readiness, status, reload and stop, watchdog pings (notify.h).
 #include "notify.h"
 
 #include <time.h>

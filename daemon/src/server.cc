@@ -1,3 +1,4 @@
+// Server: the socket, framing, parked requests, timers, signals and reloads (server.h).
 #include "server.h"
 
 #include <sys/socket.h>

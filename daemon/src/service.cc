@@ -1,3 +1,4 @@
+// Service: the engines and the clients, one handler per request type (service.h).
 #include "service.h"
 
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// The stats table: every figure once, rendered for cachectl and for Prometheus (stats.h).
 #include "stats.h"
 
 #include <cstring>

@@ -1,3 +1,4 @@
+// When the engines' warm-restart calls run, and what they log (warm_restart.h).
 #include "warm_restart.h"
 
 #include <sys/mman.h>

@@ -1,3 +1,4 @@
+// The CUDA backend: device and pinned host pools, copy streams and GPU fences (cuda_backend.h).
 #include "kvtier/tiering/cuda_backend.h"
 
 #include <cuda_runtime.h>

@@ -1,3 +1,4 @@
+// The host backend: shared-memory pools and a copy thread as the DMA engine (host_backend.h).
 #include "kvtier/tiering/host_backend.h"
 
 #include <fcntl.h>

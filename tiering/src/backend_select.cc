@@ -1,3 +1,4 @@
+// Choosing the backend: what `backend: auto` picks on this machine (backend_select.h).
 #include "kvtier/tiering/backend_select.h"
 
 #ifdef KVTIER_HAVE_CUDA

@@ -1,3 +1,4 @@
+// BlockIndex: the writer side of the shared-memory block index (block_index.h).
 #include "block_index.h"
 
 #include <sys/mman.h>

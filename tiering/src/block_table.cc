@@ -1,3 +1,4 @@
+// BlockTable: the engine's block records, slots and index entries (block_table.h).
 #include "block_table.h"
 
 namespace kvtier::tiering {

@@ -1,3 +1,4 @@
+// CopyPlanner: one SubmitCopies batch as the submissions a GPU backend issues (copy_planner.h).
 #include "copy_planner.h"
 
 #include <algorithm>

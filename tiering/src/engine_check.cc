@@ -1,3 +1,4 @@
+// EngineInspector: the engine's full invariant recount, for tests (engine_check.h).
 #include "engine_check.h"
 
 #include <string>

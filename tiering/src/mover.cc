@@ -1,3 +1,4 @@
+// Mover: block copies between tiers, their batches and fences (mover.h).
 #include "mover.h"
 
 #include <algorithm>

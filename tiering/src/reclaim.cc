@@ -1,3 +1,4 @@
+// Reclaimer: making room in a tier by demotion and drops (reclaim.h).
 #include "reclaim.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// SessionTable: sessions by (tenant, id), their eviction order and priorities (session_table.h).
 #include "session_table.h"
 
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// TenantLedger: per-tenant usage, quotas and session counts (tenant_ledger.h).
 #include "tenant_ledger.h"
 
 namespace kvtier::tiering {

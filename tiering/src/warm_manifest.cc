@@ -1,3 +1,4 @@
+// WarmManifest: the warm-restart manifest's byte format and its segment (warm_manifest.h).
 #include "warm_manifest.h"
 
 #include <fcntl.h>
