@@ -33,6 +33,7 @@ set(KVTIER_PUBLIC_HEADERS
   proto/include/kvtier/block_key.h
   proto/include/kvtier/fence_layout.h
   proto/include/kvtier/model_profile.h
+  proto/include/kvtier/session_summary.h
   proto/include/kvtier/status.h
   proto/include/kvtier/tier.h
 )

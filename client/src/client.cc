@@ -16,11 +16,6 @@ using client_internal::Resend;
 
 namespace {
 
-SessionSummary FromWire(wire::SessionSummary s) {
-  return SessionSummary{std::move(s.id), std::move(s.tenant), s.priority, s.last_use_ms_ago, s.blocks,
-                        s.gpu_blocks,    s.host_blocks,       s.moving,   s.tokens};
-}
-
 std::vector<BlockKey> KeysOn(const Attachment& att, std::span<const TokenId> tokens, const BlockKey& parent) {
   const uint32_t bt = att.welcome.profile.block_tokens;
   std::vector<BlockKey> keys(tokens.size() / bt);
@@ -215,17 +210,14 @@ Status Client::SetPriority(std::string_view session, int priority, std::chrono::
 Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
   auto r = core_->Call<wire::ListSessionsResponse>(wire::ListSessionsRequest{std::string(tenant_filter)}, Resend::kYes);
   if (!r.ok()) return r.status();
-  std::vector<SessionSummary> out;
-  out.reserve(r->message.sessions.size());
-  for (wire::SessionSummary& s : r->message.sessions) out.push_back(FromWire(std::move(s)));
-  return out;
+  return std::move(r->message.sessions);
 }
 
 Result<SessionInfo> Client::GetSession(std::string_view session) {
   auto r = core_->Call<wire::SessionInfoResponse>(wire::SessionInfoRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
   wire::SessionInfoResponse& info = r->message;
-  return SessionInfo{FromWire(std::move(info.summary)), std::move(info.chain), std::move(info.tiers)};
+  return SessionInfo{std::move(info.summary), std::move(info.chain), std::move(info.tiers)};
 }
 
 Result<std::vector<std::pair<std::string, double>>> Client::Stats() {

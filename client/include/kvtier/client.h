@@ -35,6 +35,7 @@
 #include "kvtier/block_key.h"
 #include "kvtier/fence_layout.h"
 #include "kvtier/model_profile.h"
+#include "kvtier/session_summary.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
 
@@ -169,19 +170,6 @@ struct CommitResult {
   uint32_t duplicates = 0;
 };
 
-// One session as kvtierd reports it (Client::ListSessions, GetSession).
-struct SessionSummary {
-  std::string id;
-  std::string tenant;
-  int32_t priority = 0;
-  uint64_t last_use_ms_ago = 0;
-  uint32_t blocks = 0;
-  uint32_t gpu_blocks = 0;
-  uint32_t host_blocks = 0;
-  uint32_t moving = 0;  // Blocks with a copy in flight.
-  uint64_t tokens = 0;
-  friend bool operator==(const SessionSummary&, const SessionSummary&) = default;
-};
 
 // A session and its chain of blocks (Client::GetSession).
 struct SessionInfo {

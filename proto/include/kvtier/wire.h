@@ -50,6 +50,7 @@
 #include "kvtier/fence_layout.h"
 #include "kvtier/index_layout.h"
 #include "kvtier/model_profile.h"
+#include "kvtier/session_summary.h"
 #include "kvtier/status.h"
 #include "kvtier/wire_codec.h"
 
@@ -145,18 +146,7 @@ struct BlockLoc {
   friend bool operator==(const BlockLoc&, const BlockLoc&) = default;
 };
 
-struct SessionSummary {
-  std::string id;
-  std::string tenant;
-  int32_t priority = 0;
-  uint64_t last_use_ms_ago = 0;
-  uint32_t blocks = 0;
-  uint32_t gpu_blocks = 0;
-  uint32_t host_blocks = 0;
-  uint32_t moving = 0;  // Blocks with a copy in flight.
-  uint64_t tokens = 0;
-  friend bool operator==(const SessionSummary&, const SessionSummary&) = default;
-};
+using kvtier::SessionSummary;  // kvtier/session_summary.h: shared with libkvtier's API.
 
 // ---- Messages ----
 // Every string is at most kMaxString bytes and every array at most kMaxArray
