@@ -1097,6 +1097,27 @@ TEST_F(EngineTest, PriorityTtlRevertsToZeroAtItsDeadline) {
   EXPECT_INVARIANTS();
 }
 
+// Setting a ttl again and again replaces one deadline: the queue of deadlines
+// stays bounded by the sessions, and what a gone session queued goes too.
+TEST_F(EngineTest, RepeatedPriorityTtlsKeepTheDeadlineQueueBounded) {
+  Start(Options(16, 16));
+  for (const char* s : {"a", "b"}) Put(s, MakeChain(static_cast<uint32_t>(s[0]), 1));
+  for (int i = 0; i < 20000; ++i) {
+    ASSERT_TRUE(engine_->SetPriority(tenant_, i % 2 ? "a" : "b", 1 + i % 5, milliseconds(1000 + i)).ok());
+    ASSERT_LE(EngineInspector::PendingDeadlines(*engine_), 2u * 2 + 64) << "after " << i << " calls";
+  }
+  // Only the latest deadline of each counts.
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_EQ(engine_->ExpirePriorities(now + milliseconds(500)), 0u);
+  EXPECT_EQ(engine_->ExpirePriorities(now + milliseconds(30000)), 2u);
+  EXPECT_EQ(EngineInspector::PendingDeadlines(*engine_), 0u);
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(engine_->SetPriority(tenant_, "a", 3, milliseconds(100000 + i)).ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
+  EXPECT_LE(EngineInspector::PendingDeadlines(*engine_), 64u) << "evicting the sessions frees their deadlines";
+  EXPECT_INVARIANTS();
+}
+
 TEST_F(WatermarkTest, LeasedSessionsAreSkipped) {
   StartGpuPressure();
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 5);

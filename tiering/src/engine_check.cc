@@ -21,6 +21,8 @@ struct Counts {
 
 }  // namespace
 
+size_t EngineInspector::PendingDeadlines(const Engine& engine) { return engine.impl_->sessions.pending_deadlines(); }
+
 Status EngineInspector::CheckInvariants(const Engine& engine) {
   const Engine::Impl& m = *engine.impl_;
   const BlockTable& blocks = m.blocks;

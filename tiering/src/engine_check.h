@@ -2,6 +2,8 @@
 // engine demo. O(state); never called while serving.
 #pragma once
 
+#include <cstddef>
+
 #include "kvtier/status.h"
 #include "kvtier/tiering/engine.h"
 
@@ -14,6 +16,8 @@ class EngineInspector {
   // index, tenant counts, the demotion count, record leaks. kInternal naming
   // the first one broken.
   static Status CheckInvariants(const Engine& engine);
+  // Priority deadlines queued (SessionTable::pending_deadlines).
+  static size_t PendingDeadlines(const Engine& engine);
 };
 
 }  // namespace kvtier::tiering

@@ -28,6 +28,7 @@ void SessionTable::Remove(Session* s) {
   policy_->Untrack(s);
   --s->tenant->sessions;
   sessions_.erase(Key{s->tenant->tenant.ns, s->id});
+  CompactDeadlines();
 }
 
 void SessionTable::Touch(Session* s, uint64_t clock) {
@@ -39,8 +40,23 @@ void SessionTable::Touch(Session* s, uint64_t clock) {
 void SessionTable::SetPriority(Session* s, int priority, std::chrono::steady_clock::time_point until) {
   s->priority = priority;
   s->priority_until = until;
-  if (until != std::chrono::steady_clock::time_point{}) expiries_.push(Expiry{until, Key{s->tenant->tenant.ns, s->id}});
+  if (until != std::chrono::steady_clock::time_point{}) {
+    expiries_.push(Expiry{until, Key{s->tenant->tenant.ns, s->id}});
+    CompactDeadlines();
+  }
   policy_->Track(s);
+}
+
+void SessionTable::CompactDeadlines() {
+  // Each SetPriority with a ttl queues an entry and a replaced one stays until
+  // its time: without this, a client resetting a ttl in a loop grows the queue
+  // without bound. Amortized O(1): a rebuild follows at least as many pushes.
+  if (expiries_.size() <= 2 * sessions_.size() + 64) return;
+  std::vector<Expiry> live;
+  for (const auto& [key, s] : sessions_) {
+    if (s->priority_until != std::chrono::steady_clock::time_point{}) live.push_back(Expiry{s->priority_until, key});
+  }
+  expiries_ = decltype(expiries_)(std::greater<>{}, std::move(live));
 }
 
 uint32_t SessionTable::Expire(std::chrono::steady_clock::time_point now) {

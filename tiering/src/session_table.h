@@ -42,6 +42,9 @@ class SessionTable {
   void SetPriority(Session* s, int priority, std::chrono::steady_clock::time_point until);
   // Sets priorities whose deadline passed by `now` back to 0. Returns how many.
   uint32_t Expire(std::chrono::steady_clock::time_point now);
+  // Deadlines queued, stale ones included: at most 2 x sessions + 64, however
+  // often priorities are set or sessions go.
+  size_t pending_deadlines() const { return expiries_.size(); }
 
   // The coldest session (nullptr if none).
   Session* Coldest() const;
@@ -79,6 +82,9 @@ class SessionTable {
   std::unordered_map<Key, std::unique_ptr<Session>, KeyHash> sessions_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries_;
+
+  // Rebuilds the queue from the live deadlines once stale entries outnumber them.
+  void CompactDeadlines();
 };
 
 }  // namespace kvtier::tiering
