@@ -57,16 +57,13 @@ TenantAccount& TenantLedger::Get(const Tenant& tenant) {
 
 TenantAccount& TenantLedger::Get(const Namespace& ns) {
   auto [it, added] = accounts_.try_emplace(ns);
-  if (added) {
-    it->second = std::make_unique<TenantAccount>();
-    it->second->tenant.ns = ns;
-  }
-  return *it->second;
+  if (added) it->second.tenant.ns = ns;
+  return it->second;
 }
 
 const TenantAccount* TenantLedger::Find(const Namespace& ns) const {
   auto it = accounts_.find(ns);
-  return it == accounts_.end() ? nullptr : it->second.get();
+  return it == accounts_.end() ? nullptr : &it->second;
 }
 
 Status TenantLedger::CheckNewSession(const TenantAccount& account, std::string_view id, uint32_t limit) const {

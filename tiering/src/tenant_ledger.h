@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,13 +65,13 @@ class TenantLedger {
 
   template <typename F>
   void ForEach(F&& f) const {
-    for (const auto& [ns, account] : accounts_) f(*account);
+    for (const auto& [ns, account] : accounts_) f(account);
   }
 
  private:
-  // Nodes of the map never move; the accounts are separately owned anyway so
-  // that references stay valid however the map grows.
-  std::unordered_map<Namespace, std::unique_ptr<TenantAccount>, NamespaceHash> accounts_;
+  // An unordered_map never moves its elements, so Records and Sessions may
+  // point at accounts however the map grows (accounts are never erased).
+  std::unordered_map<Namespace, TenantAccount, NamespaceHash> accounts_;
 };
 
 }  // namespace kvtier::tiering
