@@ -7,8 +7,15 @@
 
 namespace kvtier::client_internal {
 
-Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome) {
+Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome, std::span<const int> fds) {
   auto att = std::make_shared<Attachment>();
+  // Descriptors are taken in order as the segments are mapped (the cuda
+  // backend's GPU pool, which comes without one, is opened first); every one
+  // must be used.
+  auto next = [&fds, i = size_t{0}](const std::string& what) mutable -> Result<int> {
+    if (i == fds.size()) return ProtocolError("Welcome came without a descriptor for " + what);
+    return fds[i++];
+  };
   const bool cuda = welcome.backend == wire::BackendKind::kCuda;
   if (!cuda && !welcome.fence_events.empty()) return ProtocolError("Welcome: fence events from a host backend");
   if (welcome.pools.size() != kTierCount) {
@@ -27,12 +34,18 @@ Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome)
       att->gpu = std::move(gpu).value();
       continue;
     }
-    auto seg = ShmSegment::Open(d.shm_name, /*writable=*/true);
+    if (!d.ipc_handle.empty()) return ProtocolError("Welcome: an IPC handle for a pool of the host backend");
+    // Workers write the blocks of their write leases into the GPU tier; only
+    // kvtierd writes the host tier (the segment's seals enforce it).
+    auto fd = next("pool " + d.shm_name);
+    if (!fd.ok()) return fd.status();
+    auto seg = ShmSegment::MapPassed(*fd, /*writable=*/t == Tier::kGpu, d.slot_bytes * d.slots, d.shm_name);
     if (!seg.ok()) return Status(seg.status().code(), "mapping pool: " + seg.status().message());
-    if (seg->size() < d.slot_bytes * d.slots) return Corrupt("pool segment " + d.shm_name + " is smaller than announced");
     att->pools[t] = std::move(seg).value();
   }
-  auto idx = ShmSegment::Open(welcome.index_segment, /*writable=*/false);
+  auto index_fd = next("the index");
+  if (!index_fd.ok()) return index_fd.status();
+  auto idx = ShmSegment::MapPassed(*index_fd, /*writable=*/false, sizeof(IndexHeader), welcome.index_segment);
   if (!idx.ok()) return Status(idx.status().code(), "mapping index: " + idx.status().message());
   att->index_segment = std::move(idx).value();
   auto view = IndexView::Attach(att->index_segment.data(), att->index_segment.size());
@@ -42,12 +55,17 @@ Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome)
       att->index.header().profile_fingerprint != welcome.profile.Fingerprint()) {
     return Corrupt("index segment does not belong to the announced profile");
   }
-  auto fences = ShmSegment::Open(welcome.fence_segment, /*writable=*/false);
+  auto fences_fd = next("the fences");
+  if (!fences_fd.ok()) return fences_fd.status();
+  auto fences = ShmSegment::MapPassed(*fences_fd, /*writable=*/false, sizeof(FenceSegment), welcome.fence_segment);
   if (!fences.ok()) return Status(fences.status().code(), "mapping fences: " + fences.status().message());
   att->fence_segment = std::move(fences).value();
   if (att->fence_segment.size() < sizeof(FenceSegment)) return Corrupt("fence segment too small");
   att->fences = reinterpret_cast<const FenceSegment*>(att->fence_segment.data());
   if (att->fences->magic != kFenceMagic) return Corrupt("fence segment has a bad magic number");
+  if (auto extra = next("nothing"); extra.ok()) {
+    return ProtocolError("Welcome came with more segment descriptors than it describes");
+  }
   att->welcome = std::move(welcome);
   return std::shared_ptr<const Attachment>(std::move(att));
 }

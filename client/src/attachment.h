@@ -1,6 +1,6 @@
 // Attachment: kvtierd's segments as this process maps them for one connection —
-// the pools, the block index and the fence segment a Welcome names, each
-// checked against what the Welcome announced before anything reads it.
+// the pools, the block index and the fence segment that come with a Welcome,
+// each checked against what the Welcome announced before anything reads it.
 //
 // Immutable once made and shared (shared_ptr<const Attachment>) by the
 // connection that made it and every lease made on that connection, so the
@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "gpu_attachment.h"
 #include "kvtier/fence_layout.h"
@@ -24,12 +25,16 @@
 namespace kvtier::client_internal {
 
 struct Attachment {
-  // Validates `welcome` (backend, pools, profile) and maps what it names. On the
-  // cuda backend the GPU pool is opened first, so a worker without a usable
-  // driver learns that before anything else. kFailedPrecondition for a backend
-  // this client does not know, kProtocolError / kCorrupt for a Welcome or a
-  // segment that does not match it.
-  static Result<std::shared_ptr<const Attachment>> Map(wire::Welcome welcome);
+  // Validates `welcome` (backend, pools, profile) and maps the segments it
+  // describes from `fds`, the descriptors that came with it (wire.h: the pools
+  // without an IPC handle in tier order, the index, the fences; the caller
+  // keeps and closes them). The GPU pool of the host backend is mapped
+  // writable, everything else read-only. On the cuda backend the GPU pool is
+  // opened first, so a worker without a usable driver learns that before
+  // anything else. kFailedPrecondition for a backend this client does not
+  // know, kProtocolError / kCorrupt for a Welcome or a segment that does not
+  // match it.
+  static Result<std::shared_ptr<const Attachment>> Map(wire::Welcome welcome, std::span<const int> fds);
 
   // The pool of `tier` as the Welcome describes it.
   const wire::PoolDesc& pool(Tier tier) const { return welcome.pools[TierIndex(tier)]; }

@@ -34,7 +34,16 @@ Status Core::ConnectLocked() {
   hello.pid = static_cast<uint32_t>(::getpid());
   hello.tenant = options_.tenant;
   hello.profile = options_.profile;
-  auto reply = transport_.RoundTrip(hello);
+  // The Welcome's segments come as descriptors; once mapped (or not) they are
+  // closed: the mappings are what the attachment keeps.
+  std::vector<int> passed;
+  struct CloseAll {
+    std::vector<int>& fds;
+    ~CloseAll() {
+      for (int fd : fds) ::close(fd);
+    }
+  } close_passed{passed};
+  auto reply = transport_.RoundTrip(hello, &passed);
   if (!reply.ok()) {
     transport_.Close();  // Also when the Hello could not be encoded: no connection without a Welcome.
     return reply.status();
@@ -48,7 +57,7 @@ Status Core::ConnectLocked() {
     transport_.Close();
     return ProtocolError("kvtierd answered Hello with something other than Welcome");
   }
-  auto attached = Attachment::Map(std::move(*welcome));
+  auto attached = Attachment::Map(std::move(*welcome), passed);
   if (!attached.ok()) {
     transport_.Close();
     return attached.status();

@@ -12,6 +12,7 @@
 #include <array>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -32,15 +33,19 @@ std::string GroupName(gid_t gid) {
   return gr ? std::string(gr->gr_name) + " (gid " + std::to_string(gid) + ")" : "gid " + std::to_string(gid);
 }
 
+std::string Octal(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
 // connect() refused by the socket's (or its directory's) permissions: say who
 // may open it and who the caller is, so the fix (a group, a socket) is obvious.
 Status SocketPermissionDenied(const std::string& path, const std::string& error) {
   std::string msg = "cannot connect to kvtierd at " + path + ": " + error;
   struct stat st{};
   if (::stat(path.c_str(), &st) == 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    msg += std::string("; the socket has mode ") + mode + ", owner " + UserName(st.st_uid) + ", group " +
+    msg += "; the socket has mode " + Octal(st.st_mode) + ", owner " + UserName(st.st_uid) + ", group " +
            GroupName(st.st_gid) + ", and you are " + UserName(::geteuid()) +
            ": connect as a member of that group (or one access: allows), or use a socket you may open";
   } else {
@@ -50,6 +55,48 @@ Status SocketPermissionDenied(const std::string& path, const std::string& error)
 }
 
 }  // namespace
+
+Result<uid_t> Transport::ExpectedServerUid() const {
+  if (options_.server_uid) return static_cast<uid_t>(*options_.server_uid);
+  if (const char* env = std::getenv("KVTIER_SERVER_UID"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(env, &end, 10);
+    if (*end != '\0' || v > 0xfffffffful) return InvalidArgument(std::string("KVTIER_SERVER_UID='") + env + "' is not a uid");
+    return static_cast<uid_t>(v);
+  }
+  const std::string& path = options_.socket_path;
+  struct stat sock{}, dir{};
+  const size_t slash = path.rfind('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::lstat(path.c_str(), &sock) != 0 || ::stat(parent.c_str(), &dir) != 0) {
+    return Unavailable("cannot check who owns " + path + ": " + std::strerror(errno));
+  }
+  // Whoever may write the directory may have put the socket there: its owner
+  // vouches for kvtierd only where no one else can.
+  const bool others_write = (dir.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+  if (others_write && sock.st_uid != 0 && sock.st_uid != dir.st_uid) {
+    return Status(StatusCode::kPermissionDenied,
+                  "the socket " + path + " (owner " + UserName(sock.st_uid) + ") is in " + parent + ", which others may write (mode " +
+                      Octal(dir.st_mode) + "): anyone could have put it there. Set server_uid (or KVTIER_SERVER_UID) to "
+                      "kvtierd's uid, or serve kvtierd from a directory only its user may write, such as /run/kvtier");
+  }
+  return sock.st_uid;
+}
+
+Status Transport::CheckServer() {
+  ucred peer{};
+  socklen_t len = sizeof peer;
+  if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0) {
+    return Unavailable(std::string("cannot learn who serves the socket (SO_PEERCRED): ") + std::strerror(errno));
+  }
+  auto expected = ExpectedServerUid();
+  if (!expected.ok()) return expected.status();
+  if (peer.uid == *expected || peer.uid == 0) return Status::Ok();
+  return Status(StatusCode::kPermissionDenied,
+                "the process serving " + options_.socket_path + " (pid " + std::to_string(peer.pid) + ") runs as " +
+                    UserName(peer.uid) + ", but kvtierd runs as " + UserName(*expected) +
+                    ": refusing to talk to an impostor (see ClientOptions::server_uid)");
+}
 
 Status Transport::Open() {
   Close();
@@ -67,6 +114,10 @@ Status Transport::Open() {
     }
     std::strncpy(addr.sun_path, options_.socket_path.c_str(), sizeof(addr.sun_path) - 1);
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      if (Status who = CheckServer(); !who.ok()) {
+        Close();
+        return who;
+      }
       const auto ms = options_.request_timeout.count();
       const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
       ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -117,6 +168,29 @@ Status Transport::SendAll(const std::vector<uint8_t>& bytes) {
 // on. A spin that runs out (a daemon that does not poll) pauses spinning for
 // kSpinPause. Returns recv's result; -1 with EAGAIN when the caller should
 // block in recv.
+ssize_t Transport::Receive(uint8_t* dst, size_t cap, int flags) {
+  if (passed_ == nullptr) return ::recv(fd_, dst, cap, flags);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
+  iovec iov{dst, cap};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = ::recvmsg(fd_, &msg, flags | MSG_CMSG_CLOEXEC);
+  if (n <= 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      passed_->push_back(fd);
+    }
+  }
+  return n;
+}
+
 ssize_t Transport::SpinRecv(uint8_t* dst, size_t cap) {
   const auto spin = options_.reply_spin;
   const auto now = Clock::now();
@@ -124,7 +198,7 @@ ssize_t Transport::SpinRecv(uint8_t* dst, size_t cap) {
   if (spin.count() <= 0 || now - last_reply_ >= spin || now < no_spin_until_) return -1;
   const auto until = now + spin;
   ssize_t n;
-  while ((n = ::recv(fd_, dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+  while ((n = Receive(dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
     if (Clock::now() >= until) {
       no_spin_until_ = Clock::now() + kSpinPause;
       errno = EAGAIN;
@@ -150,7 +224,7 @@ Status Transport::RecvAll(uint8_t* out, size_t len) {
     uint8_t* dst = direct ? out + off : rbuf_.data();
     const size_t cap = direct ? len - off : rbuf_.size();
     ssize_t n = SpinRecv(dst, cap);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) n = ::recv(fd_, dst, cap, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) n = Receive(dst, cap, 0);
     if (n > 0) {
       if (direct) {
         off += static_cast<size_t>(n);
@@ -169,7 +243,14 @@ Status Transport::RecvAll(uint8_t* out, size_t len) {
   return Status::Ok();
 }
 
-Result<wire::Message> Transport::RoundTrip(const wire::Message& request) {
+Result<wire::Message> Transport::RoundTrip(const wire::Message& request, std::vector<int>* passed) {
+  passed_ = passed;
+  auto m = Exchange(request);
+  passed_ = nullptr;
+  return m;
+}
+
+Result<wire::Message> Transport::Exchange(const wire::Message& request) {
   const uint64_t id = next_request_++;
   std::vector<uint8_t> frame;
   const Status enc = wire::TryAppendFrame(frame, id, request);

@@ -30,7 +30,9 @@ class Transport {
   // Closes any socket, then connects to options.socket_path, retrying with
   // backoff until connect_timeout (the daemon may be starting). kUnavailable
   // when nothing answers in time, kPermissionDenied (naming the socket's owner,
-  // group and mode and the caller) when its permissions keep the caller out.
+  // group and mode and the caller) when its permissions keep the caller out,
+  // or when the process that accepted runs as another uid than kvtierd's
+  // (ClientOptions::server_uid).
   Status Open();
   void Close();
   bool connected() const { return fd_ >= 0; }
@@ -38,20 +40,32 @@ class Transport {
   // One request and its reply (an ErrorResponse is a reply). A failure of the
   // transport itself (send, receive, a malformed frame, a reply to another
   // request) closes the socket and is returned. REQUIRES: connected().
-  Result<wire::Message> RoundTrip(const wire::Message& request);
+  // With `passed`, descriptors that arrive with the reply (SCM_RIGHTS: the
+  // Welcome's segments) are appended to it; the caller owns them. Without,
+  // none are accepted (the kernel discards them).
+  Result<wire::Message> RoundTrip(const wire::Message& request, std::vector<int>* passed = nullptr);
 
  private:
   using Clock = std::chrono::steady_clock;
 
+  static constexpr size_t kMaxPassedFds = 16;  // More than a Welcome sends (kTierCount pools, index, fences).
+  Result<wire::Message> Exchange(const wire::Message& request);
   Status SendAll(const std::vector<uint8_t>& bytes);
   Status RecvAll(uint8_t* out, size_t len);
   ssize_t SpinRecv(uint8_t* dst, size_t cap);
+  // recv, or recvmsg collecting descriptors into passed_ while it is set.
+  ssize_t Receive(uint8_t* dst, size_t cap, int flags);
+  // The uid the peer must run as: ClientOptions::server_uid, $KVTIER_SERVER_UID
+  // or the socket's owner in a directory only its owner can write.
+  Result<uid_t> ExpectedServerUid() const;
+  Status CheckServer();
 
   const ClientOptions& options_;  // The owning Core's; outlives this.
   int fd_ = -1;
   std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
   size_t rbegin_ = 0, rend_ = 0;                                 // Unread bytes in rbuf_.
   uint64_t next_request_ = 1;
+  std::vector<int>* passed_ = nullptr;  // Set during a RoundTrip that takes descriptors.
   Clock::time_point last_reply_{};     // When the previous reply arrived.
   Clock::time_point no_spin_until_{};  // A spin that found no reply pauses spinning.
 };

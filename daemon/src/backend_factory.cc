@@ -23,8 +23,6 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
 #ifdef KVTIER_HAVE_CUDA_BACKEND
     tiering::CudaBackendOptions co;
     co.name_prefix = config.instance;
-    co.segment_mode = config.access.mode;
-    co.segment_group = config.access.group_gid;
     // Pinning a large host tier takes seconds: say how far it got, in the log and to systemd.
     co.pin_progress = [last_percent = -1](const std::string& pool, size_t pinned, size_t total) mutable {
       const int percent = total == 0 ? 100 : static_cast<int>(pinned * 100 / total);
@@ -46,8 +44,6 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
   }
   tiering::HostBackendOptions bo;
   bo.name_prefix = config.instance;
-  bo.segment_mode = config.access.mode;
-  bo.segment_group = config.access.group_gid;
   auto host = tiering::CreateHostBackend(bo);
   if (!host.ok()) return host.status();
   return std::unique_ptr<tiering::Backend>(std::move(host).value());

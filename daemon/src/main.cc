@@ -106,6 +106,11 @@ int main(int argc, char** argv) {
     LogError("cannot start: " + lock.status().message());
     return 1;
   }
+  if (!lock->instance_lost().empty()) {
+    LogError("warm restart is off for this run: " + lock->instance_lost() +
+             " (remove it, or choose another instance name)");
+    config->warm_restart = false;
+  }
   auto service = Service::Create(*config);
   if (!service.ok()) {
     LogError("cannot start: " + service.status().ToString());

@@ -235,7 +235,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection closes after it.
   bool Answer(uint64_t request_id, wire::MessageType type, const Reply& reply,
               std::chrono::steady_clock::time_point start) {
-    Send(request_id, reply.message);
+    if (reply.fds.empty()) {
+      Send(request_id, reply.message);
+    } else if (!SendWithDescriptors(request_id, reply.message, reply.fds)) {
+      return false;
+    }
     server_.service.ObserveRequest(type, std::chrono::steady_clock::now() - start);
     if (reply.close) {
       const auto* err = std::get_if<wire::ErrorResponse>(&reply.message);
@@ -261,6 +265,48 @@ class Connection : public std::enable_shared_from_this<Connection> {
     wire::AppendFrame(frame, request_id, m);
     out_.push_back(std::move(frame));
     if (out_.size() == 1) Write();
+  }
+
+  // Sends the frame's first bytes with `fds` attached (SCM_RIGHTS), the rest
+  // as any frame. Only the first frame of a connection (the Welcome) carries
+  // descriptors, so nothing is queued before it. False (and closing) if the
+  // kernel would not take them.
+  bool SendWithDescriptors(uint64_t request_id, const wire::Message& m, const std::vector<int>& fds) {
+    std::vector<uint8_t> frame;
+    wire::AppendFrame(frame, request_id, m);
+    if (!out_.empty()) {
+      LogError("client " + std::to_string(client_.id) + ": descriptors to send behind queued replies; closing");
+      Close();
+      return false;
+    }
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()), 0);
+    iovec iov{frame.data(), frame.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    ssize_t n;
+    do {
+      n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      LogWarn("client " + std::to_string(client_.id) + ": cannot pass its segments: " +
+              (n < 0 ? std::strerror(errno) : "nothing sent") + "; closing");
+      Close();
+      return false;
+    }
+    if (static_cast<size_t>(n) < frame.size()) {
+      frame.erase(frame.begin(), frame.begin() + n);
+      out_.push_back(std::move(frame));
+      Write();
+    }
+    return true;
   }
 
   void Write() {

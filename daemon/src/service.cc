@@ -33,8 +33,6 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.name = p.profile.name;
   o.index_segment = shm_names::Index(config.instance, p.profile.name);
-  o.segment_mode = config.access.mode;
-  o.segment_group = config.access.group_gid;
   for (const TenantConfig& t : config.tenants) {
     if (t.gpu_blocks == 0 && t.host_blocks == 0) continue;
     tiering::TenantQuota q;
@@ -232,18 +230,27 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.profile = e.profile();
   w.ns = c.ns;
   w.backend = WireBackendKind(backend_->kind());
+  // The segments travel as descriptors with the Welcome (wire.h: the pools
+  // without an IPC handle in tier order, the index, the fences); their names
+  // are labels. A client gets no other way in: nothing is in /dev/shm.
+  std::vector<int> fds;
   for (Tier t : kTiers) {
     const tiering::PoolHandle h = e.pool(t).Export();
     w.pools.push_back(wire::PoolDesc{t, h.slot_bytes, h.slots, h.shm_name, h.ipc_handle});
+    if (h.ipc_handle.empty()) fds.push_back(h.fd);
   }
   w.index_segment = e.index_segment_name();
   w.fence_segment = backend_->FenceSegmentName();
+  fds.push_back(e.index_fd());
+  fds.push_back(backend_->FenceSegmentFd());
   w.max_blocks_per_request = config_.max_blocks_per_request;
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + m.client_name + " (pid " + std::to_string(m.pid) +
           ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", profile " + e.profile().name + ")");
-  return Reply{std::move(w)};
+  Reply reply{std::move(w)};
+  reply.fds = std::move(fds);
+  return reply;
 }
 
 Result<Reply> Service::On(ClientState&, const wire::Ping& m) { return Reply{wire::Pong{m.nonce}}; }

@@ -55,6 +55,9 @@ struct Reply {
   // free. Handle the same request again after copies completed (Poll, Tick);
   // nothing was changed meanwhile, and `message` is empty.
   bool deferred = false;
+  // Descriptors sent with `message` (SCM_RIGHTS, on its first byte): the
+  // Welcome's segments. Borrowed: their segments own them and stay open.
+  std::vector<int> fds{};
 
   static Reply Deferred() {
     Reply r;

@@ -18,6 +18,9 @@ std::string Millis(std::chrono::microseconds us) {
   return buf;
 }
 
+// The host pool outlives this run (it is not when its name was squatted).
+bool Kept(const tiering::Engine& e) { return e.pool(Tier::kHost).persistence_lost().empty(); }
+
 std::string Manifest(const DaemonConfig& config, const ProfileConfig& p) {
   return shm_names::WarmManifest(config.instance, p.profile.name);
 }
@@ -46,11 +49,17 @@ void WarmRestart::BeforeEngine(const DaemonConfig& config, const ProfileConfig& 
 void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
   if (!enabled_) return;
   const std::string manifest = Manifest(config, p);
-  auto report = engine.AdoptWarm(manifest);
   const std::string who = "warm restart, profile '" + p.profile.name + "': ";
+  if (const std::string& lost = engine.pool(Tier::kHost).persistence_lost(); !lost.empty()) {
+    LogError(who + "off for this run, the host tier is not kept: " + lost +
+             " (remove it, or choose another instance name)");
+    return;
+  }
+  auto report = engine.AdoptWarm(manifest);
   if (!report.ok()) {
-    shm_unlink(manifest.c_str());
-    LogWarn(who + "removed " + manifest + ", which cannot be read (" + report.status().ToString() + "); starting cold");
+    const bool removed = shm_unlink(manifest.c_str()) == 0;
+    LogWarn(who + (removed ? "removed " : "ignored ") + manifest + ", which cannot be read or trusted (" +
+            report.status().ToString() + "); starting cold");
   } else if (!report->found) {
     LogInfo(who + "no manifest " + manifest + "; starting cold");
   } else if (!report->compatible) {
@@ -71,7 +80,7 @@ void WarmRestart::MaybeSnapshot(const Engines& engines, const DaemonConfig& conf
   if (now - last_snapshot_ < std::chrono::milliseconds(config.warm_snapshot_ms)) return;
   last_snapshot_ = now;
   for (size_t i = 0; i < engines.size(); ++i) {
-    if (!engines[i]->warm_dirty()) continue;
+    if (!engines[i]->warm_dirty() || !Kept(*engines[i])) continue;
     const std::string& name = config.profiles[i].profile.name;
     auto r = engines[i]->SaveWarm(Manifest(config, config.profiles[i]), false);
     if (!r.ok()) {
@@ -95,6 +104,7 @@ void WarmRestart::SaveAtShutdown(const Engines& engines, const DaemonConfig& con
   }
   if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
   for (size_t i = 0; i < engines.size(); ++i) {
+    if (!Kept(*engines[i])) continue;
     const std::string& name = config.profiles[i].profile.name;
     auto r = engines[i]->SaveWarm(Manifest(config, config.profiles[i]), true);
     if (!r.ok()) {

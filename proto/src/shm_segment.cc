@@ -28,7 +28,9 @@ ShmSegment::ShmSegment(ShmSegment&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       name_(std::move(other.name_)),
-      owner_(std::exchange(other.owner_, false)) {}
+      owner_(std::exchange(other.owner_, false)),
+      share_fd_(std::exchange(other.share_fd_, -1)),
+      file_owner_(std::exchange(other.file_owner_, static_cast<uid_t>(-1))) {}
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
@@ -37,6 +39,8 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     name_ = std::move(other.name_);
     owner_ = std::exchange(other.owner_, false);
+    share_fd_ = std::exchange(other.share_fd_, -1);
+    file_owner_ = std::exchange(other.file_owner_, static_cast<uid_t>(-1));
   }
   return *this;
 }
@@ -46,6 +50,9 @@ ShmSegment::~ShmSegment() { Reset(); }
 void ShmSegment::Reset() {
   if (data_ != nullptr) munmap(data_, size_);
   if (owner_ && !name_.empty()) shm_unlink(name_.c_str());
+  if (share_fd_ >= 0) close(share_fd_);
+  share_fd_ = -1;
+  file_owner_ = static_cast<uid_t>(-1);
   data_ = nullptr;
   size_ = 0;
   owner_ = false;
@@ -93,6 +100,9 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, size_t bytes, con
   seg.size_ = bytes;
   seg.name_ = name;
   seg.owner_ = true;
+  seg.file_owner_ = geteuid();
+  seg.share_fd_ = shm_open(name.c_str(), O_RDONLY, 0);  // What clients get: they cannot write or resize through it.
+  if (seg.share_fd_ < 0) return Errno("shm_open (read-only)", name);
   return seg;
 }
 
@@ -119,6 +129,62 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, bool writable, bool
   seg.size_ = bytes;
   seg.name_ = name;
   seg.owner_ = false;
+  seg.file_owner_ = st.st_uid;
+  seg.share_fd_ = shm_open(name.c_str(), O_RDONLY, 0);
+  if (seg.share_fd_ < 0) return Errno("shm_open (read-only)", name);
+  return seg;
+}
+
+Result<ShmSegment> ShmSegment::CreateSealed(const std::string& label, size_t bytes, Sharing sharing, bool populate) {
+  if (bytes == 0) return InvalidArgument("shared-memory segment '" + label + "' of 0 bytes");
+  const int fd = memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Errno("memfd_create", label);
+  auto fail = [&](const char* what) {
+    Status st = Errno(what, label);
+    close(fd);
+    return st;
+  };
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail("ftruncate");
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
+  if (p == MAP_FAILED) return fail("mmap");
+  // After this process's writable mapping exists: F_SEAL_FUTURE_WRITE forbids
+  // only later ones (and write(2), and punching holes).
+  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (sharing == Sharing::kReadOnly) seals |= F_SEAL_FUTURE_WRITE;
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    Status st = Errno("sealing (F_ADD_SEALS)", label);
+    munmap(p, bytes);
+    close(fd);
+    return st;
+  }
+  ShmSegment seg;
+  seg.data_ = static_cast<std::byte*>(p);
+  seg.size_ = bytes;
+  seg.name_ = "memfd:" + label;
+  seg.share_fd_ = fd;
+  return seg;
+}
+
+Result<ShmSegment> ShmSegment::MapPassed(int fd, bool writable, size_t min_bytes, const std::string& label) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Errno("fstat", label);
+  if (!S_ISREG(st.st_mode)) return Corrupt("segment '" + label + "': the descriptor passed is not a memory file");
+  const int seals = fcntl(fd, F_GET_SEALS);
+  const bool cannot_shrink = seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
+  if (!cannot_shrink && (st.st_mode & 0022) != 0) {
+    return Corrupt("segment '" + label + "' could be truncated by others (neither sealed nor owner-only)");
+  }
+  if (st.st_size <= 0 || static_cast<size_t>(st.st_size) < min_bytes) {
+    return Corrupt("segment '" + label + "' holds " + std::to_string(st.st_size) + " bytes, fewer than the " +
+                   std::to_string(min_bytes) + " announced");
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return Errno(writable ? "mmap (read-write)" : "mmap", label);
+  ShmSegment seg;
+  seg.data_ = static_cast<std::byte*>(p);
+  seg.size_ = bytes;
+  seg.name_ = label;
   return seg;
 }
 

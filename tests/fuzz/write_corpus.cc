@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   f[0] ^= 0xff;
   ok &= Write(dir, "bad_magic", f);
   f = ping;
-  wire::StoreLE<uint16_t>(f.data() + 4, 2);
+  wire::StoreLE<uint16_t>(f.data() + 4, wire::kProtocolVersion + 1);
   ok &= Write(dir, "bad_version", f);
   f = ping;
   wire::StoreLE<uint16_t>(f.data() + 6, 999);

@@ -32,9 +32,10 @@ bool Write(const std::filesystem::path& dir, const std::string& name, const Byte
   return static_cast<bool>(out);
 }
 
-// The segment as a client maps it: a read-only mapping of the writer's segment.
+// The segment as a client maps it: a read-only mapping of the descriptor the
+// writer passes.
 Bytes Snapshot(const kvtier::tiering::BlockIndex& index) {
-  auto seg = kvtier::ShmSegment::Open(index.segment_name(), /*writable=*/false);
+  auto seg = kvtier::ShmSegment::MapPassed(index.share_fd(), /*writable=*/false, sizeof(kvtier::IndexHeader), "index");
   if (!seg.ok()) return {};
   const auto* p = reinterpret_cast<const uint8_t*>(seg->data());
   return Bytes(p, p + seg->size());
@@ -121,6 +122,22 @@ int main(int argc, char** argv) {
   b = small.bytes;
   Poke<uint32_t>(b, s0 + offsetof(kvtier::IndexSlot, record), 0x7fffffffu);
   ok &= Write(dir, "bad_record_huge", b);
+  // Every slot taken (what a client that could write the index once did to
+  // make lookups of absent keys spin): probes must end after one pass.
+  b = small.bytes;
+  {
+    const auto& h = *reinterpret_cast<const kvtier::IndexHeader*>(b.data());
+    for (uint32_t i = 0; i < h.table_slots; ++i) {
+      const size_t at = kvtier::kIndexHeaderBytes + size_t{i} * sizeof(kvtier::IndexSlot);
+      uint32_t rec;
+      std::memcpy(&rec, b.data() + at + offsetof(kvtier::IndexSlot, record), sizeof rec);
+      if (rec != kvtier::kNoRecord) continue;
+      Poke<uint32_t>(b, at + offsetof(kvtier::IndexSlot, record), i % 16);
+      Poke<uint64_t>(b, at + offsetof(kvtier::IndexSlot, key_lo), 0x5eed0000ull + i);
+      Poke<uint64_t>(b, at + offsetof(kvtier::IndexSlot, key_hi), 0xfull);
+    }
+  }
+  ok &= Write(dir, "bad_every_slot_taken", b);
   b = small.bytes;
   Poke<uint32_t>(b, s0 + offsetof(kvtier::IndexSlot, seq), 1);  // A writer that never finished.
   ok &= Write(dir, "bad_seq_odd", b);

@@ -235,27 +235,22 @@ TEST_F(SecurityTest, QuotaDemotesTheTenantsOwnBlocksThenRefuses) {
   EXPECT_NE(r.status().message().find("'q'"), std::string::npos) << r.status().message();
 }
 
-TEST_F(SecurityTest, SocketAndSegmentsGetTheConfiguredModeAndGroup) {
+// The socket gets the configured mode and group; the segments have no name
+// at all (sealed memfds, passed to each client it lets in).
+TEST_F(SecurityTest, TheSocketGetsTheConfiguredModeAndGroupAndNoSegmentIsNamed) {
   RequireRoot();  // chown to another group needs root (or membership).
   if (IsSkipped()) return;
   struct stat st {};
   ASSERT_EQ(::stat(daemon_.socket().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0660u);
   EXPECT_EQ(st.st_gid, kGroup);
-  int segments = 0;
+  auto c = Connect(daemon_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
   DIR* dir = ::opendir("/dev/shm");
   ASSERT_NE(dir, nullptr);
   const std::string prefix = daemon_.instance() + ".";
-  while (dirent* e = ::readdir(dir)) {
-    const std::string name = e->d_name;
-    if (name.rfind(prefix, 0) != 0 || (name.size() >= 5 && name.substr(name.size() - 5) == ".lock")) continue;
-    ASSERT_EQ(::stat(("/dev/shm/" + name).c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 07777, 0660u) << name;
-    EXPECT_EQ(st.st_gid, kGroup) << name;
-    ++segments;
-  }
+  while (dirent* e = ::readdir(dir)) EXPECT_NE(std::string(e->d_name).rfind(prefix, 0), 0u) << e->d_name;
   ::closedir(dir);
-  EXPECT_GE(segments, 4) << "gpu and host pools, index, fences";
 }
 
 TEST(SecurityModeTest, Mode0600KeepsEveryoneButTheOwnerOut) {
@@ -266,8 +261,6 @@ TEST(SecurityModeTest, Mode0600KeepsEveryoneButTheOwnerOut) {
   ASSERT_TRUE(started.ok()) << d.log();
   struct stat st {};
   ASSERT_EQ(::stat(d.socket().c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0600u);
-  ASSERT_EQ(::stat(("/dev/shm/" + d.instance() + ".it.gpu").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 

@@ -39,7 +39,7 @@ class IndexViewTest : public ::testing::Test {
     auto index = BlockIndex::Create("/" + testing::UniqueShmPrefix("index-view"), kBlockTokens, 32, kFingerprint);
     ASSERT_TRUE(index.ok()) << index.status().ToString();
     index_ = std::make_unique<BlockIndex>(std::move(index).value());
-    auto seg = ShmSegment::Open(index_->segment_name(), /*writable=*/false);
+    auto seg = ShmSegment::MapPassed(index_->share_fd(), /*writable=*/false, sizeof(IndexHeader), "index");
     ASSERT_TRUE(seg.ok()) << seg.status().ToString();
     mapping_ = std::move(seg).value();
     auto view = IndexView::Attach(mapping_.data(), mapping_.size());

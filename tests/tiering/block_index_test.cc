@@ -4,6 +4,7 @@
 #include "block_index.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -34,7 +35,7 @@ std::unique_ptr<Mapped> MakeIndex(uint32_t max_records) {
   auto index = BlockIndex::Create("/" + testing::UniqueShmPrefix("block-index"), kBlockTokens, max_records, 42);
   EXPECT_TRUE(index.ok()) << index.status().ToString();
   if (!index.ok()) return nullptr;
-  auto seg = ShmSegment::Open(index->segment_name(), false);
+  auto seg = ShmSegment::MapPassed(index->share_fd(), false, sizeof(IndexHeader), "index");
   EXPECT_TRUE(seg.ok()) << seg.status().ToString();
   if (!seg.ok()) return nullptr;
   auto view = IndexView::Attach(seg->data(), seg->size());
@@ -87,34 +88,55 @@ BlockKey KeyAtHome(uint32_t home, uint64_t salt) { return BlockKey{(salt << 32) 
 TEST(BlockIndexTest, CreateValidates) {
   EXPECT_EQ(BlockIndex::Create("/" + testing::UniqueShmPrefix("bi"), kBlockTokens, 0, 1).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(BlockIndex::Create("no-slash", kBlockTokens, 8, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockIndex::Create("", kBlockTokens, 8, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlockIndex::Create("/", kBlockTokens, 8, 1).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(BlockIndexTest, CreateReplacesAStaleSegment) {
+// The index is nameless: a segment of its label in /dev/shm (a crashed run's,
+// or one a squatter made) neither stands in the way nor is used.
+TEST(BlockIndexTest, ANamedSegmentOfItsLabelIsNeitherAnObstacleNorUsed) {
   const std::string name = "/" + testing::UniqueShmPrefix("bi-stale");
-  {
-    ShmSegment::CreateOptions o;
-    auto stale = ShmSegment::Create(name, 4096, o);
-    ASSERT_TRUE(stale.ok());
-    stale->Release();  // As if its daemon had crashed.
-  }
+  auto squat = ShmSegment::Create(name, 4096);
+  ASSERT_TRUE(squat.ok());
   auto index = BlockIndex::Create(name, kBlockTokens, 8, 1);
   ASSERT_TRUE(index.ok()) << index.status().ToString();
-  EXPECT_EQ(index->segment_name(), name);
-  auto seg = ShmSegment::Open(name, false);
+  EXPECT_EQ(index->segment_name(), "memfd:" + name.substr(1));
+  auto seg = ShmSegment::MapPassed(index->share_fd(), false, sizeof(IndexHeader), "index");
   ASSERT_TRUE(seg.ok());
   EXPECT_TRUE(IndexView::Attach(seg->data(), seg->size()).ok());
+  EXPECT_FALSE(IndexView::Attach(squat->data(), squat->size()).ok()) << "the squatted segment was left untouched";
 }
 
-TEST(BlockIndexTest, SegmentIsUnlinkedWithTheIndex) {
-  std::string name;
-  {
-    auto m = MakeIndex(8);
-    ASSERT_NE(m, nullptr);
-    name = m->index.segment_name();
-    EXPECT_TRUE(ShmSegment::Open(name, false).ok());
-  }
-  EXPECT_EQ(ShmSegment::Open(name, false).status().code(), StatusCode::kNotFound);
+TEST(BlockIndexTest, OthersMapItReadOnlyOnly) {
+  auto m = MakeIndex(8);
+  ASSERT_NE(m, nullptr);
+  EXPECT_FALSE(ShmSegment::MapPassed(m->index.share_fd(), /*writable=*/true, 1, "index").ok());
+  EXPECT_NE(::ftruncate(m->index.share_fd(), 0), 0);
+}
+
+// Probes end after one pass over the table, and an entry whose record lies
+// outside the rows is no entry: no table content makes a lookup loop or read
+// out of bounds (the attack that filled every slot of a client-writable index
+// made the daemon spin forever; one pointing at record 0x7ffffff0 crashed it).
+TEST(BlockIndexTest, AFullTableAndWildRecordIdsAreMissesNotHangsOrCrashes) {
+  auto m = MakeIndex(4);
+  ASSERT_NE(m, nullptr);
+  const uint32_t slots = m->header().table_slots;
+  for (uint32_t i = 0; i < slots; ++i) m->index.Insert(KeyAtHome(i, i + 1), i % 4, 1, Tier::kGpu);
+  ASSERT_EQ(m->index.size(), slots) << "every slot taken, as the engine never does";
+  EXPECT_EQ(m->index.Find(KeyAtHome(0, 999)), kNoRecord);
+  EXPECT_FALSE(m->index.Erase(KeyAtHome(1, 999)));
+  EXPECT_FALSE(m->index.SetLocation(KeyAtHome(2, 999), Tier::kHost, false));
+  EXPECT_EQ(m->index.Find(KeyAtHome(3, 4)), 3u % 4);
+  std::vector<TokenId> tokens(kBlockTokens, 1);
+  EXPECT_FALSE(m->view.Find(KeyAtHome(0, 999), BlockKey{}, 1, tokens, nullptr));
+
+  auto wild = MakeIndex(4);
+  ASSERT_NE(wild, nullptr);
+  wild->index.Insert(KeyAtHome(5, 1), 0x7ffffff0u, 1, Tier::kGpu);
+  EXPECT_EQ(wild->index.Find(KeyAtHome(5, 1)), kNoRecord);
+  uint32_t rec = 0;
+  EXPECT_EQ(wild->index.FindPrefix(std::vector<BlockKey>{KeyAtHome(5, 1)}, 1, std::span<uint32_t>(&rec, 1)), 0u);
 }
 
 TEST(BlockIndexTest, InsertFindEraseBasics) {

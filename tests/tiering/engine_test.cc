@@ -90,6 +90,7 @@ class ManualBackend final : public Backend {
 
   void SetCompletionNotifier(std::function<void()>) override {}
   std::string FenceSegmentName() const override { return ""; }
+  int FenceSegmentFd() const override { return -1; }
   CopyStats copy_stats(CopyDirection) const override { return {}; }
 
   // Lands every queued copy, promotions first.
@@ -203,7 +204,7 @@ class EngineTest : public ::testing::Test {
     auto e = Engine::Create(o, *backend_);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     engine_ = std::move(e).value();
-    auto seg = ShmSegment::Open(engine_->index_segment_name(), false);
+    auto seg = ShmSegment::MapPassed(engine_->index_fd(), false, sizeof(IndexHeader), "index");
     ASSERT_TRUE(seg.ok()) << seg.status().ToString();
     index_mapping_ = std::move(seg).value();
     auto view = IndexView::Attach(index_mapping_.data(), index_mapping_.size());
@@ -1652,24 +1653,22 @@ TEST_F(EngineTest, ClientsProbeTheSharedIndex) {
   EXPECT_EQ(LoadRelaxed(view_.header().entries), 0u);
 }
 
-TEST_F(EngineTest, SegmentsGoWithTheEngine) {
+TEST_F(EngineTest, SegmentsAreNamelessAndTheIndexIsReadOnlyToOthers) {
   Start(Options(8, 8));
   Put("a", MakeChain(1, 2));
-  const std::string index = engine_->index_segment_name();
-  const std::string gpu = engine_->pool(Tier::kGpu).Export().shm_name;
-  const std::string host = engine_->pool(Tier::kHost).Export().shm_name;
-  EXPECT_TRUE(ShmSegment::Open(gpu, false).ok());
-  EXPECT_TRUE(ShmSegment::Open(host, false).ok());
+  EXPECT_EQ(engine_->index_segment_name().rfind("memfd:", 0), 0u) << engine_->index_segment_name();
+  EXPECT_FALSE(ShmSegment::MapPassed(engine_->index_fd(), /*writable=*/true, 1, "index").ok())
+      << "clients cannot write the index the daemon trusts";
+  EXPECT_GE(engine_->pool(Tier::kGpu).Export().fd, 0);
+  EXPECT_GE(engine_->pool(Tier::kHost).Export().fd, 0);
   EXPECT_EQ(engine_->options().gpu_slots, 8u);
   EXPECT_EQ(engine_->profile().Fingerprint(), TestProfile().Fingerprint());
   EXPECT_EQ(engine_->pool(Tier::kGpu).slots(), 8u);
   EXPECT_EQ(engine_->pool(Tier::kHost).slot_bytes(), TestProfile().BlockBytes());
   ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);  // Still in flight, maybe, when the engine goes.
   engine_.reset();
-  index_mapping_ = ShmSegment();
-  for (const std::string& name : {index, gpu, host}) {
-    EXPECT_EQ(ShmSegment::Open(name, false).status().code(), StatusCode::kNotFound) << name;
-  }
+  // The mapping a client made outlives the engine safely.
+  EXPECT_EQ(LoadRelaxed(view_.header().magic), kIndexMagic);
 }
 
 // --- Errors --------------------------------------------------------------------------
@@ -1786,7 +1785,6 @@ TEST_F(EngineTest, CreateRejectsBadOptions) {
       {"max_copy_batch", [](EngineOptions& o) { o.max_copy_batch = 0; }},
       {"max_sessions", [](EngineOptions& o) { o.max_sessions = 0; }},
       {"index_segment", [](EngineOptions& o) { o.index_segment.clear(); }},
-      {"index_segment name", [](EngineOptions& o) { o.index_segment = "no-leading-slash"; }},
   };
   for (const Case& c : cases) {
     EngineOptions o = Options(8, 8);
@@ -1795,10 +1793,6 @@ TEST_F(EngineTest, CreateRejectsBadOptions) {
     EXPECT_FALSE(e.ok()) << c.what;
     if (!e.ok()) {
       EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << c.what << ": " << e.status().ToString();
-    }
-    if (!o.index_segment.empty() && o.index_segment[0] == '/') {
-      EXPECT_EQ(ShmSegment::Open(o.index_segment, false).status().code(), StatusCode::kNotFound)
-          << c.what << ": a refused engine leaves no index segment";
     }
   }
   // And the defaults, with the required names, are fine.

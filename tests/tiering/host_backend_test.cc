@@ -1,12 +1,17 @@
 // HostBackend: shared-memory pools, the copy thread and its fences.
 #include "kvtier/tiering/host_backend.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -76,7 +81,8 @@ TEST_F(HostBackendTest, DescribesItself) {
   EXPECT_STREQ(BackendKindName(BackendKind::kHost), "host");
   EXPECT_STREQ(BackendKindName(BackendKind::kCuda), "cuda");
   EXPECT_NE(backend_->Describe().find(prefix_), std::string::npos) << backend_->Describe();
-  EXPECT_EQ(backend_->FenceSegmentName(), "/" + prefix_ + ".fences");
+  EXPECT_EQ(backend_->FenceSegmentName(), "memfd:" + prefix_ + ".fences");
+  EXPECT_GE(backend_->FenceSegmentFd(), 0);
 }
 
 TEST_F(HostBackendTest, PoolsAreSharedSegmentsOthersCanMap) {
@@ -91,18 +97,60 @@ TEST_F(HostBackendTest, PoolsAreSharedSegmentsOthersCanMap) {
   EXPECT_EQ(h.tier, Tier::kGpu);
   EXPECT_EQ(h.slot_bytes, 100u);
   EXPECT_EQ(h.slots, 5u);
-  EXPECT_EQ(h.shm_name, "/" + prefix_ + ".gpu");
+  EXPECT_EQ(h.shm_name, "memfd:" + prefix_ + ".gpu");
   EXPECT_TRUE(h.ipc_handle.empty());
+  EXPECT_TRUE(h.clients_write);
+  ASSERT_GE(h.fd, 0);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + prefix_ + ".gpu")) << "nothing in /dev/shm to open or squat";
 
-  auto other = ShmSegment::Open(h.shm_name, /*writable=*/false);
+  // Another process maps it from the descriptor, writable (the GPU tier is
+  // what workers write), and cannot resize it.
+  auto other = ShmSegment::MapPassed(h.fd, /*writable=*/true, 500, "gpu");
   ASSERT_TRUE(other.ok()) << other.status().ToString();
   ASSERT_EQ(other->size(), 500u);
   std::memset(gpu->slot_data(2), 0xab, 100);
   EXPECT_EQ(other->data()[250], std::byte{0xab});
   EXPECT_EQ(other->data()[199], std::byte{0});
+  other->data()[0] = std::byte{1};
+  EXPECT_EQ(gpu->slot_data(0)[0], std::byte{1});
+  EXPECT_NE(::ftruncate(h.fd, 0), 0);
+  EXPECT_NE(::ftruncate(h.fd, 1000), 0);
+  EXPECT_EQ(ShmSegment::MapPassed(h.fd, false, 501, "gpu").status().code(), StatusCode::kCorrupt)
+      << "shorter than announced";
+}
 
-  gpu.reset();
-  EXPECT_EQ(ShmSegment::Open(h.shm_name, false).status().code(), StatusCode::kNotFound) << "unlinked with the pool";
+// The host tier and the fences are the daemon's to write: a descriptor of
+// them maps read-only and nothing upgrades it (mmap, mprotect, write, resizing,
+// punching holes).
+TEST_F(HostBackendTest, HostPoolAndFencesAreSealedReadOnlyForOthers) {
+  auto host = MakePool(Tier::kHost, 4096, 4, "host");
+  ASSERT_NE(host, nullptr);
+  const PoolHandle h = host->Export();
+  EXPECT_FALSE(h.clients_write);
+  for (const int fd : {h.fd, backend_->FenceSegmentFd()}) {
+    ASSERT_GE(fd, 0);
+    struct stat st {};
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    const size_t bytes = static_cast<size_t>(st.st_size);
+    EXPECT_EQ(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+    EXPECT_EQ(errno, EPERM);
+    void* ro = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    ASSERT_NE(ro, MAP_FAILED);
+    EXPECT_NE(::mprotect(ro, bytes, PROT_READ | PROT_WRITE), 0) << "a read-only mapping cannot be upgraded";
+    ::munmap(ro, bytes);
+    const char byte = 1;
+    EXPECT_LT(::pwrite(fd, &byte, 1, 0), 0);
+    EXPECT_NE(::ftruncate(fd, 0), 0);
+    EXPECT_NE(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0);
+    EXPECT_NE(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0) << "sealed against further seals";
+    EXPECT_FALSE(ShmSegment::MapPassed(fd, /*writable=*/true, 1, "x").ok());
+    EXPECT_TRUE(ShmSegment::MapPassed(fd, /*writable=*/false, 1, "x").ok());
+  }
+  // The daemon's own mapping still writes them.
+  std::memset(host->slot_data(1), 0x5a, 4096);
+  auto view = ShmSegment::MapPassed(h.fd, false, 4 * 4096, "host");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->data()[4096], std::byte{0x5a});
 }
 
 TEST_F(HostBackendTest, CreatePoolRejectsEmptyPools) {
@@ -110,16 +158,20 @@ TEST_F(HostBackendTest, CreatePoolRejectsEmptyPools) {
   EXPECT_EQ(backend_->CreatePool(PoolSpec{Tier::kGpu, 64, 0, "b"}).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(HostBackendTest, SegmentsAreRemovedWithTheBackend) {
-  const std::string fences = backend_->FenceSegmentName();
+TEST_F(HostBackendTest, SegmentsAreNamelessAndEndWithTheirLastDescriptor) {
   auto pool = MakePool(Tier::kHost, 64, 2, "host");
   ASSERT_NE(pool, nullptr);
-  const std::string pool_name = pool->Export().shm_name;
-  EXPECT_TRUE(ShmSegment::Open(fences, false).ok());
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + prefix_ + ".host"));
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + prefix_ + ".fences"));
+  const int kept = ::dup(backend_->FenceSegmentFd());
+  ASSERT_GE(kept, 0);
   pool.reset();
   backend_.reset();
-  EXPECT_EQ(ShmSegment::Open(fences, false).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(ShmSegment::Open(pool_name, false).status().code(), StatusCode::kNotFound);
+  // A client's mapping (here its descriptor) keeps the memory until it lets go.
+  auto still = ShmSegment::MapPassed(kept, false, sizeof(FenceSegment), "fences");
+  ASSERT_TRUE(still.ok()) << still.status().ToString();
+  EXPECT_EQ(reinterpret_cast<const FenceSegment*>(still->data())->magic, kFenceMagic);
+  ::close(kept);
 }
 
 TEST_F(HostBackendTest, SubmitValidatesItsArguments) {
@@ -262,7 +314,7 @@ TEST_F(HostBackendTest, FencesCompleteInSubmissionOrder) {
   for (const Fence& f : fences) EXPECT_TRUE(backend_->IsComplete(f));
 
   // The fence segment tells clients the same.
-  auto seg = ShmSegment::Open(backend_->FenceSegmentName(), false);
+  auto seg = ShmSegment::MapPassed(backend_->FenceSegmentFd(), false, sizeof(FenceSegment), "fences");
   ASSERT_TRUE(seg.ok());
   const auto* fs = reinterpret_cast<const FenceSegment*>(seg->data());
   EXPECT_EQ(fs->magic, kFenceMagic);
@@ -424,29 +476,22 @@ TEST_F(HostBackendTest, DestructionDrainsQueuedCopies) {
   }
 }
 
-TEST(HostBackendCreateTest, TwoBackendsNeedTwoPrefixesAndStaleSegmentsAreReplaced) {
+// Nothing named is created, so two backends never collide and nothing left in
+// /dev/shm (a crashed run's, or a squatter's) stands in the way.
+TEST(HostBackendCreateTest, NamesInDevShmDoNotStandInTheWay) {
   const std::string prefix = testing::UniqueShmPrefix("host-backend-create");
-  HostBackendOptions o;
-  o.name_prefix = prefix;
-  o.replace_stale = false;
-  auto first = CreateHostBackend(o);
-  ASSERT_TRUE(first.ok());
-  auto second = CreateHostBackend(o);
-  EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists);
-  // A crashed instance left its fence segment behind: replace_stale takes it over.
   {
-    ShmSegment::CreateOptions so;
-    auto stale = ShmSegment::Create("/" + prefix + ".stale.fences", 64, so);
-    ASSERT_TRUE(stale.ok());
-    stale->Release();
+    auto squat = ShmSegment::Create("/" + prefix + ".fences", 64);
+    ASSERT_TRUE(squat.ok());
+    HostBackendOptions o;
+    o.name_prefix = prefix;
+    auto first = CreateHostBackend(o);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    auto second = CreateHostBackend(o);
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    EXPECT_NE((*first)->FenceSegmentFd(), (*second)->FenceSegmentFd());
   }
-  HostBackendOptions o2;
-  o2.name_prefix = prefix + ".stale";
-  o2.replace_stale = true;
-  auto third = CreateHostBackend(o2);
-  ASSERT_TRUE(third.ok()) << third.status().ToString();
-  third->reset();
-  EXPECT_EQ(ShmSegment::Open("/" + prefix + ".stale.fences", false).status().code(), StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + prefix + ".fences"));
 }
 
 // No GPU writes on the host backend: no fence events to export, and a commit's

@@ -2,6 +2,7 @@
 // engine's adoption rules, on the real host backend with its persistent pool.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <memory>
@@ -207,7 +208,14 @@ TEST(PersistentPoolTest, AdoptsASegmentOfTheSameSizeAndReplacesAnother) {
   }
   spec.persistent = false;
   { ASSERT_TRUE((*backend)->CreatePool(spec).ok()); }
-  EXPECT_FALSE(ShmSegment::Open(name, false).ok()) << "a pool that is not persistent is unlinked";
+  // A pool that is not persistent is nameless: the named one is not touched.
+  auto named = ShmSegment::Open(name, false);
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->size(), 16u * 4096);
+  struct stat st {};
+  ASSERT_EQ(::fstat(named->share_fd(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "a persistent pool is its owner's alone";
+  ::shm_unlink(name.c_str());
 }
 
 // --- Adoption --------------------------------------------------------------------

@@ -29,7 +29,7 @@ std::vector<Message> SampleMessages() {
   out.push_back(Hello{1, 3, "model_worker/0", 31337, "tenant-a", "llama-8b"});
 
   Welcome w;
-  w.version = 1;
+  w.version = 2;
   w.instance_id = 0xfedcba9876543210ULL;
   w.client_id = 7;
   w.profile = ModelProfile{"llama-8b", 32, 8, 128, DType::kBF16, 16};

@@ -107,6 +107,7 @@ class PinnedHostPool final : public Pool {
     h.slot_bytes = slot_bytes();
     h.slots = slots();
     h.shm_name = segment_.name();
+    h.fd = segment_.share_fd();
     return h;
   }
 
@@ -187,11 +188,8 @@ class CudaBackendImpl final : public CudaBackend {
     cudaGetLastError();  // A failed lookup is not an error of later calls.
 #endif
 
-    ShmSegment::CreateOptions o;
-    o.replace_existing = options_.replace_stale;
-    o.mode = static_cast<mode_t>(options_.segment_mode);
-    o.group = static_cast<gid_t>(options_.segment_group);
-    auto fences = ShmSegment::Create(shm_names::Fences(options_.name_prefix), sizeof(FenceSegment), o);
+    auto fences = ShmSegment::CreateSealed(shm_names::Fences(options_.name_prefix).substr(1), sizeof(FenceSegment),
+                                           ShmSegment::Sharing::kReadOnly, /*populate=*/true);
     if (!fences.ok()) return fences.status();
     board_.emplace(std::move(fences).value());
     return Status::Ok();
@@ -208,7 +206,7 @@ class CudaBackendImpl final : public CudaBackend {
                 ? " for every block size (no device access to host addresses)"
                 : " for blocks >= " + std::to_string(planner_.memcpy_min_block_bytes >> 10) +
                       " KiB, gather kernel below") +
-           ", segments /" + options_.name_prefix + ".*)";
+           ", sealed segments " + options_.name_prefix + ".*)";
   }
 
   Result<std::unique_ptr<Pool>> CreatePool(const PoolSpec& spec) override {
@@ -233,12 +231,9 @@ class CudaBackendImpl final : public CudaBackend {
       std::memcpy(handle.raw.data(), &raw, sizeof(raw));
       return std::unique_ptr<Pool>(new GpuPool(spec, options_.device, static_cast<std::byte*>(base), handle));
     }
-    ShmSegment::CreateOptions o;
-    o.populate = options_.populate;
-    o.replace_existing = options_.replace_stale;
-    o.mode = static_cast<mode_t>(options_.segment_mode);
-    o.group = static_cast<gid_t>(options_.segment_group);
-    auto seg = ShmSegment::Create(shm_names::Segment(options_.name_prefix, spec.name), bytes, o);
+    // Clients only read the host tier.
+    auto seg = ShmSegment::CreateSealed(shm_names::Segment(options_.name_prefix, spec.name).substr(1), bytes,
+                                        ShmSegment::Sharing::kReadOnly, options_.populate);
     if (!seg.ok()) return seg.status();
     auto pool = std::make_unique<PinnedHostPool>(spec, std::move(seg).value());
     KVTIER_RETURN_IF_ERROR(pool->Pin(options_.pin_chunk_bytes, options_, spec.name));
@@ -297,6 +292,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
   void SetCompletionNotifier(std::function<void()> notify) override { board_->SetNotifier(std::move(notify)); }
   std::string FenceSegmentName() const override { return board_->name(); }
+  int FenceSegmentFd() const override { return board_->share_fd(); }
   CopyStats copy_stats(CopyDirection dir) const override { return board_->stats(dir); }
 
   std::vector<wire::IpcEventHandle> PromotionFenceEvents() const override {

@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fence_board.h"
@@ -22,23 +23,49 @@
 namespace kvtier::tiering {
 namespace {
 
-// Gives the existing segment `name` `group` (unless -1) and `mode`.
-Status RestrictSegment(const std::string& name, mode_t mode, gid_t group) {
-  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-  bool ok = fd >= 0;
-  if (ok && group != static_cast<gid_t>(-1)) ok = ::fchown(fd, static_cast<uid_t>(-1), group) == 0;
-  if (ok) ok = ::fchmod(fd, mode) == 0;
-  const int err = errno;
-  if (fd >= 0) ::close(fd);
-  if (!ok) return Status(StatusCode::kPermissionDenied, "segment '" + name + "': cannot set its mode or group: " +
-                                                             std::strerror(err));
-  return Status::Ok();
+// The named segment of a persistent pool: the one an earlier run left, if this
+// uid owns it and it has `bytes` (adopted = true), else a new one, owner-only.
+// kPermissionDenied when the name is held by another uid (squatted): nothing
+// of it is used.
+Result<std::pair<ShmSegment, bool>> OpenPersistent(const std::string& name, size_t bytes, bool populate) {
+  auto old = ShmSegment::Open(name, /*writable=*/true, populate);
+  if (!old.ok() && old.status().code() == StatusCode::kPermissionDenied) return old.status();
+  if (old.ok()) {
+    if (old->file_owner() != ::geteuid()) {
+      return Status(StatusCode::kPermissionDenied, "segment '" + name + "' belongs to uid " +
+                                                       std::to_string(old->file_owner()) + ", not to this uid (" +
+                                                       std::to_string(::geteuid()) + ")");
+    }
+    if (old->size() == bytes) {
+      // It keeps its blocks, and is made owner-only: clients map it through
+      // the read-only descriptor kvtierd passes them.
+      if (::fchmod(old->share_fd(), 0600) != 0) {
+        return Status(StatusCode::kPermissionDenied, "segment '" + name + "': fchmod: " + std::strerror(errno));
+      }
+      return std::make_pair(std::move(old).value(), true);
+    }
+  }
+  ShmSegment::CreateOptions o;
+  o.populate = populate;
+  o.replace_existing = old.ok();  // Ours, of another size: stale.
+  o.mode = 0600;
+  auto seg = ShmSegment::Create(name, bytes, o);
+  if (!seg.ok()) {
+    if (seg.status().code() == StatusCode::kAlreadyExists) {
+      return Status(StatusCode::kPermissionDenied, seg.status().message() + " (held by another uid)");
+    }
+    return seg.status();
+  }
+  seg->Release();  // Never unlinked by this process.
+  return std::make_pair(std::move(seg).value(), false);
 }
 
 class HostPool final : public Pool {
  public:
-  HostPool(const PoolSpec& spec, ShmSegment segment, bool adopted)
-      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data(), adopted), segment_(std::move(segment)) {}
+  HostPool(const PoolSpec& spec, ShmSegment segment, bool adopted, std::string persistence_lost = "")
+      : Pool(spec.tier, spec.slot_bytes, spec.slots, segment.data(), adopted), segment_(std::move(segment)) {
+    persistence_lost_ = std::move(persistence_lost);
+  }
 
   PoolHandle Export() const override {
     PoolHandle h;
@@ -47,6 +74,8 @@ class HostPool final : public Pool {
     h.slot_bytes = slot_bytes();
     h.slots = slots();
     h.shm_name = segment_.name();
+    h.fd = segment_.share_fd();
+    h.clients_write = tier() == Tier::kGpu;
     return h;
   }
 
@@ -80,7 +109,7 @@ class HostBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kHost; }
   std::string Describe() const override {
-    return "host (shared-memory pools, copy thread, segments /" + options_.name_prefix + ".*)";
+    return "host (sealed shared-memory pools, copy thread, segments " + options_.name_prefix + ".*)";
   }
 
   Result<std::unique_ptr<Pool>> CreatePool(const PoolSpec& spec) override {
@@ -89,27 +118,17 @@ class HostBackend final : public Backend {
     }
     const std::string name = shm_names::Segment(options_.name_prefix, spec.name);
     const size_t bytes = spec.slot_bytes * spec.slots;
-    ShmSegment::CreateOptions o;
-    o.populate = options_.populate;
-    o.replace_existing = options_.replace_stale;
-    o.mode = options_.segment_mode;
-    o.group = options_.segment_group;
+    std::string lost;
     if (spec.persistent) {
-      // Adopt a segment an earlier run left, if it has this pool's size; any
-      // other is stale and replaced below.
-      auto old = ShmSegment::Open(name, true, options_.populate);
-      if (old.ok() && old->size() == bytes) {
-        // It keeps its blocks, and takes this run's mode and group.
-        const Status access = RestrictSegment(name, o.mode, o.group);
-        if (!access.ok()) return access;
-        return std::unique_ptr<Pool>(new HostPool(spec, std::move(old).value(), true));
-      }
-      if (old.ok()) o.replace_existing = true;
+      auto named = OpenPersistent(name, bytes, options_.populate);
+      if (named.ok()) return std::unique_ptr<Pool>(new HostPool(spec, std::move(named->first), named->second));
+      lost = named.status().message();
     }
-    auto seg = ShmSegment::Create(name, bytes, o);
+    // Clients write the GPU tier (their write leases) and only read the host tier.
+    const auto sharing = spec.tier == Tier::kGpu ? ShmSegment::Sharing::kReadWrite : ShmSegment::Sharing::kReadOnly;
+    auto seg = ShmSegment::CreateSealed(name.substr(1), bytes, sharing, options_.populate);
     if (!seg.ok()) return seg.status();
-    if (spec.persistent) seg->Release();  // Never unlinked by this process.
-    return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value(), false));
+    return std::unique_ptr<Pool>(new HostPool(spec, std::move(seg).value(), false, std::move(lost)));
   }
 
   Result<Fence> SubmitCopies(CopyDirection dir, const Pool& src, const Pool& dst,
@@ -139,6 +158,7 @@ class HostBackend final : public Backend {
   }
   void SetCompletionNotifier(std::function<void()> notify) override { board_.SetNotifier(std::move(notify)); }
   std::string FenceSegmentName() const override { return board_.name(); }
+  int FenceSegmentFd() const override { return board_.share_fd(); }
   CopyStats copy_stats(CopyDirection dir) const override { return board_.stats(dir); }
 
  private:
@@ -183,11 +203,8 @@ class HostBackend final : public Backend {
 const char* BackendKindName(BackendKind kind) { return kind == BackendKind::kCuda ? "cuda" : "host"; }
 
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options) {
-  ShmSegment::CreateOptions o;
-  o.replace_existing = options.replace_stale;
-  o.mode = options.segment_mode;
-  o.group = options.segment_group;
-  auto fences = ShmSegment::Create(shm_names::Fences(options.name_prefix), sizeof(FenceSegment), o);
+  auto fences = ShmSegment::CreateSealed(shm_names::Fences(options.name_prefix).substr(1), sizeof(FenceSegment),
+                                         ShmSegment::Sharing::kReadOnly, /*populate=*/true);
   if (!fences.ok()) return fences.status();
   return std::unique_ptr<Backend>(new HostBackend(options, std::move(fences).value()));
 }

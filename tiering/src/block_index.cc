@@ -3,20 +3,19 @@
 
 #include <sys/mman.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
 namespace kvtier::tiering {
 
-Result<BlockIndex> BlockIndex::Create(const std::string& name, uint32_t block_tokens, uint32_t max_records,
-                                      uint64_t profile_fingerprint, mode_t mode, gid_t group) {
+Result<BlockIndex> BlockIndex::Create(const std::string& label, uint32_t block_tokens, uint32_t max_records,
+                                      uint64_t profile_fingerprint) {
   if (max_records == 0 || max_records > (1u << 30)) return InvalidArgument("index capacity must be in [1, 2^30]");
+  const std::string bare = !label.empty() && label[0] == '/' ? label.substr(1) : label;
+  if (bare.empty()) return InvalidArgument("the index segment needs a label");
   const IndexGeometry g = IndexGeometry::For(block_tokens, max_records);
-  ShmSegment::CreateOptions o;
-  o.replace_existing = true;
-  o.mode = mode;
-  o.group = group;
-  auto seg = ShmSegment::Create(name, g.segment_bytes(), o);
+  auto seg = ShmSegment::CreateSealed(bare, g.segment_bytes(), ShmSegment::Sharing::kReadOnly, /*populate=*/false);
   if (!seg.ok()) return seg.status();
   BlockIndex index;
   index.segment_ = std::move(seg).value();
@@ -49,14 +48,17 @@ Result<BlockIndex> BlockIndex::Create(const std::string& name, uint32_t block_to
   return index;
 }
 
+// Probes are bounded by the table's size, and an entry whose record lies
+// outside the rows is no entry: nothing this process reads from the segment can
+// make it loop or index out of bounds (only it writes the segment, and still).
 uint32_t BlockIndex::FindPos(const BlockKey& key) const {
   uint32_t pos = HomeSlot(key, geometry_.table_slots);
-  for (;;) {
+  for (uint32_t probes = 0; probes < geometry_.table_slots; ++probes, pos = (pos + 1) & mask_) {
     const IndexSlot& s = table_[pos];
     if (s.record == kNoRecord) return kNoRecord;
-    if (s.key_lo == key.lo && s.key_hi == key.hi) return pos;
-    pos = (pos + 1) & mask_;
+    if (s.key_lo == key.lo && s.key_hi == key.hi) return s.record < geometry_.max_records ? pos : kNoRecord;
   }
+  return kNoRecord;
 }
 
 uint32_t BlockIndex::Find(const BlockKey& key) const {
@@ -104,7 +106,11 @@ void BlockIndex::EndWrite(IndexSlot& s) {
 
 void BlockIndex::Insert(const BlockKey& key, uint32_t record, uint32_t ns_tag, Tier tier) {
   uint32_t pos = HomeSlot(key, geometry_.table_slots);
-  while (table_[pos].record != kNoRecord) pos = (pos + 1) & mask_;
+  // The table is at most half full (the engine holds at most max_records), so
+  // an empty slot is always found: the bound only keeps a broken table finite.
+  for (uint32_t probes = 0; table_[pos].record != kNoRecord; ++probes, pos = (pos + 1) & mask_) {
+    if (probes == geometry_.table_slots) std::abort();
+  }
   IndexSlot& s = table_[pos];
   BeginWrite(s);
   StoreRelaxed(s.key_lo, key.lo);
@@ -136,7 +142,7 @@ bool BlockIndex::Erase(const BlockKey& key) {
   if (hole == kNoRecord) return false;
   // Backward-shift deletion: pull later members of the probe run into the hole.
   uint32_t pos = (hole + 1) & mask_;
-  while (table_[pos].record != kNoRecord) {
+  for (uint32_t probes = 0; probes < geometry_.table_slots && table_[pos].record != kNoRecord; ++probes) {
     const uint32_t home = HomeSlot(BlockKey{table_[pos].key_lo, table_[pos].key_hi}, geometry_.table_slots);
     // The entry at `pos` may move to `hole` iff its home is not in (hole, pos] cyclically.
     const bool movable = hole <= pos ? (home <= hole || home > pos) : (home <= hole && home > pos);

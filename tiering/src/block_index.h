@@ -18,16 +18,17 @@ namespace kvtier::tiering {
 
 class BlockIndex {
  public:
-  // Creates the segment `name` for up to `max_records` records of `block_tokens`.
-  // `mode` and `group` as in ShmSegment::CreateOptions.
-  static Result<BlockIndex> Create(const std::string& name, uint32_t block_tokens, uint32_t max_records,
-                                   uint64_t profile_fingerprint, mode_t mode = 0600,
-                                   gid_t group = static_cast<gid_t>(-1));
+  // Creates a sealed segment labelled `label` (a leading '/' is dropped) for up
+  // to `max_records` records of `block_tokens`. Clients map it read-only from
+  // share_fd(); only this object writes it.
+  static Result<BlockIndex> Create(const std::string& label, uint32_t block_tokens, uint32_t max_records,
+                                   uint64_t profile_fingerprint);
 
   BlockIndex(BlockIndex&&) noexcept = default;
   BlockIndex& operator=(BlockIndex&&) noexcept = default;
 
   const std::string& segment_name() const { return segment_.name(); }
+  int share_fd() const { return segment_.share_fd(); }
   uint32_t size() const { return size_; }
   uint32_t block_tokens() const { return geometry_.block_tokens; }
 

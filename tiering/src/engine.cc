@@ -121,11 +121,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   if (uint64_t{o.gpu_slots} + o.host_slots > (1u << 30)) return InvalidArgument("more than 2^30 slots in all");
   KVTIER_RETURN_IF_ERROR(CheckTunables(o));
   if (o.max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
-  if (o.index_segment.empty()) return InvalidArgument("index_segment must name a shared-memory segment");
+  if (o.index_segment.empty()) return InvalidArgument("index_segment must label the index segment");
 
   const uint32_t max_records = o.gpu_slots + o.host_slots;
-  auto index = BlockIndex::Create(o.index_segment, o.profile.block_tokens, max_records, o.profile.Fingerprint(),
-                                  static_cast<mode_t>(o.segment_mode), static_cast<gid_t>(o.segment_group));
+  auto index = BlockIndex::Create(o.index_segment, o.profile.block_tokens, max_records, o.profile.Fingerprint());
   if (!index.ok()) return index.status();
   auto impl = std::make_unique<Impl>(o, backend, std::move(index).value(), policy ? std::move(policy) : MakeLruPolicy());
   KVTIER_RETURN_IF_ERROR(impl->tenants.SetQuotas(o.quotas));
@@ -144,6 +143,7 @@ const ModelProfile& Engine::profile() const { return impl_->opt.profile; }
 const EngineOptions& Engine::options() const { return impl_->opt; }
 Pool& Engine::pool(Tier tier) const { return *impl_->pools[tier]; }
 const std::string& Engine::index_segment_name() const { return impl_->blocks.index().segment_name(); }
+int Engine::index_fd() const { return impl_->blocks.index().share_fd(); }
 
 // --- Write path -----------------------------------------------------------------------------
 

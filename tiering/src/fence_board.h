@@ -1,7 +1,9 @@
 // FenceBoard: the completion side every backend shares. A fence is (stream,
-// sequence); the board publishes each stream's submitted and completed sequence
-// in the shared fence segment that clients map read-only, wakes local waiters,
-// keeps the copy statistics, and calls the completion notifier outside its lock.
+// sequence); the board keeps each stream's completed sequence in its own memory
+// and publishes it, with the submitted one, in the shared fence segment clients
+// map read-only (the daemon never reads that segment back), wakes local
+// waiters, keeps the copy statistics, and calls the completion notifier
+// outside its lock.
 #pragma once
 
 #include <atomic>
@@ -29,6 +31,7 @@ class FenceBoard {
   }
 
   const std::string& name() const { return segment_.name(); }
+  int share_fd() const { return segment_.share_fd(); }
 
   // Batch `seq` of `stream` was submitted (callers number batches in order).
   void Submitted(int stream, uint64_t seq) {
@@ -45,6 +48,7 @@ class FenceBoard {
       st.blocks += blocks;
       st.bytes += bytes;
       st.busy_seconds += busy_seconds;
+      completed_[stream].store(seq, std::memory_order_release);
       std::atomic_ref<uint64_t>(state_->completed[stream]).store(seq, std::memory_order_release);
     }
     done_cv_.notify_all();
@@ -56,8 +60,7 @@ class FenceBoard {
 
   bool IsComplete(const Fence& fence) const {
     if (fence.IsNull()) return true;
-    return std::atomic_ref<uint64_t>(state_->completed[static_cast<int>(fence.stream)])
-               .load(std::memory_order_acquire) >= fence.seq;
+    return completed_[static_cast<int>(fence.stream)].load(std::memory_order_acquire) >= fence.seq;
   }
 
   Status Wait(const Fence& fence, std::chrono::milliseconds timeout) const {
@@ -81,7 +84,8 @@ class FenceBoard {
 
  private:
   ShmSegment segment_;
-  FenceSegment* state_ = nullptr;
+  FenceSegment* state_ = nullptr;             // Published for clients; written only.
+  std::atomic<uint64_t> completed_[kCopyStreams] = {};  // What the daemon believes.
   mutable std::mutex mu_;
   mutable std::condition_variable done_cv_;
   CopyStats stats_[kCopyStreams];  // GUARDED_BY(mu_)

@@ -251,8 +251,11 @@ Status WriteWarmSegment(const std::string& name, std::span<const std::byte> byte
     return InvalidArgument("warm manifest name '" + name + "' must be '/' followed by non-'/' characters");
   }
   const std::string tmp = shm_names::Staging(name);
-  const int fd = shm_open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-  if (fd < 0) return Errno("shm_open", tmp);
+  // A fresh file of our own: one left by a dead writer goes first, and one that
+  // cannot go (another uid's, in the sticky /dev/shm) is never written into.
+  shm_unlink(tmp.c_str());
+  const int fd = shm_open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return Errno("shm_open (exclusive)", tmp);
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -284,6 +287,14 @@ Result<std::vector<std::byte>> ReadWarmSegment(const std::string& name) {
     Status s = Errno("fstat", name);
     ::close(fd);
     return s;
+  }
+  // Only a manifest this uid wrote is believed: anyone may create names in
+  // /dev/shm, and a forged one would describe blocks that are not there.
+  if (st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return Status(StatusCode::kPermissionDenied, "warm manifest '" + name + "' belongs to uid " +
+                                                     std::to_string(st.st_uid) + ", not to this uid (" +
+                                                     std::to_string(::geteuid()) + "): not trusted");
   }
   std::vector<std::byte> out(static_cast<size_t>(st.st_size));
   size_t done = 0;

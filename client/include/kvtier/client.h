@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,6 +54,13 @@ struct ClientOptions {
   // this long before sleeping (kvtierd is still awake then: its busy_poll_us);
   // zero: always sleep. Costs at most this much CPU per such request.
   std::chrono::microseconds reply_spin{50};
+  // The uid kvtierd must run as; the process on the other end of the socket is
+  // checked (SO_PEERCRED) at every connect and refused (kPermissionDenied) if
+  // it runs as anyone else (root excepted). Unset: $KVTIER_SERVER_UID if set,
+  // else the socket file's owner, trusted only in a directory nobody else may
+  // write (a socket in /tmp could be anyone's: set this, or use a directory
+  // kvtierd's user owns, such as /run/kvtier).
+  std::optional<uint32_t> server_uid;
 };
 
 class Client;

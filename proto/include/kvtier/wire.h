@@ -33,6 +33,14 @@
 // peer must fail rather than ignore it. Extension fields are u64s (ExtensionU64)
 // or byte strings (ExtensionBytes: a u32 length and at least one byte); a
 // message has at most one, so "absent" can only mean "the last field is absent".
+//
+// Version 2 (version 1 named shared-memory segments in /dev/shm, where any
+// member of the group could open, write and truncate them): the Welcome frame
+// arrives with file descriptors (SCM_RIGHTS, on its first byte), one per
+// segment, in this order: each pool of Welcome.pools that has no IPC handle,
+// in tier order, then the index, then the fence segment. The names in the
+// Welcome are labels for messages. Every descriptor but the host backend's
+// GPU pool is sealed read-only; none can be resized.
 #pragma once
 
 #include <array>
@@ -57,7 +65,7 @@
 namespace kvtier::wire {
 
 inline constexpr uint32_t kMagic = 0x3154564B;  // "KVT1"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayload = uint32_t{16} << 20;  // 16 MiB.
 inline constexpr size_t kMaxIpcHandle = 256;                 // PoolDesc.ipc_handle bytes.
@@ -135,7 +143,7 @@ struct PoolDesc {
   Tier tier = Tier::kGpu;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
-  std::string shm_name;             // Host backend: the pool's segment. Empty on cuda.
+  std::string shm_name;             // The pool's segment label (its descriptor comes with the Welcome); empty for device memory.
   std::vector<uint8_t> ipc_handle;  // Cuda: cudaIpcMemHandle_t bytes (<= kMaxIpcHandle). Empty on host.
   friend bool operator==(const PoolDesc&, const PoolDesc&) = default;
 };

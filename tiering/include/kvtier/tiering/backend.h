@@ -28,10 +28,13 @@ struct PoolSpec {
   Tier tier = Tier::kGpu;
   size_t slot_bytes = 0;
   uint32_t slots = 0;
-  std::string name;  // Unique within the backend: its segment is shm_names::Segment(prefix, name).
-  // Host backend: the pool's segment outlives the daemon (it is never unlinked),
-  // and an existing segment of that name and size is adopted with its contents
-  // (Pool::adopted()); one of another size is replaced. Other backends ignore it.
+  std::string name;  // Unique within the backend: labels its segment, shm_names::Segment(prefix, name).
+  // Host backend: the pool's segment has that name and outlives the daemon (it
+  // is never unlinked), owner-only; an existing segment of that name, owned by
+  // this uid and of this size, is adopted with its contents (Pool::adopted());
+  // one of another size is replaced. A name another uid holds (squatted) is
+  // left alone: the pool is then an ordinary sealed one and
+  // Pool::persistence_lost() says why. Other backends ignore it.
   bool persistent = false;
 };
 
@@ -41,7 +44,12 @@ struct PoolHandle {
   Tier tier = Tier::kGpu;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
-  std::string shm_name;            // Shared-memory segment (host backend; host tier on cuda).
+  std::string shm_name;            // The segment's label, for messages (host backend; host tier on cuda).
+  // The descriptor another process maps (host backend; host tier on cuda), owned
+  // by the pool: passed over the socket, never closed by the receiver of the
+  // handle. -1 for device memory.
+  int fd = -1;
+  bool clients_write = false;      // Clients map it writable (the host backend's GPU tier).
   std::vector<uint8_t> ipc_handle; // Device-memory export (cuda); empty on host.
 };
 
@@ -59,11 +67,15 @@ class Pool {
   // True when the memory was adopted from an earlier run (PoolSpec::persistent)
   // rather than created empty.
   bool adopted() const { return adopted_; }
+  // Non-empty when PoolSpec::persistent was asked for and could not be had
+  // (the name is held by another uid): why. The pool works, but is not kept.
+  const std::string& persistence_lost() const { return persistence_lost_; }
   virtual PoolHandle Export() const = 0;
 
  protected:
   Pool(Tier tier, size_t slot_bytes, uint32_t slots, std::byte* base, bool adopted = false)
       : tier_(tier), slot_bytes_(slot_bytes), slots_(slots), base_(base), adopted_(adopted) {}
+  std::string persistence_lost_;
 
  private:
   Tier tier_;
@@ -109,8 +121,12 @@ class Backend {
   // hand off (post to an event loop, write an eventfd). Set before submitting.
   virtual void SetCompletionNotifier(std::function<void()> notify) = 0;
 
-  // Name of the shared segment holding the fences' state ("" if none).
+  // The shared segment clients poll fences in: its label ("" if none) and the
+  // descriptor to pass them (read-only, sealed; -1 if none). The backend itself
+  // never reads completion back from it: a client could not change what it
+  // believes, even if it could write the segment.
   virtual std::string FenceSegmentName() const = 0;
+  virtual int FenceSegmentFd() const = 0;
 
   // Counts completed copies only. May be called from any thread.
   virtual CopyStats copy_stats(CopyDirection dir) const = 0;

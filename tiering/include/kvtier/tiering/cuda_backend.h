@@ -30,13 +30,11 @@ namespace kvtier::tiering {
 inline constexpr size_t kFenceEventRing = 64;  // Promotion fence events (seq % 64).
 
 struct CudaBackendOptions {
-  // Prefix of every segment name: "/<prefix>.<pool>", "/<prefix>.fences". Unique per instance.
+  // Prefix of every segment's label: "<prefix>.<pool>", "<prefix>.fences" (the
+  // segments are sealed and nameless; clients map them from passed descriptors).
   std::string name_prefix = "kvtier";
   int device = 0;
   bool populate = true;       // Pre-fault host pool pages at creation (pinning faults them anyway).
-  bool replace_stale = true;  // Replace segments left by a crashed instance.
-  uint32_t segment_mode = 0600;          // Every segment's mode and group (0xffffffff: the creator's),
-  uint32_t segment_group = 0xffffffffu;  // set after creation, whatever the umask.
   // Host pools are pinned in chunks of about this many bytes (whole slots ending on
   // a page boundary), so a long pin reports progress.
   size_t pin_chunk_bytes = size_t{256} << 20;

@@ -75,9 +75,10 @@ struct EngineOptions {
   uint32_t max_sessions_per_tenant = 0;
   uint32_t max_blocks_per_request = 1 << 16;
   std::string name = "default";      // The profile's name: pool objects are shm_names::PoolObject(name, tier).
-  std::string index_segment;         // Shared-memory name of the index ("/..."); required.
-  uint32_t segment_mode = 0600;      // The index segment's mode and group (0xffffffff: the creator's).
-  uint32_t segment_group = 0xffffffffu;
+  // The index's segment label (shm_names::Index: "/<instance>.<profile>.index");
+  // required. The segment itself is nameless and sealed: clients map it from
+  // index_fd(), read-only.
+  std::string index_segment;
   // Keep the host pool's segment across runs (PoolSpec::persistent), so that
   // AdoptWarm can take its blocks back after a restart.
   bool warm_restart = false;
@@ -193,6 +194,8 @@ class Engine {
   const EngineOptions& options() const;
   Pool& pool(Tier tier) const;
   const std::string& index_segment_name() const;
+  // The descriptor clients map the index from (sealed read-only); owned by the engine.
+  int index_fd() const;
 
   // --- Write path -----------------------------------------------------------
   // Reserves `count` GPU slots for the caller to write. If too few are free, the

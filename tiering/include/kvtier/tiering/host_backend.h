@@ -1,8 +1,9 @@
 // HostBackend: the backend used wherever there is no GPU.
 //
-// Both tiers are POSIX shared-memory segments (so other processes can map them),
-// one copy thread plays the DMA engine, and fences are per-stream sequence
-// numbers in a shared segment. Promotions (host->gpu) are served before
+// Both tiers are sealed shared-memory segments (so other processes can map them
+// from a descriptor the daemon passes), one copy thread plays the DMA engine,
+// and fences are per-stream sequence numbers, published in a shared segment
+// clients map read-only. Promotions (host->gpu) are served before
 // demotions (gpu->host), as on a GPU with a high-priority copy stream.
 #pragma once
 
@@ -16,12 +17,10 @@
 namespace kvtier::tiering {
 
 struct HostBackendOptions {
-  // Prefix of every segment name: "/<prefix>.<pool>". Must be unique per instance.
+  // Prefix of every segment's label ("<prefix>.<pool>"), and of the name of a
+  // persistent pool ("/<prefix>.<pool>"). Must be unique per instance.
   std::string name_prefix = "kvtier";
   bool populate = true;          // Pre-fault pool pages at creation.
-  bool replace_stale = true;     // Replace segments left by a crashed instance.
-  mode_t segment_mode = 0600;    // Every segment's mode and group (-1: the creator's), umask-independent.
-  gid_t segment_group = static_cast<gid_t>(-1);
 };
 
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
