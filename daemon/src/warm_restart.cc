@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvtier/shm_names.h"
+#include "kvtier/shm_segment.h"
 #include "log.h"
 
 namespace kvtier::daemon {
@@ -38,10 +39,10 @@ WarmRestart::WarmRestart(const DaemonConfig& config, tiering::BackendKind backen
 void WarmRestart::BeforeEngine(const DaemonConfig& config, const ProfileConfig& p) const {
   if (config.warm_restart) return;
   const std::string manifest = Manifest(config, p);
-  shm_unlink(shm_names::Staging(manifest).c_str());  // A write the earlier run did not finish.
-  if (shm_unlink(manifest.c_str()) == 0) {
+  ShmSegment::RemoveIfOwned(shm_names::Staging(manifest));  // A write the earlier run did not finish.
+  if (ShmSegment::RemoveIfOwned(manifest)) {
     const std::string pool = shm_names::Pool(config.instance, p.profile.name, Tier::kHost);
-    shm_unlink(pool.c_str());
+    ShmSegment::RemoveIfOwned(pool);
     LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
   }
 }
@@ -57,7 +58,7 @@ void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config,
   }
   auto report = engine.AdoptWarm(manifest);
   if (!report.ok()) {
-    const bool removed = shm_unlink(manifest.c_str()) == 0;
+    const bool removed = ShmSegment::RemoveIfOwned(manifest);
     LogWarn(who + (removed ? "removed " : "ignored ") + manifest + ", which cannot be read or trusted (" +
             report.status().ToString() + "); starting cold");
   } else if (!report->found) {

@@ -63,7 +63,7 @@ Result<ShmSegment> ShmSegment::Create(const std::string& name, size_t bytes, con
     return InvalidArgument("shared-memory name '" + name + "' must be '/' followed by up to 249 non-'/' characters");
   }
   if (bytes == 0) return InvalidArgument("shared-memory segment '" + name + "' of 0 bytes");
-  if (options.replace_existing) shm_unlink(name.c_str());
+  if (options.replace_existing) RemoveIfOwned(name);
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, options.mode);
   if (fd < 0) return Errno("shm_open", name);
   // shm_open applies the umask; the caller's mode is what it asked for. The
@@ -133,6 +133,13 @@ Result<ShmSegment> ShmSegment::Open(const std::string& name, bool writable, bool
   seg.share_fd_ = shm_open(name.c_str(), O_RDONLY, 0);
   if (seg.share_fd_ < 0) return Errno("shm_open (read-only)", name);
   return seg;
+}
+
+bool ShmSegment::RemoveIfOwned(const std::string& name) {
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos) return false;
+  struct stat st {};
+  if (lstat(("/dev/shm" + name).c_str(), &st) != 0 || st.st_uid != geteuid()) return false;
+  return shm_unlink(name.c_str()) == 0;
 }
 
 Result<ShmSegment> ShmSegment::CreateSealed(const std::string& label, size_t bytes, Sharing sharing, bool populate) {

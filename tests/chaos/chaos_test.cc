@@ -427,7 +427,8 @@ TEST(Chaos, DaemonRestarts) {
     ASSERT_TRUE(daemon.Wait(std::chrono::seconds(10)).ok());
     // What the dead daemon left must not stop the next one.
     ASSERT_TRUE(std::filesystem::exists(daemon.socket())) << "no stale socket to test against";
-    ASSERT_FALSE(rig.janitor.Leftovers().empty()) << "no stale segments to test against";
+    // Its segments were nameless memfds: they died with it and its clients' mappings.
+    EXPECT_TRUE(rig.janitor.Leftovers().empty()) << "a killed kvtierd leaves nothing named in /dev/shm";
     const Status st = daemon.Start();
     ASSERT_TRUE(st.ok()) << "restart " << r << ": " << st.ToString();
     const auto ready = Clock::now();

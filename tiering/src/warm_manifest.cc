@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "kvtier/shm_names.h"
+#include "kvtier/shm_segment.h"
 
 namespace kvtier::tiering {
 namespace {
@@ -253,7 +254,7 @@ Status WriteWarmSegment(const std::string& name, std::span<const std::byte> byte
   const std::string tmp = shm_names::Staging(name);
   // A fresh file of our own: one left by a dead writer goes first, and one that
   // cannot go (another uid's, in the sticky /dev/shm) is never written into.
-  shm_unlink(tmp.c_str());
+  ShmSegment::RemoveIfOwned(tmp);
   const int fd = shm_open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return Errno("shm_open (exclusive)", tmp);
   size_t done = 0;
@@ -309,6 +310,6 @@ Result<std::vector<std::byte>> ReadWarmSegment(const std::string& name) {
   return out;
 }
 
-bool RemoveWarmSegment(const std::string& name) { return shm_unlink(name.c_str()) == 0; }
+bool RemoveWarmSegment(const std::string& name) { return ShmSegment::RemoveIfOwned(name); }
 
 }  // namespace kvtier::tiering

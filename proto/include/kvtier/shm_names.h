@@ -1,14 +1,17 @@
-// The names of everything a kvtierd instance puts in /dev/shm and beside its
-// socket. Every part of kvtier that creates, opens or removes one of these
+// The names of everything a kvtierd instance labels in shared memory and puts
+// beside its socket. Every part of kvtier that creates, opens or removes one
 // builds its name here, so that the daemon, the backends, warm restart and
 // operators' tools agree (the README lists them for operators).
 //
-//   /<instance>.fences             copy fences, one per instance (the backend)
-//   /<instance>.<profile>.gpu      a profile's GPU-tier pool (host backend; CUDA memory on the cuda backend)
-//   /<instance>.<profile>.host     a profile's host-tier pool (kept across runs with warm restart)
-//   /<instance>.<profile>.index    a profile's block index, read-only to clients
-//   /<instance>.<profile>.warm     a profile's warm-restart manifest; ".tmp" while it is written
-//   /dev/shm/<instance>.lock       the instance lock; <socket>.lock the socket's
+// Labels of nameless (memfd) segments, passed to clients as descriptors:
+//   <instance>.fences             copy fences, one per instance (the backend)
+//   <instance>.<profile>.gpu      a profile's GPU-tier pool (host backend; CUDA memory on the cuda backend)
+//   <instance>.<profile>.host     a profile's host-tier pool
+//   <instance>.<profile>.index    a profile's block index
+// Named, in /dev/shm, owner-only, only with warm restart:
+//   /<instance>.<profile>.host     the host-tier pool kept across runs
+//   /<instance>.<profile>.warm     its manifest; ".tmp" while it is written
+//   /dev/shm/<instance>.lock       the instance lock; <socket>.lock the socket's (always)
 //
 // Segment names are POSIX shared-memory names: one leading '/', no other.
 #pragma once

@@ -62,6 +62,11 @@ class ShmSegment {
   // Never unlinks it.
   static Result<ShmSegment> Open(const std::string& name, bool writable, bool populate = false);
 
+  // Unlinks the named segment `name` if this uid owns it: a name in /dev/shm
+  // another uid made (squatted) is not ours to remove, even where we could (as
+  // root). True if it was removed.
+  static bool RemoveIfOwned(const std::string& name);
+
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& name() const { return name_; }
