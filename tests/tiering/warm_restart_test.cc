@@ -247,14 +247,14 @@ class WarmAdoptTest : public ::testing::Test {
   std::string Manifest() const { return "/" + prefix_ + ".w.warm"; }
 
   // A fresh engine on the same (persistent) segments, as a restarted daemon has.
-  void Restart(uint32_t host_slots = 16) {
+  void Restart(uint32_t host_slots = 16, double host_watermark = 1.0) {
     engine_.reset();
     EngineOptions o;
     o.profile = Profile();
     o.gpu_slots = 16;
     o.host_slots = host_slots;
     o.gpu_high_watermark = o.gpu_low_watermark = 1.0;
-    o.host_high_watermark = o.host_low_watermark = 1.0;
+    o.host_high_watermark = o.host_low_watermark = host_watermark;
     o.name = "w";
     o.index_segment = "/" + prefix_ + ".index";
     o.warm_restart = true;
@@ -324,6 +324,22 @@ class WarmAdoptTest : public ::testing::Test {
   Tenant tenant_;
   Namespace ns_;
 };
+
+// A clean shutdown fills the host tier only to its high watermark: filled to
+// 100 %, the next start found it past the mark and dropped blocks at once.
+TEST_F(WarmAdoptTest, ShutdownDemotesUpToTheHostHighWatermarkOnly) {
+  Restart(16, 0.75);
+  for (uint32_t s = 0; s < 4; ++s) Put("s" + std::to_string(s), Tokens(s + 1, 4));
+  DemoteAll();
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 12u) << "0.75 of 16 host slots";
+  ASSERT_TRUE(engine_->SaveWarm(Manifest(), true).ok());
+  Restart(16, 0.75);
+  auto report = engine_->AdoptWarm(Manifest());
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->adopted_blocks, 12u);
+  engine_->EnforceWatermarks();
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 12u) << "nothing dropped by the first watermark check";
+}
 
 TEST_F(WarmAdoptTest, CleanRestartAdoptsSessionsIndexAndBytes) {
   Restart();

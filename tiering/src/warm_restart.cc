@@ -76,10 +76,14 @@ Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, boo
 uint32_t Engine::DemoteForShutdown() {
   Impl& m = *impl_;
   const std::vector<Session*> coldest_first = m.sessions.ColdestFirst();
+  // Up to the host tier's high watermark, not to full: the next start would
+  // otherwise find it past the mark and drop (down to the low one) at once.
+  const uint32_t host_slots = m.pools[Tier::kHost]->slots();
+  const auto cap = static_cast<uint32_t>(m.opt.host_high_watermark * host_slots);
   uint32_t scheduled = 0;
   for (auto it = coldest_first.rbegin(); it != coldest_first.rend(); ++it) {
     for (uint32_t r : (*it)->chain) {
-      if (m.slots(Tier::kHost).free_count() == 0) break;
+      if (m.slots(Tier::kHost).free_count() == 0 || host_slots - m.slots(Tier::kHost).free_count() >= cap) break;
       if (m.blocks[r].IdleIn(Tier::kGpu)) {
         m.mover.Schedule(r, CopyDirection::kGpuToHost);
         ++scheduled;
