@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -433,11 +434,22 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
 }
 
 Result<DaemonConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("cannot read config file '" + path + "'");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseConfig(buf.str(), path);
+  // At most one byte past the limit is read, so neither a huge file nor an
+  // endless one (/dev/zero) holds the caller (at SIGHUP, the event loop).
+  std::string text(kMaxConfigFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigFileBytes) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);  // Fails unless it is a regular file.
+    return InvalidArgument("config file '" + path + "' is " +
+                           (!ec && size > kMaxConfigFileBytes ? std::to_string(size) + " bytes, " : "") +
+                           "larger than the limit of " + std::to_string(kMaxConfigFileBytes) + " bytes (1 MiB)");
+  }
+  if (in.bad()) return NotFound("cannot read config file '" + path + "'");
+  return ParseConfig(text, path);
 }
 
 Result<ListenAddress> ParseListenAddress(std::string_view text) {

@@ -97,6 +97,10 @@ struct DaemonConfig {
   friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
 
+// The largest configuration file read (wire::kMaxConfigBytes, what
+// ConfigResponse carries, is the same); a larger one is refused unparsed.
+inline constexpr uint64_t kMaxConfigFileBytes = uint64_t{1} << 20;
+
 struct ListenAddress {
   std::string host;  // An IP address literal, without brackets.
   uint16_t port = 0;
@@ -117,6 +121,8 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded);
 
 // Parses YAML text; `source` names it in errors (a file path).
 Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source);
+// Reads and parses `path`; a file larger than kMaxConfigFileBytes is an error
+// naming its size and the limit.
 Result<DaemonConfig> LoadConfigFile(const std::string& path);
 // The effective configuration as YAML (what `cachectl config` shows).
 std::string DumpConfig(const DaemonConfig& config);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 
 #include "config.h"
 
@@ -413,6 +415,33 @@ TEST(ConfigTest, BusyPollDefaultsTo50MicrosecondsRoundTripsAndReloads) {
   EXPECT_TRUE(plan.kept.empty());
   ASSERT_EQ(plan.applied.size(), 1u);
   EXPECT_EQ(plan.applied[0], "busy_poll_us: 50 -> 0");
+}
+
+// A configuration file is read up to kMaxConfigFileBytes and no further: a
+// larger one (at SIGHUP, the event loop would parse it) is an error naming its
+// size and the limit.
+TEST(ConfigTest, AConfigFileOverOneMiBIsRefusedUnparsed) {
+  const std::string path = ::testing::TempDir() + "kvtier-config-size-test.yaml";
+  auto write = [&](size_t total) {
+    std::ofstream out(path, std::ios::trunc);
+    std::string body = std::string(kMinimal) + "#";
+    body.resize(total - 1, 'x');
+    out << body << "\n";
+  };
+  write(kMaxConfigFileBytes);
+  auto at_limit = LoadConfigFile(path);
+  EXPECT_TRUE(at_limit.ok()) << at_limit.status().ToString();
+  write(kMaxConfigFileBytes + 1);
+  auto over = LoadConfigFile(path);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("is 1048577 bytes, larger than the limit of 1048576 bytes"), std::string::npos)
+      << over.status().message();
+  std::remove(path.c_str());
+  auto endless = LoadConfigFile("/dev/zero");  // No size to report; still no more than the limit read.
+  ASSERT_FALSE(endless.ok());
+  EXPECT_NE(endless.status().message().find("larger than the limit of 1048576 bytes"), std::string::npos)
+      << endless.status().message();
 }
 
 // Found by kvtier-fuzz-config (tests/fuzz/corpus/config/found_*): malformed
