@@ -410,6 +410,13 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       if (frame < 4096 || frame > (16u << 20)) return s.Error("max_frame_bytes", "must be in [4KiB, 16MiB]");
       c.max_frame_bytes = static_cast<uint32_t>(frame);
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("hello_timeout_ms", &c.hello_timeout_ms, 10, 600000));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("frame_timeout_ms", &c.frame_timeout_ms, 10, 600000));
+      uint64_t backlog = c.max_reply_backlog_bytes;
+      KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_reply_backlog_bytes", &backlog));
+      if (backlog < (64u << 10) || backlog > (1u << 30)) {
+        return s.Error("max_reply_backlog_bytes", "must be in [64KiB, 1GiB]");
+      }
+      c.max_reply_backlog_bytes = static_cast<uint32_t>(backlog);
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }
     if (YAML::Node m = top.Get("metrics")) {
