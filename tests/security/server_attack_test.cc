@@ -4,7 +4,9 @@
 //
 // Each runs against a real kvtierd and checks that it stays up, answers a
 // normal client within a bound and keeps its VmRSS within a bound.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -307,18 +309,23 @@ TEST_F(ServerAttack, ConnectionsBeyondTheLimitAreRefusedAtAccept) {
 }
 
 // At RLIMIT_NOFILE, accept fails with EMFILE while connections stay queued:
-// kvtierd waits (10 ms doubling to 1 s) instead of retrying at once, so a
-// flood of connections held open costs it little CPU and few log lines, and it
-// serves again once the flood ends.
+// kvtierd waits (10 ms doubling to 1 s) instead of retrying at once, on its
+// socket and on the metrics endpoint alike, so a flood of connections held
+// open costs it little CPU and few log lines, and it serves again once the
+// flood ends.
 TEST_F(ServerAttack, AtTheDescriptorLimitAcceptBacksOff) {
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
   rlimit low = old;
   low.rlim_cur = 64;  // kvtierd inherits it; its own descriptors take about 20.
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
-  const long baseline = Start();
+  const long baseline = Start("metrics:\n  listen: 127.0.0.1:0\n");
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
   ASSERT_GT(baseline, 0);
+  const std::string serving = "metrics: serving http://127.0.0.1:";
+  const std::string started = daemon_->log();
+  ASSERT_NE(started.find(serving), std::string::npos) << started;
+  const int port = std::stoi(started.substr(started.find(serving) + serving.size()));
 
   std::vector<RawConnection> flood;
   for (int i = 0; i < 100; ++i) {
@@ -326,7 +333,16 @@ TEST_F(ServerAttack, AtTheDescriptorLimitAcceptBacksOff) {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     flood.push_back(std::move(*c));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // The daemon is at its limit now.
+  // One scrape waits in the metrics endpoint's queue too.
+  const int scrape = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(scrape, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(scrape, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const size_t log_before = daemon_->log().size();
   const double cpu_before = CpuSeconds(daemon_->pid());
   std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -336,7 +352,8 @@ TEST_F(ServerAttack, AtTheDescriptorLimitAcceptBacksOff) {
   std::printf("  over 2 s of a flood at the descriptor limit: %.2f s of CPU, %zu bytes of log\n", cpu, logged);
   EXPECT_LT(cpu, 0.3) << "kvtierd spun on accept";
   EXPECT_LT(logged, 4096u) << log.substr(log_before, 2000);
-  EXPECT_NE(log.find("accepting again in"), std::string::npos) << "the flood never reached the descriptor limit";
+  EXPECT_NE(log.find("accept: Too many open files"), std::string::npos) << "the flood never reached the limit";
+  EXPECT_NE(log.find("metrics: accept: Too many open files"), std::string::npos) << log.substr(log_before, 2000);
 
   flood.clear();
   const auto end = Clock::now();
@@ -349,6 +366,15 @@ TEST_F(ServerAttack, AtTheDescriptorLimitAcceptBacksOff) {
   ASSERT_TRUE(served.ok()) << served.status().ToString();
   std::printf("  served again %.0f ms after the flood ended\n", Seconds(Clock::now() - end) * 1e3);
   EXPECT_LT(Clock::now() - end, std::chrono::seconds(3));
+  // The scrape is taken up too (within the metrics endpoint's 1 s backoff).
+  const std::string get = "GET /metrics HTTP/1.1\r\nHost: kvtier\r\n\r\n";
+  ASSERT_EQ(::send(scrape, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  pollfd p{scrape, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 3000), 1) << "the scrape was never answered";
+  char reply[32] = {};
+  ASSERT_GT(::recv(scrape, reply, sizeof reply - 1, 0), 0);
+  EXPECT_EQ(std::string(reply).rfind("HTTP/1.1 200", 0), 0u) << reply;
+  ::close(scrape);
   ExpectHealthy(baseline);
 }
 
