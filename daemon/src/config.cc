@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -409,6 +410,13 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       if (frame < 4096 || frame > (16u << 20)) return s.Error("max_frame_bytes", "must be in [4KiB, 16MiB]");
       c.max_frame_bytes = static_cast<uint32_t>(frame);
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("hello_timeout_ms", &c.hello_timeout_ms, 10, 600000));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("frame_timeout_ms", &c.frame_timeout_ms, 10, 600000));
+      uint64_t backlog = c.max_reply_backlog_bytes;
+      KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_reply_backlog_bytes", &backlog));
+      if (backlog < (64u << 10) || backlog > (1u << 30)) {
+        return s.Error("max_reply_backlog_bytes", "must be in [64KiB, 1GiB]");
+      }
+      c.max_reply_backlog_bytes = static_cast<uint32_t>(backlog);
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }
     if (YAML::Node m = top.Get("metrics")) {
@@ -433,11 +441,22 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
 }
 
 Result<DaemonConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("cannot read config file '" + path + "'");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return ParseConfig(buf.str(), path);
+  // At most one byte past the limit is read, so neither a huge file nor an
+  // endless one (/dev/zero) holds the caller (at SIGHUP, the event loop).
+  std::string text(kMaxConfigFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigFileBytes) {
+    std::error_code ec;
+    const uintmax_t size = std::filesystem::file_size(path, ec);  // Fails unless it is a regular file.
+    return InvalidArgument("config file '" + path + "' is " +
+                           (!ec && size > kMaxConfigFileBytes ? std::to_string(size) + " bytes, " : "") +
+                           "larger than the limit of " + std::to_string(kMaxConfigFileBytes) + " bytes (1 MiB)");
+  }
+  if (in.bad()) return NotFound("cannot read config file '" + path + "'");
+  return ParseConfig(text, path);
 }
 
 Result<ListenAddress> ParseListenAddress(std::string_view text) {

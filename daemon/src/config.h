@@ -82,6 +82,11 @@ struct DaemonConfig {
   uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
   uint32_t hello_timeout_ms = 10000;  // A connection must send Hello this soon, else it is closed.
+  uint32_t frame_timeout_ms = 10000;  // A frame begun must arrive whole this soon, else the connection is closed.
+  // Past this many unsent reply bytes a connection's requests are not read
+  // (until its replies drain below it); a reply finding kReplyCloseFactor times
+  // as many unsent closes it.
+  uint32_t max_reply_backlog_bytes = 4u << 20;
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.
@@ -97,6 +102,17 @@ struct DaemonConfig {
   friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
 
+// Connections kvtierd holds at once: max_clients, plus this many for peers
+// still before their Hello (refused peers and max_clients' own refusals
+// included). Those past it are closed at accept.
+inline constexpr uint32_t kConnectionsBeforeHello = 16;
+// A reply that finds this many times limits.max_reply_backlog_bytes unsent
+// closes its connection.
+inline constexpr uint32_t kReplyCloseFactor = 4;
+// The largest configuration file read (wire::kMaxConfigBytes, what
+// ConfigResponse carries, is the same); a larger one is refused unparsed.
+inline constexpr uint64_t kMaxConfigFileBytes = uint64_t{1} << 20;
+
 struct ListenAddress {
   std::string host;  // An IP address literal, without brackets.
   uint16_t port = 0;
@@ -106,8 +122,9 @@ Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
 // effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
-// limits.max_leases_per_client and limits.hello_timeout_ms); the rest shape shared memory, the socket or
-// what clients were told at Hello, and keep their running values.
+// limits.max_leases_per_client, limits.hello_timeout_ms, limits.frame_timeout_ms
+// and limits.max_reply_backlog_bytes); the rest shape shared memory, the socket
+// or what clients were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.
   std::vector<std::string> applied;  // "tiering.tick_ms: 20 -> 50", one per reloadable setting that changes.
@@ -117,6 +134,8 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded);
 
 // Parses YAML text; `source` names it in errors (a file path).
 Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source);
+// Reads and parses `path`; a file larger than kMaxConfigFileBytes is an error
+// naming its size and the limit.
 Result<DaemonConfig> LoadConfigFile(const std::string& path);
 // The effective configuration as YAML (what `cachectl config` shows).
 std::string DumpConfig(const DaemonConfig& config);

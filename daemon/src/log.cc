@@ -4,7 +4,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 namespace kvtier::daemon {
 namespace {
@@ -42,6 +47,29 @@ void Log(LogLevel level, const std::string& text) {
   line += '\n';
   // One write per line so lines from different threads never interleave.
   (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
+void LogLimited(LogLevel level, std::string_view key, const std::string& text) {
+  if (!LogEnabled(level)) return;
+  struct Recent {
+    std::chrono::steady_clock::time_point last;
+    uint64_t suppressed = 0;
+  };
+  static std::mutex mu;
+  static std::unordered_map<std::string, Recent> recent;  // One entry per key: a few literals.
+  const auto now = std::chrono::steady_clock::now();
+  uint64_t suppressed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, first] = recent.try_emplace(std::string(key));
+    if (!first && now - it->second.last < std::chrono::seconds(1)) {
+      ++it->second.suppressed;
+      return;
+    }
+    it->second.last = now;
+    suppressed = std::exchange(it->second.suppressed, 0);
+  }
+  Log(level, suppressed == 0 ? text : text + " (" + std::to_string(suppressed) + " similar suppressed)");
 }
 
 }  // namespace kvtier::daemon

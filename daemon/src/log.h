@@ -19,4 +19,9 @@ inline void LogDebug(const std::string& t) {
   if (LogEnabled(LogLevel::kDebug)) Log(LogLevel::kDebug, t);
 }
 
+// For events a peer can repeat at will (refused connections, bad frames,
+// accept errors): at most one line per `key` per second. The first line after
+// some were dropped ends with "(N similar suppressed)".
+void LogLimited(LogLevel level, std::string_view key, const std::string& text);
+
 }  // namespace kvtier::daemon

@@ -1,6 +1,7 @@
 // The GET /metrics endpoint (metrics_http.h).
 #include "metrics_http.h"
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -25,6 +26,11 @@ constexpr size_t kMaxHeaderBytes = 8 * 1024;
 constexpr size_t kMaxBodyBytes = 4 * 1024;
 constexpr size_t kMaxConnections = 16;
 constexpr auto kIdleTimeout = std::chrono::seconds(10);
+// After an accept failed (out of descriptors, say), the next waits this long,
+// doubling up to kAcceptBackoffMax: retrying at once would fail at once, the
+// connection still queued. An accept that succeeds resets it.
+constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(10);
+constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(1000);
 constexpr const char* kExpositionType = "text/plain; version=0.0.4; charset=utf-8";
 
 std::string Format(const tcp::endpoint& ep) {
@@ -37,11 +43,14 @@ std::string Format(const tcp::endpoint& ep) {
 class HttpConnection;
 
 struct MetricsEndpoint::Impl : std::enable_shared_from_this<MetricsEndpoint::Impl> {
-  Impl(asio::io_context& io, std::function<std::string()> r) : acceptor(io), render(std::move(r)) {}
+  Impl(asio::io_context& io, std::function<std::string()> r)
+      : acceptor(io), accept_timer(io), render(std::move(r)) {}
 
   void Accept();
 
   tcp::acceptor acceptor;
+  asio::steady_timer accept_timer;
+  std::chrono::milliseconds accept_backoff{0};
   std::function<std::string()> render;
   std::unordered_set<std::shared_ptr<HttpConnection>> connections;
   bool stopped = false;
@@ -120,14 +129,20 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
 void MetricsEndpoint::Impl::Accept() {
   acceptor.async_accept([self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
-    if (self->stopped) return;
+    if (self->stopped || ec == asio::error::operation_aborted) return;
+    if (ec == asio::error::connection_aborted) return self->Accept();
     if (ec) {
-      if (ec != asio::error::operation_aborted) {
-        LogWarn("metrics: accept: " + ec.message());
-        self->Accept();
-      }
+      self->accept_backoff = std::clamp(self->accept_backoff * 2, kAcceptBackoffMin, kAcceptBackoffMax);
+      LogLimited(LogLevel::kWarn, "metrics accept",
+                 "metrics: accept: " + ec.message() + "; accepting again in " +
+                     std::to_string(self->accept_backoff.count()) + " ms");
+      self->accept_timer.expires_after(self->accept_backoff);
+      self->accept_timer.async_wait([self](beast::error_code wait_ec) {
+        if (!wait_ec && !self->stopped) self->Accept();
+      });
       return;
     }
+    self->accept_backoff = std::chrono::milliseconds(0);
     if (self->connections.size() >= kMaxConnections) {
       LogDebug("metrics: refusing a connection: " + std::to_string(kMaxConnections) + " are open");
       beast::error_code ignored;
@@ -179,6 +194,7 @@ void MetricsEndpoint::Stop() {
   m.stopped = true;
   beast::error_code ec;
   m.acceptor.close(ec);
+  m.accept_timer.cancel();
   auto conns = m.connections;
   for (const auto& c : conns) c->Close();
 }

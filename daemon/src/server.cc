@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
@@ -71,6 +72,13 @@ class Connection;
 
 // How often systemd's STATUS= line is refreshed (only sent when it changed).
 constexpr auto kStatusPeriod = std::chrono::seconds(5);
+// The largest frame a connection may send before its Hello (a Hello is a few
+// strings of at most wire::kMaxString bytes).
+constexpr uint32_t kMaxFrameBeforeHello = 64 * 1024;
+// After an accept failed for want of descriptors or memory, the next waits this
+// long, doubling up to kAcceptBackoffMax; an accept that succeeds resets it.
+constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(10);
+constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(1000);
 
 struct Server::Impl {
   Impl(Service& s, const DaemonConfig& c, ConfigSource r)
@@ -81,6 +89,7 @@ struct Server::Impl {
         signals(io, SIGINT, SIGTERM),
         reload_signal(io, SIGHUP),
         ticker(io),
+        accept_timer(io),
         watchdog(io),
         status_timer(io) {}
 
@@ -92,6 +101,9 @@ struct Server::Impl {
   asio::signal_set signals;
   asio::signal_set reload_signal;
   asio::steady_timer ticker;
+  asio::steady_timer accept_timer;  // The wait after an accept that failed (AcceptFailed).
+  std::chrono::milliseconds accept_backoff{0};
+  bool accept_waiting = false;  // accept_timer runs; no accept is pending.
   asio::steady_timer watchdog;
   asio::steady_timer status_timer;
   std::unique_ptr<MetricsEndpoint> metrics;  // Null unless metrics.listen is set.
@@ -107,9 +119,18 @@ struct Server::Impl {
   void ResumeParked();
 
   void Accept();
+  // Accepts again, at once or (out of descriptors or memory) after a backoff.
+  void AcceptFailed(const boost::system::error_code& ec);
+  // Closes a connection past max_clients + kConnectionsBeforeHello at once.
+  void RefuseOverLimit(stream_protocol::socket& socket);
+  // A connection closed, and its descriptor is free: an accept waiting out a
+  // backoff goes ahead now.
+  void ConnectionClosed();
   void ScheduleTick();
   // Closes connections that sent no Hello within limits.hello_timeout_ms.
   void CloseSilentConnections();
+  // Closes connections that held an incomplete frame for limits.frame_timeout_ms.
+  void CloseStalledConnections();
   void WaitForReload();
   void Reload();
   void ScheduleWatchdog(std::chrono::microseconds interval);
@@ -126,10 +147,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   bool welcomed() const { return client_.welcomed; }
   std::chrono::steady_clock::time_point accepted() const { return accepted_; }
+  // When the frame being received began to arrive, while one is incomplete and
+  // more of it is being read; unset while nothing is read (reading paused for
+  // the reply backlog, or a request parked).
+  std::optional<std::chrono::steady_clock::time_point> partial_since() const { return partial_since_; }
+  // "client 7 (worker-3)", for the log.
+  std::string Describe() const {
+    return "client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) + ")";
+  }
 
   void Start() {
     if (refused_) Send(0, wire::FromStatus(why_refused_));
-    Read();
+    if (!closed_) Read();
   }
   void SetPeer(const PeerCredentials& peer) { client_.peer = peer; }
   // The peer may not use kvtierd: it gets `why` (permission_denied) at once,
@@ -161,20 +190,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.close(ec);
     server_.service.Disconnect(client_);
     server_.connections.erase(shared_from_this());
+    server_.ConnectionClosed();
   }
 
  private:
   // Reads whatever the peer sent into in_ (one syscall usually brings a whole
-  // request), then handles every complete frame in it.
+  // request), then handles every complete frame in it. The buffer grows with
+  // the bytes that arrived, never with what a header declares: it makes room
+  // for a read chunk, or for as many bytes as the frame has brought so far (a
+  // large frame takes a few reads, the buffer at most doubling each time), but
+  // not past the end of the frame.
   void Read() {
-    if (in_.size() - in_end_ < kReadChunk) {
-      // Compact, and grow only as far as a declared (and accepted) frame needs.
+    const size_t want = std::max(kReadChunk, std::min(in_end_ - in_begin_, frame_rest_));
+    if (in_.size() - in_end_ < want) {
       if (in_begin_ > 0) {
         std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
         in_end_ -= in_begin_;
         in_begin_ = 0;
       }
-      if (in_.size() - in_end_ < kReadChunk) in_.resize(in_end_ + kReadChunk);
+      if (in_.size() - in_end_ < want) in_.resize(in_end_ + want);
     }
     auto self = shared_from_this();
     socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
@@ -188,10 +222,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   enum class Next {
     kRead,    // Read more.
     kParked,  // A request waits for GPU room; Resume goes on (nothing is read meanwhile).
+    kPaused,  // The reply backlog is too long; Write goes on once it drained (nothing is read meanwhile).
     kClosing,
   };
 
-  // Handles the complete frames in in_, in order.
+  // Handles the complete frames in in_, in order, while the replies not yet
+  // sent stay within limits.max_reply_backlog_bytes: past it, a peer that does
+  // not read what it asked for gets nothing more handled or read until they
+  // drain, so what it costs is bounded by the backlog and the socket buffers.
   Next HandleFrames() {
     if (refused_) {
       // What it sent is read (closing with unread bytes would reset the peer
@@ -201,7 +239,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (out_.empty()) Close();
       return Next::kClosing;
     }
-    while (in_end_ - in_begin_ >= wire::kHeaderBytes) {
+    bool progressed = false;  // A frame was handled.
+    size_t rest = 0;          // Bytes the incomplete frame still lacks, once its header is in.
+    for (;;) {
+      if (closed_) return Next::kClosing;
+      if (unsent_ > server_.config.max_reply_backlog_bytes) {
+        paused_ = true;
+        partial_since_.reset();
+        return Next::kPaused;
+      }
+      if (in_end_ - in_begin_ < wire::kHeaderBytes) break;
       const uint8_t* at = in_.data() + in_begin_;
       auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(at, wire::kHeaderBytes));
       if (!h.ok()) return Fail(0, h.status());
@@ -210,24 +257,38 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                                      " bytes exceeds limits.max_frame_bytes (" +
                                                      std::to_string(server_.config.max_frame_bytes) + ")"));
       }
+      if (!client_.welcomed && h->payload_length > kMaxFrameBeforeHello) {
+        return Fail(h->request_id, ResourceExhausted("frame of " + std::to_string(h->payload_length) +
+                                                     " bytes before Hello; at most " +
+                                                     std::to_string(kMaxFrameBeforeHello) + " may come before it"));
+      }
       const size_t frame = wire::kHeaderBytes + h->payload_length;
       if (in_end_ - in_begin_ < frame) {
-        if (in_.size() - in_begin_ < frame) in_.resize(in_begin_ + frame + kReadChunk);
-        return Next::kRead;  // Wait for the rest.
+        rest = frame - (in_end_ - in_begin_);
+        break;  // Wait for the rest.
       }
       auto msg = wire::DecodePayload(*h, std::span<const uint8_t>(at + wire::kHeaderBytes, h->payload_length));
       in_begin_ += frame;
+      progressed = true;
       if (!msg.ok()) return Fail(h->request_id, msg.status());
       const auto start = std::chrono::steady_clock::now();
       Reply reply = server_.service.Handle(client_, *msg);
       if (reply.deferred) {
         parked_ = Parked{h->request_id, h->type, std::move(*msg), start};
         server_.parked.push_back(shared_from_this());
+        partial_since_.reset();
         return Next::kParked;
       }
       if (!Answer(h->request_id, h->type, reply, start)) return Next::kClosing;
     }
-    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+    frame_rest_ = rest;
+    if (in_begin_ == in_end_) {
+      in_begin_ = in_end_ = 0;
+      partial_since_.reset();
+      if (in_.size() > kKeptBuffer) std::vector<uint8_t>().swap(in_);  // A large frame's room is not kept.
+    } else if (progressed || !partial_since_) {
+      partial_since_ = std::chrono::steady_clock::now();  // A new frame begins.
+    }
     return Next::kRead;
   }
 
@@ -243,26 +304,38 @@ class Connection : public std::enable_shared_from_this<Connection> {
     server_.service.ObserveRequest(type, std::chrono::steady_clock::now() - start);
     if (reply.close) {
       const auto* err = std::get_if<wire::ErrorResponse>(&reply.message);
-      LogWarn("client " + std::to_string(client_.id) + ": " + (err ? wire::ToStatus(*err).ToString() : "closing"));
+      LogLimited(LogLevel::kWarn, "reply closes",
+                 "client " + std::to_string(client_.id) + ": " + (err ? wire::ToStatus(*err).ToString() : "closing"));
       close_after_write_ = true;
       return false;
     }
-    return true;
+    return !closed_;
   }
 
   // A protocol violation: answer with the error, then close.
   Next Fail(uint64_t request_id, const Status& st) {
     server_.service.CountBadFrame();
-    LogWarn("client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) +
-            "): bad frame: " + st.ToString() + "; closing the connection");
+    LogLimited(LogLevel::kWarn, "bad frame", Describe() + ": bad frame: " + st.ToString() + "; closing the connection");
     Send(request_id, wire::FromStatus(st));
     close_after_write_ = true;
     return Next::kClosing;
   }
 
+  // Queues a reply. Reading pauses past the backlog limit (HandleFrames), so
+  // this only finds kReplyCloseFactor times the limit unsent if something
+  // sends without asking: it closes the connection then.
   void Send(uint64_t request_id, const wire::Message& m) {
+    if (closed_) return;
+    const uint64_t limit = uint64_t{kReplyCloseFactor} * server_.config.max_reply_backlog_bytes;
+    if (unsent_ > limit) {
+      LogLimited(LogLevel::kWarn, "reply backlog",
+                 Describe() + ": " + std::to_string(unsent_) + " bytes of replies unsent, more than " +
+                     std::to_string(kReplyCloseFactor) + " x limits.max_reply_backlog_bytes; closing the connection");
+      return Close();
+    }
     std::vector<uint8_t> frame;
     wire::AppendFrame(frame, request_id, m);
+    unsent_ += frame.size();
     out_.push_back(std::move(frame));
     if (out_.size() == 1) Write();
   }
@@ -313,9 +386,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto self = shared_from_this();
     asio::async_write(socket_, asio::buffer(out_.front()), [this, self](boost::system::error_code ec, size_t) {
       if (ec) return Close();
+      unsent_ -= out_.front().size();
       out_.pop_front();
-      if (!out_.empty()) return Write();
-      if (close_after_write_) Close();
+      if (!out_.empty()) {
+        Write();
+      } else if (close_after_write_) {
+        return Close();
+      }
+      if (paused_ && unsent_ <= server_.config.max_reply_backlog_bytes) {
+        paused_ = false;  // Drained enough: handle and read requests again.
+        if (HandleFrames() == Next::kRead) Read();
+      }
     });
   }
 
@@ -331,10 +412,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ClientState client_;
   std::optional<Parked> parked_;  // The request waiting for GPU room, if any.
   static constexpr size_t kReadChunk = 64 * 1024;
+  static constexpr size_t kKeptBuffer = 4 * kReadChunk;  // An empty in_ larger than this is freed.
   std::vector<uint8_t> in_;  // Bytes received: [in_begin_, in_end_) not yet handled.
   size_t in_begin_ = 0;
   size_t in_end_ = 0;
+  size_t frame_rest_ = 0;  // Bytes the incomplete frame in in_ still lacks (0: its header is not in yet).
+  std::optional<std::chrono::steady_clock::time_point> partial_since_;
   std::deque<std::vector<uint8_t>> out_;
+  uint64_t unsent_ = 0;  // Bytes in out_.
+  bool paused_ = false;  // Nothing is read until out_ drains (Next::kPaused).
   bool close_after_write_ = false;
   bool closed_ = false;
   bool refused_ = false;
@@ -344,10 +430,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 void Server::Impl::Accept() {
   acceptor.async_accept([this](boost::system::error_code ec, stream_protocol::socket socket) {
-    if (ec) {
-      if (ec != asio::error::operation_aborted) LogWarn("accept: " + ec.message());
-      if (!stopping && ec != asio::error::operation_aborted) Accept();
-      return;
+    if (ec == asio::error::operation_aborted || stopping) return;
+    if (ec) return AcceptFailed(ec);
+    accept_backoff = std::chrono::milliseconds(0);
+    if (connections.size() >= size_t{config.max_clients} + kConnectionsBeforeHello) {
+      RefuseOverLimit(socket);
+      return Accept();
     }
     // Who the peer is, from the kernel; one not allowed gets a permission_denied
     // error frame (request id 0) and is closed before anything else.
@@ -355,7 +443,7 @@ void Server::Impl::Accept() {
     Status allowed = peer.ok() ? service.access().CheckConnect(*peer) : peer.status();
     if (!allowed.ok()) {
       service.CountRefused();
-      LogWarn("refused a connection: " + allowed.message());
+      LogLimited(LogLevel::kWarn, "refused", "refused a connection: " + allowed.message());
     }
     auto conn = std::make_shared<Connection>(*this, std::move(socket));
     if (allowed.ok()) conn->SetPeer(*peer); else conn->Refuse(allowed);
@@ -363,6 +451,49 @@ void Server::Impl::Accept() {
     conn->Start();
     Accept();
   });
+}
+
+void Server::Impl::AcceptFailed(const boost::system::error_code& ec) {
+  // A peer gone before it was accepted: accept the next one at once. Anything
+  // else (EMFILE, ENFILE, ENOBUFS, ENOMEM above all) would fail again at once,
+  // the connection still queued and the socket still readable: wait first.
+  if (ec == asio::error::connection_aborted || ec == asio::error::interrupted) {
+    LogLimited(LogLevel::kDebug, "accept", "accept: " + ec.message());
+    return Accept();
+  }
+  accept_backoff = std::clamp(accept_backoff * 2, kAcceptBackoffMin, kAcceptBackoffMax);
+  LogLimited(LogLevel::kWarn, "accept",
+             "accept: " + ec.message() + " (" + std::to_string(connections.size()) +
+                 " connections open); accepting again in " + std::to_string(accept_backoff.count()) + " ms");
+  accept_waiting = true;
+  accept_timer.expires_after(accept_backoff);
+  accept_timer.async_wait([this](boost::system::error_code wait_ec) {
+    // ConnectionClosed may have accepted already (even after the timer expired).
+    if (wait_ec || stopping || !accept_waiting) return;
+    accept_waiting = false;
+    Accept();
+  });
+}
+
+void Server::Impl::ConnectionClosed() {
+  if (!accept_waiting || stopping) return;
+  accept_waiting = false;
+  accept_timer.cancel();
+  Accept();
+}
+
+void Server::Impl::RefuseOverLimit(stream_protocol::socket& socket) {
+  service.CountOverLimit();
+  const std::string why = "kvtierd holds " + std::to_string(connections.size()) +
+                          " connections, the most it takes (limits.max_clients " + std::to_string(config.max_clients) +
+                          ", and " + std::to_string(kConnectionsBeforeHello) + " more before their Hello)";
+  LogLimited(LogLevel::kWarn, "over limit", "refused a connection at accept: " + why);
+  // The reason goes out if the socket takes it without waiting; then it closes.
+  std::vector<uint8_t> frame;
+  wire::AppendFrame(frame, 0, wire::FromStatus(ResourceExhausted(why)));
+  (void)!::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  boost::system::error_code ignored;
+  socket.close(ignored);
 }
 
 void Server::Impl::ResumeParked() {
@@ -386,8 +517,23 @@ void Server::Impl::CloseSilentConnections() {
     if (!c->welcomed() && c->accepted() < deadline) silent.push_back(c);
   }
   for (const auto& c : silent) {
-    LogWarn("closing a connection that sent no Hello within limits.hello_timeout_ms (" +
-            std::to_string(config.hello_timeout_ms) + " ms)");
+    LogLimited(LogLevel::kWarn, "hello timeout",
+               "closing a connection that sent no Hello within limits.hello_timeout_ms (" +
+                   std::to_string(config.hello_timeout_ms) + " ms)");
+    c->Close();
+  }
+}
+
+void Server::Impl::CloseStalledConnections() {
+  const auto deadline = std::chrono::steady_clock::now() - std::chrono::milliseconds(config.frame_timeout_ms);
+  std::vector<std::shared_ptr<Connection>> stalled;
+  for (const auto& c : connections) {
+    if (const auto since = c->partial_since(); since && *since < deadline) stalled.push_back(c);
+  }
+  for (const auto& c : stalled) {
+    LogLimited(LogLevel::kWarn, "frame timeout",
+               c->Describe() + ": closing the connection: a frame begun more than limits.frame_timeout_ms (" +
+                   std::to_string(config.frame_timeout_ms) + " ms) ago is still incomplete");
     c->Close();
   }
 }
@@ -399,6 +545,7 @@ void Server::Impl::ScheduleTick() {
     service.Tick();
     ResumeParked();
     CloseSilentConnections();
+    CloseStalledConnections();
     ScheduleTick();
   });
 }
@@ -472,6 +619,7 @@ void Server::Impl::Shutdown(const char* why) {
   boost::system::error_code ec;
   acceptor.close(ec);
   ticker.cancel();
+  accept_timer.cancel();
   watchdog.cancel();
   status_timer.cancel();
   signals.cancel();

@@ -100,6 +100,7 @@ class Service {
   void ObserveRequest(wire::MessageType type, std::chrono::steady_clock::duration took);
   void CountBadFrame() { ++counters_.bad_frames; }
   void CountRefused() { ++counters_.refused_connections; }
+  void CountOverLimit() { ++counters_.connections_over_limit; }
   const AccessPolicy& access() const { return access_; }
   void CountReload(bool applied) { ++(applied ? counters_.reloads_applied : counters_.reloads_rejected); }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 
 #include "config.h"
 
@@ -413,6 +415,63 @@ TEST(ConfigTest, BusyPollDefaultsTo50MicrosecondsRoundTripsAndReloads) {
   EXPECT_TRUE(plan.kept.empty());
   ASSERT_EQ(plan.applied.size(), 1u);
   EXPECT_EQ(plan.applied[0], "busy_poll_us: 50 -> 0");
+}
+
+TEST(ConfigTest, ConnectionLimitsHaveDefaultsRangesAndReload) {
+  auto def = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->frame_timeout_ms, 10000u);
+  EXPECT_EQ(def->max_reply_backlog_bytes, 4u << 20);
+  auto set = ParseConfig(std::string(kMinimal) + "limits:\n  frame_timeout_ms: 250\n  max_reply_backlog_bytes: 1MiB\n",
+                         "test.yaml");
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->frame_timeout_ms, 250u);
+  EXPECT_EQ(set->max_reply_backlog_bytes, 1u << 20);
+  auto again = ParseConfig(DumpConfig(*set), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(*again == *set) << DumpConfig(*set);
+
+  const std::string fast = ErrorOf(std::string(kMinimal) + "limits:\n  frame_timeout_ms: 5\n");
+  EXPECT_NE(fast.find("limits.frame_timeout_ms: must be in [10, 600000]"), std::string::npos) << fast;
+  for (const char* bytes : {"1KiB", "2GiB", "lots"}) {
+    const std::string e = ErrorOf(std::string(kMinimal) + "limits:\n  max_reply_backlog_bytes: " + bytes + "\n");
+    EXPECT_NE(e.find("limits.max_reply_backlog_bytes"), std::string::npos) << bytes << ": " << e;
+  }
+
+  const ReloadPlan plan = PlanReload(*def, *set);
+  EXPECT_EQ(plan.next.frame_timeout_ms, 250u);
+  EXPECT_EQ(plan.next.max_reply_backlog_bytes, 1u << 20);
+  EXPECT_TRUE(plan.kept.empty()) << ::testing::PrintToString(plan.kept);
+  ASSERT_EQ(plan.applied.size(), 2u) << ::testing::PrintToString(plan.applied);
+  EXPECT_EQ(plan.applied[0], "limits.frame_timeout_ms: 10000 -> 250");
+  EXPECT_EQ(plan.applied[1], "limits.max_reply_backlog_bytes: 4194304 -> 1048576");
+}
+
+// A configuration file is read up to kMaxConfigFileBytes and no further: a
+// larger one (at SIGHUP, the event loop would parse it) is an error naming its
+// size and the limit.
+TEST(ConfigTest, AConfigFileOverOneMiBIsRefusedUnparsed) {
+  const std::string path = ::testing::TempDir() + "kvtier-config-size-test.yaml";
+  auto write = [&](size_t total) {
+    std::ofstream out(path, std::ios::trunc);
+    std::string body = std::string(kMinimal) + "#";
+    body.resize(total - 1, 'x');
+    out << body << "\n";
+  };
+  write(kMaxConfigFileBytes);
+  auto at_limit = LoadConfigFile(path);
+  EXPECT_TRUE(at_limit.ok()) << at_limit.status().ToString();
+  write(kMaxConfigFileBytes + 1);
+  auto over = LoadConfigFile(path);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("is 1048577 bytes, larger than the limit of 1048576 bytes"), std::string::npos)
+      << over.status().message();
+  std::remove(path.c_str());
+  auto endless = LoadConfigFile("/dev/zero");  // No size to report; still no more than the limit read.
+  ASSERT_FALSE(endless.ok());
+  EXPECT_NE(endless.status().message().find("larger than the limit of 1048576 bytes"), std::string::npos)
+      << endless.status().message();
 }
 
 // Found by kvtier-fuzz-config (tests/fuzz/corpus/config/found_*): malformed
