@@ -376,6 +376,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     if (static_cast<size_t>(n) < frame.size()) {
       frame.erase(frame.begin(), frame.begin() + n);
+      unsent_ += frame.size();
       out_.push_back(std::move(frame));
       Write();
     }
