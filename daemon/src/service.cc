@@ -254,11 +254,12 @@ Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
                              " leases, the limit (limits.max_leases_per_client)");
   }
   Engine& e = *engines_[c.profile];
-  auto r = e.TryAllocate(m.count);
+  // The slots count against the client's tenant's GPU quota until committed.
+  auto r = e.TryAllocate(TenantOf(c), m.count);
   if (r.ok() && !r->has_value()) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: answer with what there is now (it may drop or fail).
-    r = e.TryAllocate(m.count, /*may_wait=*/false);
+    r = e.TryAllocate(TenantOf(c), m.count, /*may_wait=*/false);
   }
   if (!r.ok()) return r.status();
   tiering::WriteLease& w = **r;
