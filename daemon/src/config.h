@@ -82,6 +82,9 @@ struct DaemonConfig {
   uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
   uint32_t hello_timeout_ms = 10000;  // A connection must send Hello this soon, else it is closed.
+  // A lease (Allocate's write lease, Acquire's read lease) older than this is
+  // revoked at the next tick: its slots go back to the pool, its pins end; 0: never.
+  uint32_t lease_timeout_ms = 30000;
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.
@@ -106,7 +109,7 @@ Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
 // effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
-// limits.max_leases_per_client and limits.hello_timeout_ms); the rest shape shared memory, the socket or
+// limits.max_leases_per_client, limits.hello_timeout_ms and limits.lease_timeout_ms); the rest shape shared memory, the socket or
 // what clients were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.

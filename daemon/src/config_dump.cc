@@ -91,6 +91,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
     << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
     << "  hello_timeout_ms: " << c.hello_timeout_ms << "\n"
+    << "  lease_timeout_ms: " << c.lease_timeout_ms << "\n"
     << "metrics:\n"
     << "  listen: " << (c.metrics_listen.empty() ? "\"\"" : YamlString(c.metrics_listen)) << "\n";
   char mode[8];
@@ -162,6 +163,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);
   add("limits.max_frame_bytes", std::to_string(c.max_frame_bytes), false);
   add("limits.hello_timeout_ms", std::to_string(c.hello_timeout_ms), true);
+  add("limits.lease_timeout_ms", std::to_string(c.lease_timeout_ms), true);
   add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
   add("access.allow_users", IdList(c.access.allow_users), false);
   add("access.allow_groups", IdList(c.access.allow_groups), false);
@@ -202,6 +204,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.max_clients = loaded.max_clients;
   n.max_leases_per_client = loaded.max_leases_per_client;
   n.hello_timeout_ms = loaded.hello_timeout_ms;
+  n.lease_timeout_ms = loaded.lease_timeout_ms;
 
   const std::vector<Setting> before = Flatten(running), after = Flatten(loaded);
   auto find = [](const std::vector<Setting>& in, const std::string& key) -> const Setting* {
