@@ -14,8 +14,9 @@
 //  - every slot is free, or owned by exactly one block or write lease;
 //  - a tenant's write-lease slots count against its GPU quota until committed
 //    (then its new blocks do) or given back;
-//  - with a lease timeout, no lease outlives it by more than the time to the
-//    next Tick (ExpireLeases): its slots come free, its pins end.
+//  - with a lease timeout, a lease older than it is revoked by the next Tick
+//    (ExpireLeases; a backlog past the per-call work bound by the ticks after):
+//    its slots come free, its pins end.
 #pragma once
 
 #include <chrono>
