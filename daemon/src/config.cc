@@ -411,7 +411,8 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("hello_timeout_ms", &c.hello_timeout_ms, 10, 600000));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("lease_timeout_ms", &c.lease_timeout_ms, 0, 86400000));
       if (c.lease_timeout_ms != 0 && c.lease_timeout_ms < 100) {
-        return s.Error("lease_timeout_ms", "must be 0 (never) or at least 100, got " + std::to_string(c.lease_timeout_ms));
+        return s.Error("lease_timeout_ms",
+                       "must be 0 (never) or at least 100, got " + std::to_string(c.lease_timeout_ms));
       }
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }

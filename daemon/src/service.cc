@@ -122,8 +122,9 @@ void Service::NoteExpiredLease(ClientState& c, uint64_t lease, const char* use) 
   if (c.told_lease_expired) return;  // Once per client.
   c.told_lease_expired = true;
   LogWarn("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ", tenant '" +
-          c.tenant + "') " + use + " lease " + std::to_string(lease) + ", which had expired (limits.lease_timeout_ms: " +
-          std::to_string(config_.lease_timeout_ms) + " ms); further ones of this client are not logged");
+          c.tenant + "') " + use + " lease " + std::to_string(lease) +
+          ", which had expired (limits.lease_timeout_ms: " + std::to_string(config_.lease_timeout_ms) +
+          " ms); further ones of this client are not logged");
 }
 
 void Service::SaveForRestart(std::chrono::milliseconds budget) { warm_.SaveAtShutdown(engines_, config_, budget); }

@@ -376,7 +376,8 @@ TEST_F(CachectlTest, Stats) {
   EXPECT_EQ(text.lines[3].rfind("rpc latency:  p50 ", 0), 0u) << text.out();
   EXPECT_NE(text.lines[3].find(", p99 "), std::string::npos) << text.out();
   EXPECT_EQ(text.lines[4], "evictions:    0 sessions evicted, 0 blocks dropped under pressure") << text.out();
-  EXPECT_EQ(text.lines[5], "leases:       0 held (0 read, 0 write on 0 gpu slots), oldest -; 0 expired (0 write, 0 read)")
+  EXPECT_EQ(text.lines[5],
+            "leases:       0 held (0 read, 0 write on 0 gpu slots), oldest -; 0 expired (0 write, 0 read)")
       << text.out();
 
   auto r = Run({"stats", "--json"});

@@ -36,8 +36,8 @@ constexpr auto kReply = std::chrono::seconds(10);
 // tenants without quotas. The test runs as kvtierd's own user, an admin, so
 // it may connect as any of them.
 std::string Config(uint32_t lease_timeout_ms, const std::string& limits = "") {
-  return std::string(testing::kSmallDaemonConfig) + "limits:\n  lease_timeout_ms: " +
-         std::to_string(lease_timeout_ms) + "\n" + limits +
+  return std::string(testing::kSmallDaemonConfig) + "limits:\n  lease_timeout_ms: " + std::to_string(lease_timeout_ms) +
+         "\n" + limits +
          "tenants:\n"
          "  - name: q\n    gpu_blocks: " +
          std::to_string(kQuota) +
@@ -223,7 +223,8 @@ TEST_F(LeaseAttack, AStoppedWorkerHoldingEveryGpuSlotLosesItsLeasesAfterTheTimeo
   constexpr uint32_t kTimeoutMs = 1000;
   constexpr uint32_t kChunk = 64;
   Start(Config(kTimeoutMs));
-  const std::vector<TokenId> before = Tokens(32, 10), after = Tokens(kGpuSlots / 2, 11), hog_tokens = Tokens(kChunk, 12);
+  const std::vector<TokenId> before = Tokens(32, 10), after = Tokens(kGpuSlots / 2, 11),
+                             hog_tokens = Tokens(kChunk, 12);
   {
     auto victim = Connect(*daemon_, "victim");
     ASSERT_TRUE(victim.ok());
@@ -309,8 +310,9 @@ TEST_F(LeaseAttack, AStoppedWorkerHoldingEveryGpuSlotLosesItsLeasesAfterTheTimeo
   EXPECT_TRUE(ExpectIntact(**victim, after).ok());
   EXPECT_TRUE(ExpectIntact(**victim, before).ok());
   const std::string log = daemon_->log();
-  EXPECT_NE(log.find("gpu slots back to the pool) and 0 read leases held longer than limits.lease_timeout_ms (1000 ms)"),
-            std::string::npos)
+  EXPECT_NE(
+      log.find("gpu slots back to the pool) and 0 read leases held longer than limits.lease_timeout_ms (1000 ms)"),
+      std::string::npos)
       << "a line for the revocations";
   EXPECT_NE(log.find("committed lease"), std::string::npos);
   EXPECT_NE(log.find("which had expired"), std::string::npos);

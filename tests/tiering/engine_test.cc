@@ -2156,8 +2156,8 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
           break;
         }
         EXPECT_LE(Usage(ns_, Tier::kGpu) + engine_->tenant_usage(ns_).leased, 6u) << "step " << step;
-        auto r = engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, c.tokens,
-                                 std::span(w->slots).first(c.blocks()));
+        auto r =
+            engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, c.tokens, std::span(w->slots).first(c.blocks()));
         if (rng() % 3 == 0) {
           writes.push_back(w->id);
         } else {

@@ -118,8 +118,8 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     if (a.blocks != want.blocks || a.moving_to != want.moving_to) {
       st = Fail("tenant usage of '" + a.tenant.name + "' is off");
     } else if (a.leased != want.leased) {
-      st = Fail("tenant '" + a.tenant.name + "' counts " + std::to_string(a.leased) + " leased slots, its write leases hold " +
-                std::to_string(want.leased));
+      st = Fail("tenant '" + a.tenant.name + "' counts " + std::to_string(a.leased) +
+                " leased slots, its write leases hold " + std::to_string(want.leased));
     } else if (a.sessions != want.sessions) {
       st = Fail("session count of tenant '" + a.tenant.name + "' is off");
     }

@@ -127,11 +127,11 @@ struct ReadLease {
 
 // What one ExpireLeases call revoked.
 struct LeaseExpiry {
-  uint32_t write = 0;       // Write leases revoked.
-  uint32_t read = 0;        // Read leases revoked.
-  uint32_t slots = 0;       // GPU slots the write leases gave back.
-  uint32_t records = 0;     // Blocks the read leases unpinned.
-  bool more = false;        // Expired leases are left for the next call (the work bound).
+  uint32_t write = 0;    // Write leases revoked.
+  uint32_t read = 0;     // Read leases revoked.
+  uint32_t slots = 0;    // GPU slots the write leases gave back.
+  uint32_t records = 0;  // Blocks the read leases unpinned.
+  bool more = false;     // Expired leases are left for the next call (the work bound).
   uint32_t leases() const { return write + read; }
 };
 
@@ -162,8 +162,8 @@ struct EngineStats {
   uint32_t sessions = 0;
   uint32_t read_leases = 0;
   uint32_t write_leases = 0;
-  uint32_t leased_slots = 0;       // GPU slots in write leases (part of used[kGpu]).
-  uint64_t oldest_lease_ms = 0;    // Age of the oldest lease held; 0 when none is.
+  uint32_t leased_slots = 0;     // GPU slots in write leases (part of used[kGpu]).
+  uint64_t oldest_lease_ms = 0;  // Age of the oldest lease held; 0 when none is.
   uint32_t copies_in_flight = 0;
   uint64_t hit_blocks = 0;
   uint64_t miss_blocks = 0;
