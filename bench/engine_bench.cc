@@ -328,7 +328,7 @@ PromptFigures BenchPrompt(const Sizes& z) {
     }
     for (uint32_t start = 0; start < kPromptBlocks; start += kTurnBlocks) {
       for (uint32_t s = 0; s < group; ++s) {
-        auto lease = engine.Allocate(kTurnBlocks);
+        auto lease = engine.Allocate(tenant, kTurnBlocks);
         if (!lease.ok()) Die("allocate", lease.status());
         const BlockKey parent = start == 0 ? BlockKey{} : keys[size_t{s} * kPromptBlocks + start - 1];
         const TokenId* toks = &prompts[size_t{first + s} * kPromptTokens + size_t{start} * kBlockTokens];

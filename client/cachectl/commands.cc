@@ -462,6 +462,14 @@ void PrintStatsSummary(const StatMap& s) {
   std::printf("evictions:    %s sessions evicted, %s blocks dropped under pressure\n",
               FormatNumber(StatValue(s, "evicted_sessions")).c_str(),
               FormatNumber(StatValue(s, "dropped_blocks")).c_str());
+  const double read = StatValue(s, "read_leases"), write = StatValue(s, "write_leases");
+  std::printf("leases:       %s held (%s read, %s write on %s gpu slots), oldest %s; %s expired (%s write, %s read)\n",
+              FormatNumber(read + write).c_str(), FormatNumber(read).c_str(), FormatNumber(write).c_str(),
+              FormatNumber(StatValue(s, "leased_slots")).c_str(),
+              read + write > 0 ? FormatDuration(StatValue(s, "oldest_lease_age_s")).c_str() : "-",
+              FormatNumber(StatValue(s, "leases_expired")).c_str(),
+              FormatNumber(StatValue(s, "write_leases_expired")).c_str(),
+              FormatNumber(StatValue(s, "read_leases_expired")).c_str());
 }
 
 int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
@@ -513,9 +521,9 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
           return it == v.end() || it->second == 0 ? std::string("unlimited") : FormatNumber(it->second);
         };
         auto get = [&](const char* key) { auto it = v.find(key); return it == v.end() ? 0.0 : it->second; };
-        std::printf("tenant %-8s gpu %s blocks (quota %s), host %s blocks (quota %s)\n", name.c_str(),
-                    FormatNumber(get("gpu_blocks")).c_str(), quota("gpu_quota").c_str(),
-                    FormatNumber(get("host_blocks")).c_str(), quota("host_quota").c_str());
+        std::printf("tenant %-8s gpu %s blocks + %s leased slots (quota %s), host %s blocks (quota %s)\n",
+                    name.c_str(), FormatNumber(get("gpu_blocks")).c_str(), FormatNumber(get("leased_blocks")).c_str(),
+                    quota("gpu_quota").c_str(), FormatNumber(get("host_blocks")).c_str(), quota("host_quota").c_str());
       }
       std::printf("\n");
       size_t width = 0;

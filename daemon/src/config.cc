@@ -417,6 +417,11 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
         return s.Error("max_reply_backlog_bytes", "must be in [64KiB, 1GiB]");
       }
       c.max_reply_backlog_bytes = static_cast<uint32_t>(backlog);
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("lease_timeout_ms", &c.lease_timeout_ms, 0, 86400000));
+      if (c.lease_timeout_ms != 0 && c.lease_timeout_ms < 100) {
+        return s.Error("lease_timeout_ms",
+                       "must be 0 (never) or at least 100, got " + std::to_string(c.lease_timeout_ms));
+      }
       KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
     }
     if (YAML::Node m = top.Get("metrics")) {

@@ -87,6 +87,9 @@ struct DaemonConfig {
   // (until its replies drain below it); a reply finding kReplyCloseFactor times
   // as many unsent closes it.
   uint32_t max_reply_backlog_bytes = 4u << 20;
+  // A lease (Allocate's write lease, Acquire's read lease) older than this is
+  // revoked at the next tick: its slots go back to the pool, its pins end; 0: never.
+  uint32_t lease_timeout_ms = 30000;
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.
@@ -122,9 +125,10 @@ Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
 // effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
-// limits.max_leases_per_client, limits.hello_timeout_ms, limits.frame_timeout_ms
-// and limits.max_reply_backlog_bytes); the rest shape shared memory, the socket
-// or what clients were told at Hello, and keep their running values.
+// limits.max_leases_per_client, limits.hello_timeout_ms, limits.frame_timeout_ms,
+// limits.max_reply_backlog_bytes and limits.lease_timeout_ms); the rest shape
+// shared memory, the socket or what clients were told at Hello, and keep their
+// running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.
   std::vector<std::string> applied;  // "tiering.tick_ms: 20 -> 50", one per reloadable setting that changes.

@@ -93,6 +93,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  hello_timeout_ms: " << c.hello_timeout_ms << "\n"
     << "  frame_timeout_ms: " << c.frame_timeout_ms << "\n"
     << "  max_reply_backlog_bytes: " << c.max_reply_backlog_bytes << "\n"
+    << "  lease_timeout_ms: " << c.lease_timeout_ms << "\n"
     << "metrics:\n"
     << "  listen: " << (c.metrics_listen.empty() ? "\"\"" : YamlString(c.metrics_listen)) << "\n";
   char mode[8];
@@ -166,6 +167,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("limits.hello_timeout_ms", std::to_string(c.hello_timeout_ms), true);
   add("limits.frame_timeout_ms", std::to_string(c.frame_timeout_ms), true);
   add("limits.max_reply_backlog_bytes", std::to_string(c.max_reply_backlog_bytes), true);
+  add("limits.lease_timeout_ms", std::to_string(c.lease_timeout_ms), true);
   add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
   add("access.allow_users", IdList(c.access.allow_users), false);
   add("access.allow_groups", IdList(c.access.allow_groups), false);
@@ -208,6 +210,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.hello_timeout_ms = loaded.hello_timeout_ms;
   n.frame_timeout_ms = loaded.frame_timeout_ms;
   n.max_reply_backlog_bytes = loaded.max_reply_backlog_bytes;
+  n.lease_timeout_ms = loaded.lease_timeout_ms;
 
   const std::vector<Setting> before = Flatten(running), after = Flatten(loaded);
   auto find = [](const std::vector<Setting>& in, const std::string& key) -> const Setting* {

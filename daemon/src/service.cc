@@ -31,6 +31,7 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.max_sessions = config.max_sessions;
   o.max_sessions_per_tenant = config.max_sessions_per_tenant;
   o.max_blocks_per_request = config.max_blocks_per_request;
+  o.lease_timeout = std::chrono::milliseconds(config.lease_timeout_ms);
   o.name = p.profile.name;
   o.index_segment = shm_names::Index(config.instance, p.profile.name);
   for (const TenantConfig& t : config.tenants) {
@@ -89,8 +90,39 @@ std::string Service::Describe() const {
 }
 
 void Service::Tick() {
-  for (auto& e : engines_) e->Tick();
+  for (auto& e : engines_) {
+    const tiering::LeaseExpiry expired = e->Tick();
+    lease_log_.write += expired.write;
+    lease_log_.read += expired.read;
+    lease_log_.slots += expired.slots;
+  }
+  LogExpiredLeases();
   warm_.MaybeSnapshot(engines_, config_);
+}
+
+void Service::LogExpiredLeases() {
+  ExpiredLeaseLog& l = lease_log_;
+  if (l.write + l.read == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (l.logged && now - *l.logged < kExpiredLeaseLogPeriod) return;
+  l.logged = now;
+  auto count = [](uint64_t n, const char* what) {
+    return std::to_string(n) + " " + what + " lease" + (n == 1 ? "" : "s");
+  };
+  LogWarn("revoked " + count(l.write, "write") + " (" + std::to_string(l.slots) + " gpu slots back to the pool) and " +
+          count(l.read, "read") + " held longer than limits.lease_timeout_ms (" +
+          std::to_string(config_.lease_timeout_ms) + " ms); at most one such line every " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kExpiredLeaseLogPeriod).count()) + " s");
+  l.write = l.read = l.slots = 0;
+}
+
+void Service::NoteExpiredLease(ClientState& c, uint64_t lease, const char* use) {
+  if (c.told_lease_expired) return;  // Once per client.
+  c.told_lease_expired = true;
+  LogWarn("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ", tenant '" +
+          c.tenant + "') " + use + " lease " + std::to_string(lease) +
+          ", which had expired (limits.lease_timeout_ms: " + std::to_string(config_.lease_timeout_ms) +
+          " ms); further ones of this client are not logged");
 }
 
 void Service::SaveForRestart(std::chrono::milliseconds budget) { warm_.SaveAtShutdown(engines_, config_, budget); }
@@ -261,11 +293,12 @@ Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
                              " leases, the limit (limits.max_leases_per_client)");
   }
   Engine& e = *engines_[c.profile];
-  auto r = e.TryAllocate(m.count);
+  // The slots count against the client's tenant's GPU quota until committed.
+  auto r = e.TryAllocate(TenantOf(c), m.count);
   if (r.ok() && !r->has_value()) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: answer with what there is now (it may drop or fail).
-    r = e.TryAllocate(m.count, /*may_wait=*/false);
+    r = e.TryAllocate(TenantOf(c), m.count, /*may_wait=*/false);
   }
   if (!r.ok()) return r.status();
   tiering::WriteLease& w = **r;
@@ -282,7 +315,10 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
   }
   auto r = engines_[c.profile]->Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block,
                                        m.tokens, m.slots);
-  if (!r.ok()) return r.status();
+  if (!r.ok()) {
+    if (engines_[c.profile]->LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "committed");
+    return r.status();
+  }
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
   // the demotions now, not at the next tick, so the next Allocate finds room.
   engines_[c.profile]->EnforceWatermarks();
@@ -316,7 +352,10 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
 
 Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
   if (!c.leases.erase(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
-  const Status st = engines_[c.profile]->Release(m.lease_id);
+  Engine& e = *engines_[c.profile];
+  // A lease the timeout revoked is forgotten now, with an error saying so.
+  if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "released");
+  const Status st = e.Release(m.lease_id);
   if (!st.ok()) return st;
   return Reply{wire::OkResponse{}};
 }

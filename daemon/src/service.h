@@ -45,6 +45,8 @@ struct ClientState {
   // Set while an Allocate or Acquire of this client waits for GPU room (the
   // reply is deferred); when it was first deferred.
   std::optional<std::chrono::steady_clock::time_point> waiting_for_room;
+  // It used a lease the lease timeout had revoked, and the log said so.
+  bool told_lease_expired = false;
 };
 
 // What a request gets.
@@ -72,6 +74,10 @@ struct Reply {
 // without promoting it, its host-tier blocks in the host tier).
 inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 
+// Leases revoked by limits.lease_timeout_ms are logged at most this often (in
+// one line with the counts since the last one).
+inline constexpr std::chrono::seconds kExpiredLeaseLogPeriod{10};
+
 class Service {
  public:
   static Result<std::unique_ptr<Service>> Create(const DaemonConfig& config);
@@ -83,7 +89,8 @@ class Service {
   Reply Handle(ClientState& client, const wire::Message& request);
   // The client is gone: end its leases (uncommitted slots come free).
   void Disconnect(ClientState& client);
-  // Applies finished copies, expires priorities and enforces watermarks on every engine.
+  // Applies finished copies, revokes leases held past limits.lease_timeout_ms,
+  // expires priorities and enforces watermarks on every engine.
   void Tick();
   void Poll();
   // Copies are running on some engine (the host backend's copy thread then
@@ -106,7 +113,8 @@ class Service {
 
   // Runs with `next` from now on: PlanReload(config(), loaded).next, which
   // differs from config() in reloadable settings only. The engines take the new
-  // watermarks, all or none (they check them alike). The log level is the
+  // watermarks, copy batch and lease timeout, all or none (they check them
+  // alike). The log level is the
   // caller's to set (after it logged the reload).
   Status Reconfigure(const DaemonConfig& next);
 
@@ -156,6 +164,10 @@ class Service {
 
   // True (and the wait starts or goes on) if the client may still wait for room.
   bool MayWaitForRoom(ClientState& c);
+  // Logs the leases the ticks revoked, at most once per kExpiredLeaseLogPeriod.
+  void LogExpiredLeases();
+  // Logs, once per client, that it `use`d ("committed") a lease that had expired.
+  void NoteExpiredLease(ClientState& c, uint64_t lease, const char* use);
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
   // The client's own tenant, and tenant `name` of engine `e`.
   static tiering::Tenant TenantOf(const ClientState& c);
@@ -176,6 +188,11 @@ class Service {
   AccessPolicy access_;
   std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
   ServiceCounters counters_;
+  // Leases revoked since the last log line about them.
+  struct ExpiredLeaseLog {
+    uint64_t write = 0, read = 0, slots = 0;
+    std::optional<std::chrono::steady_clock::time_point> logged;  // The last line.
+  } lease_log_;
 };
 
 }  // namespace kvtier::daemon

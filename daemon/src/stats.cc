@@ -73,10 +73,19 @@ Value RpcErrors(const StatsView& v, const StatPoint& at) {
   return static_cast<double>(v.counters.per_type.at(at.type).errors);
 }
 
-Value TenantBlocks(const StatsView& v, const StatPoint& at) {
+tiering::TenantUsage UsageOf(const StatsView& v, const StatPoint& at) {
   const tiering::Engine& e = *v.engines[at.profile];
-  const auto u = e.tenant_usage(tiering::Tenant::Make(e.profile().Fingerprint(), *at.tenant).ns);
-  return u.blocks[at.tier];
+  return e.tenant_usage(tiering::Tenant::Make(e.profile().Fingerprint(), *at.tenant).ns);
+}
+Value TenantBlocks(const StatsView& v, const StatPoint& at) { return UsageOf(v, at).blocks[at.tier]; }
+Value TenantLeased(const StatsView& v, const StatPoint& at) { return UsageOf(v, at).leased; }
+
+Value OldestLeaseAge(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.engine_stats[at.profile].oldest_lease_ms) / 1000.0;
+}
+Value LeasesExpired(const StatsView& v, const StatPoint& at) {
+  const tiering::EngineStats& s = v.engine_stats[at.profile];
+  return static_cast<double>(s.expired_write_leases + s.expired_read_leases);
 }
 // Only for a configured tenant (tenants:), 0 meaning unlimited.
 Value TenantQuota(const StatsView& v, const StatPoint& at) {
@@ -129,6 +138,19 @@ constexpr StatRow kStats[] = {
   {"read_leases", "kvtier_leases", Type::kGauge, "Leases held by clients now, by kind", S::kProfile, {"kind", "read"},
    &Engine<&E::read_leases>},
   {"write_leases", "kvtier_leases", Type::kGauge, nullptr, S::kProfile, {"kind", "write"}, &Engine<&E::write_leases>},
+  {"leased_slots", "kvtier_leased_slots", Type::kGauge,
+   "GPU slots reserved by write leases and not committed yet (counted in the tier's used slots and the tenants' gpu "
+   "quotas)", S::kProfile, kNoLabel, &Engine<&E::leased_slots>},
+  {"oldest_lease_age_s", "kvtier_oldest_lease_age_seconds", Type::kGauge,
+   "Age of the oldest lease held (0: none); limits.lease_timeout_ms revokes a lease at that age", S::kProfile,
+   kNoLabel, &OldestLeaseAge},
+  {"leases_expired", nullptr, Type::kCounter, "Leases revoked for being held longer than limits.lease_timeout_ms",
+   S::kProfile, kNoLabel, &LeasesExpired},
+  {"write_leases_expired", "kvtier_leases_expired_total", Type::kCounter,
+   "Leases revoked for being held longer than limits.lease_timeout_ms, by kind (a write lease's slots went back to the "
+   "pool, a read lease's blocks were unpinned)", S::kProfile, {"kind", "write"}, &Engine<&E::expired_write_leases>},
+  {"read_leases_expired", "kvtier_leases_expired_total", Type::kCounter, nullptr, S::kProfile, {"kind", "read"},
+   &Engine<&E::expired_read_leases>},
   {"copies_in_flight", "kvtier_copies_in_flight", Type::kGauge, "Blocks with a copy between tiers in flight",
    S::kProfile, kNoLabel, &Engine<&E::copies_in_flight>},
   {"hit_blocks", "kvtier_lookup_blocks_total", Type::kCounter, "Blocks asked for by Acquire, found (hit) or not (miss)",
@@ -148,7 +170,8 @@ constexpr StatRow kStats[] = {
   {"evicted_sessions", "kvtier_evicted_sessions_total", Type::kCounter,
    "Sessions removed (cachectl evict, limits.max_sessions)", S::kProfile, kNoLabel, &Engine<&E::evicted_sessions>},
   {"allocation_failures", "kvtier_allocation_failures_total", Type::kCounter,
-   "Allocate requests refused for want of GPU slots", S::kProfile, kNoLabel, &Engine<&E::allocation_failures>},
+   "Allocate requests refused for want of GPU slots (in the tier, or under the tenant's gpu quota)", S::kProfile,
+   kNoLabel, &Engine<&E::allocation_failures>},
   {"warm_adopted_blocks", "kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
    S::kProfile, kNoLabel, &Engine<&E::warm_adopted_blocks>},
   {"warm_dropped_blocks", "kvtier_warm_dropped_blocks", Type::kGauge,
@@ -202,18 +225,25 @@ constexpr StatRow kStats[] = {
   {nullptr, "kvtier_config_reloads_total", Type::kCounter, nullptr, S::kDaemon, {"result", "rejected"},
    &Counter<&C::reloads_rejected>},
 
-  // Blocks per tier of each tenant (a client that is not an admin sees its own), and their quotas.
+  // Blocks per tier of each tenant (a client that is not an admin sees its own),
+  // their quotas, and the GPU slots of their write leases (which the gpu quota counts too).
   {"tenant.{tenant}.{tier}_blocks", "kvtier_tenant_blocks", Type::kGauge,
    "Blocks a tenant holds, by profile and tier (moves count where they land)", S::kTenantTier, kNoLabel,
    &TenantBlocks},
-  {"tenant.{tenant}.{tier}_quota", nullptr, Type::kGauge, "A configured tenant's quota in the tier (0: unlimited)",
+  {"tenant.{tenant}.{tier}_quota", nullptr, Type::kGauge,
+   "A configured tenant's quota in the tier (0: unlimited); the gpu quota counts gpu_blocks + leased_blocks",
    S::kTenantTier, kNoLabel, &TenantQuota},
+  {"tenant.{tenant}.leased_blocks", "kvtier_tenant_leased_blocks", Type::kGauge,
+   "GPU slots of a tenant's write leases, not committed yet (its gpu quota counts them), by profile", S::kTenant,
+   kNoLabel, &TenantLeased},
 };
 // clang-format on
 
 // ---- Rendering ----
 
-bool PerProfile(StatScope s) { return s == S::kProfile || s == S::kProfileTier || s == S::kTenantTier; }
+bool PerProfile(StatScope s) {
+  return s == S::kProfile || s == S::kProfileTier || s == S::kTenantTier || s == S::kTenant;
+}
 
 // The points of `scope` within profile `profile`, in the order they are listed.
 std::vector<StatPoint> Points(const StatsView& v, StatScope scope, size_t profile) {
@@ -240,6 +270,12 @@ std::vector<StatPoint> Points(const StatsView& v, StatScope scope, size_t profil
       for (const std::string& tenant : v.tenants) {
         at.tenant = &tenant;
         each(&StatPoint::tier, kTiers);
+      }
+      break;
+    case S::kTenant:
+      for (const std::string& tenant : v.tenants) {
+        at.tenant = &tenant;
+        out.push_back(at);
       }
       break;
     case S::kDirection:
@@ -291,6 +327,10 @@ Labels LabelsAt(const StatsView& v, const StatRow& row, const StatPoint& at) {
       profile();
       out.emplace_back("tenant", *at.tenant);
       out.emplace_back("tier", TierName(at.tier));
+      break;
+    case S::kTenant:
+      profile();
+      out.emplace_back("tenant", *at.tenant);
       break;
     case S::kDirection:
       out.emplace_back("direction", DirectionName(at.direction));

@@ -83,6 +83,7 @@ enum class StatScope : uint8_t {
   kProfile,      // Per profile (label profile).
   kProfileTier,  // Per profile and tier (profile, tier); the name holds "{tier}".
   kTenantTier,   // Per profile, tenant and tier (profile, tenant, tier); "{tenant}", "{tier}".
+  kTenant,       // Per profile and tenant (profile, tenant); the name holds "{tenant}".
   kDirection,    // Per copy direction, for the backend's copy engine (direction); "{direction}".
   kRequestType,  // Per request type answered so far (type).
 };

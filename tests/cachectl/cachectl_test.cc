@@ -376,6 +376,9 @@ TEST_F(CachectlTest, Stats) {
   EXPECT_EQ(text.lines[3].rfind("rpc latency:  p50 ", 0), 0u) << text.out();
   EXPECT_NE(text.lines[3].find(", p99 "), std::string::npos) << text.out();
   EXPECT_EQ(text.lines[4], "evictions:    0 sessions evicted, 0 blocks dropped under pressure") << text.out();
+  EXPECT_EQ(text.lines[5],
+            "leases:       0 held (0 read, 0 write on 0 gpu slots), oldest -; 0 expired (0 write, 0 read)")
+      << text.out();
 
   auto r = Run({"stats", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -388,6 +391,9 @@ TEST_F(CachectlTest, Stats) {
   EXPECT_EQ(j["committed_blocks"], 15);
   EXPECT_TRUE(j["uptime_s"].is_number());
   EXPECT_TRUE(j.contains("allocation_failures"));
+  EXPECT_EQ(j["leases_expired"], 0);
+  EXPECT_EQ(j["leased_slots"], 0);
+  EXPECT_EQ(j["oldest_lease_age_s"], 0) << "no lease is held";
   // The workers' commits looked their prompts up first: all misses.
   const double hits = j["hit_blocks"], misses = j["miss_blocks"];
   EXPECT_EQ(misses, 12);
@@ -493,6 +499,7 @@ TEST_F(CachectlTenantTest, AnAdminSeesEveryTenantAndFiltersByOne) {
   EXPECT_FALSE(s["tenants"].contains("b"));
   EXPECT_EQ(s["tenants"]["a"]["gpu_blocks"], 2);
   EXPECT_EQ(s["tenants"]["a"]["gpu_quota"], 8);
+  EXPECT_EQ(s["tenants"]["a"]["leased_blocks"], 0) << "its write lease was committed and released";
   auto text = Run({"stats"});
   ASSERT_EQ(text.rc, 0) << text.err;
   EXPECT_NE(text.out().find("tenant b"), std::string::npos) << text.out();

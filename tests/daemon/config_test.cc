@@ -474,6 +474,33 @@ TEST(ConfigTest, AConfigFileOverOneMiBIsRefusedUnparsed) {
       << endless.status().message();
 }
 
+TEST(ConfigTest, LeaseTimeoutDefaultsTo30SecondsIsCheckedRoundTripsAndReloads) {
+  auto def = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->lease_timeout_ms, 30000u);
+  for (const char* ok : {"0", "100", "86400000"}) {
+    auto c = ParseConfig(std::string(kMinimal) + "limits:\n  lease_timeout_ms: " + ok + "\n", "test.yaml");
+    ASSERT_TRUE(c.ok()) << ok << ": " << c.status().ToString();
+    EXPECT_EQ(c->lease_timeout_ms, std::stoul(ok));
+    auto again = ParseConfig(DumpConfig(*c), "dump");
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->lease_timeout_ms, c->lease_timeout_ms);
+  }
+  for (const char* bad : {"1", "99", "86400001", "-1", "soon"}) {
+    const std::string e = ErrorOf(std::string(kMinimal) + "limits:\n  lease_timeout_ms: " + bad + "\n");
+    EXPECT_NE(e.find("limits.lease_timeout_ms"), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "limits:\n  lease_timeout_ms: 5\n").find("0 (never) or at least 100"),
+            std::string::npos);
+  auto off = ParseConfig(std::string(kMinimal) + "limits:\n  lease_timeout_ms: 0\n", "test.yaml");
+  ASSERT_TRUE(off.ok());
+  const ReloadPlan plan = PlanReload(*def, *off);
+  EXPECT_EQ(plan.next.lease_timeout_ms, 0u) << "the engines take the new timeout at once";
+  EXPECT_TRUE(plan.kept.empty());
+  ASSERT_EQ(plan.applied.size(), 1u);
+  EXPECT_EQ(plan.applied[0], "limits.lease_timeout_ms: 30000 -> 0");
+}
+
 // Found by kvtier-fuzz-config (tests/fuzz/corpus/config/found_*): malformed
 // numbers used to escape ParseByteSize as std::invalid_argument / out_of_range.
 TEST(ConfigTest, MalformedByteSizesAreErrorsNotExceptions) {

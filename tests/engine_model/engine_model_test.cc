@@ -136,7 +136,7 @@ class EngineModel {
       // not look first): the cached blocks come back as duplicates.
       const uint32_t start = rng_() % 6 == 0 ? 0 : lease->matched;
       const uint32_t fresh = n - start;
-      auto w = engine_->Allocate(fresh);
+      auto w = engine_->Allocate(c.tenant, fresh);
       if (!w.ok()) {
         ASSERT_EQ(w.status().code(), StatusCode::kResourceExhausted) << Where() << ": " << w.status().ToString();
         ++stats_.alloc_failures;

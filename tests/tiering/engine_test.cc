@@ -240,7 +240,7 @@ class EngineTest : public ::testing::Test {
   // does after prefill. The write lease is released.
   CommitResult Put(const std::string& session, const Chain& c, uint32_t from = 0) {
     const uint32_t n = c.blocks() - from;
-    auto w = engine_->Allocate(n);
+    auto w = engine_->Allocate(tenant_, n);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     if (!w.ok()) return {};
     EXPECT_EQ(w->slots.size(), n);
@@ -345,7 +345,7 @@ class EngineTest : public ::testing::Test {
 TEST_F(EngineTest, AllocateCommitAcquireRoundTrip) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 3);
-  auto w = engine_->Allocate(3);
+  auto w = engine_->Allocate(tenant_, 3);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   ASSERT_EQ(w->slots.size(), 3u);
   EXPECT_NE(w->id, 0u);
@@ -462,7 +462,7 @@ TEST_F(EngineTest, DuplicateCommitKeepsTheFirstCopyAndFreesTheSlot) {
 
   // A second worker prefilled the same prompt concurrently and commits it too,
   // with other bytes in its slots.
-  auto w = engine_->Allocate(3);
+  auto w = engine_->Allocate(tenant_, 3);
   ASSERT_TRUE(w.ok());
   for (uint32_t s : w->slots)
     std::memset(engine_->pool(Tier::kGpu).slot_data(s), 0xee, engine_->profile().BlockBytes());
@@ -501,7 +501,7 @@ TEST_F(EngineTest, DuplicateCommitKeepsTheFirstCopyAndFreesTheSlot) {
 TEST_F(EngineTest, CommitPartOfALeaseKeepsTheRestReserved) {
   Start(Options(8, 8));
   const Chain c = MakeChain(3, 2);
-  auto w = engine_->Allocate(4);
+  auto w = engine_->Allocate(tenant_, 4);
   ASSERT_TRUE(w.ok());
   for (uint32_t i = 0; i < 2; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i + 1]), c.keys[i]);
   const uint32_t slots[] = {w->slots[1], w->slots[2]};
@@ -605,7 +605,7 @@ TEST_F(EngineTest, CommitMustContinueTheSessionItNames) {
   const Chain turn1 = MakeChain(1, 2);
   Put("s", turn1);
   const Chain turn2 = MakeChain(2, 2, &turn1);
-  auto w = engine_->Allocate(2);
+  auto w = engine_->Allocate(tenant_, 2);
   ASSERT_TRUE(w.ok());
   // A gap: the session holds 2 blocks, the commit claims to start at block 3.
   auto r = engine_->Commit(w->id, tenant_, "s", turn2.keys[2], 3, turn2.tokens_from(2), w->slots);
@@ -721,7 +721,7 @@ TEST_F(EngineTest, LeasedBlocksAreNeverDemotedOrFreed) {
   EXPECT_EQ(engine_->stats().used[Tier::kGpu], 3u);
   EXPECT_INVARIANTS();
   // Pressure cannot take them either.
-  auto w = engine_->Allocate(6);
+  auto w = engine_->Allocate(tenant_, 6);
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
   engine_->Tick();
   ExpectLeaseHolds(*lease, c);
@@ -1238,7 +1238,7 @@ TEST_F(EngineTest, FullPoolsWithEverythingLeasedRefuseAllocationAndLoseNothing) 
   Put("a", a);
   auto pin = Get("", a);
   ASSERT_TRUE(pin.ok());
-  auto w = engine_->Allocate(1);
+  auto w = engine_->Allocate(tenant_, 1);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(w.status().message().find("gpu tier full"), std::string::npos) << w.status().ToString();
@@ -1251,23 +1251,23 @@ TEST_F(EngineTest, FullPoolsWithEverythingLeasedRefuseAllocationAndLoseNothing) 
 
   // Write leases hold slots the same way.
   ASSERT_TRUE(engine_->Release(pin->id).ok());
-  auto w1 = engine_->Allocate(4);  // Demotes all of a (coldest, unleased) to the host tier.
+  auto w1 = engine_->Allocate(tenant_, 4);  // Demotes all of a (coldest, unleased) to the host tier.
   ASSERT_TRUE(w1.ok()) << w1.status().ToString();
   EXPECT_TRUE(freed_.empty());
   EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
-  auto w2 = engine_->Allocate(1);
+  auto w2 = engine_->Allocate(tenant_, 1);
   EXPECT_EQ(w2.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(engine_->stats().allocation_failures, 2u);
   EXPECT_INVARIANTS();
   ASSERT_TRUE(engine_->Release(w1->id).ok());
-  EXPECT_TRUE(engine_->Allocate(4).ok());
+  EXPECT_TRUE(engine_->Allocate(tenant_, 4).ok());
   EXPECT_INVARIANTS();
 }
 
 TEST_F(EngineTest, AllocateLargerThanTheTierIsRefused) {
   Start(Options(4, 4));
-  auto w = engine_->Allocate(5);
+  auto w = engine_->Allocate(tenant_, 5);
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(w.status().message().find("4 slots"), std::string::npos) << w.status().ToString();
 }
@@ -1277,7 +1277,7 @@ TEST_F(EngineTest, AllocateDemotesColdestBlocksBeforeDroppingAny) {
   const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
   Put("a", a);
   Put("b", b);
-  auto w = engine_->Allocate(2);
+  auto w = engine_->Allocate(tenant_, 2);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_TRUE(freed_.empty()) << "the host tier had room: nothing may be lost";
   EXPECT_EQ(engine_->stats().dropped_blocks, 0u);
@@ -1296,18 +1296,18 @@ TEST_F(EngineTest, TryAllocateNeverWaitsAndSucceedsOnceTheDemotionsLand) {
   Put("a", a);
   Put("b", b);
   const int waits = manual_->wait_calls;
-  auto pending = engine_->TryAllocate(2);
+  auto pending = engine_->TryAllocate(tenant_, 2);
   ASSERT_TRUE(pending.ok()) << pending.status().ToString();
   EXPECT_FALSE(pending->has_value()) << "the GPU tier is full; demotions of a were scheduled, not waited for";
   EXPECT_EQ(manual_->wait_calls, waits) << "TryAllocate must not wait on a fence";
   EXPECT_EQ(manual_->queued_ops(), 2u) << "the coldest session's blocks are being demoted";
   // Asking again before the copies land schedules nothing more.
-  auto again = engine_->TryAllocate(2);
+  auto again = engine_->TryAllocate(tenant_, 2);
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(again->has_value());
   EXPECT_EQ(manual_->queued_ops(), 2u);
   manual_->RunAll();
-  auto w = engine_->TryAllocate(2);
+  auto w = engine_->TryAllocate(tenant_, 2);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   ASSERT_TRUE(w->has_value());
   EXPECT_EQ((*w)->slots.size(), 2u);
@@ -1323,9 +1323,9 @@ TEST_F(EngineTest, TryAllocateThatMayNotWaitFailsWithoutLosingLeasedBlocks) {
   Put("a", a);
   auto pin = Get("", a);  // Nothing can be demoted or dropped.
   ASSERT_TRUE(pin.ok());
-  auto r = engine_->TryAllocate(1);
+  auto r = engine_->TryAllocate(tenant_, 1);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << "no copy in flight: nothing to wait for";
-  r = engine_->TryAllocate(1, /*may_wait=*/false);
+  r = engine_->TryAllocate(tenant_, 1, /*may_wait=*/false);
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE(freed_.empty());
   ASSERT_TRUE(engine_->Release(pin->id).ok());
@@ -1372,7 +1372,7 @@ TEST_F(EngineTest, AllocateDropsColdestUnleasedBlocksAsALastResort) {
   const Chain a = MakeChain(1, 3), b = MakeChain(2, 3);
   Put("a", a);
   Put("b", b);
-  auto w = engine_->Allocate(2);
+  auto w = engine_->Allocate(tenant_, 2);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_TRUE(WasFreed(a.keys[2], true));
   EXPECT_TRUE(WasFreed(a.keys[1], true));
@@ -1391,7 +1391,7 @@ TEST_F(EngineTest, FailedAllocateDropsNothing) {
   Put("b", b);
   auto pin = Get("", b);
   ASSERT_TRUE(pin.ok());
-  auto w = engine_->Allocate(3);
+  auto w = engine_->Allocate(tenant_, 3);
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE(freed_.empty()) << "blocks were dropped by an allocation that failed anyway";
   EXPECT_EQ(Matched(a), 2u);
@@ -1410,7 +1410,7 @@ TEST_F(EngineTest, AllocateWaitsForInFlightDemotionsInsteadOfDropping) {
   ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   EXPECT_EQ(engine_->stats().copies_in_flight, 4u);
   EXPECT_EQ(manual_->queued_ops(), 4u);
-  auto w = engine_->Allocate(2);
+  auto w = engine_->Allocate(tenant_, 2);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_GE(manual_->wait_calls, 1);
   EXPECT_TRUE(freed_.empty());
@@ -1427,12 +1427,12 @@ TEST_F(EngineTest, AllocateNeverDropsMovingBlocks) {
   Put("a", a);
   ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
   // The copies do not finish: the blocks are neither free nor droppable.
-  auto w = engine_->Allocate(2);
+  auto w = engine_->Allocate(tenant_, 2);
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE(freed_.empty());
   EXPECT_INVARIANTS();
   manual_->RunAll();
-  w = engine_->Allocate(2);
+  w = engine_->Allocate(tenant_, 2);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_TRUE(freed_.empty());
   ASSERT_TRUE(engine_->Release(w->id).ok());
@@ -1676,7 +1676,7 @@ TEST_F(EngineTest, SegmentsAreNamelessAndTheIndexIsReadOnlyToOthers) {
 TEST_F(EngineTest, CommitRejectsBadRequestsAndKeepsTheLease) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 2);
-  auto w = engine_->Allocate(2);
+  auto w = engine_->Allocate(tenant_, 2);
   ASSERT_TRUE(w.ok());
   const std::vector<uint32_t> slots = w->slots;
   auto code = [](const Result<CommitResult>& r) { return r.ok() ? StatusCode::kOk : r.status().code(); };
@@ -1698,7 +1698,7 @@ TEST_F(EngineTest, CommitRejectsBadRequestsAndKeepsTheLease) {
   const uint32_t twice[] = {slots[0], slots[0]};
   EXPECT_EQ(code(engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, twice)), StatusCode::kInvalidArgument);
   // A read lease is not a write lease.
-  auto rl = engine_->Allocate(1);
+  auto rl = engine_->Allocate(tenant_, 1);
   ASSERT_TRUE(rl.ok());
   const Chain one = MakeChain(2, 1);
   FillBlock(engine_->pool(Tier::kGpu).slot_data(rl->slots[0]), one.keys[0]);
@@ -1748,8 +1748,8 @@ TEST_F(EngineTest, RequestSizesAreChecked) {
   EngineOptions o = Options(8, 8);
   o.max_blocks_per_request = 4;
   Start(o);
-  EXPECT_EQ(engine_->Allocate(0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(engine_->Allocate(5).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->Allocate(tenant_, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->Allocate(tenant_, 5).status().code(), StatusCode::kInvalidArgument);
   const Chain c = MakeChain(1, 5);
   EXPECT_EQ(Get("", c).status().code(), StatusCode::kInvalidArgument) << "5 blocks > max_blocks_per_request";
   const Chain d = MakeChain(2, 2);
@@ -1823,7 +1823,7 @@ class EngineQuotaTest : public EngineTest {
   void PutOther(const std::string& session, uint32_t seed, uint32_t blocks) {
     std::vector<TokenId> tokens(blocks * kBt);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seed * 100003u + static_cast<TokenId>(i);
-    auto w = engine_->Allocate(blocks);
+    auto w = engine_->Allocate(other_, blocks);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     auto r = engine_->Commit(w->id, other_, session, BlockKey{}, 0, tokens, w->slots);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -1880,26 +1880,163 @@ TEST_F(EngineQuotaTest, WhenNothingCanMakeRoomTheErrorNamesTheQuota) {
   auto lease = Get("", c1, false);  // Leased blocks never move.
   ASSERT_TRUE(lease.ok());
   const Chain c2 = MakeChain(2, 2);
-  auto w = engine_->Allocate(2);
-  ASSERT_TRUE(w.ok());
-  auto r = engine_->Commit(w->id, tenant_, "s2", BlockKey{}, 0, c2.tokens, w->slots);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(r.status().message().find("tenant 'tenant' holds 2 gpu blocks, its quota is 2"), std::string::npos)
-      << r.status().message();
+  auto w = engine_->Allocate(tenant_, 2);
+  ASSERT_FALSE(w.ok()) << "the slots would take the tenant past its quota";
+  EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(w.status().message().find("allocate of 2 blocks: tenant 'tenant' holds 2 gpu blocks, its quota is 2"),
+            std::string::npos)
+      << w.status().message();
   EXPECT_EQ(Matched(c1), 2u) << "nothing was lost";
+  EXPECT_EQ(engine_->stats().allocation_failures, 1u);
   // More than the whole quota at once can never fit.
-  ASSERT_TRUE(engine_->Release(w->id).ok());
-  const Chain c3 = MakeChain(3, 3);
-  auto w3 = engine_->Allocate(3);
-  ASSERT_TRUE(w3.ok());
-  auto r3 = engine_->Commit(w3->id, tenant_, "s3", BlockKey{}, 0, c3.tokens, w3->slots);
-  ASSERT_FALSE(r3.ok());
-  EXPECT_NE(r3.status().message().find("commit of 3 new blocks"), std::string::npos) << r3.status().message();
+  auto w3 = engine_->Allocate(tenant_, 3);
+  ASSERT_FALSE(w3.ok());
+  EXPECT_NE(w3.status().message().find("allocate of 3 blocks"), std::string::npos) << w3.status().message();
   // Once the lease ends, s1 can make way.
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   Put("s2", c2);
   EXPECT_EQ(Usage(ns_, Tier::kGpu), 2u);
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 0u);
+  EXPECT_INVARIANTS();
+}
+
+// The slots of uncommitted write leases count against the GPU quota: a tenant
+// with a quota of 4 cannot hold more than 4 slots however it splits them, while
+// another tenant still allocates; a commit moves the charge to its blocks, a
+// release gives it back.
+TEST_F(EngineQuotaTest, WriteLeasesCountAgainstTheGpuQuota) {
+  Start(QuotaOptions(4, 0));
+  auto w1 = engine_->Allocate(tenant_, 3);
+  ASSERT_TRUE(w1.ok()) << w1.status().ToString();
+  auto w2 = engine_->Allocate(tenant_, 1);
+  ASSERT_TRUE(w2.ok()) << w2.status().ToString();
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 4u);
+  EXPECT_EQ(Usage(ns_, Tier::kGpu), 0u) << "gpu_blocks counts blocks; the slots are leased";
+  auto w3 = engine_->Allocate(tenant_, 1);
+  ASSERT_FALSE(w3.ok());
+  EXPECT_EQ(w3.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(w3.status().message().find("tenant 'tenant' holds 4 gpu blocks (4 of them slots of uncommitted write "
+                                       "leases), its quota is 4 (tenants: gpu_blocks)"),
+            std::string::npos)
+      << w3.status().message();
+  auto theirs = engine_->Allocate(other_, 20);
+  ASSERT_TRUE(theirs.ok()) << "another tenant's room is not this one's: " << theirs.status().ToString();
+  EXPECT_EQ(engine_->stats().leased_slots, 24u);
+  EXPECT_INVARIANTS();
+
+  // Committing 2 of w1's 3 slots: 2 blocks and 1 leased slot; the quota is still full.
+  const Chain c = MakeChain(1, 2);
+  for (uint32_t i = 0; i < 2; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w1->slots[i]), c.keys[i]);
+  auto r = engine_->Commit(w1->id, tenant_, "s", BlockKey{}, 0, c.tokens, std::span(w1->slots).first(2));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Usage(ns_, Tier::kGpu), 2u);
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 2u);
+  EXPECT_INVARIANTS();
+  // At the quota, one slot more comes from s's coldest block, demoted.
+  auto w5 = engine_->Allocate(tenant_, 1);
+  ASSERT_TRUE(w5.ok()) << w5.status().ToString();
+  EXPECT_EQ(Usage(ns_, Tier::kGpu), 1u);
+  EXPECT_EQ(Usage(ns_, Tier::kHost), 1u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  // Releasing w1 (its last slot), w2 and w5 leaves room for 3 under the quota.
+  ASSERT_TRUE(engine_->Release(w1->id).ok());
+  ASSERT_TRUE(engine_->Release(w2->id).ok());
+  ASSERT_TRUE(engine_->Release(w5->id).ok());
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 0u);
+  auto w4 = engine_->Allocate(tenant_, 3);
+  ASSERT_TRUE(w4.ok()) << w4.status().ToString();
+  EXPECT_EQ(Usage(ns_, Tier::kGpu), 1u) << "room was there: nothing more moved";
+  ExpectChainHolds(c, 2);
+  ASSERT_TRUE(engine_->Release(w4->id).ok());
+  ASSERT_TRUE(engine_->Release(theirs->id).ok());
+  EXPECT_EQ(engine_->stats().leased_slots, 0u);
+  EXPECT_INVARIANTS();
+}
+
+// At its quota, an allocation makes room from the tenant's own cold blocks as
+// a commit does: they are demoted (never lost, never another tenant's).
+TEST_F(EngineQuotaTest, AllocatePastTheQuotaDemotesTheTenantsOwnColdBlocks) {
+  Start(QuotaOptions(4, 0));
+  PutOther("big", 50, 6);
+  const Chain c1 = MakeChain(1, 4);
+  Put("s1", c1);
+  auto w = engine_->TryAllocate(tenant_, 3);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(w->has_value()) << "the tier has free slots; only the quota needed room";
+  EXPECT_EQ(Usage(ns_, Tier::kGpu), 1u) << "moves count where they land";
+  EXPECT_EQ(Usage(ns_, Tier::kHost), 3u);
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 3u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  auto big = engine_->GetSession(other_, "big");
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->blocks_in[Tier::kGpu], 6u) << "never another tenant's blocks";
+  EXPECT_TRUE(freed_.empty()) << "demoted, not lost";
+  ExpectChainHolds(c1, 4);
+  ASSERT_TRUE(engine_->Release((*w)->id).ok());
+  EXPECT_INVARIANTS();
+}
+
+// When the tenant's cold blocks cannot be demoted (the backend refuses the
+// copies), an allocation drops them, but only if that makes enough room: a
+// refused allocation loses nothing.
+TEST_F(EngineQuotaTest, AllocatePastTheQuotaDropsOwnBlocksOnlyWhenThatMakesEnoughRoom) {
+  Start(QuotaOptions(4, 0), /*manual=*/true);
+  PutOther("big", 50, 6);
+  const Chain c1 = MakeChain(1, 4);
+  Put("s1", c1);
+  auto pin = Get("", MakeChain(1, 2));  // s1's first two blocks are leased.
+  ASSERT_TRUE(pin.ok());
+  manual_->refuse_submits = 100;
+  auto w = engine_->Allocate(tenant_, 3);
+  ASSERT_FALSE(w.ok()) << "only s1's two unleased tail blocks could go";
+  EXPECT_NE(w.status().message().find("its other blocks are leased, moving"), std::string::npos)
+      << w.status().message();
+  EXPECT_TRUE(freed_.empty()) << "a refused allocation drops nothing";
+  EXPECT_EQ(Matched(c1), 4u);
+  auto w2 = engine_->Allocate(tenant_, 2);
+  ASSERT_TRUE(w2.ok()) << w2.status().ToString();
+  EXPECT_EQ(FreedCount(true), 2u);
+  EXPECT_TRUE(WasFreed(c1.keys[2], true) && WasFreed(c1.keys[3], true)) << "s1's tail made way";
+  EXPECT_EQ(Matched(c1), 2u);
+  auto big = engine_->GetSession(other_, "big");
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->blocks, 6u) << "never another tenant's blocks";
+  EXPECT_EQ(Usage(ns_, Tier::kGpu) + engine_->tenant_usage(ns_).leased, 4u);
+  ASSERT_TRUE(engine_->Release(pin->id).ok());
+  ASSERT_TRUE(engine_->Release(w2->id).ok());
+  EXPECT_INVARIANTS();
+}
+
+// CheckInvariants recounts every tenant's leased slots from the write leases.
+TEST_F(EngineQuotaTest, LeasedSlotsAreRecountedByCheckInvariants) {
+  Start(QuotaOptions(8, 0));
+  auto w = engine_->Allocate(tenant_, 3);
+  ASSERT_TRUE(w.ok());
+  EXPECT_INVARIANTS();
+  EngineInspector::SkewLeasedSlots(*engine_, ns_, +1);
+  const Status skewed = EngineInspector::CheckInvariants(*engine_);
+  ASSERT_FALSE(skewed.ok()) << "a leased count one over is caught";
+  EXPECT_NE(skewed.message().find("tenant 'tenant' counts 4 leased slots, its write leases hold 3"), std::string::npos)
+      << skewed.message();
+  EngineInspector::SkewLeasedSlots(*engine_, ns_, -1);
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EngineInspector::SkewLeasedSlots(*engine_, ns_, -1);
+  EXPECT_FALSE(EngineInspector::CheckInvariants(*engine_).ok()) << "and one under";
+  EngineInspector::SkewLeasedSlots(*engine_, ns_, +1);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineQuotaTest, ALeaseIsCommittedUnderItsOwnTenantOnly) {
+  Start(QuotaOptions(8, 0));
+  auto w = engine_->Allocate(tenant_, 2);
+  ASSERT_TRUE(w.ok());
+  const Chain c = MakeChain(1, 2);
+  auto r = engine_->Commit(w->id, other_, "s", BlockKey{}, 0, c.tokens, w->slots);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 2u) << "the lease and its charge stay";
+  ASSERT_TRUE(engine_->Release(w->id).ok());
   EXPECT_INVARIANTS();
 }
 
@@ -1946,7 +2083,7 @@ TEST_F(EngineQuotaTest, TenantsWhoseIndexTagsCollideKeepTheirOwnQuotas) {
   const Chain c = MakeChain(3, 6);
   std::vector<BlockKey> keys(6);
   ComputeKeys(free.ns, BlockKey{}, c.tokens, kBt, keys);
-  auto w = engine_->Allocate(6);
+  auto w = engine_->Allocate(free, 6);
   ASSERT_TRUE(w.ok());
   auto r = engine_->Commit(w->id, free, "s", BlockKey{}, 0, c.tokens, w->slots);
   ASSERT_TRUE(r.ok()) << "the limited tenant's quota is not this one's: " << r.status().ToString();
@@ -1997,18 +2134,31 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
   std::mt19937 rng(7);
   PutOther("other", 900, 8);
   std::vector<ReadLease> leases;
+  std::vector<LeaseId> writes;
   for (int step = 0; step < 400; ++step) {
     const std::string session = "s" + std::to_string(rng() % 6);
     switch (rng() % 5) {
       case 0:
       case 1: {
+        // Sometimes a slot more than is committed, and sometimes the lease is
+        // kept open for later steps: leased slots count against the quota.
         const Chain c = MakeChain(static_cast<uint32_t>(step + 1), 1 + rng() % 3);
-        auto w = engine_->Allocate(c.blocks());
-        ASSERT_TRUE(w.ok()) << w.status().ToString();
-        auto r = engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, c.tokens, w->slots);
-        ASSERT_TRUE(engine_->Release(w->id).ok());
+        auto w = engine_->Allocate(tenant_, c.blocks() + rng() % 2);
+        if (!w.ok()) {
+          EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status().ToString();
+          EXPECT_NE(w.status().message().find("quota"), std::string::npos) << w.status().ToString();
+          break;
+        }
+        EXPECT_LE(Usage(ns_, Tier::kGpu) + engine_->tenant_usage(ns_).leased, 6u) << "step " << step;
+        auto r =
+            engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, c.tokens, std::span(w->slots).first(c.blocks()));
+        if (rng() % 3 == 0) {
+          writes.push_back(w->id);
+        } else {
+          ASSERT_TRUE(engine_->Release(w->id).ok());
+        }
         if (r.ok()) {
-          EXPECT_LE(Usage(ns_, Tier::kGpu), 6u) << "step " << step;
+          EXPECT_LE(Usage(ns_, Tier::kGpu) + engine_->tenant_usage(ns_).leased, 6u) << "step " << step;
         } else {
           EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
         }
@@ -2038,6 +2188,10 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
           ASSERT_TRUE(engine_->Release(leases.front().id).ok());
           leases.erase(leases.begin());
         }
+        if (!writes.empty()) {
+          ASSERT_TRUE(engine_->Release(writes.front()).ok());
+          writes.erase(writes.begin());
+        }
         break;
       default:
         if (rng() % 2 == 0) (void)engine_->Demote(tenant_, session); else (void)engine_->Evict(tenant_, session);
@@ -2053,7 +2207,162 @@ TEST_F(EngineQuotaTest, RandomChurnKeepsQuotasAndCounts) {
   EXPECT_EQ(other->blocks, 8u);
   EXPECT_EQ(Usage(other_.ns, Tier::kGpu) + Usage(other_.ns, Tier::kHost), 8u);
   for (const ReadLease& l : leases) ASSERT_TRUE(engine_->Release(l.id).ok());
+  for (LeaseId w : writes) ASSERT_TRUE(engine_->Release(w).ok());
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 0u);
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_INVARIANTS();
+}
+
+
+// --- Lease lifetimes -----------------------------------------------------------
+
+constexpr milliseconds kLeaseTimeout{1000};
+
+EngineOptions WithLeaseTimeout(EngineOptions o) {
+  o.lease_timeout = kLeaseTimeout;
+  return o;
+}
+
+std::chrono::steady_clock::time_point Later(milliseconds by) { return std::chrono::steady_clock::now() + by; }
+
+// A write lease older than the timeout is revoked: its slots go back to the
+// pool (and off its tenant's quota), its commit fails with a clear error, and
+// its release says it expired, once.
+TEST_F(EngineQuotaTest, AnExpiredWriteLeaseGivesItsSlotsBackAndItsCommitFails) {
+  Start(WithLeaseTimeout(QuotaOptions(4, 0)));
+  auto w = engine_->Allocate(tenant_, 4);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const Chain c = MakeChain(1, 4);
+  for (uint32_t i = 0; i < 4; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[i]);
+  EXPECT_EQ(engine_->ExpireLeases(std::chrono::steady_clock::now()).leases(), 0u) << "not old enough";
+  EXPECT_FALSE(engine_->Allocate(tenant_, 1).ok()) << "the quota is full of leased slots";
+
+  const LeaseExpiry expired = engine_->ExpireLeases(Later(kLeaseTimeout));
+  EXPECT_EQ(expired.write, 1u);
+  EXPECT_EQ(expired.read, 0u);
+  EXPECT_EQ(expired.slots, 4u);
+  EXPECT_FALSE(expired.more);
+  EXPECT_TRUE(engine_->LeaseExpired(w->id));
+  const EngineStats st = engine_->stats();
+  EXPECT_EQ(st.used[Tier::kGpu], 0u) << "the slots are free again";
+  EXPECT_EQ(st.write_leases, 0u);
+  EXPECT_EQ(st.leased_slots, 0u);
+  EXPECT_EQ(st.expired_write_leases, 1u);
+  EXPECT_EQ(engine_->tenant_usage(ns_).leased, 0u);
+  EXPECT_INVARIANTS();
+
+  // The slots now belong to a new lease, which writes and commits its own blocks.
+  const Chain mine = MakeChain(2, 4);
+  Put("other-writer", mine);
+  auto r = engine_->Commit(w->id, tenant_, "late", BlockKey{}, 0, c.tokens, w->slots);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("write lease " + std::to_string(w->id) + " expired after"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("limits.lease_timeout_ms: 1000"), std::string::npos) << r.status().message();
+  EXPECT_EQ(Matched(c), 0u) << "nothing of the expired lease was published";
+  ExpectChainHolds(mine, 4);
+  EXPECT_EQ(engine_->GetSession(tenant_, "late").status().code(), StatusCode::kNotFound);
+
+  const Status released = engine_->Release(w->id);
+  EXPECT_EQ(released.code(), StatusCode::kNotFound);
+  EXPECT_NE(released.message().find("expired"), std::string::npos) << released.message();
+  EXPECT_FALSE(engine_->LeaseExpired(w->id)) << "released: forgotten";
+  const Status again = engine_->Release(w->id);
+  EXPECT_NE(again.message().find("does not exist"), std::string::npos) << again.message();
+  ExpectConsistent();
+}
+
+// A read lease older than the timeout is revoked: its pins end, so its blocks
+// may be demoted, and freed once no session holds them.
+TEST_F(EngineTest, AnExpiredReadLeaseUnpinsItsBlocks) {
+  Start(WithLeaseTimeout(Options(8, 8)));
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 3);
+  Put("a", a);
+  Put("b", b);
+  auto la = Get("", a);
+  auto lb = Get("", b);
+  ASSERT_TRUE(la.ok() && lb.ok());
+  EXPECT_EQ(engine_->Demote(tenant_, "a").value(), 0u) << "leased blocks never move";
+  ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
+  EXPECT_EQ(Matched(b), 3u) << "the lease still holds b's blocks";
+
+  const LeaseExpiry expired = engine_->ExpireLeases(Later(kLeaseTimeout));
+  EXPECT_EQ(expired.read, 2u);
+  EXPECT_EQ(expired.records, 7u);
+  EXPECT_EQ(engine_->stats().read_leases, 0u);
+  EXPECT_EQ(engine_->stats().expired_read_leases, 2u);
+  EXPECT_EQ(Matched(b), 0u) << "no one held b's blocks any more";
+  EXPECT_EQ(FreedCount(false), 3u);
+  EXPECT_EQ(FreedCount(true), 0u) << "released, not dropped";
+  EXPECT_EQ(engine_->Demote(tenant_, "a").value(), 4u) << "unpinned, a's blocks may move";
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4));
+  ExpectChainHolds(a, 4);
+
+  const Status released = engine_->Release(la->id);
+  EXPECT_EQ(released.code(), StatusCode::kNotFound);
+  EXPECT_NE(released.message().find("read lease " + std::to_string(la->id) + " expired after"), std::string::npos)
+      << released.message();
+  EXPECT_NE(released.message().find("may be another block's"), std::string::npos) << released.message();
+  EXPECT_TRUE(engine_->LeaseExpired(lb->id));
+  ExpectConsistent();
+}
+
+// Leases expire oldest first; one that is younger than the timeout stays. The
+// timeout may change (Retune): 0 means never.
+TEST_F(EngineTest, LeasesExpireOldestFirstAndTheTimeoutMayChange) {
+  Start(Options(8, 8));
+  auto old_lease = engine_->Allocate(tenant_, 2);
+  ASSERT_TRUE(old_lease.ok());
+  std::this_thread::sleep_for(milliseconds(5));
+  const auto between = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(milliseconds(5));
+  auto young = engine_->Allocate(tenant_, 2);
+  ASSERT_TRUE(young.ok());
+  EXPECT_GE(engine_->stats().oldest_lease_ms, 10u);
+  EXPECT_EQ(engine_->ExpireLeases(Later(std::chrono::hours(24 * 365))).leases(), 0u) << "no timeout: never";
+
+  EngineOptions o = engine_->options();
+  o.lease_timeout = kLeaseTimeout;
+  ASSERT_TRUE(engine_->Retune(o).ok());
+  const LeaseExpiry first = engine_->ExpireLeases(between + kLeaseTimeout);
+  EXPECT_EQ(first.write, 1u);
+  EXPECT_TRUE(engine_->LeaseExpired(old_lease->id));
+  EXPECT_FALSE(engine_->LeaseExpired(young->id));
+  EXPECT_EQ(engine_->stats().write_leases, 1u);
+  EXPECT_LT(engine_->stats().oldest_lease_ms, 10'000u) << "the young lease is the oldest now";
+  EXPECT_EQ(engine_->ExpireLeases(Later(kLeaseTimeout)).write, 1u);
+  EXPECT_EQ(engine_->stats().oldest_lease_ms, 0u) << "none is held";
+  o.lease_timeout = milliseconds(-1);
+  EXPECT_EQ(engine_->Retune(o).code(), StatusCode::kInvalidArgument);
+  EXPECT_INVARIANTS();
+}
+
+// One call gives back about kLeaseExpiryWork slots at most; the rest wait for
+// the next call (the daemon's next tick), so a tick never stalls on a backlog.
+TEST_F(EngineTest, LeaseExpiryIsBoundedPerCall) {
+  constexpr uint32_t kPerLease = kLeaseExpiryWork / 2;
+  Start(WithLeaseTimeout(Options(4 * kPerLease, 8)));
+  std::vector<LeaseId> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto w = engine_->Allocate(tenant_, kPerLease);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ids.push_back(w->id);
+  }
+  const auto when = Later(kLeaseTimeout);
+  const LeaseExpiry first = engine_->ExpireLeases(when);
+  EXPECT_EQ(first.write, 2u);
+  EXPECT_EQ(first.slots, 2 * kPerLease);
+  EXPECT_TRUE(first.more);
+  EXPECT_TRUE(engine_->LeaseExpired(ids[0]) && engine_->LeaseExpired(ids[1]));
+  EXPECT_FALSE(engine_->LeaseExpired(ids[2]) || engine_->LeaseExpired(ids[3]));
+  EXPECT_INVARIANTS();
+  const LeaseExpiry second = engine_->ExpireLeases(when);
+  EXPECT_EQ(second.write, 2u);
+  EXPECT_FALSE(second.more);
+  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
+  for (LeaseId id : ids) EXPECT_EQ(engine_->Release(id).code(), StatusCode::kNotFound);
   EXPECT_INVARIANTS();
 }
 

@@ -277,7 +277,7 @@ class WarmAdoptTest : public ::testing::Test {
   // Writes and commits `tokens` as `session` (block i's bytes are a function of its key).
   void Put(const std::string& session, const std::vector<TokenId>& tokens) {
     const std::vector<BlockKey> keys = Keys(tokens);
-    auto w = engine_->Allocate(static_cast<uint32_t>(keys.size()));
+    auto w = engine_->Allocate(tenant_, static_cast<uint32_t>(keys.size()));
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     for (size_t i = 0; i < keys.size(); ++i) {
       std::byte* p = engine_->pool(Tier::kGpu).slot_data(w->slots[i]);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "engine_impl.h"
 #include "kvtier/shm_names.h"
@@ -68,7 +69,13 @@ Status Engine::Impl::CheckAllocateCount(uint32_t count) const {
   return Status::Ok();
 }
 
-Result<WriteLease> Engine::Impl::AllocateNow(uint32_t count) {
+Status Engine::Impl::MakeAllocateQuotaRoom(TenantAccount& tenant, uint32_t count) {
+  const Status room = reclaim.MakeQuotaRoom(tenant, count, nullptr, "allocate of " + std::to_string(count) + " blocks");
+  if (!room.ok()) ++st.allocation_failures;
+  return room;
+}
+
+Result<WriteLease> Engine::Impl::AllocateNow(TenantAccount& tenant, uint32_t count) {
   SlotAllocator& gpu = slots(Tier::kGpu);
   if (gpu.free_count() < count) {
     // Drop only when dropping makes enough room: a failed allocation loses nothing.
@@ -84,16 +91,47 @@ Result<WriteLease> Engine::Impl::AllocateNow(uint32_t count) {
   WriteLease out;
   out.slots.reserve(count);
   for (uint32_t i = 0; i < count; ++i) out.slots.push_back(gpu.Allocate());
-  out.id = NewLease(WriteSlots{out.slots});
+  tenant.Leased(count);
+  out.id = NewLease(WriteSlots{out.slots, &tenant});
   return out;
 }
 
-LeaseId Engine::Impl::NewLease(Lease lease) {
+size_t Lease::size() const {
+  if (const auto* write = std::get_if<WriteSlots>(&held)) return write->slots.size();
+  return std::get<ReadRecords>(held).records.size();
+}
+
+LeaseId Engine::Impl::NewLease(std::variant<WriteSlots, ReadRecords> held) {
   const LeaseId id = next_lease++;
-  if (std::holds_alternative<WriteSlots>(lease)) ++st.write_leases; else ++st.read_leases;
-  leases.emplace(id, std::move(lease));
+  Lease lease{std::move(held), std::chrono::steady_clock::now()};
+  if (lease.write()) ++st.write_leases; else ++st.read_leases;
+  leases.emplace_hint(leases.end(), id, std::move(lease));  // Ids only grow: the newest goes last.
   return id;
 }
+
+void Engine::Impl::EndLease(Lease& lease) {
+  if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
+    --st.write_leases;
+    write->tenant->Unleased(static_cast<uint32_t>(write->slots.size()));
+    for (uint32_t slot : write->slots) slots(Tier::kGpu).Free(slot);
+  } else {
+    --st.read_leases;
+    for (uint32_t r : std::get<ReadRecords>(lease.held).records) {
+      --blocks[r].readers;
+      MaybeFree(r, FreeReason::kReleased);
+    }
+  }
+}
+
+namespace {
+
+// "write lease 7 expired after 30012 ms (limits.lease_timeout_ms: 30000)".
+std::string Expired(LeaseId id, const RevokedLease& r) {
+  return std::string(r.write ? "write" : "read") + " lease " + std::to_string(id) + " expired after " +
+         std::to_string(r.held.count()) + " ms (limits.lease_timeout_ms: " + std::to_string(r.timeout.count()) + ")";
+}
+
+}  // namespace
 
 // --- Creation -----------------------------------------------------------------------------
 
@@ -106,6 +144,7 @@ Status CheckTunables(const EngineOptions& o) {
     return InvalidArgument("watermarks must satisfy 0 < low <= high <= 1");
   }
   if (o.max_copy_batch == 0) return InvalidArgument("max_copy_batch must be > 0");
+  if (o.lease_timeout.count() < 0) return InvalidArgument("lease_timeout must be >= 0 (0: never)");
   return Status::Ok();
 }
 
@@ -147,19 +186,24 @@ int Engine::index_fd() const { return impl_->blocks.index().share_fd(); }
 
 // --- Write path -----------------------------------------------------------------------------
 
-Result<WriteLease> Engine::Allocate(uint32_t count) {
+Result<WriteLease> Engine::Allocate(const Tenant& tenant, uint32_t count) {
   Impl& m = *impl_;
   KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
   m.mover.Poll();
+  TenantAccount& account = m.tenants.Get(tenant);
+  KVTIER_RETURN_IF_ERROR(m.MakeAllocateQuotaRoom(account, count));
   m.reclaim.MakeGpuRoom(count);
   m.reclaim.WaitForGpuRoom(count, std::chrono::milliseconds(200));
-  return m.AllocateNow(count);
+  return m.AllocateNow(account, count);
 }
 
-Result<std::optional<WriteLease>> Engine::TryAllocate(uint32_t count, bool may_wait) {
+Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint32_t count, bool may_wait) {
   Impl& m = *impl_;
   KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
   m.mover.Poll();
+  // The quota first: the demotions that make room under it free GPU slots too.
+  TenantAccount& account = m.tenants.Get(tenant);
+  KVTIER_RETURN_IF_ERROR(m.MakeAllocateQuotaRoom(account, count));
   if (m.slots(Tier::kGpu).free_count() < count) {
     m.reclaim.MakeGpuRoom(count);
     // Demotions in flight free slots within a copy's time: come back then.
@@ -167,7 +211,7 @@ Result<std::optional<WriteLease>> Engine::TryAllocate(uint32_t count, bool may_w
       return std::optional<WriteLease>();
     }
   }
-  auto lease = m.AllocateNow(count);
+  auto lease = m.AllocateNow(account, count);
   if (!lease.ok()) return lease.status();
   return std::optional<WriteLease>(std::move(*lease));
 }
@@ -177,8 +221,18 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
                                     std::span<const uint32_t> slots) {
   Impl& m = *impl_;
   auto it = m.leases.find(lease_id);
-  WriteSlots* lease = it == m.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second);
-  if (lease == nullptr) return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
+  WriteSlots* lease = it == m.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second.held);
+  if (lease == nullptr) {
+    if (auto r = m.revoked.find(lease_id); r != m.revoked.end() && r->second.write) {
+      return FailedPrecondition(Expired(lease_id, r->second) + ": its slots went back to the pool; allocate again");
+    }
+    return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
+  }
+  TenantAccount& account = m.tenants.Get(tenant);
+  if (lease->tenant != &account) {
+    return Status(StatusCode::kPermissionDenied, "write lease " + std::to_string(lease_id) + " is tenant '" +
+                                                     lease->tenant->tenant.name + "''s, not '" + tenant.name + "''s");
+  }
   if (session_id.empty()) return InvalidArgument("commit needs a session id");
   if (tokens.size() % m.bt() != 0) {
     return InvalidArgument(std::to_string(tokens.size()) + " tokens is not a whole number of " +
@@ -218,16 +272,20 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     if (start_block == 0 && !parent.IsNull()) return InvalidArgument("a commit at block 0 must have the null parent key");
   }
   KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
-  TenantAccount& account = m.tenants.Get(tenant);
   if (account.has_quota(Tier::kGpu)) {
-    // New blocks count against the tenant's GPU quota; duplicates do not.
+    // New blocks count against the tenant's GPU quota; duplicates do not. The
+    // committed slots were counted since Allocate: their charge passes to the
+    // new blocks, so this only finds the tenant short of room when it went over
+    // meanwhile (a quota demotion cancelled by a reader).
     uint32_t fresh = 0;
     BlockKey prev = parent;
     for (size_t i = 0; i < n; ++i) {
       prev = ChainKey(prev, tenant.ns, tokens.subspan(i * m.bt(), m.bt()));
       fresh += m.blocks.index().Find(prev) == kNoRecord ? 1 : 0;
     }
-    KVTIER_RETURN_IF_ERROR(m.reclaim.MakeQuotaRoom(account, fresh, m.FindSession(tenant, session_id)));
+    KVTIER_RETURN_IF_ERROR(m.reclaim.MakeQuotaRoom(account, fresh, m.FindSession(tenant, session_id),
+                                                   "commit of " + std::to_string(fresh) + " new blocks",
+                                                   /*credit=*/static_cast<uint32_t>(n)));
   }
   ++m.clock;
   Session* s = m.GetOrCreateSession(tenant, session_id);
@@ -262,8 +320,10 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   }
   for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
   m.Touch(s);
-  // Committed slots leave the write lease (n log n, not n * lease size).
+  // Committed slots leave the write lease (n log n, not n * lease size), and
+  // the tenant's leased count: they are its blocks now, or were freed.
   std::erase_if(lease->slots, [&](uint32_t x) { return std::binary_search(committed.begin(), committed.end(), x); });
+  account.Unleased(static_cast<uint32_t>(n));
   m.st.committed_blocks += result.stored;
   m.st.duplicate_blocks += result.duplicates;
   return result;
@@ -377,20 +437,55 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
 Status Engine::Release(LeaseId lease_id) {
   Impl& m = *impl_;
   auto it = m.leases.find(lease_id);
-  if (it == m.leases.end()) return NotFound("lease " + std::to_string(lease_id) + " does not exist");
+  if (it == m.leases.end()) {
+    auto r = m.revoked.find(lease_id);
+    if (r == m.revoked.end()) return NotFound("lease " + std::to_string(lease_id) + " does not exist");
+    const RevokedLease gone = r->second;
+    m.revoked.erase(r);
+    return NotFound(Expired(lease_id, gone) + (gone.write ? ": its slots had gone back to the pool"
+                                                          : ": its blocks were unpinned then, so what was read "
+                                                            "through it after that may be another block's"));
+  }
   Lease lease = std::move(it->second);
   m.leases.erase(it);
-  if (auto* write = std::get_if<WriteSlots>(&lease)) {
-    --m.st.write_leases;
-    for (uint32_t slot : write->slots) m.slots(Tier::kGpu).Free(slot);
-  } else {
-    --m.st.read_leases;
-    for (uint32_t r : std::get<ReadRecords>(lease).records) {
-      --m.blocks[r].readers;
-      m.MaybeFree(r, FreeReason::kReleased);
-    }
-  }
+  m.EndLease(lease);
   return Status::Ok();
+}
+
+bool Engine::LeaseExpired(LeaseId lease) const { return impl_->revoked.count(lease) != 0; }
+
+LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
+  Impl& m = *impl_;
+  LeaseExpiry out;
+  const std::chrono::milliseconds timeout = m.opt.lease_timeout;
+  if (timeout.count() <= 0) return out;
+  size_t work = 0;
+  // Leases are ordered by grant, so the expired ones are a prefix of the map.
+  while (!m.leases.empty() && now - m.leases.begin()->second.granted >= timeout) {
+    if (work >= kLeaseExpiryWork) {
+      out.more = true;
+      break;
+    }
+    auto it = m.leases.begin();
+    const LeaseId id = it->first;
+    Lease lease = std::move(it->second);
+    m.leases.erase(it);
+    const auto n = static_cast<uint32_t>(lease.size());
+    work += n + 1;  // An empty write lease (all of it committed) still costs a step.
+    if (lease.write()) {
+      ++out.write;
+      out.slots += n;
+      ++m.st.expired_write_leases;
+    } else {
+      ++out.read;
+      out.records += n;
+      ++m.st.expired_read_leases;
+    }
+    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - lease.granted);
+    m.revoked.emplace(id, RevokedLease{lease.write(), age, timeout});
+    m.EndLease(lease);
+  }
+  return out;
 }
 
 // --- Background and introspection -------------------------------------------------------------
@@ -407,6 +502,7 @@ Status Engine::Retune(const EngineOptions& o) {
   opt.host_high_watermark = o.host_high_watermark;
   opt.host_low_watermark = o.host_low_watermark;
   opt.max_copy_batch = o.max_copy_batch;
+  opt.lease_timeout = o.lease_timeout;
   return Status::Ok();
 }
 
@@ -429,13 +525,20 @@ EngineStats Engine::stats() const {
   s.copies_in_flight = m.mover.copies_in_flight();
   s.demoted_blocks = m.mover.demoted();
   s.promoted_blocks = m.mover.promoted();
+  m.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });
+  if (!m.leases.empty()) {
+    s.oldest_lease_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  std::chrono::steady_clock::now() - m.leases.begin()->second.granted)
+                                                  .count());
+  }
   return s;
 }
 
 TenantUsage Engine::tenant_usage(const Namespace& ns) const {
   TenantUsage out;
   if (const TenantAccount* a = impl_->tenants.Find(ns)) {
-    for (Tier t : kTiers) out.blocks[t] = a->Held(t);
+    for (Tier t : kTiers) out.blocks[t] = a->Blocks(t);
+    out.leased = a->leased;
   }
   return out;
 }

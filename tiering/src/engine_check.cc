@@ -1,6 +1,7 @@
 // EngineInspector: the engine's full invariant recount, for tests (engine_check.h).
 #include "engine_check.h"
 
+#include <chrono>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -16,12 +17,18 @@ Status Fail(const std::string& what) { return Internal("invariant: " + what); }
 struct Counts {
   PerTier<uint32_t> blocks;
   PerTier<uint32_t> moving_to;
+  uint32_t leased = 0;
   uint32_t sessions = 0;
 };
 
 }  // namespace
 
 size_t EngineInspector::PendingDeadlines(const Engine& engine) { return engine.impl_->sessions.pending_deadlines(); }
+
+void EngineInspector::SkewLeasedSlots(Engine& engine, const Namespace& ns, int delta) {
+  TenantAccount& a = engine.impl_->tenants.Get(ns);
+  a.leased = static_cast<uint32_t>(static_cast<int64_t>(a.leased) + delta);
+}
 
 Status EngineInspector::CheckInvariants(const Engine& engine) {
   const Engine::Impl& m = *engine.impl_;
@@ -55,12 +62,27 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     }
   });
   KVTIER_RETURN_IF_ERROR(st);
+  // Ids in grant order (ExpireLeases revokes a prefix of the map).
+  LeaseId previous = 0;
+  std::chrono::steady_clock::time_point previous_grant{};
   for (const auto& [id, lease] : m.leases) {
-    if (const auto* write = std::get_if<WriteSlots>(&lease)) {
+    if (id <= previous || id >= m.next_lease) return Fail("lease ids are out of order");
+    if (lease.granted < previous_grant) return Fail("leases are not in grant order");
+    previous = id;
+    previous_grant = lease.granted;
+    if (m.revoked.count(id) != 0) return Fail("lease " + std::to_string(id) + " is live and revoked");
+    if (const auto* write = std::get_if<WriteSlots>(&lease.held)) {
+      if (write->tenant == nullptr) return Fail("a write lease has no tenant");
+      counts[write->tenant].leased += static_cast<uint32_t>(write->slots.size());
       for (uint32_t slot : write->slots) KVTIER_RETURN_IF_ERROR(own(Tier::kGpu, slot, "a write lease"));
     } else {
-      for (uint32_t r : std::get<ReadRecords>(lease).records) ++readers[r];
+      for (uint32_t r : std::get<ReadRecords>(lease.held).records) ++readers[r];
     }
+  }
+  uint32_t write_leases = 0;
+  for (const auto& [id, lease] : m.leases) write_leases += lease.write() ? 1 : 0;
+  if (write_leases != m.st.write_leases || m.leases.size() - write_leases != m.st.read_leases) {
+    return Fail("lease counts are off");
   }
   uint32_t live = 0, demoting = 0, doomed = 0;
   for (uint32_t r = 0; r < blocks.capacity(); ++r) {
@@ -95,6 +117,9 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     const Counts& want = counts[&a];
     if (a.blocks != want.blocks || a.moving_to != want.moving_to) {
       st = Fail("tenant usage of '" + a.tenant.name + "' is off");
+    } else if (a.leased != want.leased) {
+      st = Fail("tenant '" + a.tenant.name + "' counts " + std::to_string(a.leased) +
+                " leased slots, its write leases hold " + std::to_string(want.leased));
     } else if (a.sessions != want.sessions) {
       st = Fail("session count of tenant '" + a.tenant.name + "' is off");
     }

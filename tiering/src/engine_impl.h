@@ -13,7 +13,9 @@
 // Everything runs on the engine's thread (see engine.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -37,15 +39,29 @@ enum class FreeReason : uint8_t { kReleased, kPressure };
 // by pressure (its last blocks were dropped).
 enum class SessionEnd : uint8_t { kEvicted, kEmptied };
 
-// A write lease reserves GPU slots for the caller to write into; a read lease
-// pins blocks (each counted in its record's `readers`).
+// A write lease reserves GPU slots for its tenant to write into (counted in
+// the tenant's `leased`); a read lease pins blocks (each counted in its
+// record's `readers`).
 struct WriteSlots {
   std::vector<uint32_t> slots;
+  TenantAccount* tenant = nullptr;  // Never null.
 };
 struct ReadRecords {
   std::vector<uint32_t> records;
 };
-using Lease = std::variant<WriteSlots, ReadRecords>;
+struct Lease {
+  std::variant<WriteSlots, ReadRecords> held;
+  std::chrono::steady_clock::time_point granted;
+  bool write() const { return std::holds_alternative<WriteSlots>(held); }
+  // Slots or blocks it holds: the work of ending it.
+  size_t size() const;
+};
+// What is kept of a lease the timeout revoked, until its holder releases it.
+struct RevokedLease {
+  bool write = false;
+  std::chrono::milliseconds held{0};     // Its age when it was revoked.
+  std::chrono::milliseconds timeout{0};  // The lease timeout then.
+};
 
 struct Engine::Impl {
   Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
@@ -60,7 +76,9 @@ struct Engine::Impl {
   SessionTable sessions;
   Mover mover;
   Reclaimer reclaim;
-  std::unordered_map<LeaseId, Lease> leases;
+  // By id, which is the order of grant: the oldest lease comes first.
+  std::map<LeaseId, Lease> leases;
+  std::unordered_map<LeaseId, RevokedLease> revoked;
   LeaseId next_lease = 1;
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
@@ -101,10 +119,16 @@ struct Engine::Impl {
   uint32_t Promotable(std::span<const uint32_t> recs) const;
   // An allocation of `count` slots is possible at all (however full the tier).
   Status CheckAllocateCount(uint32_t count) const;
-  // Reserves `count` GPU slots now, dropping the coldest unleased GPU blocks if
-  // that makes enough room; kResourceExhausted (losing nothing) otherwise.
-  Result<WriteLease> AllocateNow(uint32_t count);
-  LeaseId NewLease(Lease lease);
+  // Makes room under `tenant`'s GPU quota for an allocation of `count`.
+  Status MakeAllocateQuotaRoom(TenantAccount& tenant, uint32_t count);
+  // Reserves `count` GPU slots for `tenant` now, dropping the coldest unleased
+  // GPU blocks if that makes enough room; kResourceExhausted (losing nothing)
+  // otherwise. REQUIRES: room under its quota.
+  Result<WriteLease> AllocateNow(TenantAccount& tenant, uint32_t count);
+  LeaseId NewLease(std::variant<WriteSlots, ReadRecords> held);
+  // Gives back what a lease holds: slots come free (and off its tenant's
+  // quota), pins end and blocks no one holds any more are freed.
+  void EndLease(Lease& lease);
   void Flush(CopyDirection dir) { mover.Flush(dir, opt.max_copy_batch); }
 };
 

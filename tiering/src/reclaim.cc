@@ -1,6 +1,7 @@
 // Reclaimer: making room in a tier by demotion and drops (reclaim.h).
 #include "reclaim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 #include <vector>
@@ -28,11 +29,12 @@ uint32_t Reclaimer::DropFromTier(Tier tier, uint32_t need, const TenantAccount* 
   return freed();
 }
 
-uint32_t Reclaimer::Droppable(Tier tier, uint32_t need) const {
+uint32_t Reclaimer::Droppable(Tier tier, uint32_t need, const TenantAccount* only, const Session* keep) const {
   // The same walk as DropFromTier, counting references instead of dropping them.
   std::unordered_map<uint32_t, uint32_t> refs_left;
   uint32_t freed = 0;
   m_.sessions.VisitColdest([&](Session* s) {
+    if ((only != nullptr && s->tenant != only) || s == keep) return true;
     for (auto it = s->chain.rbegin(); it != s->chain.rend() && freed < need; ++it) {
       const Record& rec = m_.blocks[*it];
       if (!rec.IdleIn(tier)) break;
@@ -99,19 +101,31 @@ void Reclaimer::EnforceWatermarks() {
   }
 }
 
-Status Reclaimer::MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep) {
-  if (!tenant.has_quota(Tier::kGpu) || tenant.Room(Tier::kGpu) >= n) return Status::Ok();
+Status Reclaimer::MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep, const std::string& what,
+                                uint32_t credit) {
+  if (!tenant.has_quota(Tier::kGpu)) return Status::Ok();
   const uint32_t limit = tenant.quota[Tier::kGpu];
+  // What the tenant holds besides the request's own slots, and the room beside it.
+  auto held = [&] { return tenant.Held(Tier::kGpu) - std::min(credit, tenant.Held(Tier::kGpu)); };
+  auto room = [&] { return held() >= limit ? 0u : limit - held(); };
+  if (room() >= n) return Status::Ok();
   auto describe = [&] {
-    return "tenant '" + tenant.tenant.name + "' holds " + std::to_string(tenant.Held(Tier::kGpu)) +
-           " gpu blocks, its quota is " + std::to_string(limit) + " (tenants: gpu_blocks)";
+    std::string out = "tenant '" + tenant.tenant.name + "' holds " + std::to_string(held()) + " gpu blocks";
+    if (tenant.leased > credit) {
+      out += " (" + std::to_string(tenant.leased - credit) + " of them slots of uncommitted write leases)";
+    }
+    return out + ", its quota is " + std::to_string(limit) + " (tenants: gpu_blocks)";
   };
-  if (n > limit) return ResourceExhausted("commit of " + std::to_string(n) + " new blocks: " + describe());
-  DemoteColdest(n - tenant.Room(Tier::kGpu), &tenant);
-  if (tenant.Room(Tier::kGpu) < n) DropFromTier(Tier::kGpu, n - tenant.Room(Tier::kGpu), &tenant, keep);
-  if (tenant.Room(Tier::kGpu) < n) {
-    return ResourceExhausted("commit of " + std::to_string(n) + " new blocks: " + describe() +
-                             ", and its other blocks are leased, moving or in use by this session");
+  if (n > limit) return ResourceExhausted(what + ": " + describe());
+  DemoteColdest(n - room(), &tenant);
+  if (room() < n) {
+    // Drop only when dropping makes enough room: a refused request loses nothing.
+    const uint32_t short_by = n - room();
+    if (Droppable(Tier::kGpu, short_by, &tenant, keep) >= short_by) DropFromTier(Tier::kGpu, short_by, &tenant, keep);
+  }
+  if (room() < n) {
+    return ResourceExhausted(what + ": " + describe() + ", and its other blocks are leased, moving" +
+                             (keep != nullptr ? " or in use by this session" : ""));
   }
   return Status::Ok();
 }

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
@@ -29,8 +30,10 @@ class Reclaimer {
   // tenant's sessions, except `keep`. Returns the slots freed.
   uint32_t DropFromTier(Tier tier, uint32_t need, const TenantAccount* only = nullptr,
                         const Session* keep = nullptr);
-  // How many slots DropFromTier(tier, need) would free (up to `need`); changes nothing.
-  uint32_t Droppable(Tier tier, uint32_t need) const;
+  // How many slots DropFromTier(tier, need, only, keep) would free (up to
+  // `need`); changes nothing.
+  uint32_t Droppable(Tier tier, uint32_t need, const TenantAccount* only = nullptr,
+                     const Session* keep = nullptr) const;
 
   // Schedules demotion of up to `need` GPU blocks, coldest sessions first, and
   // submits it. A block used by a warmer session since this session's last use
@@ -48,10 +51,14 @@ class Reclaimer {
   // Demotes above the GPU high watermark, drops above the host high watermark,
   // each down to its low watermark.
   void EnforceWatermarks();
-  // Makes room under the tenant's GPU quota for `n` new blocks: its coldest GPU
-  // blocks are demoted, then dropped (never those of session `keep`).
-  // kResourceExhausted naming the quota when that cannot make room.
-  Status MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep);
+  // Makes room under the tenant's GPU quota for `n` more blocks or leased
+  // slots, `credit` of what it holds now being the request's own (the slots of
+  // the write lease a commit publishes): its coldest GPU blocks are demoted,
+  // then dropped if that makes enough room (never those of session `keep`).
+  // kResourceExhausted naming the tenant and quota when that cannot make room,
+  // its message led by `what` ("commit of 3 new blocks").
+  Status MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep, const std::string& what,
+                       uint32_t credit = 0);
   // Makes host room under `s`'s tenant's quota and in the host tier for
   // demoting `want` of its blocks, dropping colder host blocks. For Demote.
   void MakeHostRoomFor(const Session* s, uint32_t want);

@@ -15,7 +15,9 @@ Tenant Tenant::Make(uint64_t profile_fingerprint, std::string name) {
   return t;
 }
 
-uint32_t TenantAccount::Held(Tier tier) const { return blocks[tier] + moving_to[tier] - moving_to[Other(tier)]; }
+uint32_t TenantAccount::Blocks(Tier tier) const { return blocks[tier] + moving_to[tier] - moving_to[Other(tier)]; }
+
+uint32_t TenantAccount::Held(Tier tier) const { return Blocks(tier) + (tier == Tier::kGpu ? leased : 0); }
 
 uint32_t TenantAccount::Room(Tier tier) const {
   if (!has_quota(tier)) return kNoQuota;

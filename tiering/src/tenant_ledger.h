@@ -1,5 +1,6 @@
 // TenantLedger: what each tenant of one engine holds — blocks per tier, moves
-// in flight, sessions — against its quotas, and the room checks made from them.
+// in flight, GPU slots in its write leases, sessions — against its quotas, and
+// the room checks made from them.
 //
 // One Account per tenant, created when the tenant is first seen (a quota, a
 // session, an adopted block) and kept for the engine's life, so a Record or a
@@ -33,10 +34,14 @@ struct TenantAccount {
   PerTier<uint32_t> quota;      // Blocks allowed per tier; 0 = no quota.
   PerTier<uint32_t> blocks;     // Indexed blocks per tier; a moving block counts in its source.
   PerTier<uint32_t> moving_to;  // Moves in flight, by destination tier.
+  uint32_t leased = 0;          // GPU slots of its write leases, not yet committed.
   uint32_t sessions = 0;
 
   bool has_quota(Tier tier) const { return quota[tier] != 0; }
-  // Blocks held in `tier` once the moves in flight land.
+  // Blocks in `tier` once the moves in flight land.
+  uint32_t Blocks(Tier tier) const;
+  // What counts against the quota in `tier`: Blocks(tier), plus in the GPU
+  // tier the slots of its write leases (a commit turns them into blocks).
   uint32_t Held(Tier tier) const;
   // How many more blocks may be held in `tier` (kNoQuota: no quota).
   uint32_t Room(Tier tier) const;
@@ -46,6 +51,9 @@ struct TenantAccount {
   void Unpublished(Tier tier, bool moving);  // Freed while in `tier` (a moving block: its move no longer counts).
   void MoveStarted(Tier from);
   void MoveEnded(Tier from, bool landed);    // Landed: the block is now in the other tier.
+  // Write-lease slots: reserved (Allocate), then committed or given back.
+  void Leased(uint32_t slots) { leased += slots; }
+  void Unleased(uint32_t slots) { leased -= slots; }
 };
 
 class TenantLedger {

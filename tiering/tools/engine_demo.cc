@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       std::printf("turn %d %-7s prompt %4zu tokens: %2u blocks cached (%u promoted from host), %2u to prefill\n", turn,
                   sid.c_str(), h.size(), hit, lease->promoted, fresh);
       if (fresh > 0) {
-        auto w = engine.Allocate(fresh);
+        auto w = engine.Allocate(tenant, fresh);
         if (!w.ok()) Die(w.status());
         for (uint32_t i = 0; i < fresh; ++i) {
           std::memset(engine.pool(Tier::kGpu).slot_data(w->slots[i]), static_cast<int>(hit + i), o.profile.BlockBytes());

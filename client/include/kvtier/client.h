@@ -128,6 +128,9 @@ class Lease : public client_internal::LeaseHandle {
   Status WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const;
   // Ends the lease (idempotent). kUnavailable if its connection is gone (the
   // daemon restarted or the client reconnected meanwhile): it ended with it.
+  // kNotFound saying it expired if kvtierd revoked it for being held longer
+  // than its limits.lease_timeout_ms: its blocks were unpinned then, so bytes
+  // read through it after that may be another block's.
   Status Release() { return ReleaseHandle(); }
 
  private:
@@ -140,7 +143,12 @@ class Lease : public client_internal::LeaseHandle {
 };
 
 // GPU-tier slots reserved for writing new blocks. Released on destruction;
-// committed slots leave the lease. Move-only.
+// committed slots leave the lease. They count against the tenant's GPU quota
+// until committed or released, and kvtierd revokes a lease held longer than its
+// limits.lease_timeout_ms (a Commit of it then fails with kFailedPrecondition,
+// "expired"): write and commit well within it, and never write into a lease's
+// slots after its commit failed that way, as they may be another's by then.
+// Move-only.
 class WriteLease : public client_internal::LeaseHandle {
  public:
   WriteLease() = default;

@@ -11,7 +11,12 @@
 //  - a leased block is never moved or freed, and a moving block stays readable
 //    in its source tier until its copy's fence completes;
 //  - a block lives while a session references it or a lease holds it;
-//  - every slot is free, or owned by exactly one block or write lease.
+//  - every slot is free, or owned by exactly one block or write lease;
+//  - a tenant's write-lease slots count against its GPU quota until committed
+//    (then its new blocks do) or given back;
+//  - with a lease timeout, a lease older than it is revoked by the next Tick
+//    (ExpireLeases; a backlog past the per-call work bound by the ticks after):
+//    its slots come free, its pins end.
 #pragma once
 
 #include <chrono>
@@ -54,8 +59,10 @@ struct TenantQuota {
 };
 
 // Blocks a tenant holds per tier; a block in flight counts in its destination.
+// Its GPU quota counts blocks[kGpu] + leased.
 struct TenantUsage {
   PerTier<uint32_t> blocks;
+  uint32_t leased = 0;  // GPU slots in its write leases, not yet committed.
 };
 
 struct EngineOptions {
@@ -85,13 +92,20 @@ struct EngineOptions {
   // Called whenever a block leaves the cache: `dropped` is true when pressure
   // (watermarks, a full tier) pushed it out, false when its last holder let go.
   std::function<void(const BlockKey& key, bool dropped)> on_free;
-  // Per-tenant quotas. A tenant at its GPU quota that commits new blocks has its
-  // own coldest GPU blocks demoted (or, failing that, dropped) first, never
-  // another tenant's; a demotion that would pass its host quota drops its own
-  // coldest host blocks first. When that cannot make room: kResourceExhausted
-  // naming the quota. Promotions past the GPU quota are not made (the block is
-  // leased where it is, in the host tier).
+  // Per-tenant quotas. The GPU quota counts a tenant's GPU blocks and the slots
+  // of its write leases. A tenant at its GPU quota that allocates (or commits
+  // new blocks) has its own coldest GPU blocks demoted (or, failing that,
+  // dropped, when dropping makes enough room) first, never another tenant's; a
+  // demotion that would pass its host quota drops its own coldest host blocks
+  // first. When that cannot make room: kResourceExhausted naming the quota.
+  // Promotions past the GPU quota are not made (the block is leased where it
+  // is, in the host tier).
   std::vector<TenantQuota> quotas;
+  // How long a lease may be held (0 = for ever). ExpireLeases (and Tick) revoke
+  // older ones: a write lease's slots go back to the pool (a commit of it then
+  // fails), a read lease's blocks are unpinned. May change (Retune); an age is
+  // measured from the grant, so a shorter timeout applies to existing leases.
+  std::chrono::milliseconds lease_timeout{0};
 };
 
 struct BlockLocation {
@@ -110,6 +124,16 @@ struct ReadLease {
   std::vector<BlockLocation> blocks;    // The leased prefix (<= matched), in order.
   Fence fence;                          // Completes when every promoted block has landed.
   uint32_t promoted = 0;                // Blocks whose host->gpu copy this lease waits for.
+};
+
+// What one ExpireLeases call revoked.
+struct LeaseExpiry {
+  uint32_t write = 0;    // Write leases revoked.
+  uint32_t read = 0;     // Read leases revoked.
+  uint32_t slots = 0;    // GPU slots the write leases gave back.
+  uint32_t records = 0;  // Blocks the read leases unpinned.
+  bool more = false;     // Expired leases are left for the next call (the work bound).
+  uint32_t leases() const { return write + read; }
 };
 
 struct CommitResult {
@@ -139,6 +163,8 @@ struct EngineStats {
   uint32_t sessions = 0;
   uint32_t read_leases = 0;
   uint32_t write_leases = 0;
+  uint32_t leased_slots = 0;     // GPU slots in write leases (part of used[kGpu]).
+  uint64_t oldest_lease_ms = 0;  // Age of the oldest lease held; 0 when none is.
   uint32_t copies_in_flight = 0;
   uint64_t hit_blocks = 0;
   uint64_t miss_blocks = 0;
@@ -150,6 +176,8 @@ struct EngineStats {
   uint64_t evicted_sessions = 0;
   uint64_t allocation_failures = 0;
   uint64_t expired_priorities = 0;  // Priorities set back to 0 when their TTL ran out.
+  uint64_t expired_write_leases = 0;  // Revoked by the lease timeout.
+  uint64_t expired_read_leases = 0;
   uint64_t warm_adopted_blocks = 0;  // Host blocks taken over from the previous run.
   uint64_t warm_dropped_blocks = 0;  // Blocks the previous run's manifest listed that failed a check.
   uint64_t warm_adopted_sessions = 0;
@@ -180,6 +208,8 @@ struct WarmSaveReport {
 
 // The longest time a priority may be set for (SetPriority's ttl).
 inline constexpr std::chrono::hours kMaxPriorityTtl{24 * 30};
+// The work bound of one ExpireLeases call, in slots and blocks given back.
+inline constexpr uint32_t kLeaseExpiryWork = 16384;
 
 class Engine {
  public:
@@ -198,18 +228,22 @@ class Engine {
   int index_fd() const;
 
   // --- Write path -----------------------------------------------------------
-  // Reserves `count` GPU slots for the caller to write. If too few are free, the
-  // coldest unleased GPU blocks are dropped to make room; kResourceExhausted if
-  // that is not enough (nothing is lost then).
+  // Reserves `count` GPU slots for `tenant` to write; they count against its
+  // GPU quota until committed or released. Past the quota, the tenant's own
+  // coldest GPU blocks are demoted (or dropped, if that makes enough room)
+  // first; kResourceExhausted naming the tenant and quota if that cannot make
+  // room. If too few slots are free in the tier, the coldest unleased GPU
+  // blocks are dropped to make room; kResourceExhausted if that is not enough
+  // (nothing is lost then).
   // Blocks (up to 200 ms per copy batch) while demotions in flight free GPU
   // slots; a daemon serving many clients uses TryAllocate instead.
-  Result<WriteLease> Allocate(uint32_t count);
+  Result<WriteLease> Allocate(const Tenant& tenant, uint32_t count);
   // Allocate without waiting: nullopt when the GPU tier has too few free slots
   // now but demotions in flight (scheduled here if needed) will free them; call
   // again after Poll applied copies. Errors and leases as Allocate's. With
   // !may_wait it never returns nullopt: it drops or fails as Allocate would
   // once nothing is in flight.
-  Result<std::optional<WriteLease>> TryAllocate(uint32_t count, bool may_wait = true);
+  Result<std::optional<WriteLease>> TryAllocate(const Tenant& tenant, uint32_t count, bool may_wait = true);
 
   // Publishes tokens.size()/block_tokens full blocks written into `slots` (each a
   // slot of write lease `lease`, block i in slots[i]). Keys are computed here from
@@ -219,7 +253,9 @@ class Engine {
   // keyed `parent` (so a chain never has gaps or repeats).
   // A key already cached keeps its first copy and the duplicate slot is freed.
   // Committed slots leave the lease; the rest stay reserved until Release.
-  // The session is `tenant`'s: the keys are chained in its namespace.
+  // The session is `tenant`'s: the keys are chained in its namespace; the lease
+  // must be that tenant's (kPermissionDenied), and live: kFailedPrecondition
+  // for one the lease timeout revoked.
   Result<CommitResult> Commit(LeaseId lease, const Tenant& tenant, std::string_view session,
                               const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
                               std::span<const uint32_t> slots);
@@ -246,8 +282,12 @@ class Engine {
   // false, Acquire does not wait. No effect on sessions or leases.
   bool AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens);
 
-  // Ends a read or write lease; unreferenced blocks it held are freed.
+  // Ends a read or write lease; unreferenced blocks it held are freed. A lease
+  // the timeout revoked is forgotten here, with kNotFound saying it expired
+  // (what a reader read through it after that may be another block's).
   Status Release(LeaseId lease);
+  // True for a lease the timeout revoked that was not released since.
+  bool LeaseExpired(LeaseId lease) const;
 
   // --- Sessions -------------------------------------------------------------
   // A session is named by its tenant (its namespace) and its id; kNotFound
@@ -271,14 +311,22 @@ class Engine {
   void EnforceWatermarks();
   // Sets priorities whose ttl ended by `now` back to 0. Returns how many.
   uint32_t ExpirePriorities(std::chrono::steady_clock::time_point now);
-  void Tick() {
+  // Revokes the leases granted lease_timeout or longer before `now`, oldest
+  // first, until kLeaseExpiryWork slots and blocks were given back (the last
+  // lease revoked may pass it); the rest wait for the next call (`more`). A
+  // revoked lease is remembered until Release. Does nothing without a timeout.
+  LeaseExpiry ExpireLeases(std::chrono::steady_clock::time_point now);
+  LeaseExpiry Tick() {
+    const auto now = std::chrono::steady_clock::now();
     Poll();
-    ExpirePriorities(std::chrono::steady_clock::now());
+    const LeaseExpiry expired = ExpireLeases(now);
+    ExpirePriorities(now);
     EnforceWatermarks();
+    return expired;
   }
-  // Takes the watermarks and max_copy_batch from `options` (the settings that
-  // may change while serving, e.g. on a config reload); every other field is
-  // ignored. The watermarks apply from the next EnforceWatermarks. On an invalid
+  // Takes the watermarks, max_copy_batch and lease_timeout from `options` (the
+  // settings that may change while serving, e.g. on a config reload); every
+  // other field is ignored. The watermarks apply from the next EnforceWatermarks. On an invalid
   // value nothing changes (kInvalidArgument, as Create would say).
   Status Retune(const EngineOptions& options);
   // Waits for every copy in flight and applies it. kTimeout if they do not finish.
@@ -308,7 +356,7 @@ class Engine {
   EngineStats stats() const;
   // True while any copy this engine submitted has not been applied by Poll.
   bool CopiesInFlight() const;
-  // Blocks of the tenant with namespace `ns` per tier.
+  // Blocks of the tenant with namespace `ns` per tier, and its leased slots.
   TenantUsage tenant_usage(const Namespace& ns) const;
 
   struct Impl;  // tiering/src/engine_impl.h
