@@ -436,6 +436,7 @@ TenantUsage Engine::tenant_usage(const Namespace& ns) const {
   TenantUsage out;
   if (const TenantAccount* a = impl_->tenants.Find(ns)) {
     for (Tier t : kTiers) out.blocks[t] = a->Held(t);
+    out.sessions = a->sessions;
   }
   return out;
 }

@@ -148,6 +148,39 @@ Result<SessionInfo> Engine::GetSession(const Tenant& tenant, std::string_view se
   return Describe(*s, impl_->blocks, impl_->bt(), true);
 }
 
+SessionPage Engine::ListSessions(const std::optional<Namespace>& tenant, const std::optional<SessionCursor>& after,
+                                 const SessionPageLimits& limits) const {
+  SessionPage page;
+  uint64_t blocks = 0;
+  size_t bytes = 0;
+  const std::optional<Namespace> after_ns = after ? std::optional<Namespace>(after->ns) : std::nullopt;
+  impl_->sessions.VisitInOrder(tenant, after_ns, after ? std::string_view(after->id) : std::string_view(),
+                               [&](const Session& s) {
+                                 const size_t row = limits.row_bytes + s.id.size() + s.tenant->tenant.name.size();
+                                 if (!page.sessions.empty() &&
+                                     (page.sessions.size() >= limits.sessions ||
+                                      blocks + s.chain.size() > limits.chain_blocks || bytes + row > limits.bytes)) {
+                                   page.more = true;
+                                   return false;
+                                 }
+                                 blocks += s.chain.size();
+                                 bytes += row;
+                                 page.sessions.push_back(Describe(s, impl_->blocks, impl_->bt(), false));
+                                 return true;
+                               });
+  return page;
+}
+
+uint32_t Engine::EvictSessions(const std::optional<Namespace>& tenant) {
+  std::vector<Session*> doomed;
+  impl_->sessions.VisitInOrder(tenant, std::nullopt, {}, [&](Session& s) {
+    doomed.push_back(&s);
+    return true;
+  });
+  for (Session* s : doomed) impl_->RemoveSession(s, SessionEnd::kEvicted);
+  return static_cast<uint32_t>(doomed.size());
+}
+
 std::vector<SessionInfo> Engine::ListSessions() const {
   std::vector<SessionInfo> out;
   out.reserve(impl_->sessions.size());

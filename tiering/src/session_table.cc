@@ -8,7 +8,7 @@ namespace kvtier::tiering {
 SessionTable::SessionTable(std::unique_ptr<EvictionPolicy> policy) : policy_(std::move(policy)) {}
 
 Session* SessionTable::Find(const Namespace& ns, std::string_view id) const {
-  auto it = sessions_.find(Key{ns, std::string(id)});
+  auto it = sessions_.find(KeyRef{ns, id});
   return it == sessions_.end() ? nullptr : it->second.get();
 }
 
@@ -27,7 +27,8 @@ void SessionTable::Remove(Session* s) {
   if (!s->chain.empty()) std::abort();
   policy_->Untrack(s);
   --s->tenant->sessions;
-  sessions_.erase(Key{s->tenant->tenant.ns, s->id});
+  // Found before it is erased: the KeyRef points into the session the erase destroys.
+  sessions_.erase(sessions_.find(KeyRef{s->tenant->tenant.ns, s->id}));
   CompactDeadlines();
 }
 

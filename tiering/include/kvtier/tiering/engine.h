@@ -53,9 +53,11 @@ struct TenantQuota {
   PerTier<uint32_t> blocks;
 };
 
-// Blocks a tenant holds per tier; a block in flight counts in its destination.
+// Blocks a tenant holds per tier (a block in flight counts in its
+// destination), and its sessions.
 struct TenantUsage {
   PerTier<uint32_t> blocks;
+  uint32_t sessions = 0;
 };
 
 struct EngineOptions {
@@ -129,6 +131,30 @@ struct SessionInfo {
   uint64_t tokens = 0;
   std::vector<BlockKey> chain;  // Filled by GetSession only.
   std::vector<Tier> tiers;      // Filled by GetSession only.
+};
+
+// Where a session listing resumes: after the session (ns, id), in listing
+// order (ListSessions).
+struct SessionCursor {
+  Namespace ns;
+  std::string id;
+};
+
+// The bounds of one page of a session listing. A page lists at least one
+// session when any remains, whatever the bounds, so a caller that pages on
+// always gets further.
+struct SessionPageLimits {
+  size_t sessions = 4096;            // Sessions listed, at most.
+  uint64_t chain_blocks = 1u << 18;  // Chain blocks read to describe them, at most: what a page costs.
+  // Bytes listed, at most, counting `row_bytes` plus the id and the tenant
+  // name of each session: what a reply carrying the page costs.
+  size_t bytes = SIZE_MAX;
+  size_t row_bytes = 0;
+};
+
+struct SessionPage {
+  std::vector<SessionInfo> sessions;  // In listing order; chains not filled.
+  bool more = false;                  // Sessions remain after the last one listed.
 };
 
 struct EngineStats {
@@ -258,8 +284,18 @@ class Engine {
   Status SetPriority(const Tenant& tenant, std::string_view session, int priority,
                      std::chrono::milliseconds ttl = {});
   Result<SessionInfo> GetSession(const Tenant& tenant, std::string_view session) const;
-  // Every session, ordered by tenant name, then id.
+  // Every session, ordered by tenant name, then id (tests and tools: the work
+  // and the result grow with the table; a daemon pages instead).
   std::vector<SessionInfo> ListSessions() const;
+  // One page of the sessions in listing order (by tenant namespace, then id):
+  // those of the tenant with namespace `tenant` (every tenant's when nullopt),
+  // after `after` when given, within `limits`. It walks only that tenant's
+  // sessions, from the cursor on, so a page costs what it lists.
+  SessionPage ListSessions(const std::optional<Namespace>& tenant, const std::optional<SessionCursor>& after,
+                           const SessionPageLimits& limits) const;
+  // Evicts every session of the tenant with namespace `tenant` (every session
+  // when nullopt), walking that tenant's sessions alone. Returns how many.
+  uint32_t EvictSessions(const std::optional<Namespace>& tenant);
 
   // --- Background -----------------------------------------------------------
   // Applies finished copies. Never blocks. Returns how many blocks it settled.
