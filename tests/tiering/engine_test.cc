@@ -448,10 +448,37 @@ TEST_F(EngineTest, AcquireOfNothingLeasesNothing) {
   auto named = Get("new", c);
   ASSERT_TRUE(named.ok());
   EXPECT_EQ(named->id, 0u);
-  auto info = engine_->GetSession(tenant_, "new");
-  ASSERT_TRUE(info.ok()) << "a named acquire creates the session";
-  EXPECT_EQ(info->blocks, 0u);
+  EXPECT_EQ(engine_->GetSession(tenant_, "new").status().code(), StatusCode::kNotFound)
+      << "a session comes into being with its first block, not with an acquire that matches nothing";
+  EXPECT_EQ(engine_->stats().sessions, 0u);
   EXPECT_EQ(engine_->stats().miss_blocks, 4u);
+  // An existing session's chain still becomes what matched: nothing.
+  Put("s", MakeChain(3, 2));
+  auto miss = Get("s", c);
+  ASSERT_TRUE(miss.ok());
+  auto info = engine_->GetSession(tenant_, "s");
+  ASSERT_TRUE(info.ok()) << "an existing session stays";
+  EXPECT_EQ(info->blocks, 0u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, AnAcquireThatMatchesNothingIsNoNewSessionUnderTheTenantsLimit) {
+  EngineOptions o = Options(8, 8);
+  o.max_sessions_per_tenant = 1;
+  Start(o);
+  const Chain a = MakeChain(1, 2), other = MakeChain(2, 2);
+  Put("a", a);
+  auto miss = Get("b", other);
+  ASSERT_TRUE(miss.ok()) << "a miss creates nothing, so the limit does not apply: " << miss.status().ToString();
+  EXPECT_EQ(miss->matched, 0u);
+  auto hit = Get("b", a);
+  ASSERT_FALSE(hit.ok()) << "a hit would make a second session";
+  EXPECT_EQ(hit.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->stats().hit_blocks, 0u) << "a refused acquire counts nothing";
+  auto again = Get("a", a);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(engine_->Release(again->id).ok());
+  EXPECT_EQ(engine_->stats().sessions, 1u);
   EXPECT_INVARIANTS();
 }
 
@@ -755,6 +782,64 @@ class EngineTenantSessionTest : public EngineTest {
     return all;
   }
 };
+
+TEST_F(EngineTenantSessionTest, AFloodOfSessionsEvictsOnlyTheFloodersOwn) {
+  EngineOptions o = Options(32, 32);
+  o.max_sessions = 8;
+  Start(o);
+  const Tenant victim = Named("victim"), flooder = Named("flooder");
+  const Chain chat = ChainOf(victim, 1, 3), seed = ChainOf(flooder, 2, 1);
+  PutAs(victim, "chat", chat);
+  PutAs(flooder, "seed", seed);
+  // The flooder names a new session per acquire of its one cached block, warming each as it goes.
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(AcquireAs(flooder, "s" + std::to_string(i), seed).ok());
+  EXPECT_EQ(engine_->stats().sessions, 8u);
+  EXPECT_EQ(SessionsOf(victim), 1u) << "the victim is below its share and keeps its session";
+  EXPECT_EQ(SessionsOf(flooder), 7u);
+  ExpectIntact(victim, "chat", chat);
+  for (const BlockKey& k : chat.keys) EXPECT_FALSE(WasFreed(k, false) || WasFreed(k, true));
+  // A third tenant, below its share, takes its room from the tenant holding the most.
+  const Tenant third = Named("third");
+  const Chain mine = ChainOf(third, 3, 2);
+  PutAs(third, "mine", mine);
+  EXPECT_EQ(SessionsOf(third), 1u);
+  EXPECT_EQ(SessionsOf(flooder), 6u);
+  ExpectIntact(victim, "chat", chat);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTenantSessionTest, ATenantAtItsShareMakesRoomFromItsOwnColdest) {
+  EngineOptions o = Options(32, 32);
+  o.max_sessions = 4;
+  Start(o);
+  const Tenant a = Named("a"), b = Named("b");
+  const Chain ca = ChainOf(a, 1, 1), cb = ChainOf(b, 2, 1);
+  PutAs(a, "a0", ca);
+  ASSERT_TRUE(AcquireAs(a, "a1", ca).ok());  // a's sessions are the coldest of all.
+  PutAs(b, "b0", cb);
+  ASSERT_TRUE(AcquireAs(b, "b1", cb).ok());
+  ASSERT_TRUE(AcquireAs(b, "b2", cb).ok());  // b holds 2, its share of 4: its own b0 goes.
+  EXPECT_EQ(SessionsOf(a), 2u);
+  EXPECT_EQ(SessionsOf(b), 2u);
+  EXPECT_EQ(engine_->GetSession(b, "b0").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->GetSession(a, "a0").ok()) << "the coldest session of all was a's, below nothing";
+  EXPECT_EQ(engine_->stats().evicted_sessions, 1u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTenantSessionTest, OneTenantAloneEvictsItsColdestAsBefore) {
+  EngineOptions o = Options(32, 32);
+  o.max_sessions = 3;
+  Start(o);
+  const Tenant a = Named("a");
+  const Chain c = ChainOf(a, 1, 1);
+  PutAs(a, "s0", c);
+  for (int i = 1; i < 6; ++i) ASSERT_TRUE(AcquireAs(a, "s" + std::to_string(i), c).ok());
+  EXPECT_EQ(SessionsOf(a), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(engine_->GetSession(a, "s" + std::to_string(i)).ok()) << i;
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(engine_->GetSession(a, "s" + std::to_string(i)).ok()) << i;
+  EXPECT_INVARIANTS();
+}
 
 TEST_F(EngineTenantSessionTest, ListingsPageInKeyOrderWithinTheirBounds) {
   Start(Options(64, 64));

@@ -16,10 +16,27 @@ Status NoSession(std::string_view id) { return NotFound("session '" + std::strin
 
 Session* Engine::Impl::GetOrCreateSession(const Tenant& t, std::string_view id) {
   if (Session* s = FindSession(t, id)) return s;
+  TenantAccount& account = tenants.Get(t);
   if (sessions.size() >= opt.max_sessions) {
-    if (Session* coldest = sessions.Coldest()) RemoveSession(coldest, SessionEnd::kEvicted);
+    if (Session* victim = SessionToEvictFor(account)) RemoveSession(victim, SessionEnd::kEvicted);
   }
-  return sessions.Add(tenants.Get(t), id);
+  return sessions.Add(account, id);
+}
+
+Session* Engine::Impl::SessionToEvictFor(const TenantAccount& t) const {
+  // The tenants holding sessions once `t` holds one, and the share of each.
+  const size_t holders = sessions.tenants_holding() + (t.sessions == 0 ? 1 : 0);
+  const uint32_t share = std::max<uint32_t>(1, static_cast<uint32_t>(opt.max_sessions / holders));
+  const TenantAccount* from = &t;
+  if (t.sessions < share) {
+    // Below its share, so the table being full, some tenant holds more than
+    // its own: the one holding the most gives up its coldest.
+    tenants.ForEach([&](const TenantAccount& a) {
+      if (a.sessions > from->sessions) from = &a;
+    });
+  }
+  if (Session* s = sessions.ColdestOf(*from)) return s;
+  return sessions.Coldest();
 }
 
 Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {

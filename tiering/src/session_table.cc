@@ -18,7 +18,7 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
   s->id = std::string(id);
   Session* raw = s.get();
   if (!sessions_.emplace(Key{tenant.tenant.ns, raw->id}, std::move(s)).second) std::abort();
-  ++tenant.sessions;
+  if (tenant.sessions++ == 0) ++tenants_holding_;
   policy_->Track(raw);
   return raw;
 }
@@ -26,7 +26,7 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
 void SessionTable::Remove(Session* s) {
   if (!s->chain.empty()) std::abort();
   policy_->Untrack(s);
-  --s->tenant->sessions;
+  if (--s->tenant->sessions == 0) --tenants_holding_;
   // Found before it is erased: the KeyRef points into the session the erase destroys.
   sessions_.erase(sessions_.find(KeyRef{s->tenant->tenant.ns, s->id}));
   CompactDeadlines();
@@ -78,6 +78,16 @@ uint32_t SessionTable::Expire(std::chrono::steady_clock::time_point now) {
 Session* SessionTable::Coldest() const {
   Session* coldest = nullptr;
   policy_->VisitColdest([&](Session* s) {
+    coldest = s;
+    return false;
+  });
+  return coldest;
+}
+
+Session* SessionTable::ColdestOf(const TenantAccount& tenant) const {
+  Session* coldest = nullptr;
+  policy_->VisitColdest([&](Session* s) {
+    if (s->tenant != &tenant) return true;
     coldest = s;
     return false;
   });

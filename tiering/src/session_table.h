@@ -34,6 +34,8 @@ class SessionTable {
   SessionTable& operator=(const SessionTable&) = delete;
 
   size_t size() const { return sessions_.size(); }
+  // Tenants holding at least one session.
+  size_t tenants_holding() const { return tenants_holding_; }
   Session* Find(const Namespace& ns, std::string_view id) const;
   // A new, empty session of `tenant`, tracked by the policy. REQUIRES: absent.
   Session* Add(TenantAccount& tenant, std::string_view id);
@@ -53,6 +55,9 @@ class SessionTable {
 
   // The coldest session (nullptr if none).
   Session* Coldest() const;
+  // The coldest session of `tenant` (nullptr if it has none): the policy's
+  // order, walked from the coldest until one of the tenant's.
+  Session* ColdestOf(const TenantAccount& tenant) const;
   // Every session, coldest first.
   std::vector<Session*> ColdestFirst() const;
   // Visits coldest first until `visit` returns false; see EvictionPolicy.
@@ -113,6 +118,7 @@ class SessionTable {
   };
 
   std::map<Key, std::unique_ptr<Session>, KeyLess> sessions_;
+  size_t tenants_holding_ = 0;
   std::unique_ptr<EvictionPolicy> policy_;
   std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries_;
 

@@ -70,10 +70,16 @@ struct EngineOptions {
   double host_high_watermark = 0.95;
   double host_low_watermark = 0.85;
   uint32_t max_copy_batch = 64;      // Blocks per backend submission.
-  uint32_t max_sessions = 1 << 20;   // Beyond this the coldest session is evicted.
+  // Sessions in all. A new session beyond it evicts one, chosen fairly: the
+  // coldest of its own tenant when that tenant holds at least its share
+  // (max_sessions / the tenants holding sessions, itself counted), else the
+  // coldest of the tenant holding the most (which is over its share). So a
+  // tenant below its share never loses a session to another tenant's new one,
+  // and one past it makes room from its own; with one tenant this is the
+  // coldest session.
+  uint32_t max_sessions = 1 << 20;
   // Sessions one tenant (namespace) may hold; 0 = no limit. A new session past
-  // it is refused (kResourceExhausted), so one tenant cannot push another's
-  // sessions out through max_sessions.
+  // it is refused (kResourceExhausted), never made room for.
   uint32_t max_sessions_per_tenant = 0;
   uint32_t max_blocks_per_request = 1 << 16;
   std::string name = "default";      // The profile's name: pool objects are shm_names::PoolObject(name, tier).
@@ -256,7 +262,10 @@ class Engine {
   // host tier are copied to the GPU tier and the lease's fence completes when they
   // land; the lease stops early if the GPU tier has no room. With a session name,
   // the session (of `tenant`, whose namespace the keys are in) has its chain
-  // become the matched prefix (cut or extended).
+  // become the matched prefix (cut or extended). A session comes into being
+  // with its first block: an acquire that matches nothing creates none (an
+  // existing session's chain is cut to nothing), and one that would create a
+  // session past max_sessions_per_tenant is refused (kResourceExhausted).
   // If the GPU tier has no room for every promotion, Acquire demotes colder
   // blocks and waits (up to 200 ms per copy batch) for them to land; a daemon
   // asks AcquireNeedsRoom first and retries later instead, so that it never
