@@ -70,8 +70,8 @@ Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
     : config_(std::move(config)),
       backend_(std::move(backend)),
       warm_(config_, backend_->kind()),
-      access_(config_, ::geteuid()) {
-  for (const TenantConfig& t : config_.tenants) tenants_seen_.push_back(t.name);
+      access_(config_, ::geteuid()),
+      tenants_(config_.tenants) {
   std::random_device rd;
   instance_id_ = (uint64_t{rd()} << 32) | rd();
 }
@@ -87,6 +87,7 @@ std::string Service::Describe() const {
     out += "; profile " + e->profile().Describe() + ", gpu " + std::to_string(e->options().gpu_slots) +
            " blocks, host " + std::to_string(e->options().host_slots) + " blocks";
   }
+  if (config_.tenants.empty()) out += "; at most " + std::to_string(config_.max_tenants) + " tenant labels";
   return out;
 }
 
@@ -120,6 +121,7 @@ void Service::Disconnect(ClientState& c) {
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --counters_.clients;
+    tenants_.Disconnect(c.tenant);
   }
   c.leases.clear();
   c.welcomed = false;
@@ -140,7 +142,18 @@ Result<std::string> Service::TenantToActOn(const ClientState& c, const std::stri
   return wanted;
 }
 
-std::vector<std::string> Service::KnownTenants() const { return tenants_seen_; }
+std::vector<std::string> Service::KnownTenants() const { return tenants_.Names(); }
+
+bool Service::TenantIdle(const std::string& name) const {
+  for (const auto& e : engines_) {
+    const tiering::TenantUsage u = e->tenant_usage(TenantNamed(name, *e).ns);
+    if (u.sessions != 0) return false;
+    for (Tier t : kTiers) {
+      if (u.blocks[t] != 0) return false;
+    }
+  }
+  return true;
+}
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
   Reply reply = Dispatch(c, request);
@@ -205,12 +218,18 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   if (counters_.clients >= config_.max_clients) {
     return ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients");
   }
-  if (m.tenant.find('/') != std::string::npos) {
-    return InvalidArgument("tenant '" + m.tenant + "' may not contain '/'");
+  if (!m.tenant.empty() && !IsValidTenantName(m.tenant)) {
+    // Not echoed: it may be long, or hold what a log line or a metric label must not.
+    return InvalidArgument("Hello.tenant: a tenant name is 1-" + std::to_string(kMaxTenantName) +
+                           " characters of [A-Za-z0-9._-]; got a " + std::to_string(m.tenant.size()) +
+                           "-byte name that is not");
   }
   auto tenant = access_.TenantFor(c.peer, m.tenant);
   if (!tenant.ok()) return tenant.status();
   Engine& e = *engines_[profile];
+  // Last before the welcome (nothing after it fails), so every Connect has its Disconnect.
+  KVTIER_RETURN_IF_ERROR(
+      tenants_.Connect(*tenant, config_.max_tenants, [this](const std::string& t) { return TenantIdle(t); }));
   c.welcomed = true;
   c.name = m.client_name;
   c.pid = m.pid;
@@ -219,9 +238,6 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   c.profile = profile;
   // The namespace salt is the authenticated tenant, never a name the client chose.
   c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
-  if (std::find(tenants_seen_.begin(), tenants_seen_.end(), c.tenant) == tenants_seen_.end()) {
-    tenants_seen_.push_back(c.tenant);
-  }
   ++counters_.clients;
   ++counters_.connections;
 

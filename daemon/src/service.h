@@ -26,6 +26,7 @@
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
 #include "stats.h"
+#include "tenant_registry.h"
 #include "warm_restart.h"
 
 namespace kvtier::daemon {
@@ -68,6 +69,7 @@ struct Reply {
 // unleased blocks or fails with resource_exhausted; Acquire: leases the prefix
 // without promoting it, its host-tier blocks in the host tier).
 inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
+
 
 class Service {
  public:
@@ -160,6 +162,8 @@ class Service {
   // for another tenant unless the client is an admin.
   Result<std::string> TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const;
   std::vector<std::string> KnownTenants() const;
+  // No engine holds a session or a block of tenant `name`: its label may be forgotten.
+  bool TenantIdle(const std::string& name) const;
   // What the figures are read from, reporting the tenants in `tenants`.
   StatsView View(std::vector<std::string> tenants) const;
 
@@ -170,7 +174,7 @@ class Service {
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
   AccessPolicy access_;
-  std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
+  TenantRegistry tenants_;  // The configured tenants and the labels of clients (limits.max_tenants).
   ServiceCounters counters_;
 };
 
