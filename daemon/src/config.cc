@@ -347,6 +347,11 @@ bool IsValidTenantName(std::string_view name) {
   });
 }
 
+uint32_t SessionsPerTenant(const DaemonConfig& c) {
+  if (c.max_sessions_per_tenant != 0 || c.tenants.empty()) return c.max_sessions_per_tenant;
+  return std::max<uint32_t>(1, c.max_sessions / static_cast<uint32_t>(c.tenants.size() + 1));
+}
+
 Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_view) {
   const std::string source(source_view);
   YAML::Node root;

@@ -86,7 +86,9 @@ struct DaemonConfig {
 
   uint32_t max_clients = 256;
   uint32_t max_sessions = 65536;
-  uint32_t max_sessions_per_tenant = 0;  // 0: no limit of its own (max_sessions applies).
+  // Sessions per tenant and profile; a new one past it is refused. 0 (the
+  // default): derived, see SessionsPerTenant.
+  uint32_t max_sessions_per_tenant = 0;
   // Tenant labels kvtierd remembers (each has its stats and metrics) when no
   // tenants: are configured and a Hello names its tenant freely: a Hello with
   // a new label past it is refused (resource_exhausted) unless a label with no
@@ -111,6 +113,12 @@ struct DaemonConfig {
   // Field by field; DumpConfig then ParseConfig gives back an equal config.
   friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;
 };
+
+// The per-tenant session limit in force: limits.max_sessions_per_tenant, or
+// when that is 0, max_sessions / (configured tenants + 1, for "default") with
+// tenants:, and none without (a box whose clients label themselves; the fair
+// eviction of a full max_sessions keeps labels from evicting one another).
+uint32_t SessionsPerTenant(const DaemonConfig& config);
 
 struct ListenAddress {
   std::string host;  // An IP address literal, without brackets.

@@ -70,6 +70,15 @@ struct Reply {
 // without promoting it, its host-tier blocks in the host tier).
 inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 
+// One page of a paged ListSessions holds at most this many sessions, bytes of
+// them and chain blocks read to describe them (at least one session, though),
+// so building one costs about a millisecond whatever the table holds.
+inline constexpr size_t kSessionsPerPage = 4096;
+inline constexpr size_t kPageBytes = size_t{4} << 20;
+inline constexpr uint64_t kPageChainBlocks = uint64_t{1} << 18;
+// An unpaged ListSessions (an older client's) is answered whole or with an
+// error, after reading at most this many chain blocks.
+inline constexpr uint64_t kUnpagedChainBlocks = uint64_t{1} << 22;
 
 class Service {
  public:
@@ -128,6 +137,11 @@ class Service {
   // Finds the handler of `request`'s type; turns its error into an
   // ErrorResponse, which closes the connection of a client not welcomed (yet).
   Reply Dispatch(ClientState& c, const wire::Message& request);
+  // A reply that grows with what the daemon holds (sessions, chains, tenants,
+  // the configuration) is sized before it is sent; one that would not fit one
+  // frame becomes an ErrorResponse (resource_exhausted) saying so, never a
+  // frame the client rejects. Every other reply is bounded by the limits.
+  static void FitOneFrame(Reply& reply);
 
   // The handlers. REQUIRES: c.welcomed, except for Hello. Each returns the
   // reply, a deferral (Reply::deferred) or the error to answer with.

@@ -118,6 +118,19 @@ TEST(ConfigTest, TenantNamesAndTheTenantLimit) {
   EXPECT_EQ(most->max_tenants, kMaxTenants);
 }
 
+TEST(ConfigTest, SessionsPerTenantIsDerivedWhenZero) {
+  DaemonConfig c;
+  c.max_sessions = 1000;
+  EXPECT_EQ(SessionsPerTenant(c), 0u) << "free labels: no limit of its own, the fair eviction applies";
+  c.tenants.resize(3);
+  EXPECT_EQ(SessionsPerTenant(c), 250u) << "max_sessions over the tenants and default";
+  c.max_sessions_per_tenant = 7;
+  EXPECT_EQ(SessionsPerTenant(c), 7u) << "a configured limit wins";
+  c.max_sessions_per_tenant = 0;
+  c.max_sessions = 2;
+  EXPECT_EQ(SessionsPerTenant(c), 1u) << "never 0 (which would mean none)";
+}
+
 TEST(ConfigTest, SyntaxErrorsGiveALine) {
   const std::string e = ErrorOf("profiles: [\n  - {name: p\n");
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;

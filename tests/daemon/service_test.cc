@@ -224,5 +224,49 @@ TEST_F(ServiceTest, StatsOfTheMostTenantsFitOneFrame) {
   EXPECT_EQ(TenantRows(Stats(*held[0])), 2u);
 }
 
+TEST_F(ServiceTest, ListSessionsPagesWhereOneReplyCannotHoldThem) {
+  Start();
+  auto a = Connected("a"), b = Connected("b");
+  // 4,100 sessions of 4 KiB ids: about 17 MB of rows, more than one frame.
+  const std::string long_id(4088, 'x');
+  for (int i = 0; i < 4100; ++i) CommitSession(*a, long_id + std::to_string(i));
+  for (int i = 0; i < 10; ++i) CommitSession(*b, "b" + std::to_string(i));
+  auto admin = Connected("", /*admin=*/true);
+
+  // The older, unpaged request: every session or a clear error, never a cut list.
+  auto whole = Call(*admin, wire::ListSessionsRequest{"", std::nullopt});
+  const auto* err = std::get_if<wire::ErrorResponse>(&whole);
+  ASSERT_NE(err, nullptr) << "the unpaged list does not fit one frame";
+  EXPECT_EQ(err->code, StatusCode::kResourceExhausted);
+  EXPECT_NE(err->message.find("page by page"), std::string::npos) << err->message;
+  auto small = Call(*b, wire::ListSessionsRequest{"", std::nullopt});
+  ASSERT_TRUE(std::holds_alternative<wire::ListSessionsResponse>(small)) << "a tenant's own list still fits";
+  EXPECT_EQ(std::get<wire::ListSessionsResponse>(small).sessions.size(), 10u);
+  EXPECT_FALSE(std::get<wire::ListSessionsResponse>(small).more) << "never set for an older client";
+
+  int pages = 0;
+  const auto t0 = Clock::now();
+  const auto all = AllPages(*admin, "", 0, &pages);
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(all.size(), 4110u);
+  EXPECT_GE(pages, 5) << "4 MiB pages";
+  EXPECT_LT(took / pages, std::chrono::milliseconds(100)) << "per page";
+  EXPECT_EQ(AllPages(*admin, "b", 3, &pages).size(), 10u);
+  EXPECT_EQ(pages, 4);
+  // A client that is not an admin pages through its own tenant only.
+  const auto mine = AllPages(*b, "", 4, &pages);
+  EXPECT_EQ(mine.size(), 10u);
+  for (const SessionSummary& s : mine) EXPECT_EQ(s.tenant, "b");
+  auto denied = Call(*b, wire::ListSessionsRequest{"a", wire::ListSessionsPage{}});
+  ASSERT_TRUE(std::holds_alternative<wire::ErrorResponse>(denied));
+  EXPECT_EQ(std::get<wire::ErrorResponse>(denied).code, StatusCode::kPermissionDenied);
+
+  // Evicting one tenant's sessions leaves the other's.
+  auto evicted = Call(*admin, wire::EvictRequest{"", "b", false});
+  ASSERT_TRUE(std::holds_alternative<wire::CountResponse>(evicted));
+  EXPECT_EQ(std::get<wire::CountResponse>(evicted).count, 10u);
+  EXPECT_EQ(AllPages(*admin, "a", 0, &pages).size(), 4100u);
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
