@@ -1,6 +1,7 @@
 // EngineInspector: the engine's full invariant recount, for tests (engine_check.h).
 #include "engine_check.h"
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -103,6 +104,11 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
   });
   KVTIER_RETURN_IF_ERROR(st);
   if (holding != m.sessions.tenants_holding()) return Fail("the count of tenants holding sessions is off");
+  if (const TenantAccount* top = m.sessions.LargestHolder()) {
+    uint32_t most = 0;
+    m.tenants.ForEach([&](const TenantAccount& a) { most = std::max(most, a.sessions); });
+    if (top->sessions != most) return Fail("the tenant holding the most sessions is off");
+  }
   if (live != blocks.index().size()) {
     return Fail("index holds " + std::to_string(blocks.index().size()) + " entries for " + std::to_string(live) +
                 " blocks");

@@ -28,13 +28,9 @@ Session* Engine::Impl::SessionToEvictFor(const TenantAccount& t) const {
   const size_t holders = sessions.tenants_holding() + (t.sessions == 0 ? 1 : 0);
   const uint32_t share = std::max<uint32_t>(1, static_cast<uint32_t>(opt.max_sessions / holders));
   const TenantAccount* from = &t;
-  if (t.sessions < share) {
-    // Below its share, so the table being full, some tenant holds more than
-    // its own: the one holding the most gives up its coldest.
-    tenants.ForEach([&](const TenantAccount& a) {
-      if (a.sessions > from->sessions) from = &a;
-    });
-  }
+  // Below its share, so the table being full, some tenant holds more than its
+  // own: the one holding the most gives up its coldest.
+  if (t.sessions < share && sessions.LargestHolder() != nullptr) from = sessions.LargestHolder();
   if (Session* s = sessions.ColdestOf(*from)) return s;
   return sessions.Coldest();
 }

@@ -18,7 +18,8 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
   s->id = std::string(id);
   Session* raw = s.get();
   if (!sessions_.emplace(Key{tenant.tenant.ns, raw->id}, std::move(s)).second) std::abort();
-  if (tenant.sessions++ == 0) ++tenants_holding_;
+  if (tenant.sessions > 0) holders_.erase({tenant.sessions, &tenant});
+  holders_.insert({++tenant.sessions, &tenant});
   policy_->Track(raw);
   return raw;
 }
@@ -26,7 +27,9 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
 void SessionTable::Remove(Session* s) {
   if (!s->chain.empty()) std::abort();
   policy_->Untrack(s);
-  if (--s->tenant->sessions == 0) --tenants_holding_;
+  TenantAccount& tenant = *s->tenant;
+  holders_.erase({tenant.sessions, &tenant});
+  if (--tenant.sessions > 0) holders_.insert({tenant.sessions, &tenant});
   // Found before it is erased: the KeyRef points into the session the erase destroys.
   sessions_.erase(sessions_.find(KeyRef{s->tenant->tenant.ns, s->id}));
   CompactDeadlines();

@@ -15,9 +15,11 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -35,7 +37,9 @@ class SessionTable {
 
   size_t size() const { return sessions_.size(); }
   // Tenants holding at least one session.
-  size_t tenants_holding() const { return tenants_holding_; }
+  size_t tenants_holding() const { return holders_.size(); }
+  // The tenant holding the most sessions (nullptr if none); O(1).
+  const TenantAccount* LargestHolder() const { return holders_.empty() ? nullptr : holders_.rbegin()->second; }
   Session* Find(const Namespace& ns, std::string_view id) const;
   // A new, empty session of `tenant`, tracked by the policy. REQUIRES: absent.
   Session* Add(TenantAccount& tenant, std::string_view id);
@@ -118,7 +122,8 @@ class SessionTable {
   };
 
   std::map<Key, std::unique_ptr<Session>, KeyLess> sessions_;
-  size_t tenants_holding_ = 0;
+  // The tenants holding sessions, by how many (kept as sessions come and go).
+  std::set<std::pair<uint32_t, const TenantAccount*>> holders_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries_;
 
