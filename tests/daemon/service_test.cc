@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "log.h"
 #include "support/test_names.h"
 
 namespace kvtier::daemon {
@@ -33,6 +34,7 @@ class ServiceTest : public ::testing::Test {
                              more_yaml;
     auto config = ParseConfig(yaml, "test.yaml");
     ASSERT_TRUE(config.ok()) << config.status().ToString();
+    SetLogLevel(config->log_level);  // As kvtierd's main does: no line per Hello.
     auto svc = Service::Create(*config);
     ASSERT_TRUE(svc.ok()) << svc.status().ToString();
     svc_ = std::move(svc).value();
