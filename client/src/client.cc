@@ -220,7 +220,7 @@ Result<SessionPage> Client::ListSessionsPage(std::string_view tenant_filter, con
   }
   auto r = core_->Call<wire::ListSessionsResponse>(req, Resend::kYes);
   if (!r.ok()) return r.status();
-  if (r->message.more && r->message.sessions.empty()) return ProtocolError("kvtierd sent an empty page with more to come");
+  if (r->message.more && r->message.sessions.empty()) return ProtocolError("kvtierd sent an empty page, and more");
   return SessionPage{std::move(r->message.sessions), r->message.more};
 }
 

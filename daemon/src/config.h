@@ -129,8 +129,8 @@ Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
 // effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
-// limits.max_leases_per_client, limits.max_tenants and limits.hello_timeout_ms); the rest shape shared memory, the socket or
-// what clients were told at Hello, and keep their running values.
+// limits.max_leases_per_client, limits.max_tenants and limits.hello_timeout_ms); the rest shape shared memory, the
+// socket or what clients were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.
   std::vector<std::string> applied;  // "tiering.tick_ms: 20 -> 50", one per reloadable setting that changes.

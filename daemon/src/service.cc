@@ -162,23 +162,26 @@ namespace {
 
 // The replies whose size grows with what the daemon holds.
 template <typename M>
-constexpr bool kGrowsWithState = std::is_same_v<M, wire::ListSessionsResponse> ||
-                                 std::is_same_v<M, wire::SessionInfoResponse> ||
-                                 std::is_same_v<M, wire::StatsResponse> || std::is_same_v<M, wire::ConfigResponse>;
+constexpr bool kGrowsWithState =
+    std::is_same_v<M, wire::ListSessionsResponse> || std::is_same_v<M, wire::SessionInfoResponse> ||
+    std::is_same_v<M, wire::StatsResponse> || std::is_same_v<M, wire::ConfigResponse>;
 
 }  // namespace
 
 void Service::FitOneFrame(Reply& reply) {
-  const bool grows = std::visit([](const auto& m) { return kGrowsWithState<std::decay_t<decltype(m)>>; }, reply.message);
+  const bool grows =
+      std::visit([](const auto& m) { return kGrowsWithState<std::decay_t<decltype(m)>>; }, reply.message);
   if (!grows) return;
   const Result<size_t> bytes = wire::PayloadSize(reply.message);
   if (bytes.ok() && *bytes <= wire::kMaxPayload) return;
   const std::string name = wire::MessageTypeName(wire::TypeOf(reply.message));
-  reply.message = wire::FromStatus(
-      bytes.ok() ? ResourceExhausted(name + " of " + std::to_string(*bytes) + " bytes would exceed the " +
-                                     std::to_string(wire::kMaxPayload) + "-byte frame limit; kvtierd answers this "
-                                     "error instead of a frame no client accepts")
-                 : Status(bytes.status().code(), "kvtierd could not encode its " + name + ": " + bytes.status().message()));
+  reply.message =
+      wire::FromStatus(bytes.ok() ? ResourceExhausted(name + " of " + std::to_string(*bytes) +
+                                                      " bytes would exceed the " + std::to_string(wire::kMaxPayload) +
+                                                      "-byte frame limit; kvtierd answers this "
+                                                      "error instead of a frame no client accepts")
+                                  : Status(bytes.status().code(),
+                                           "kvtierd could not encode its " + name + ": " + bytes.status().message()));
 }
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {

@@ -106,11 +106,13 @@ TEST(ConfigTest, TenantNamesAndTheTenantLimit) {
   EXPECT_TRUE(IsValidTenantName(std::string(kMaxTenantName, 'z')));
   EXPECT_FALSE(IsValidTenantName(""));
   EXPECT_FALSE(IsValidTenantName(std::string(kMaxTenantName + 1, 'z')));
-  for (const char* bad : {"a b", "a/b", "a\nb", "a\"b", "t{x}", "\xc3\xa9", "a=b"}) EXPECT_FALSE(IsValidTenantName(bad)) << bad;
+  for (const char* bad : {"a b", "a/b", "a\nb", "a\"b", "t{x}", "\xc3\xa9", "a=b"})
+    EXPECT_FALSE(IsValidTenantName(bad)) << bad;
   auto c = ParseConfig(kMinimal, "test.yaml");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->max_tenants, 1024u);
-  EXPECT_NE(ErrorOf(std::string(kMinimal) + "limits:\n  max_tenants: 0\n").find("limits.max_tenants"), std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "limits:\n  max_tenants: 0\n").find("limits.max_tenants"),
+            std::string::npos);
   EXPECT_NE(ErrorOf(std::string(kMinimal) + "limits:\n  max_tenants: 16385\n").find("limits.max_tenants"),
             std::string::npos);
   auto most = ParseConfig(std::string(kMinimal) + "limits:\n  max_tenants: 16384\n", "test.yaml");

@@ -128,7 +128,7 @@ class ServiceTest : public ::testing::Test {
     EXPECT_TRUE(std::holds_alternative<wire::StatsResponse>(reply))
         << wire::ToStatus(std::get<wire::ErrorResponse>(reply)).ToString();
     return std::holds_alternative<wire::StatsResponse>(reply) ? std::get<wire::StatsResponse>(reply).values
-                                                                : std::vector<std::pair<std::string, double>>{};
+                                                              : std::vector<std::pair<std::string, double>>{};
   }
   static size_t TenantRows(const std::vector<std::pair<std::string, double>>& stats) {
     size_t n = 0;
@@ -141,9 +141,9 @@ class ServiceTest : public ::testing::Test {
 
 TEST_F(ServiceTest, ATenantLabelIsShortAndPrintable) {
   Start();
-  for (const std::string& bad : {std::string(4096, 'x'), std::string(65, 'a'), std::string("a b"),
-                                 std::string("a/b"), std::string("t\n"), std::string("t\x1b[31m"),
-                                 std::string("t\0u", 3), std::string("t{x=\"1\"}")}) {
+  for (const std::string& bad :
+       {std::string(4096, 'x'), std::string(65, 'a'), std::string("a b"), std::string("a/b"), std::string("t\n"),
+        std::string("t\x1b[31m"), std::string("t\0u", 3), std::string("t{x=\"1\"}")}) {
     auto c = NewClient(false);
     const Status st = Hello(*c, bad);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;

@@ -27,7 +27,7 @@ using testing::DaemonProcess;
 using testing::RawConnection;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kBlockTokens = 16;          // kSmallDaemonConfig's profile.
+constexpr uint32_t kBlockTokens = 16;             // kSmallDaemonConfig's profile.
 constexpr auto kAnswerBound = milliseconds(100);  // Another client's request, and a listing page, take less.
 // Resident memory kvtierd may gain in one test: what its sessions legitimately
 // hold (20,000 sessions with 4 KB ids hold about 40 MB) plus reply buffers;
@@ -81,7 +81,8 @@ class Raw {
   }
   // Commits `tokens` (whole blocks) as `session`; the bytes are whatever the slots hold.
   Status Commit(const std::string& session, const std::vector<TokenId>& tokens) {
-    auto lease = Expect<wire::AllocateResponse>(wire::AllocateRequest{static_cast<uint32_t>(tokens.size() / kBlockTokens)});
+    auto lease =
+        Expect<wire::AllocateResponse>(wire::AllocateRequest{static_cast<uint32_t>(tokens.size() / kBlockTokens)});
     if (!lease.ok()) return lease.status();
     wire::CommitRequest c;
     c.lease_id = lease->lease_id;
@@ -119,8 +120,7 @@ struct Victim {
   std::vector<TokenId> tokens;
   std::vector<BlockKey> keys;
 
-  static Victim Commit(const DaemonProcess& d, const std::string& tenant, const std::string& session,
-                       uint32_t blocks) {
+  static Victim Commit(const DaemonProcess& d, const std::string& tenant, const std::string& session, uint32_t blocks) {
     Victim v;
     ClientOptions o;
     o.socket_path = d.socket();
@@ -199,8 +199,8 @@ class ControlAttack : public ::testing::Test {
 };
 
 size_t TenantRows(const std::vector<std::pair<std::string, double>>& stats) {
-  return static_cast<size_t>(std::count_if(stats.begin(), stats.end(),
-                                           [](const auto& kv) { return kv.first.rfind("tenant.", 0) == 0; }));
+  return static_cast<size_t>(
+      std::count_if(stats.begin(), stats.end(), [](const auto& kv) { return kv.first.rfind("tenant.", 0) == 0; }));
 }
 
 // Finding 1: 3,000 Hellos with distinct 4 KB labels grew the daemon and made
@@ -414,8 +414,7 @@ TEST_F(ControlAttack, ListingsPageAndStayFastOverManySessions) {
   const auto stats_took = Clock::now() - s0;
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   const auto ping = victim.Ping();
-  std::printf("victim's listing %.2f ms, admin stats %.2f ms, ping %.2f ms\n", Ms(own_took), Ms(stats_took),
-              Ms(ping));
+  std::printf("victim's listing %.2f ms, admin stats %.2f ms, ping %.2f ms\n", Ms(own_took), Ms(stats_took), Ms(ping));
   EXPECT_LT(own_took, kAnswerBound);
   EXPECT_LT(stats_took, kAnswerBound);
   EXPECT_LT(ping, kAnswerBound);

@@ -894,7 +894,8 @@ TEST_F(EngineTenantSessionTest, ListingsPageInKeyOrderWithinTheirBounds) {
   page = engine_->ListSessions(tenants[2].ns, std::nullopt, limits);
   ASSERT_EQ(page.sessions.size(), 4u);
   ASSERT_TRUE(engine_->Evict(tenants[2], page.sessions.back().id).ok());
-  SessionPage rest = engine_->ListSessions(tenants[2].ns, SessionCursor{tenants[2].ns, page.sessions.back().id}, limits);
+  SessionPage rest =
+      engine_->ListSessions(tenants[2].ns, SessionCursor{tenants[2].ns, page.sessions.back().id}, limits);
   EXPECT_EQ(rest.sessions.size(), 3u);
   EXPECT_FALSE(rest.more);
   for (const SessionInfo& s : rest.sessions) EXPECT_GT(s.id, page.sessions.back().id);

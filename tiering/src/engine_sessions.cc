@@ -167,20 +167,19 @@ SessionPage Engine::ListSessions(const std::optional<Namespace>& tenant, const s
   uint64_t blocks = 0;
   size_t bytes = 0;
   const std::optional<Namespace> after_ns = after ? std::optional<Namespace>(after->ns) : std::nullopt;
-  impl_->sessions.VisitInOrder(tenant, after_ns, after ? std::string_view(after->id) : std::string_view(),
-                               [&](const Session& s) {
-                                 const size_t row = limits.row_bytes + s.id.size() + s.tenant->tenant.name.size();
-                                 if (!page.sessions.empty() &&
-                                     (page.sessions.size() >= limits.sessions ||
-                                      blocks + s.chain.size() > limits.chain_blocks || bytes + row > limits.bytes)) {
-                                   page.more = true;
-                                   return false;
-                                 }
-                                 blocks += s.chain.size();
-                                 bytes += row;
-                                 page.sessions.push_back(Describe(s, impl_->blocks, impl_->bt(), false));
-                                 return true;
-                               });
+  impl_->sessions.VisitInOrder(
+      tenant, after_ns, after ? std::string_view(after->id) : std::string_view(), [&](const Session& s) {
+        const size_t row = limits.row_bytes + s.id.size() + s.tenant->tenant.name.size();
+        if (!page.sessions.empty() && (page.sessions.size() >= limits.sessions ||
+                                       blocks + s.chain.size() > limits.chain_blocks || bytes + row > limits.bytes)) {
+          page.more = true;
+          return false;
+        }
+        blocks += s.chain.size();
+        bytes += row;
+        page.sessions.push_back(Describe(s, impl_->blocks, impl_->bt(), false));
+        return true;
+      });
   return page;
 }
 

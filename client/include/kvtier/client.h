@@ -170,7 +170,6 @@ struct CommitResult {
   uint32_t duplicates = 0;
 };
 
-
 // One page of Client::ListSessionsPage.
 struct SessionPage {
   std::vector<SessionSummary> sessions;

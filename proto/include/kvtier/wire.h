@@ -344,7 +344,6 @@ struct ListSessionsResponse {
   friend bool operator==(const ListSessionsResponse&, const ListSessionsResponse&) = default;
 };
 
-
 struct SessionInfoRequest {
   static constexpr MessageType kType = MessageType::kSessionInfoRequest;
   static constexpr const char* kName = "SessionInfoRequest";
