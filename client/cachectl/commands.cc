@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -289,7 +290,7 @@ int CmdSessions(const GlobalOptions& g, const SessionsArgs& a) {
     if (a.sort == "blocks" && x.blocks != y.blocks) return x.blocks > y.blocks;
     if (a.sort == "tokens" && x.tokens != y.tokens) return x.tokens > y.tokens;
     if (a.sort == "idle" && x.last_use_ms_ago != y.last_use_ms_ago) return x.last_use_ms_ago > y.last_use_ms_ago;
-    return x.id < y.id;
+    return std::tie(x.id, x.tenant) < std::tie(y.id, y.tenant);
   };
   std::stable_sort(list.begin(), list.end(), by);
   if (a.limit > 0 && list.size() > a.limit) list.resize(a.limit);
@@ -479,8 +480,9 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
   const auto period = std::chrono::duration<double>(a.watch);
   auto next = std::chrono::steady_clock::now();
   if (!a.tenant.empty()) {
-    // The daemon decides who may see another tenant: its session list says so.
-    auto allowed = c->ListSessions(a.tenant);
+    // The daemon decides who may see another tenant: its session list says so
+    // (one session of it is enough to ask for).
+    auto allowed = c->ListSessionsPage(a.tenant, nullptr, 1);
     if (!allowed.ok()) return Fail("stats --tenant '" + a.tenant + "'", allowed.status());
   }
   for (uint64_t n = 0;; ++n) {

@@ -4,6 +4,7 @@
 #include "kvtier/client.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "core.h"
@@ -207,10 +208,34 @@ Status Client::SetPriority(std::string_view session, int priority, std::chrono::
   return r.ok() ? Status::Ok() : r.status();
 }
 
-Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
-  auto r = core_->Call<wire::ListSessionsResponse>(wire::ListSessionsRequest{std::string(tenant_filter)}, Resend::kYes);
+Result<SessionPage> Client::ListSessionsPage(std::string_view tenant_filter, const SessionSummary* after,
+                                             uint32_t limit) {
+  wire::ListSessionsRequest req;
+  req.tenant_filter = std::string(tenant_filter);
+  req.page.emplace();
+  req.page->limit = limit;
+  if (after != nullptr && !after->id.empty()) {
+    req.page->after_tenant = after->tenant;
+    req.page->after_id = after->id;
+  }
+  auto r = core_->Call<wire::ListSessionsResponse>(req, Resend::kYes);
   if (!r.ok()) return r.status();
-  return std::move(r->message.sessions);
+  if (r->message.more && r->message.sessions.empty()) return ProtocolError("kvtierd sent an empty page, and more");
+  return SessionPage{std::move(r->message.sessions), r->message.more};
+}
+
+Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant_filter) {
+  std::vector<SessionSummary> all;
+  for (;;) {
+    auto page = ListSessionsPage(tenant_filter, all.empty() ? nullptr : &all.back());
+    if (!page.ok()) return page.status();
+    if (all.size() + page->sessions.size() > wire::kMaxArray) {
+      return ResourceExhausted("kvtierd lists more than " + std::to_string(wire::kMaxArray) + " sessions");
+    }
+    all.insert(all.end(), std::make_move_iterator(page->sessions.begin()),
+               std::make_move_iterator(page->sessions.end()));
+    if (!page->more) return all;
+  }
 }
 
 Result<SessionInfo> Client::GetSession(std::string_view session) {

@@ -265,6 +265,9 @@ Status ParseAccess(const YAML::Node& node, const std::string& source, AccessConf
 
 Status ParseTenants(const YAML::Node& node, const std::string& source, std::vector<TenantConfig>* out) {
   if (!node.IsSequence()) return InvalidArgument(source + ": tenants: expected a list of tenants");
+  if (node.size() > kMaxTenants) {
+    return InvalidArgument(source + ": tenants: at most " + std::to_string(kMaxTenants) + " tenants");
+  }
   for (size_t i = 0; i < node.size(); ++i) {
     const std::string path = "tenants[" + std::to_string(i) + "]";
     if (!node[i].IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
@@ -272,11 +275,9 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
     KVTIER_RETURN_IF_ERROR(s.Known({"name", "users", "groups", "allow_requested", "gpu_blocks", "host_blocks"}));
     TenantConfig t;
     KVTIER_RETURN_IF_ERROR(s.ReadString("name", &t.name));
-    if (t.name.empty() || t.name.size() > 64) return s.Error("name", "is required: 1-64 characters");
-    for (char c : t.name) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
-        return s.Error("name", "'" + t.name + "' may hold only letters, digits, '-', '_' and '.'");
-      }
+    if (t.name.empty() || t.name.size() > kMaxTenantName) return s.Error("name", "is required: 1-64 characters");
+    if (!IsValidTenantName(t.name)) {
+      return s.Error("name", "'" + t.name + "' may hold only letters, digits, '-', '_' and '.'");
     }
     KVTIER_RETURN_IF_ERROR(ReadIds(s, "users", true, &t.users, &t.uids));
     KVTIER_RETURN_IF_ERROR(ReadIds(s, "groups", false, &t.groups, &t.gids));
@@ -338,6 +339,18 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   const double bytes = value * mult;
   if (!(bytes >= 0) || bytes > 1e15) return InvalidArgument("size '" + std::string(text) + "' is out of range");
   return static_cast<uint64_t>(std::llround(bytes));
+}
+
+bool IsValidTenantName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxTenantName) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+uint32_t SessionsPerTenant(const DaemonConfig& c) {
+  if (c.max_sessions_per_tenant != 0 || c.tenants.empty()) return c.max_sessions_per_tenant;
+  return std::max<uint32_t>(1, c.max_sessions / static_cast<uint32_t>(c.tenants.size() + 1));
 }
 
 Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_view) {
@@ -403,6 +416,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients", &c.max_clients, 1, 1u << 20));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions", &c.max_sessions, 1, 1u << 28));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions_per_tenant", &c.max_sessions_per_tenant, 0, 1u << 28));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_tenants", &c.max_tenants, 1, kMaxTenants));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_leases_per_client", &c.max_leases_per_client, 1, 1u << 24));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_blocks_per_request", &c.max_blocks_per_request, 1, 1u << 20));
       uint64_t frame = c.max_frame_bytes;

@@ -16,6 +16,15 @@
 
 namespace kvtier::daemon {
 
+// A tenant's name, configured (tenants:) or a Hello's label: 1 to
+// kMaxTenantName of [A-Za-z0-9._-], so that it is safe as written in a log
+// line, a stats name ("tenant.<name>.gpu_blocks") and a Prometheus label.
+inline constexpr size_t kMaxTenantName = 64;
+bool IsValidTenantName(std::string_view name);
+// limits.max_tenants at most: a StatsResponse with every tenant's figures
+// (four of at most 95 bytes each) stays well inside one frame.
+inline constexpr uint32_t kMaxTenants = 16384;
+
 struct ProfileConfig {
   ModelProfile profile;
   uint32_t gpu_blocks = 0;   // Slots in the GPU tier.
@@ -77,7 +86,15 @@ struct DaemonConfig {
 
   uint32_t max_clients = 256;
   uint32_t max_sessions = 65536;
-  uint32_t max_sessions_per_tenant = 0;  // 0: no limit of its own (max_sessions applies).
+  // Sessions per tenant and profile; a new one past it is refused. 0 (the
+  // default): derived, see SessionsPerTenant.
+  uint32_t max_sessions_per_tenant = 0;
+  // Tenant labels kvtierd remembers (each has its stats and metrics) when no
+  // tenants: are configured and a Hello names its tenant freely: a Hello with
+  // a new label past it is refused (resource_exhausted) unless a label with no
+  // client connected and no session or block can be forgotten to make room.
+  // Configured tenants are always known and do not count.
+  uint32_t max_tenants = 1024;
   uint32_t max_leases_per_client = 4096;
   uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
@@ -115,6 +132,11 @@ inline constexpr uint32_t kReplyCloseFactor = 4;
 // The largest configuration file read (wire::kMaxConfigBytes, what
 // ConfigResponse carries, is the same); a larger one is refused unparsed.
 inline constexpr uint64_t kMaxConfigFileBytes = uint64_t{1} << 20;
+// The per-tenant session limit in force: limits.max_sessions_per_tenant, or
+// when that is 0, max_sessions / (configured tenants + 1, for "default") with
+// tenants:, and none without (a box whose clients label themselves; the fair
+// eviction of a full max_sessions keeps labels from evicting one another).
+uint32_t SessionsPerTenant(const DaemonConfig& config);
 
 struct ListenAddress {
   std::string host;  // An IP address literal, without brackets.
@@ -125,10 +147,10 @@ Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // What re-reading the configuration file while running does. Some settings take
 // effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
-// limits.max_leases_per_client, limits.hello_timeout_ms, limits.frame_timeout_ms,
-// limits.max_reply_backlog_bytes and limits.lease_timeout_ms); the rest shape
-// shared memory, the socket or what clients were told at Hello, and keep their
-// running values.
+// limits.max_leases_per_client, limits.max_tenants, limits.hello_timeout_ms,
+// limits.frame_timeout_ms, limits.max_reply_backlog_bytes and
+// limits.lease_timeout_ms); the rest shape shared memory, the socket or what
+// clients were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.
   std::vector<std::string> applied;  // "tiering.tick_ms: 20 -> 50", one per reloadable setting that changes.

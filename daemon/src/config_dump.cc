@@ -87,6 +87,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_clients: " << c.max_clients << "\n"
     << "  max_sessions: " << c.max_sessions << "\n"
     << "  max_sessions_per_tenant: " << c.max_sessions_per_tenant << "\n"
+    << "  max_tenants: " << c.max_tenants << "\n"
     << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
     << "  max_frame_bytes: " << c.max_frame_bytes << "\n"
@@ -161,6 +162,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("limits.max_clients", std::to_string(c.max_clients), true);
   add("limits.max_sessions", std::to_string(c.max_sessions), false);
   add("limits.max_sessions_per_tenant", std::to_string(c.max_sessions_per_tenant), false);
+  add("limits.max_tenants", std::to_string(c.max_tenants), true);
   add("limits.max_leases_per_client", std::to_string(c.max_leases_per_client), true);
   add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);
   add("limits.max_frame_bytes", std::to_string(c.max_frame_bytes), false);
@@ -207,6 +209,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.warm_snapshot_ms = loaded.warm_snapshot_ms;
   n.max_clients = loaded.max_clients;
   n.max_leases_per_client = loaded.max_leases_per_client;
+  n.max_tenants = loaded.max_tenants;
   n.hello_timeout_ms = loaded.hello_timeout_ms;
   n.frame_timeout_ms = loaded.frame_timeout_ms;
   n.max_reply_backlog_bytes = loaded.max_reply_backlog_bytes;

@@ -29,7 +29,7 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const Profil
   o.host_low_watermark = config.host_low_watermark;
   o.max_copy_batch = config.max_copy_batch;
   o.max_sessions = config.max_sessions;
-  o.max_sessions_per_tenant = config.max_sessions_per_tenant;
+  o.max_sessions_per_tenant = SessionsPerTenant(config);
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.lease_timeout = std::chrono::milliseconds(config.lease_timeout_ms);
   o.name = p.profile.name;
@@ -69,8 +69,8 @@ Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
     : config_(std::move(config)),
       backend_(std::move(backend)),
       warm_(config_, backend_->kind()),
-      access_(config_, ::geteuid()) {
-  for (const TenantConfig& t : config_.tenants) tenants_seen_.push_back(t.name);
+      access_(config_, ::geteuid()),
+      tenants_(config_.tenants) {
   std::random_device rd;
   instance_id_ = (uint64_t{rd()} << 32) | rd();
 }
@@ -86,6 +86,10 @@ std::string Service::Describe() const {
     out += "; profile " + e->profile().Describe() + ", gpu " + std::to_string(e->options().gpu_slots) +
            " blocks, host " + std::to_string(e->options().host_slots) + " blocks";
   }
+  const uint32_t per_tenant = SessionsPerTenant(config_);
+  out += "; at most " + std::to_string(config_.max_sessions) + " sessions per profile, " +
+         (per_tenant == 0 ? std::string("shared fairly between tenants") : std::to_string(per_tenant) + " per tenant");
+  if (config_.tenants.empty()) out += "; at most " + std::to_string(config_.max_tenants) + " tenant labels";
   return out;
 }
 
@@ -150,6 +154,7 @@ void Service::Disconnect(ClientState& c) {
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --counters_.clients;
+    tenants_.Disconnect(c.tenant);
   }
   c.leases.clear();
   c.welcomed = false;
@@ -170,11 +175,49 @@ Result<std::string> Service::TenantToActOn(const ClientState& c, const std::stri
   return wanted;
 }
 
-std::vector<std::string> Service::KnownTenants() const { return tenants_seen_; }
+std::vector<std::string> Service::KnownTenants() const { return tenants_.Names(); }
+
+bool Service::TenantIdle(const std::string& name) const {
+  for (const auto& e : engines_) {
+    const tiering::TenantUsage u = e->tenant_usage(TenantNamed(name, *e).ns);
+    if (u.sessions != 0) return false;
+    for (Tier t : kTiers) {
+      if (u.blocks[t] != 0) return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// The replies whose size grows with what the daemon holds.
+template <typename M>
+constexpr bool kGrowsWithState =
+    std::is_same_v<M, wire::ListSessionsResponse> || std::is_same_v<M, wire::SessionInfoResponse> ||
+    std::is_same_v<M, wire::StatsResponse> || std::is_same_v<M, wire::ConfigResponse>;
+
+}  // namespace
+
+void Service::FitOneFrame(Reply& reply) {
+  const bool grows =
+      std::visit([](const auto& m) { return kGrowsWithState<std::decay_t<decltype(m)>>; }, reply.message);
+  if (!grows) return;
+  const Result<size_t> bytes = wire::PayloadSize(reply.message);
+  if (bytes.ok() && *bytes <= wire::kMaxPayload) return;
+  const std::string name = wire::MessageTypeName(wire::TypeOf(reply.message));
+  reply.message =
+      wire::FromStatus(bytes.ok() ? ResourceExhausted(name + " of " + std::to_string(*bytes) +
+                                                      " bytes would exceed the " + std::to_string(wire::kMaxPayload) +
+                                                      "-byte frame limit; kvtierd answers this "
+                                                      "error instead of a frame no client accepts")
+                                  : Status(bytes.status().code(),
+                                           "kvtierd could not encode its " + name + ": " + bytes.status().message()));
+}
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
   Reply reply = Dispatch(c, request);
   if (reply.deferred) return reply;
+  FitOneFrame(reply);
   c.waiting_for_room.reset();
   ++counters_.requests;
   if (std::holds_alternative<wire::ErrorResponse>(reply.message)) {
@@ -235,12 +278,18 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   if (counters_.clients >= config_.max_clients) {
     return ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients");
   }
-  if (m.tenant.find('/') != std::string::npos) {
-    return InvalidArgument("tenant '" + m.tenant + "' may not contain '/'");
+  if (!m.tenant.empty() && !IsValidTenantName(m.tenant)) {
+    // Not echoed: it may be long, or hold what a log line or a metric label must not.
+    return InvalidArgument("Hello.tenant: a tenant name is 1-" + std::to_string(kMaxTenantName) +
+                           " characters of [A-Za-z0-9._-]; got a " + std::to_string(m.tenant.size()) +
+                           "-byte name that is not");
   }
   auto tenant = access_.TenantFor(c.peer, m.tenant);
   if (!tenant.ok()) return tenant.status();
   Engine& e = *engines_[profile];
+  // Last before the welcome (nothing after it fails), so every Connect has its Disconnect.
+  KVTIER_RETURN_IF_ERROR(
+      tenants_.Connect(*tenant, config_.max_tenants, [this](const std::string& t) { return TenantIdle(t); }));
   c.welcomed = true;
   c.name = m.client_name;
   c.pid = m.pid;
@@ -249,9 +298,6 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   c.profile = profile;
   // The namespace salt is the authenticated tenant, never a name the client chose.
   c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
-  if (std::find(tenants_seen_.begin(), tenants_seen_.end(), c.tenant) == tenants_seen_.end()) {
-    tenants_seen_.push_back(c.tenant);
-  }
   ++counters_.clients;
   ++counters_.connections;
 
@@ -392,10 +438,8 @@ Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
     auto tenant = TenantToActOn(c, m.tenant, "evict the sessions");
     if (!tenant.ok()) return tenant.status();
   }
-  uint32_t n = 0;
-  for (const tiering::SessionInfo& s : e.ListSessions()) {
-    if (m.all || s.tenant == m.tenant) n += e.Evict(tiering::Tenant{s.ns, s.tenant}, s.id).ok() ? 1 : 0;
-  }
+  // One tenant's sessions are one range of the engine's table: only that range is walked.
+  const uint32_t n = e.EvictSessions(m.all ? std::nullopt : std::optional<Namespace>(TenantNamed(m.tenant, e).ns));
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
   return Reply{wire::CountResponse{n}};
@@ -438,12 +482,36 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
     if (!tenant.ok()) return tenant.status();
     only = *tenant;
   }
-  wire::ListSessionsResponse out;
-  for (const tiering::SessionInfo& s : engines_[c.profile]->ListSessions()) {
-    if ((!c.admin || !only.empty()) && s.tenant != only) continue;
-    out.sessions.push_back(Summarize(s));
-    if (out.sessions.size() >= wire::kMaxArray / 4) break;
+  Engine& e = *engines_[c.profile];
+  std::optional<Namespace> filter;  // One tenant's range of the table, or all of it.
+  if (!c.admin || !only.empty()) filter = TenantNamed(only, e).ns;
+  tiering::SessionPageLimits limits;
+  limits.row_bytes = wire::EncodedSize(SessionSummary{});
+  std::optional<tiering::SessionCursor> after;
+  if (m.page) {
+    limits.sessions = m.page->limit == 0 ? kSessionsPerPage : std::min<size_t>(m.page->limit, kSessionsPerPage);
+    limits.bytes = kPageBytes;
+    limits.chain_blocks = kPageChainBlocks;
+    if (!m.page->after_id.empty()) {
+      after = tiering::SessionCursor{TenantNamed(m.page->after_tenant, e).ns, m.page->after_id};
+    }
+  } else {
+    // The older request gets every session in one reply, or an error: never a
+    // cut list (the client could not tell), never a frame it cannot take.
+    limits.sessions = wire::kMaxArray;
+    limits.bytes = wire::kMaxPayload - 4;  // Less the array's count.
+    limits.chain_blocks = kUnpagedChainBlocks;
   }
+  tiering::SessionPage page = e.ListSessions(filter, after, limits);
+  if (!m.page && page.more) {
+    return ResourceExhausted("the sessions do not fit one reply (more than " + std::to_string(page.sessions.size()) +
+                             " of them); list them page by page (cachectl sessions, or libkvtier's ListSessions, "
+                             "which page with ListSessionsRequest.page)");
+  }
+  wire::ListSessionsResponse out;
+  out.sessions.reserve(page.sessions.size());
+  for (const tiering::SessionInfo& s : page.sessions) out.sessions.push_back(Summarize(s));
+  out.more = m.page.has_value() && page.more;
   return Reply{std::move(out)};
 }
 

@@ -26,6 +26,7 @@
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
 #include "stats.h"
+#include "tenant_registry.h"
 #include "warm_restart.h"
 
 namespace kvtier::daemon {
@@ -77,6 +78,15 @@ inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 // Leases revoked by limits.lease_timeout_ms are logged at most this often (in
 // one line with the counts since the last one).
 inline constexpr std::chrono::seconds kExpiredLeaseLogPeriod{10};
+// One page of a paged ListSessions holds at most this many sessions, bytes of
+// them and chain blocks read to describe them (at least one session, though),
+// so building one costs about a millisecond whatever the table holds.
+inline constexpr size_t kSessionsPerPage = 4096;
+inline constexpr size_t kPageBytes = size_t{4} << 20;
+inline constexpr uint64_t kPageChainBlocks = uint64_t{1} << 18;
+// An unpaged ListSessions (an older client's) is answered whole or with an
+// error, after reading at most this many chain blocks.
+inline constexpr uint64_t kUnpagedChainBlocks = uint64_t{1} << 22;
 
 class Service {
  public:
@@ -138,6 +148,11 @@ class Service {
   // Finds the handler of `request`'s type; turns its error into an
   // ErrorResponse, which closes the connection of a client not welcomed (yet).
   Reply Dispatch(ClientState& c, const wire::Message& request);
+  // A reply that grows with what the daemon holds (sessions, chains, tenants,
+  // the configuration) is sized before it is sent; one that would not fit one
+  // frame becomes an ErrorResponse (resource_exhausted) saying so, never a
+  // frame the client rejects. Every other reply is bounded by the limits.
+  static void FitOneFrame(Reply& reply);
 
   // The handlers. REQUIRES: c.welcomed, except for Hello. Each returns the
   // reply, a deferral (Reply::deferred) or the error to answer with.
@@ -176,6 +191,8 @@ class Service {
   // for another tenant unless the client is an admin.
   Result<std::string> TenantToActOn(const ClientState& c, const std::string& wanted, const char* what) const;
   std::vector<std::string> KnownTenants() const;
+  // No engine holds a session or a block of tenant `name`: its label may be forgotten.
+  bool TenantIdle(const std::string& name) const;
   // What the figures are read from, reporting the tenants in `tenants`.
   StatsView View(std::vector<std::string> tenants) const;
 
@@ -186,7 +203,7 @@ class Service {
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
   AccessPolicy access_;
-  std::vector<std::string> tenants_seen_;  // Tenants of clients welcomed so far (and configured ones).
+  TenantRegistry tenants_;  // The configured tenants and the labels of clients (limits.max_tenants).
   ServiceCounters counters_;
   // Leases revoked since the last log line about them.
   struct ExpiredLeaseLog {

@@ -238,14 +238,56 @@ void Fields(IO& io, M& m) {
   io.U32("count", m.count);
 }
 
+template <typename IO, Is<ListSessionsPage> M>
+void Fields(IO& io, M& p) {
+  io.U32("limit", p.limit);
+  io.String("after_tenant", p.after_tenant);
+  io.String("after_id", p.after_id);
+  io.Require(!p.after_id.empty() || p.after_tenant.empty(), "after_tenant", "is set without an after_id");
+}
+
+// ListSessionsRequest.page: an extension byte string holding the page's fields.
+constexpr size_t kMaxPageBytes = 4 + (4 + kMaxString) * 2;
+
+inline void Page(Writer& w, const std::optional<ListSessionsPage>& page) {
+  if (!page || !w.ok()) return;
+  std::vector<uint8_t> bytes;
+  Writer inner(&bytes, "page");
+  Fields(inner, *page);
+  if (!inner.ok()) return w.Require(false, "page", inner.status().message().c_str());
+  w.ExtensionBytes("page", bytes, kMaxPageBytes);
+}
+inline void Page(Reader& r, std::optional<ListSessionsPage>& page) {
+  std::vector<uint8_t> bytes;
+  page.reset();
+  if (!r.ExtensionBytes("page", bytes, kMaxPageBytes) || bytes.empty()) return;
+  Reader inner(bytes, "page");
+  ListSessionsPage p;
+  Fields(inner, p);
+  const Status st = inner.Finish();
+  if (!r.Require(st.ok(), "page", st.message().c_str())) return;
+  page = std::move(p);
+}
+
+// ListSessionsResponse.more: an extension u64, 1 when set.
+inline void More(Writer& w, bool more) { w.ExtensionU64("more", more ? 1 : 0); }
+inline void More(Reader& r, bool& more) {
+  uint64_t v = 0;
+  more = false;
+  if (!r.ExtensionU64("more", v) || v == 0) return;
+  more = r.Require(v == 1, "more", "must be 1 when present");
+}
+
 template <typename IO, Is<ListSessionsRequest> M>
 void Fields(IO& io, M& m) {
   io.String("tenant_filter", m.tenant_filter);
+  Page(io, m.page);
 }
 
 template <typename IO, Is<ListSessionsResponse> M>
 void Fields(IO& io, M& m) {
   io.Array("sessions", m.sessions, kSessionSummaryMinBytes, [](auto& sub, auto& s) { Fields(sub, s); });
+  More(io, m.more);
 }
 
 template <typename IO, Is<SessionInfoResponse> M>
@@ -437,6 +479,14 @@ ErrorResponse FromStatus(const Status& status) {
   }
   if (e.message.size() > kMaxString) e.message.resize(kMaxString);
   return e;
+}
+
+size_t EncodedSize(const SessionSummary& s) { return kSessionSummaryMinBytes + s.id.size() + s.tenant.size(); }
+
+Result<size_t> PayloadSize(const Message& m) {
+  Writer sizer(nullptr, MessageTypeName(TypeOf(m)));
+  if (!EncodePayload(sizer, m)) return sizer.status();
+  return sizer.size();
 }
 
 Status TryAppendFrame(std::vector<uint8_t>& out, uint64_t request_id, const Message& m) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -246,6 +247,45 @@ TEST_F(CachectlTest, Sessions) {
   auto by_tokens = Run({"sessions", "--sort", "tokens", "--json"}).Json();
   EXPECT_EQ(by_tokens["sessions"][2]["id"], "acme-1");
   EXPECT_EQ(Run({"sessions", "--sort", "idle"}).rc, 0);
+}
+
+// More sessions than one reply of kvtierd holds (a page is at most 4,096):
+// libkvtier fetches every page, and cachectl lists each session once.
+TEST_F(CachectlTest, SessionsOfMoreThanOnePage) {
+  ClientOptions o;
+  o.socket_path = daemon_.socket();
+  o.tenant = "acme";
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<TokenId> tokens(3 * (*c)->block_tokens());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(1000 + i);
+  constexpr int kMore = 4500;
+  for (int i = 0; i < kMore; ++i) {
+    auto lease = (*c)->Acquire("page-" + std::to_string(i), tokens, false);  // acme-1's blocks: a new session.
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_EQ(lease->matched(), 3u);
+  }
+  auto page = (*c)->ListSessionsPage("", nullptr, 100);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_EQ(page->sessions.size(), 100u);
+  EXPECT_TRUE(page->more);
+  auto next = (*c)->ListSessionsPage("", &page->sessions.back(), 100);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_GT(next->sessions.front().id, page->sessions.back().id) << "one tenant's page is in id order";
+
+  auto all = Run({"sessions", "--json"});
+  ASSERT_EQ(all.rc, 0) << all.err;
+  const json j = all.Json();
+  EXPECT_EQ(j["count"], 3 + kMore);
+  std::set<std::string> seen;
+  for (const json& s : j["sessions"]) {
+    EXPECT_TRUE(seen.insert(s["tenant"].get<std::string>() + "/" + s["id"].get<std::string>()).second) << s;
+  }
+  EXPECT_EQ(seen.size(), size_t{3 + kMore});
+  EXPECT_EQ(Run({"sessions", "--tenant", "acme", "--json"}).Json()["count"], 1 + kMore);
+  auto text = Run({"sessions", "--limit", "5"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_EQ(text.lines.size(), 6u) << text.out();
 }
 
 TEST_F(CachectlTest, SessionShowsItsChain) {

@@ -102,6 +102,39 @@ TEST(ConfigTest, ProfileMistakes) {
   EXPECT_NE(ErrorOf(bad_name).find("may hold only"), std::string::npos);
 }
 
+TEST(ConfigTest, TenantNamesAndTheTenantLimit) {
+  EXPECT_TRUE(IsValidTenantName("a"));
+  EXPECT_TRUE(IsValidTenantName("Team-1.prod_x"));
+  EXPECT_TRUE(IsValidTenantName(std::string(kMaxTenantName, 'z')));
+  EXPECT_FALSE(IsValidTenantName(""));
+  EXPECT_FALSE(IsValidTenantName(std::string(kMaxTenantName + 1, 'z')));
+  for (const char* bad : {"a b", "a/b", "a\nb", "a\"b", "t{x}", "\xc3\xa9", "a=b"})
+    EXPECT_FALSE(IsValidTenantName(bad)) << bad;
+  auto c = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->max_tenants, 1024u);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "limits:\n  max_tenants: 0\n").find("limits.max_tenants"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "limits:\n  max_tenants: 16385\n").find("limits.max_tenants"),
+            std::string::npos);
+  auto most = ParseConfig(std::string(kMinimal) + "limits:\n  max_tenants: 16384\n", "test.yaml");
+  ASSERT_TRUE(most.ok()) << most.status().ToString();
+  EXPECT_EQ(most->max_tenants, kMaxTenants);
+}
+
+TEST(ConfigTest, SessionsPerTenantIsDerivedWhenZero) {
+  DaemonConfig c;
+  c.max_sessions = 1000;
+  EXPECT_EQ(SessionsPerTenant(c), 0u) << "free labels: no limit of its own, the fair eviction applies";
+  c.tenants.resize(3);
+  EXPECT_EQ(SessionsPerTenant(c), 250u) << "max_sessions over the tenants and default";
+  c.max_sessions_per_tenant = 7;
+  EXPECT_EQ(SessionsPerTenant(c), 7u) << "a configured limit wins";
+  c.max_sessions_per_tenant = 0;
+  c.max_sessions = 2;
+  EXPECT_EQ(SessionsPerTenant(c), 1u) << "never 0 (which would mean none)";
+}
+
 TEST(ConfigTest, SyntaxErrorsGiveALine) {
   const std::string e = ErrorOf("profiles: [\n  - {name: p\n");
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
@@ -180,6 +213,7 @@ limits:
   max_clients: 7
   max_leases_per_client: 9
   max_sessions: 100
+  max_tenants: 5
 metrics:
   listen: 127.0.0.1:0
 )";
@@ -196,6 +230,7 @@ metrics:
   EXPECT_EQ(n.tick_ms, 50u);
   EXPECT_EQ(n.max_clients, 7u);
   EXPECT_EQ(n.max_leases_per_client, 9u);
+  EXPECT_EQ(n.max_tenants, 5u);
   // What cannot change keeps its running value.
   EXPECT_EQ(n.socket_path, running->socket_path);
   EXPECT_EQ(n.profiles[0].gpu_blocks, 10u);
@@ -205,7 +240,8 @@ metrics:
   auto has = [](const std::vector<std::string>& v, const std::string& text) {
     return std::find(v.begin(), v.end(), text) != v.end();
   };
-  EXPECT_EQ(plan.applied.size(), 9u) << ::testing::PrintToString(plan.applied);
+  EXPECT_EQ(plan.applied.size(), 10u) << ::testing::PrintToString(plan.applied);
+  EXPECT_TRUE(has(plan.applied, "limits.max_tenants: 1024 -> 5"));
   EXPECT_TRUE(has(plan.applied, "log_level: info -> debug"));
   EXPECT_TRUE(has(plan.applied, "tiering.gpu_high_watermark: 0.9 -> 0.8"));
   EXPECT_TRUE(has(plan.applied, "tiering.tick_ms: 20 -> 50"));

@@ -12,7 +12,9 @@
 #include <deque>
 #include <ostream>
 #include <random>
+#include <set>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -447,10 +449,37 @@ TEST_F(EngineTest, AcquireOfNothingLeasesNothing) {
   auto named = Get("new", c);
   ASSERT_TRUE(named.ok());
   EXPECT_EQ(named->id, 0u);
-  auto info = engine_->GetSession(tenant_, "new");
-  ASSERT_TRUE(info.ok()) << "a named acquire creates the session";
-  EXPECT_EQ(info->blocks, 0u);
+  EXPECT_EQ(engine_->GetSession(tenant_, "new").status().code(), StatusCode::kNotFound)
+      << "a session comes into being with its first block, not with an acquire that matches nothing";
+  EXPECT_EQ(engine_->stats().sessions, 0u);
   EXPECT_EQ(engine_->stats().miss_blocks, 4u);
+  // An existing session's chain still becomes what matched: nothing.
+  Put("s", MakeChain(3, 2));
+  auto miss = Get("s", c);
+  ASSERT_TRUE(miss.ok());
+  auto info = engine_->GetSession(tenant_, "s");
+  ASSERT_TRUE(info.ok()) << "an existing session stays";
+  EXPECT_EQ(info->blocks, 0u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, AnAcquireThatMatchesNothingIsNoNewSessionUnderTheTenantsLimit) {
+  EngineOptions o = Options(8, 8);
+  o.max_sessions_per_tenant = 1;
+  Start(o);
+  const Chain a = MakeChain(1, 2), other = MakeChain(2, 2);
+  Put("a", a);
+  auto miss = Get("b", other);
+  ASSERT_TRUE(miss.ok()) << "a miss creates nothing, so the limit does not apply: " << miss.status().ToString();
+  EXPECT_EQ(miss->matched, 0u);
+  auto hit = Get("b", a);
+  ASSERT_FALSE(hit.ok()) << "a hit would make a second session";
+  EXPECT_EQ(hit.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->stats().hit_blocks, 0u) << "a refused acquire counts nothing";
+  auto again = Get("a", a);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(engine_->Release(again->id).ok());
+  EXPECT_EQ(engine_->stats().sessions, 1u);
   EXPECT_INVARIANTS();
 }
 
@@ -696,6 +725,202 @@ TEST_F(EngineTest, ANewSessionNeverEvictsThePrefixItAcquires) {
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   EXPECT_EQ(Matched(a), 3u);
   ExpectConsistent();
+}
+
+// --- Sessions of several tenants: fair eviction, paged listings -----------------------
+
+class EngineTenantSessionTest : public EngineTest {
+ protected:
+  static Tenant Named(const std::string& name) { return Tenant::Make(TestProfile().Fingerprint(), name); }
+  // Chain `seed` of `blocks` blocks, keyed in `t`'s namespace.
+  static Chain ChainOf(const Tenant& t, uint32_t seed, uint32_t blocks) {
+    Chain c;
+    for (uint32_t i = 0; i < blocks * kBt; ++i) c.tokens.push_back(seed * 100003u + i);
+    c.keys.resize(blocks);
+    ComputeKeys(t.ns, BlockKey{}, c.tokens, kBt, c.keys);
+    return c;
+  }
+  void PutAs(const Tenant& t, const std::string& session, const Chain& c) {
+    auto w = engine_->Allocate(c.blocks());
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (uint32_t i = 0; i < c.blocks(); ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[i]);
+    auto r = engine_->Commit(w->id, t, session, BlockKey{}, 0, c.tokens, w->slots);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(engine_->Release(w->id).ok());
+  }
+  // Acquires `c` under `session` of `t` and releases the lease: the session now holds c's cached prefix.
+  Status AcquireAs(const Tenant& t, const std::string& session, const Chain& c) {
+    auto lease = engine_->Acquire(t, session, c.keys, c.tokens, false);
+    if (!lease.ok()) return lease.status();
+    return lease->id == 0 ? Status::Ok() : engine_->Release(lease->id);
+  }
+  uint32_t SessionsOf(const Tenant& t) const { return engine_->tenant_usage(t.ns).sessions; }
+  // The victim's session holds its whole chain with the bytes it was committed with.
+  void ExpectIntact(const Tenant& t, const std::string& session, const Chain& c) {
+    auto info = engine_->GetSession(t, session);
+    ASSERT_TRUE(info.ok()) << session << ": " << info.status().ToString();
+    EXPECT_EQ(info->chain, c.keys);
+    auto lease = engine_->Acquire(t, session, c.keys, c.tokens, false);
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_EQ(lease->blocks.size(), c.blocks());
+    for (uint32_t i = 0; i < c.blocks(); ++i) EXPECT_TRUE(Holds(lease->blocks[i], c.keys[i])) << "block " << i;
+    ASSERT_TRUE(engine_->Release(lease->id).ok());
+  }
+  // Every session, page by page (checking each page's bounds); fails on a repeat.
+  std::vector<SessionInfo> AllPages(const std::optional<Namespace>& only, const SessionPageLimits& limits) {
+    std::vector<SessionInfo> all;
+    std::optional<SessionCursor> after;
+    for (int pages = 0;; ++pages) {
+      EXPECT_LT(pages, 1000) << "paging never ends";
+      if (pages >= 1000) break;
+      SessionPage page = engine_->ListSessions(only, after, limits);
+      EXPECT_LE(page.sessions.size(), std::max<size_t>(1, limits.sessions));
+      EXPECT_TRUE(!page.more || !page.sessions.empty()) << "a page that says more lists something";
+      for (SessionInfo& s : page.sessions) all.push_back(std::move(s));
+      if (!page.more) break;
+      after = SessionCursor{all.back().ns, all.back().id};
+    }
+    return all;
+  }
+};
+
+TEST_F(EngineTenantSessionTest, AFloodOfSessionsEvictsOnlyTheFloodersOwn) {
+  EngineOptions o = Options(32, 32);
+  o.max_sessions = 8;
+  Start(o);
+  const Tenant victim = Named("victim"), flooder = Named("flooder");
+  const Chain chat = ChainOf(victim, 1, 3), seed = ChainOf(flooder, 2, 1);
+  PutAs(victim, "chat", chat);
+  PutAs(flooder, "seed", seed);
+  // The flooder names a new session per acquire of its one cached block, warming each as it goes.
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(AcquireAs(flooder, "s" + std::to_string(i), seed).ok());
+  EXPECT_EQ(engine_->stats().sessions, 8u);
+  EXPECT_EQ(SessionsOf(victim), 1u) << "the victim is below its share and keeps its session";
+  EXPECT_EQ(SessionsOf(flooder), 7u);
+  ExpectIntact(victim, "chat", chat);
+  for (const BlockKey& k : chat.keys) EXPECT_FALSE(WasFreed(k, false) || WasFreed(k, true));
+  // A third tenant, below its share, takes its room from the tenant holding the most.
+  const Tenant third = Named("third");
+  const Chain mine = ChainOf(third, 3, 2);
+  PutAs(third, "mine", mine);
+  EXPECT_EQ(SessionsOf(third), 1u);
+  EXPECT_EQ(SessionsOf(flooder), 6u);
+  ExpectIntact(victim, "chat", chat);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTenantSessionTest, ATenantAtItsShareMakesRoomFromItsOwnColdest) {
+  EngineOptions o = Options(32, 32);
+  o.max_sessions = 4;
+  Start(o);
+  const Tenant a = Named("a"), b = Named("b");
+  const Chain ca = ChainOf(a, 1, 1), cb = ChainOf(b, 2, 1);
+  PutAs(a, "a0", ca);
+  ASSERT_TRUE(AcquireAs(a, "a1", ca).ok());  // a's sessions are the coldest of all.
+  PutAs(b, "b0", cb);
+  ASSERT_TRUE(AcquireAs(b, "b1", cb).ok());
+  ASSERT_TRUE(AcquireAs(b, "b2", cb).ok());  // b holds 2, its share of 4: its own b0 goes.
+  EXPECT_EQ(SessionsOf(a), 2u);
+  EXPECT_EQ(SessionsOf(b), 2u);
+  EXPECT_EQ(engine_->GetSession(b, "b0").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->GetSession(a, "a0").ok()) << "the coldest session of all was a's, below nothing";
+  EXPECT_EQ(engine_->stats().evicted_sessions, 1u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTenantSessionTest, OneTenantAloneEvictsItsColdestAsBefore) {
+  EngineOptions o = Options(32, 32);
+  o.max_sessions = 3;
+  Start(o);
+  const Tenant a = Named("a");
+  const Chain c = ChainOf(a, 1, 1);
+  PutAs(a, "s0", c);
+  for (int i = 1; i < 6; ++i) ASSERT_TRUE(AcquireAs(a, "s" + std::to_string(i), c).ok());
+  EXPECT_EQ(SessionsOf(a), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(engine_->GetSession(a, "s" + std::to_string(i)).ok()) << i;
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(engine_->GetSession(a, "s" + std::to_string(i)).ok()) << i;
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTenantSessionTest, ListingsPageInKeyOrderWithinTheirBounds) {
+  Start(Options(64, 64));
+  const Tenant tenants[3] = {Named("t0"), Named("t1"), Named("t2")};
+  std::set<std::pair<std::string, std::string>> made;
+  for (int t = 0; t < 3; ++t) {
+    const Chain c = ChainOf(tenants[t], 10 + t, 3);
+    PutAs(tenants[t], "first", c);
+    made.insert({tenants[t].name, "first"});
+    for (int i = 0; i < 6; ++i) {
+      const std::string id = "s" + std::to_string(i);
+      ASSERT_TRUE(AcquireAs(tenants[t], id, c).ok());
+      made.insert({tenants[t].name, id});
+    }
+  }
+  auto key = [](const SessionInfo& s) { return std::make_tuple(s.ns.id.hi, s.ns.id.lo, s.id); };
+  auto check = [&](const std::vector<SessionInfo>& got, size_t want) {
+    EXPECT_EQ(got.size(), want);
+    std::set<std::pair<std::string, std::string>> seen;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(seen.insert({got[i].tenant, got[i].id}).second) << "listed twice: " << got[i].id;
+      if (i > 0) {
+        EXPECT_LT(key(got[i - 1]), key(got[i])) << "out of key order at " << i;
+      }
+      EXPECT_EQ(got[i].blocks, 3u);
+      EXPECT_EQ(got[i].blocks_in[Tier::kGpu], 3u);
+    }
+    return seen;
+  };
+  SessionPageLimits limits;
+  limits.sessions = 4;
+  EXPECT_EQ(check(AllPages(std::nullopt, limits), 21), made);
+  // One tenant's pages walk its range alone.
+  const auto one = check(AllPages(tenants[1].ns, limits), 7);
+  for (const auto& [tenant, id] : one) EXPECT_EQ(tenant, "t1");
+  // The block and byte budgets end a page early, but never before its first session.
+  SessionPageLimits tight;
+  tight.chain_blocks = 1;
+  SessionPage page = engine_->ListSessions(std::nullopt, std::nullopt, tight);
+  EXPECT_EQ(page.sessions.size(), 1u);
+  EXPECT_TRUE(page.more);
+  tight = SessionPageLimits{};
+  tight.chain_blocks = 7;  // Two 3-block sessions.
+  EXPECT_EQ(engine_->ListSessions(std::nullopt, std::nullopt, tight).sessions.size(), 2u);
+  tight = SessionPageLimits{};
+  tight.row_bytes = 100;
+  tight.bytes = 250;  // Two rows of 100 + "t0" + "s0".
+  EXPECT_EQ(engine_->ListSessions(std::nullopt, std::nullopt, tight).sessions.size(), 2u);
+  tight.bytes = 1;
+  check(AllPages(std::nullopt, tight), 21);
+  // A cursor whose session is gone still resumes right after it.
+  page = engine_->ListSessions(tenants[2].ns, std::nullopt, limits);
+  ASSERT_EQ(page.sessions.size(), 4u);
+  ASSERT_TRUE(engine_->Evict(tenants[2], page.sessions.back().id).ok());
+  SessionPage rest =
+      engine_->ListSessions(tenants[2].ns, SessionCursor{tenants[2].ns, page.sessions.back().id}, limits);
+  EXPECT_EQ(rest.sessions.size(), 3u);
+  EXPECT_FALSE(rest.more);
+  for (const SessionInfo& s : rest.sessions) EXPECT_GT(s.id, page.sessions.back().id);
+  // A cursor in another tenant's range starts at this tenant's first session or past its last.
+  const SessionCursor before{Namespace{}, ""}, beyond{Namespace{BlockKey{~0ull, ~0ull}}, "~"};
+  EXPECT_EQ(engine_->ListSessions(tenants[0].ns, before, limits).sessions.size(), 4u);
+  EXPECT_TRUE(engine_->ListSessions(tenants[0].ns, beyond, limits).sessions.empty());
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTenantSessionTest, EvictingATenantsSessionsLeavesTheOthers) {
+  Start(Options(32, 32));
+  const Tenant a = Named("a"), b = Named("b");
+  const Chain ca = ChainOf(a, 1, 2), cb = ChainOf(b, 2, 2);
+  PutAs(a, "x", ca);
+  ASSERT_TRUE(AcquireAs(a, "y", ca).ok());
+  PutAs(b, "x", cb);
+  EXPECT_EQ(engine_->EvictSessions(a.ns), 2u);
+  EXPECT_EQ(SessionsOf(a), 0u);
+  EXPECT_EQ(engine_->Match(a.ns, ca.keys, ca.tokens), 0u) << "its blocks went with its last session";
+  ExpectIntact(b, "x", cb);
+  EXPECT_EQ(engine_->EvictSessions(std::nullopt), 1u);
+  EXPECT_EQ(engine_->stats().sessions, 0u);
+  EXPECT_INVARIANTS();
 }
 
 // --- Leases ------------------------------------------------------------------------

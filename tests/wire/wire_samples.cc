@@ -91,8 +91,8 @@ std::vector<Message> SampleMessages() {
   out.push_back(DemoteRequest{"chat-43"});
   out.push_back(EvictRequest{"", "tenant-b", true});
   out.push_back(SetPriorityRequest{"chat-42", -5, 90000});
-  out.push_back(ListSessionsRequest{"tenant-a"});
-  out.push_back(ListSessionsResponse{{Summary("chat-42", 0), Summary("chat-43", -5), Summary("", 100)}});
+  out.push_back(ListSessionsRequest{"tenant-a", ListSessionsPage{500, "tenant-a", "chat-41"}});
+  out.push_back(ListSessionsResponse{{Summary("chat-42", 0), Summary("chat-43", -5), Summary("", 100)}, true});
   out.push_back(SessionInfoRequest{"chat-42"});
 
   SessionInfoResponse si;
@@ -113,6 +113,8 @@ Message WithoutExtensions(const Message& m) {
   if (auto* w = std::get_if<Welcome>(&out)) w->fence_events.clear();
   if (auto* c = std::get_if<CommitRequest>(&out)) c->writer_event.reset();
   if (auto* p = std::get_if<SetPriorityRequest>(&out)) p->ttl_ms = 0;
+  if (auto* l = std::get_if<ListSessionsRequest>(&out)) l->page.reset();
+  if (auto* l = std::get_if<ListSessionsResponse>(&out)) l->more = false;
   return out;
 }
 

@@ -742,7 +742,7 @@ TEST(WireTest, CheckedInCorpusIsCurrent) {
 TEST(WireTest, EventHandleExtensionsKeepTheOlderLayout) {
   for (const auto& m : testing::SampleMessages()) {
     const Message without = testing::WithoutExtensions(m);
-    if (without == m || std::holds_alternative<SetPriorityRequest>(m)) continue;
+    if (!std::holds_alternative<Welcome>(m) && !std::holds_alternative<CommitRequest>(m)) continue;
     SCOPED_TRACE(MessageTypeName(TypeOf(m)));
     const Bytes older = EncodeFrame(3, without);
     const Bytes with = EncodeFrame(3, m);
@@ -779,6 +779,102 @@ TEST(WireTest, TooManyFenceEventsAreRefusedBothWays) {
   EXPECT_TRUE(out.empty());
   w.fence_events.resize(kMaxFenceEvents);
   EXPECT_TRUE(TryAppendFrame(out, 1, w).ok());
+}
+
+// ListSessionsRequest.page is a byte-string extension holding the page's own
+// fields: without it the request is the older one, byte for byte.
+TEST(WireTest, ListSessionsPagingKeepsTheOlderLayout) {
+  const Bytes older = RawFrame(MessageType::kListSessionsRequest, [](Writer& w) { w.String("tenant_filter", "t"); });
+  EXPECT_EQ(EncodeFrame(1, ListSessionsRequest{"t", std::nullopt}), older);
+  auto r = DecodeFrame(older);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(std::get<ListSessionsRequest>(r->second).page.has_value());
+
+  const ListSessionsRequest paged{"t", ListSessionsPage{7, "t", "chat-3"}};
+  const Bytes with = EncodeFrame(1, paged);
+  ASSERT_EQ(with.size(), older.size() + 4 + 4 + (4 + 1) + (4 + 6));
+  EXPECT_TRUE(std::equal(older.begin() + kHeaderBytes, older.end(), with.begin() + kHeaderBytes));
+  EXPECT_EQ(LoadLE<uint32_t>(with.data() + older.size()), with.size() - older.size() - 4);
+  EXPECT_EQ(LoadLE<uint32_t>(with.data() + older.size() + 4), 7u) << "the limit comes first";
+  r = DecodeFrame(with);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::get<ListSessionsRequest>(r->second) == paged);
+  // The first page: no cursor at all.
+  const ListSessionsRequest first{"", ListSessionsPage{0, "", ""}};
+  r = DecodeFrame(EncodeFrame(2, first));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::get<ListSessionsRequest>(r->second) == first);
+
+  // Encoded empty: a second encoding of the older request.
+  Bytes empty = older;
+  empty.insert(empty.end(), 4, 0);
+  SetLengthField(empty);
+  ExpectProtocolError(empty, "omit it instead");
+  // The page's own fields are checked too: cut short, trailing bytes, a tenant without an id.
+  auto page_frame = [](const std::function<void(Writer&)>& fields) {
+    return RawFrame(MessageType::kListSessionsRequest, [&](Writer& w) {
+      w.String("tenant_filter", "");
+      Bytes inner;
+      Writer iw(&inner, "page");
+      fields(iw);
+      w.Bytes("page", inner, 1 << 16);
+    });
+  };
+  ExpectProtocolError(page_frame([](Writer& w) { w.U32("limit", 1); }), "ListSessionsRequest.page: page.after_tenant");
+  ExpectProtocolError(page_frame([](Writer& w) {
+                        w.U32("limit", 1);
+                        w.String("", "");
+                        w.String("", "x");
+                        w.U8("", 0);
+                      }),
+                      "trailing bytes");
+  ExpectProtocolError(page_frame([](Writer& w) {
+                        w.U32("limit", 1);
+                        w.String("", "t");
+                        w.String("", "");
+                      }),
+                      "after_tenant: is set without an after_id");
+  std::vector<uint8_t> out;
+  EXPECT_EQ(TryAppendFrame(out, 1, ListSessionsRequest{"", ListSessionsPage{1, "t", ""}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(out.empty());
+}
+
+// ListSessionsResponse.more is a u64 extension that is 1 when present.
+TEST(WireTest, ListSessionsMoreIsAnExtensionThatIsOneWhenPresent) {
+  const ListSessionsResponse last{{}, false}, more{{}, true};
+  const Bytes older = EncodeFrame(1, last);
+  EXPECT_EQ(older.size(), kHeaderBytes + 4) << "the older layout: the array alone";
+  const Bytes with = EncodeFrame(1, more);
+  ASSERT_EQ(with.size(), older.size() + 8);
+  EXPECT_EQ(LoadLE<uint64_t>(with.data() + older.size()), 1u);
+  auto r = DecodeFrame(with);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::get<ListSessionsResponse>(r->second).more);
+  Bytes two = with;
+  StoreLE<uint64_t>(two.data() + older.size(), 2);
+  ExpectProtocolError(two, "ListSessionsResponse.more: must be 1");
+  Bytes zero = with;
+  StoreLE<uint64_t>(zero.data() + older.size(), 0);
+  ExpectProtocolError(zero, "omit it instead");
+}
+
+// What the daemon sizes its replies with.
+TEST(WireTest, PayloadSizeAndEncodedSizeMatchTheEncoding) {
+  for (const auto& m : testing::SampleMessages()) {
+    SCOPED_TRACE(MessageTypeName(TypeOf(m)));
+    auto n = PayloadSize(m);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ(*n + kHeaderBytes, EncodeFrame(1, m).size());
+    if (const auto* l = std::get_if<ListSessionsResponse>(&m)) {
+      size_t rows = 0;
+      for (const SessionSummary& s : l->sessions) rows += EncodedSize(s);
+      EXPECT_EQ(*n, 4 + rows + (l->more ? 8 : 0));
+    }
+  }
+  ListSessionsRequest bad;
+  bad.tenant_filter.assign(kMaxString + 1, 'x');
+  EXPECT_EQ(PayloadSize(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -362,13 +362,18 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
                            std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
   }
-  if (!session_id.empty()) KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
-  ++m.clock;
   std::vector<uint32_t> recs;
   const uint32_t matched = m.MatchRecords(tenant.ns, keys, tokens, &recs);
+  // A session comes into being with its first block: an acquire that matches
+  // nothing names none into being (it would cost the table an entry for no
+  // block), while an existing session's chain becomes what matched.
+  const bool existing = !session_id.empty() && m.FindSession(tenant, session_id) != nullptr;
+  const bool into_session = existing || (!session_id.empty() && matched > 0);
+  if (into_session && !existing) KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
+  ++m.clock;
   m.st.hit_blocks += matched;
   m.st.miss_blocks += keys.size() - matched;
-  if (!session_id.empty()) {
+  if (into_session) {
     // Take the new references before making the session (making one may evict
     // another, whose blocks may be these) and before dropping the old ones.
     for (uint32_t r : recs) m.Ref(r);
@@ -382,7 +387,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     m.Touch(s);
   }
 
-  if (promote) {
+  if (promote && !recs.empty()) {
     // Host-tier hits need GPU slots: demote colder blocks to make room rather
     // than lease a shorter prefix. This session was just touched, so it is the
     // last one the demotion walk reaches. Making room may drop host blocks: the
@@ -539,6 +544,7 @@ TenantUsage Engine::tenant_usage(const Namespace& ns) const {
   if (const TenantAccount* a = impl_->tenants.Find(ns)) {
     for (Tier t : kTiers) out.blocks[t] = a->Blocks(t);
     out.leased = a->leased;
+    out.sessions = a->sessions;
   }
   return out;
 }

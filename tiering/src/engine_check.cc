@@ -2,6 +2,7 @@
 #include "engine_check.h"
 
 #include <chrono>
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -112,8 +113,10 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     if (rec.moving()) ++c.moving_to[OtherTier(rec.tier)];
     ++live;
   }
+  size_t holding = 0;
   m.tenants.ForEach([&](const TenantAccount& a) {
     if (!st.ok()) return;
+    holding += a.sessions > 0 ? 1 : 0;
     const Counts& want = counts[&a];
     if (a.blocks != want.blocks || a.moving_to != want.moving_to) {
       st = Fail("tenant usage of '" + a.tenant.name + "' is off");
@@ -125,6 +128,12 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     }
   });
   KVTIER_RETURN_IF_ERROR(st);
+  if (holding != m.sessions.tenants_holding()) return Fail("the count of tenants holding sessions is off");
+  if (const TenantAccount* top = m.sessions.LargestHolder()) {
+    uint32_t most = 0;
+    m.tenants.ForEach([&](const TenantAccount& a) { most = std::max(most, a.sessions); });
+    if (top->sessions != most) return Fail("the tenant holding the most sessions is off");
+  }
   if (live != blocks.index().size()) {
     return Fail("index holds " + std::to_string(blocks.index().size()) + " entries for " + std::to_string(live) +
                 " blocks");

@@ -102,8 +102,14 @@ struct Engine::Impl {
 
   // --- Sessions --------------------------------------------------------------------
   Session* FindSession(const Tenant& t, std::string_view id) const { return sessions.Find(t.ns, id); }
-  // The session, created if new (evicting the coldest past max_sessions).
+  // The session, created if new (evicting one past max_sessions: SessionToEvictFor).
   Session* GetOrCreateSession(const Tenant& t, std::string_view id);
+  // The session to evict so that tenant `t` may add one to a full table
+  // (EngineOptions::max_sessions): `t`'s own coldest when it holds its fair
+  // share or more, else the coldest of the tenant holding the most sessions.
+  // Finding that tenant is O(1); its coldest session costs a walk of the
+  // eviction order past the colder sessions of other tenants.
+  Session* SessionToEvictFor(const TenantAccount& t) const;
   // kResourceExhausted if `id` is new and its tenant holds max_sessions_per_tenant.
   Status CheckNewSession(const Tenant& t, std::string_view id);
   void Touch(Session* s);

@@ -16,10 +16,23 @@ Status NoSession(std::string_view id) { return NotFound("session '" + std::strin
 
 Session* Engine::Impl::GetOrCreateSession(const Tenant& t, std::string_view id) {
   if (Session* s = FindSession(t, id)) return s;
+  TenantAccount& account = tenants.Get(t);
   if (sessions.size() >= opt.max_sessions) {
-    if (Session* coldest = sessions.Coldest()) RemoveSession(coldest, SessionEnd::kEvicted);
+    if (Session* victim = SessionToEvictFor(account)) RemoveSession(victim, SessionEnd::kEvicted);
   }
-  return sessions.Add(tenants.Get(t), id);
+  return sessions.Add(account, id);
+}
+
+Session* Engine::Impl::SessionToEvictFor(const TenantAccount& t) const {
+  // The tenants holding sessions once `t` holds one, and the share of each.
+  const size_t holders = sessions.tenants_holding() + (t.sessions == 0 ? 1 : 0);
+  const uint32_t share = std::max<uint32_t>(1, static_cast<uint32_t>(opt.max_sessions / holders));
+  const TenantAccount* from = &t;
+  // Below its share, so the table being full, some tenant holds more than its
+  // own: the one holding the most gives up its coldest.
+  if (t.sessions < share && sessions.LargestHolder() != nullptr) from = sessions.LargestHolder();
+  if (Session* s = sessions.ColdestOf(*from)) return s;
+  return sessions.Coldest();
 }
 
 Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
@@ -146,6 +159,38 @@ Result<SessionInfo> Engine::GetSession(const Tenant& tenant, std::string_view se
   const Session* s = impl_->FindSession(tenant, session_id);
   if (s == nullptr) return NoSession(session_id);
   return Describe(*s, impl_->blocks, impl_->bt(), true);
+}
+
+SessionPage Engine::ListSessions(const std::optional<Namespace>& tenant, const std::optional<SessionCursor>& after,
+                                 const SessionPageLimits& limits) const {
+  SessionPage page;
+  uint64_t blocks = 0;
+  size_t bytes = 0;
+  const std::optional<Namespace> after_ns = after ? std::optional<Namespace>(after->ns) : std::nullopt;
+  impl_->sessions.VisitInOrder(
+      tenant, after_ns, after ? std::string_view(after->id) : std::string_view(), [&](const Session& s) {
+        const size_t row = limits.row_bytes + s.id.size() + s.tenant->tenant.name.size();
+        if (!page.sessions.empty() && (page.sessions.size() >= limits.sessions ||
+                                       blocks + s.chain.size() > limits.chain_blocks || bytes + row > limits.bytes)) {
+          page.more = true;
+          return false;
+        }
+        blocks += s.chain.size();
+        bytes += row;
+        page.sessions.push_back(Describe(s, impl_->blocks, impl_->bt(), false));
+        return true;
+      });
+  return page;
+}
+
+uint32_t Engine::EvictSessions(const std::optional<Namespace>& tenant) {
+  std::vector<Session*> doomed;
+  impl_->sessions.VisitInOrder(tenant, std::nullopt, {}, [&](Session& s) {
+    doomed.push_back(&s);
+    return true;
+  });
+  for (Session* s : doomed) impl_->RemoveSession(s, SessionEnd::kEvicted);
+  return static_cast<uint32_t>(doomed.size());
 }
 
 std::vector<SessionInfo> Engine::ListSessions() const {

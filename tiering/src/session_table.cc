@@ -8,7 +8,7 @@ namespace kvtier::tiering {
 SessionTable::SessionTable(std::unique_ptr<EvictionPolicy> policy) : policy_(std::move(policy)) {}
 
 Session* SessionTable::Find(const Namespace& ns, std::string_view id) const {
-  auto it = sessions_.find(Key{ns, std::string(id)});
+  auto it = sessions_.find(KeyRef{ns, id});
   return it == sessions_.end() ? nullptr : it->second.get();
 }
 
@@ -18,7 +18,8 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
   s->id = std::string(id);
   Session* raw = s.get();
   if (!sessions_.emplace(Key{tenant.tenant.ns, raw->id}, std::move(s)).second) std::abort();
-  ++tenant.sessions;
+  if (tenant.sessions > 0) holders_.erase({tenant.sessions, &tenant});
+  holders_.insert({++tenant.sessions, &tenant});
   policy_->Track(raw);
   return raw;
 }
@@ -26,8 +27,11 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
 void SessionTable::Remove(Session* s) {
   if (!s->chain.empty()) std::abort();
   policy_->Untrack(s);
-  --s->tenant->sessions;
-  sessions_.erase(Key{s->tenant->tenant.ns, s->id});
+  TenantAccount& tenant = *s->tenant;
+  holders_.erase({tenant.sessions, &tenant});
+  if (--tenant.sessions > 0) holders_.insert({tenant.sessions, &tenant});
+  // Found before it is erased: the KeyRef points into the session the erase destroys.
+  sessions_.erase(sessions_.find(KeyRef{s->tenant->tenant.ns, s->id}));
   CompactDeadlines();
 }
 
@@ -77,6 +81,16 @@ uint32_t SessionTable::Expire(std::chrono::steady_clock::time_point now) {
 Session* SessionTable::Coldest() const {
   Session* coldest = nullptr;
   policy_->VisitColdest([&](Session* s) {
+    coldest = s;
+    return false;
+  });
+  return coldest;
+}
+
+Session* SessionTable::ColdestOf(const TenantAccount& tenant) const {
+  Session* coldest = nullptr;
+  policy_->VisitColdest([&](Session* s) {
+    if (s->tenant != &tenant) return true;
     coldest = s;
     return false;
   });

@@ -3,16 +3,23 @@
 //
 // It owns the Session objects and keeps each tenant's session count; what a
 // session's chain references is the engine's business (a session is removed
-// only once its chain is empty). Not thread-safe: the engine's thread owns it.
+// only once its chain is empty). The sessions are kept in key order (tenant
+// namespace, then id), so one tenant's sessions are one range: a listing or an
+// eviction of one tenant walks that range alone, and a listing resumes after
+// any key. Not thread-safe: the engine's thread owns it.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <queue>
+#include <set>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -29,6 +36,10 @@ class SessionTable {
   SessionTable& operator=(const SessionTable&) = delete;
 
   size_t size() const { return sessions_.size(); }
+  // Tenants holding at least one session.
+  size_t tenants_holding() const { return holders_.size(); }
+  // The tenant holding the most sessions (nullptr if none); O(1).
+  const TenantAccount* LargestHolder() const { return holders_.empty() ? nullptr : holders_.rbegin()->second; }
   Session* Find(const Namespace& ns, std::string_view id) const;
   // A new, empty session of `tenant`, tracked by the policy. REQUIRES: absent.
   Session* Add(TenantAccount& tenant, std::string_view id);
@@ -48,6 +59,9 @@ class SessionTable {
 
   // The coldest session (nullptr if none).
   Session* Coldest() const;
+  // The coldest session of `tenant` (nullptr if it has none): the policy's
+  // order, walked from the coldest until one of the tenant's.
+  Session* ColdestOf(const TenantAccount& tenant) const;
   // Every session, coldest first.
   std::vector<Session*> ColdestFirst() const;
   // Visits coldest first until `visit` returns false; see EvictionPolicy.
@@ -55,20 +69,48 @@ class SessionTable {
   void VisitColdest(F&& visit) const {
     policy_->VisitColdest(visit);
   }
+  // Every session, in key order.
   template <typename F>
   void ForEach(F&& f) const {
     for (const auto& [key, s] : sessions_) f(*s);
+  }
+  // In key order, the sessions of the tenant with namespace `only` (every
+  // tenant's when nullopt) whose key comes after (after_ns, after_id) when
+  // `after_ns` is given, until `visit(Session&)` returns false. Visits only
+  // that range: O(log n) to find its start, then one step per session visited.
+  // `visit` must not add or remove sessions.
+  template <typename F>
+  void VisitInOrder(const std::optional<Namespace>& only, const std::optional<Namespace>& after_ns,
+                    std::string_view after_id, F&& visit) const {
+    auto it = only ? sessions_.lower_bound(KeyRef{*only, std::string_view()}) : sessions_.begin();
+    if (after_ns) {
+      // The later of the range's start and the first key after the cursor.
+      const auto resume = sessions_.upper_bound(KeyRef{*after_ns, after_id});
+      if (resume == sessions_.end() || it == sessions_.end() || KeyLess{}(it->first, resume->first)) it = resume;
+    }
+    for (; it != sessions_.end(); ++it) {
+      if (only && !(it->first.ns == *only)) return;
+      if (!visit(*it->second)) return;
+    }
   }
 
  private:
   struct Key {
     Namespace ns;
     std::string id;
-    friend bool operator==(const Key&, const Key&) = default;
   };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      return NamespaceHash{}(k.ns) ^ (std::hash<std::string>{}(k.id) * 0x9e3779b97f4a7c15ULL);
+  // A key to look up without copying the id.
+  struct KeyRef {
+    const Namespace& ns;
+    std::string_view id;
+  };
+  // (namespace, id) order; transparent, so lookups take a KeyRef.
+  struct KeyLess {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return std::tie(a.ns.id.hi, a.ns.id.lo) < std::tie(b.ns.id.hi, b.ns.id.lo) ||
+             (a.ns == b.ns && std::string_view(a.id) < std::string_view(b.id));
     }
   };
   // Priority deadlines, earliest on top. An entry whose session is gone or has
@@ -79,7 +121,9 @@ class SessionTable {
     bool operator>(const Expiry& o) const { return at > o.at; }
   };
 
-  std::unordered_map<Key, std::unique_ptr<Session>, KeyHash> sessions_;
+  std::map<Key, std::unique_ptr<Session>, KeyLess> sessions_;
+  // The tenants holding sessions, by how many (kept as sessions come and go).
+  std::set<std::pair<uint32_t, const TenantAccount*>> holders_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries_;
 

@@ -186,6 +186,11 @@ struct CommitResult {
   uint32_t duplicates = 0;
 };
 
+// One page of Client::ListSessionsPage.
+struct SessionPage {
+  std::vector<SessionSummary> sessions;
+  bool more = false;  // Sessions remain after the last one: ask again with it as `after`.
+};
 
 // A session and its chain of blocks (Client::GetSession).
 struct SessionInfo {
@@ -255,7 +260,16 @@ class Client {
   // back to 0 after `ttl`, whether or not this client is still there; a kvtierd
   // that predates priority TTLs refuses such a request (kProtocolError).
   Status SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl = {});
+  // The sessions of tenant `tenant_filter` (empty: this client's own, or an
+  // admin's every tenant's), fetched page by page, since kvtierd bounds every
+  // reply. Not a snapshot: a session made or ended meanwhile may be listed or
+  // not, but none twice. A kvtierd that predates paging refuses it (kProtocolError).
   Result<std::vector<SessionSummary>> ListSessions(std::string_view tenant_filter = {});
+  // One page of them, in kvtierd's listing order: at most `limit` sessions (0:
+  // kvtierd's page size) after `after`, the last session of the page before
+  // (nullptr: from the first).
+  Result<SessionPage> ListSessionsPage(std::string_view tenant_filter, const SessionSummary* after = nullptr,
+                                       uint32_t limit = 0);
   Result<SessionInfo> GetSession(std::string_view session);
   Result<std::vector<std::pair<std::string, double>>> Stats();
   Result<std::string> Config();

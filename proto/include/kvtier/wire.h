@@ -316,10 +316,28 @@ struct CountResponse {
   friend bool operator==(const CountResponse&, const CountResponse&) = default;
 };
 
+// Which page of the sessions a ListSessionsRequest asks for. Pages come in
+// the daemon's listing order (by tenant, then id; the order of tenants is the
+// daemon's own), each ending where its sessions, its bytes or the work of
+// describing them reach the daemon's bounds, so a reply always fits one frame.
+// Paging is not a snapshot: a session made or ended meanwhile may be listed or
+// not, but none is listed twice, since each page starts after its cursor.
+struct ListSessionsPage {
+  uint32_t limit = 0;        // Sessions at most; 0: as many as the daemon puts in a page.
+  std::string after_tenant;  // The cursor: the last session seen, (tenant, id);
+  std::string after_id;      // empty: from the first. An empty after_id needs an empty after_tenant.
+  friend bool operator==(const ListSessionsPage&, const ListSessionsPage&) = default;
+};
+
 struct ListSessionsRequest {
   static constexpr MessageType kType = MessageType::kListSessionsRequest;
   static constexpr const char* kName = "ListSessionsRequest";
   std::string tenant_filter;  // Empty: every tenant.
+  // Extension: page through the sessions. Absent (the older request): every
+  // session in one reply, or, when they do not fit one frame, an ErrorResponse
+  // (resource_exhausted) saying so. Encoded as ExtensionBytes holding
+  // limit (u32), after_tenant and after_id (strings).
+  std::optional<ListSessionsPage> page;
   friend bool operator==(const ListSessionsRequest&, const ListSessionsRequest&) = default;
 };
 
@@ -327,6 +345,10 @@ struct ListSessionsResponse {
   static constexpr MessageType kType = MessageType::kListSessionsResponse;
   static constexpr const char* kName = "ListSessionsResponse";
   std::vector<SessionSummary> sessions;
+  // Extension: sessions remain after the last one listed; ask again with it as
+  // the cursor. Only ever set in reply to a paged request (an older client
+  // never sees it). Encoded as ExtensionU64 1.
+  bool more = false;
   friend bool operator==(const ListSessionsResponse&, const ListSessionsResponse&) = default;
 };
 
@@ -444,6 +466,13 @@ MessageType TypeOf(const Message& m);
 // (an ok status becomes kInternal).
 Status ToStatus(const ErrorResponse& e);
 ErrorResponse FromStatus(const Status& status);
+
+// Bytes a SessionSummary takes in a reply (ListSessionsResponse.sessions): its
+// fixed fields and its two strings.
+size_t EncodedSize(const SessionSummary& s);
+// The payload bytes `m` encodes to (a counting pass: nothing is written), or
+// kInvalidArgument if it breaks a bound of the format, as TryAppendFrame would.
+Result<size_t> PayloadSize(const Message& m);
 
 // Appends one frame (header + payload) to `out`. Fails with kInvalidArgument,
 // leaving `out` unchanged, if `m` breaks a bound of the format (a string or array

@@ -58,11 +58,13 @@ struct TenantQuota {
   PerTier<uint32_t> blocks;
 };
 
-// Blocks a tenant holds per tier; a block in flight counts in its destination.
-// Its GPU quota counts blocks[kGpu] + leased.
+// Blocks a tenant holds per tier (a block in flight counts in its
+// destination), its sessions, and its GPU slots in write leases: its GPU quota
+// counts blocks[kGpu] + leased.
 struct TenantUsage {
   PerTier<uint32_t> blocks;
   uint32_t leased = 0;  // GPU slots in its write leases, not yet committed.
+  uint32_t sessions = 0;
 };
 
 struct EngineOptions {
@@ -75,10 +77,16 @@ struct EngineOptions {
   double host_high_watermark = 0.95;
   double host_low_watermark = 0.85;
   uint32_t max_copy_batch = 64;      // Blocks per backend submission.
-  uint32_t max_sessions = 1 << 20;   // Beyond this the coldest session is evicted.
+  // Sessions in all. A new session beyond it evicts one, chosen fairly: the
+  // coldest of its own tenant when that tenant holds at least its share
+  // (max_sessions / the tenants holding sessions, itself counted), else the
+  // coldest of the tenant holding the most (which is over its share). So a
+  // tenant below its share never loses a session to another tenant's new one,
+  // and one past it makes room from its own; with one tenant this is the
+  // coldest session.
+  uint32_t max_sessions = 1 << 20;
   // Sessions one tenant (namespace) may hold; 0 = no limit. A new session past
-  // it is refused (kResourceExhausted), so one tenant cannot push another's
-  // sessions out through max_sessions.
+  // it is refused (kResourceExhausted), never made room for.
   uint32_t max_sessions_per_tenant = 0;
   uint32_t max_blocks_per_request = 1 << 16;
   std::string name = "default";      // The profile's name: pool objects are shm_names::PoolObject(name, tier).
@@ -154,6 +162,30 @@ struct SessionInfo {
   uint64_t tokens = 0;
   std::vector<BlockKey> chain;  // Filled by GetSession only.
   std::vector<Tier> tiers;      // Filled by GetSession only.
+};
+
+// Where a session listing resumes: after the session (ns, id), in listing
+// order (ListSessions).
+struct SessionCursor {
+  Namespace ns;
+  std::string id;
+};
+
+// The bounds of one page of a session listing. A page lists at least one
+// session when any remains, whatever the bounds, so a caller that pages on
+// always gets further.
+struct SessionPageLimits {
+  size_t sessions = 4096;            // Sessions listed, at most.
+  uint64_t chain_blocks = 1u << 18;  // Chain blocks read to describe them, at most: what a page costs.
+  // Bytes listed, at most, counting `row_bytes` plus the id and the tenant
+  // name of each session: what a reply carrying the page costs.
+  size_t bytes = SIZE_MAX;
+  size_t row_bytes = 0;
+};
+
+struct SessionPage {
+  std::vector<SessionInfo> sessions;  // In listing order; chains not filled.
+  bool more = false;                  // Sessions remain after the last one listed.
 };
 
 struct EngineStats {
@@ -269,7 +301,10 @@ class Engine {
   // host tier are copied to the GPU tier and the lease's fence completes when they
   // land; the lease stops early if the GPU tier has no room. With a session name,
   // the session (of `tenant`, whose namespace the keys are in) has its chain
-  // become the matched prefix (cut or extended).
+  // become the matched prefix (cut or extended). A session comes into being
+  // with its first block: an acquire that matches nothing creates none (an
+  // existing session's chain is cut to nothing), and one that would create a
+  // session past max_sessions_per_tenant is refused (kResourceExhausted).
   // If the GPU tier has no room for every promotion, Acquire demotes colder
   // blocks and waits (up to 200 ms per copy batch) for them to land; a daemon
   // asks AcquireNeedsRoom first and retries later instead, so that it never
@@ -301,8 +336,18 @@ class Engine {
   Status SetPriority(const Tenant& tenant, std::string_view session, int priority,
                      std::chrono::milliseconds ttl = {});
   Result<SessionInfo> GetSession(const Tenant& tenant, std::string_view session) const;
-  // Every session, ordered by tenant name, then id.
+  // Every session, ordered by tenant name, then id (tests and tools: the work
+  // and the result grow with the table; a daemon pages instead).
   std::vector<SessionInfo> ListSessions() const;
+  // One page of the sessions in listing order (by tenant namespace, then id):
+  // those of the tenant with namespace `tenant` (every tenant's when nullopt),
+  // after `after` when given, within `limits`. It walks only that tenant's
+  // sessions, from the cursor on, so a page costs what it lists.
+  SessionPage ListSessions(const std::optional<Namespace>& tenant, const std::optional<SessionCursor>& after,
+                           const SessionPageLimits& limits) const;
+  // Evicts every session of the tenant with namespace `tenant` (every session
+  // when nullopt), walking that tenant's sessions alone. Returns how many.
+  uint32_t EvictSessions(const std::optional<Namespace>& tenant);
 
   // --- Background -----------------------------------------------------------
   // Applies finished copies. Never blocks. Returns how many blocks it settled.

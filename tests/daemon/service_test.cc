@@ -1,0 +1,274 @@
+// Service: tenant labels (checked and bounded at Hello), paged session
+// listings and replies that always fit one frame, driven through
+// Service::Handle in this process, without a socket.
+#include "service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "log.h"
+#include "support/test_names.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kBlockTokens = 16;
+constexpr uint32_t kOtherUid = 54321;  // Not kvtierd's user, not root: no admin.
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& more_yaml = "") {
+    const std::string yaml = "instance: " + testing::UniqueShmPrefix("svc") +
+                             "\nbackend: host\nlog_level: error\nprofiles:\n  - name: p\n    layers: 1\n"
+                             "    kv_heads: 1\n    head_dim: 8\n    block_tokens: 16\n    gpu_blocks: 64\n"
+                             "    host_blocks: 64\n" +
+                             more_yaml;
+    auto config = ParseConfig(yaml, "test.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    SetLogLevel(config->log_level);  // As kvtierd's main does: no line per Hello.
+    auto svc = Service::Create(*config);
+    ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+    svc_ = std::move(svc).value();
+  }
+
+  // A connection of an admin (kvtierd's own user) or of another user.
+  std::unique_ptr<ClientState> NewClient(bool admin) {
+    auto c = std::make_unique<ClientState>();
+    c->id = svc_->NextClientId();
+    c->peer.uid = admin ? ::geteuid() : kOtherUid;
+    c->peer.gid = c->peer.uid;
+    return c;
+  }
+
+  wire::Message Call(ClientState& c, const wire::Message& request) {
+    Reply r = svc_->Handle(c, request);
+    EXPECT_FALSE(r.deferred);
+    return std::move(r.message);
+  }
+
+  // Says Hello as `tenant`; the error, if the Hello was refused.
+  Status Hello(ClientState& c, const std::string& tenant) {
+    wire::Hello h;
+    h.client_name = "service_test";
+    h.tenant = tenant;
+    const Reply r = svc_->Handle(c, h);
+    if (const auto* e = std::get_if<wire::ErrorResponse>(&r.message)) {
+      EXPECT_TRUE(r.close) << "a refused Hello closes its connection";
+      return wire::ToStatus(*e);
+    }
+    EXPECT_TRUE(std::holds_alternative<wire::Welcome>(r.message));
+    return Status::Ok();
+  }
+
+  // A connected client of `tenant`; `admin` as above.
+  std::unique_ptr<ClientState> Connected(const std::string& tenant, bool admin = false) {
+    auto c = NewClient(admin);
+    const Status st = Hello(*c, tenant);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return c;
+  }
+
+  // Commits one block (always the same tokens: after the first, a duplicate) as session `id`.
+  void CommitSession(ClientState& c, const std::string& id) {
+    auto granted = Call(c, wire::AllocateRequest{1});
+    const auto* lease = std::get_if<wire::AllocateResponse>(&granted);
+    ASSERT_NE(lease, nullptr) << "allocate failed";
+    wire::CommitRequest commit;
+    commit.lease_id = lease->lease_id;
+    commit.session = id;
+    commit.tokens.assign(kBlockTokens, 7);
+    commit.slots = lease->slots;
+    auto committed = Call(c, commit);
+    ASSERT_TRUE(std::holds_alternative<wire::CommitResponse>(committed))
+        << wire::ToStatus(std::get<wire::ErrorResponse>(committed)).ToString();
+    auto released = Call(c, wire::ReleaseRequest{lease->lease_id});
+    ASSERT_TRUE(std::holds_alternative<wire::OkResponse>(released));
+  }
+
+  // Every session, page by page of `limit`; fails on a page that does not fit or a repeat.
+  std::vector<SessionSummary> AllPages(ClientState& c, const std::string& filter, uint32_t limit, int* pages) {
+    std::vector<SessionSummary> all;
+    std::set<std::pair<std::string, std::string>> seen;
+    wire::ListSessionsRequest req{filter, wire::ListSessionsPage{limit, "", ""}};
+    for (*pages = 0; *pages < 10000; ++*pages) {
+      auto reply = Call(c, req);
+      const auto* page = std::get_if<wire::ListSessionsResponse>(&reply);
+      EXPECT_NE(page, nullptr) << wire::ToStatus(std::get<wire::ErrorResponse>(reply)).ToString();
+      if (page == nullptr) break;
+      EXPECT_LE(*wire::PayloadSize(reply), wire::kMaxPayload);
+      if (limit != 0) {
+        EXPECT_LE(page->sessions.size(), limit);
+      }
+      for (const SessionSummary& s : page->sessions) {
+        EXPECT_TRUE(seen.insert({s.tenant, s.id}).second) << "listed twice: " << s.tenant << "/" << s.id;
+        all.push_back(s);
+      }
+      if (!page->more) {
+        ++*pages;
+        break;
+      }
+      EXPECT_FALSE(page->sessions.empty());
+      req.page->after_tenant = all.back().tenant;
+      req.page->after_id = all.back().id;
+    }
+    return all;
+  }
+
+  std::vector<std::pair<std::string, double>> Stats(ClientState& c) {
+    auto reply = Call(c, wire::StatsRequest{});
+    EXPECT_TRUE(std::holds_alternative<wire::StatsResponse>(reply))
+        << wire::ToStatus(std::get<wire::ErrorResponse>(reply)).ToString();
+    return std::holds_alternative<wire::StatsResponse>(reply) ? std::get<wire::StatsResponse>(reply).values
+                                                              : std::vector<std::pair<std::string, double>>{};
+  }
+  static size_t TenantRows(const std::vector<std::pair<std::string, double>>& stats) {
+    size_t n = 0;
+    for (const auto& [name, value] : stats) n += name.rfind("tenant.", 0) == 0 ? 1 : 0;
+    return n;
+  }
+
+  std::unique_ptr<Service> svc_;
+};
+
+TEST_F(ServiceTest, ATenantLabelIsShortAndPrintable) {
+  Start();
+  for (const std::string& bad :
+       {std::string(4096, 'x'), std::string(65, 'a'), std::string("a b"), std::string("a/b"), std::string("t\n"),
+        std::string("t\x1b[31m"), std::string("t\0u", 3), std::string("t{x=\"1\"}")}) {
+    auto c = NewClient(false);
+    const Status st = Hello(*c, bad);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("[A-Za-z0-9._-]"), std::string::npos) << st.message();
+    EXPECT_EQ(st.message().find(bad), std::string::npos) << "the label is not echoed: " << st.message();
+  }
+  for (const std::string& good : {std::string(64, 'a'), std::string("Tenant-1.b_2"), std::string()}) {
+    auto c = NewClient(false);
+    EXPECT_TRUE(Hello(*c, good).ok()) << good;
+  }
+}
+
+TEST_F(ServiceTest, LabelsAreBoundedAndAnIdleOneMakesRoom) {
+  Start("limits:\n  max_tenants: 4\n");
+  std::vector<std::unique_ptr<ClientState>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(Connected("t" + std::to_string(i)));
+  CommitSession(*held[0], "chat");  // t0 will hold a session with no client.
+  auto fifth = NewClient(false);
+  const Status refused = Hello(*fifth, "t4");
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("limits.max_tenants"), std::string::npos) << refused.message();
+  auto again = Connected("t1");  // A known label is no new one.
+  svc_->Disconnect(*again);
+  // t0 has no client now but a session: not forgotten. t1 has neither: forgotten for t4.
+  svc_->Disconnect(*held[0]);
+  svc_->Disconnect(*held[1]);
+  auto t4 = NewClient(false);
+  ASSERT_TRUE(Hello(*t4, "t4").ok());
+  auto t5 = NewClient(false);
+  EXPECT_EQ(Hello(*t5, "t5").code(), StatusCode::kResourceExhausted) << "t0 keeps its place while it holds a session";
+  auto admin = Connected("t2", /*admin=*/true);
+  const auto stats = Stats(*admin);
+  std::set<std::string> tenants;
+  for (const auto& [name, value] : stats) {
+    if (name.rfind("tenant.", 0) == 0) tenants.insert(name.substr(7, name.rfind('.') - 7));
+  }
+  EXPECT_EQ(tenants, (std::set<std::string>{"t0", "t2", "t3", "t4"}));
+}
+
+// The attack of the issue, in process: 3,000 Hellos with distinct labels,
+// 4 KiB ones (refused) and 64-byte ones (each forgotten once its client goes).
+TEST_F(ServiceTest, ThousandsOfDistinctLabelsLeaveTheStatsBounded) {
+  Start("limits:\n  max_tenants: 64\n");
+  for (int i = 0; i < 3000; ++i) {
+    auto c = NewClient(false);
+    const std::string label = std::string(i % 2 == 0 ? 4090 : 60, 'a' + i % 26) + std::to_string(i);
+    const Status st = Hello(*c, label);
+    if (i % 2 == 0) {
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    } else {
+      ASSERT_TRUE(st.ok()) << i << ": " << st.ToString();
+      svc_->Disconnect(*c);
+    }
+  }
+  auto admin = Connected("", /*admin=*/true);
+  const auto stats = Stats(*admin);
+  EXPECT_LE(TenantRows(stats), 64u * 2) << "gpu and host blocks of at most max_tenants labels";
+}
+
+// At the most tenants a daemon may know, each with the longest name, an
+// admin's stats still fit one frame (kMaxTenants is chosen for that).
+TEST_F(ServiceTest, StatsOfTheMostTenantsFitOneFrame) {
+  Start("limits:\n  max_clients: 20000\n  max_tenants: " + std::to_string(kMaxTenants) + "\n");
+  std::vector<std::unique_ptr<ClientState>> held;
+  for (uint32_t i = 0; i < kMaxTenants; ++i) {
+    std::string name = std::to_string(i);
+    name.insert(0, kMaxTenantName - name.size(), 'n');
+    held.push_back(Connected(name));
+  }
+  auto refused = NewClient(false);
+  EXPECT_EQ(Hello(*refused, "one-more").code(), StatusCode::kResourceExhausted);
+  auto admin = Connected(std::string(kMaxTenantName - 1, 'n') + "1", /*admin=*/true);
+  auto reply = Call(*admin, wire::StatsRequest{});
+  ASSERT_TRUE(std::holds_alternative<wire::StatsResponse>(reply));
+  EXPECT_EQ(TenantRows(std::get<wire::StatsResponse>(reply).values), size_t{kMaxTenants} * 2);
+  const auto bytes = wire::PayloadSize(reply);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_LT(*bytes, wire::kMaxPayload / 4) << "well inside one frame";
+  // A client that is not an admin sees its own tenant's rows only.
+  EXPECT_EQ(TenantRows(Stats(*held[0])), 2u);
+}
+
+TEST_F(ServiceTest, ListSessionsPagesWhereOneReplyCannotHoldThem) {
+  Start();
+  auto a = Connected("a"), b = Connected("b");
+  // 4,100 sessions of 4 KiB ids: about 17 MB of rows, more than one frame.
+  const std::string long_id(4088, 'x');
+  for (int i = 0; i < 4100; ++i) CommitSession(*a, long_id + std::to_string(i));
+  for (int i = 0; i < 10; ++i) CommitSession(*b, "b" + std::to_string(i));
+  auto admin = Connected("", /*admin=*/true);
+
+  // The older, unpaged request: every session or a clear error, never a cut list.
+  auto whole = Call(*admin, wire::ListSessionsRequest{"", std::nullopt});
+  const auto* err = std::get_if<wire::ErrorResponse>(&whole);
+  ASSERT_NE(err, nullptr) << "the unpaged list does not fit one frame";
+  EXPECT_EQ(err->code, StatusCode::kResourceExhausted);
+  EXPECT_NE(err->message.find("page by page"), std::string::npos) << err->message;
+  auto small = Call(*b, wire::ListSessionsRequest{"", std::nullopt});
+  ASSERT_TRUE(std::holds_alternative<wire::ListSessionsResponse>(small)) << "a tenant's own list still fits";
+  EXPECT_EQ(std::get<wire::ListSessionsResponse>(small).sessions.size(), 10u);
+  EXPECT_FALSE(std::get<wire::ListSessionsResponse>(small).more) << "never set for an older client";
+
+  int pages = 0;
+  const auto t0 = Clock::now();
+  const auto all = AllPages(*admin, "", 0, &pages);
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(all.size(), 4110u);
+  EXPECT_GE(pages, 5) << "4 MiB pages";
+  EXPECT_LT(took / pages, std::chrono::milliseconds(100)) << "per page";
+  EXPECT_EQ(AllPages(*admin, "b", 3, &pages).size(), 10u);
+  EXPECT_EQ(pages, 4);
+  // A client that is not an admin pages through its own tenant only.
+  const auto mine = AllPages(*b, "", 4, &pages);
+  EXPECT_EQ(mine.size(), 10u);
+  for (const SessionSummary& s : mine) EXPECT_EQ(s.tenant, "b");
+  auto denied = Call(*b, wire::ListSessionsRequest{"a", wire::ListSessionsPage{}});
+  ASSERT_TRUE(std::holds_alternative<wire::ErrorResponse>(denied));
+  EXPECT_EQ(std::get<wire::ErrorResponse>(denied).code, StatusCode::kPermissionDenied);
+
+  // Evicting one tenant's sessions leaves the other's.
+  auto evicted = Call(*admin, wire::EvictRequest{"", "b", false});
+  ASSERT_TRUE(std::holds_alternative<wire::CountResponse>(evicted));
+  EXPECT_EQ(std::get<wire::CountResponse>(evicted).count, 10u);
+  EXPECT_EQ(AllPages(*admin, "a", 0, &pages).size(), 4100u);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon
