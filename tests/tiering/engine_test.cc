@@ -741,7 +741,7 @@ class EngineTenantSessionTest : public EngineTest {
     return c;
   }
   void PutAs(const Tenant& t, const std::string& session, const Chain& c) {
-    auto w = engine_->Allocate(c.blocks());
+    auto w = engine_->Allocate(t, c.blocks());
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     for (uint32_t i = 0; i < c.blocks(); ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[i]);
     auto r = engine_->Commit(w->id, t, session, BlockKey{}, 0, c.tokens, w->slots);
