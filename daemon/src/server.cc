@@ -151,6 +151,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // more of it is being read; unset while nothing is read (reading paused for
   // the reply backlog, or a request parked).
   std::optional<std::chrono::steady_clock::time_point> partial_since() const { return partial_since_; }
+  // Since when its reading is paused for unread replies; unset while it is not.
+  std::optional<std::chrono::steady_clock::time_point> paused_since() const {
+    return paused_ ? std::optional(paused_since_) : std::nullopt;
+  }
   // "client 7 (worker-3)", for the log.
   std::string Describe() const {
     return "client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) + ")";
@@ -244,6 +248,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (;;) {
       if (closed_) return Next::kClosing;
       if (unsent_ > server_.config.max_reply_backlog_bytes) {
+        if (!paused_) paused_since_ = std::chrono::steady_clock::now();
         paused_ = true;
         partial_since_.reset();
         return Next::kPaused;
@@ -422,6 +427,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::vector<uint8_t>> out_;
   uint64_t unsent_ = 0;  // Bytes in out_.
   bool paused_ = false;  // Nothing is read until out_ drains (Next::kPaused).
+  std::chrono::steady_clock::time_point paused_since_;
   bool close_after_write_ = false;
   bool closed_ = false;
   bool refused_ = false;
@@ -535,6 +541,18 @@ void Server::Impl::CloseStalledConnections() {
     LogLimited(LogLevel::kWarn, "frame timeout",
                c->Describe() + ": closing the connection: a frame begun more than limits.frame_timeout_ms (" +
                    std::to_string(config.frame_timeout_ms) + " ms) ago is still incomplete");
+    c->Close();
+  }
+  // A client that leaves its replies unread that long (reading it is paused
+  // past max_reply_backlog_bytes) holds its backlog for nothing: closed too.
+  std::vector<std::shared_ptr<Connection>> unread;
+  for (const auto& c : connections) {
+    if (const auto since = c->paused_since(); since && *since < deadline) unread.push_back(c);
+  }
+  for (const auto& c : unread) {
+    LogLimited(LogLevel::kWarn, "reply timeout",
+               c->Describe() + ": closing the connection: its replies went unread for more than "
+                               "limits.frame_timeout_ms (" + std::to_string(config.frame_timeout_ms) + " ms)");
     c->Close();
   }
 }

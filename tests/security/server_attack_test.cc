@@ -188,6 +188,41 @@ TEST_F(ServerAttack, AClientThatNeverReadsItsRepliesIsNoLongerRead) {
   EXPECT_NE(daemon_->log().find("ready: listening"), std::string::npos);
 }
 
+// The same client, left alone: a connection whose replies stay unread for
+// limits.frame_timeout_ms is closed, so it cannot hold its backlog forever.
+TEST_F(ServerAttack, AClientThatLeavesItsRepliesUnreadIsClosedAfterTheFrameTimeout) {
+  const long baseline = Start("limits:\n  frame_timeout_ms: 300\n");
+  ASSERT_GT(baseline, 0);
+  auto c = RawConnection::Open(daemon_->socket());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Hello("t").ok());
+  std::vector<uint8_t> batch;
+  for (int i = 0; i < 1000; ++i) wire::AppendFrame(batch, 100 + i, wire::StatsRequest{});
+  const auto start = Clock::now();
+  size_t sent = 0;
+  while (Clock::now() - start < std::chrono::seconds(5)) {  // Until the daemon stops reading it.
+    const size_t off = sent % batch.size();
+    const ssize_t n = ::send(c->fd(), batch.data() + off, batch.size() - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;  // Closed already.
+    pollfd p{c->fd(), POLLOUT | POLLRDHUP, 0};
+    if (::poll(&p, 1, 50) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) break;
+  }
+  // Closed without this side reading a byte (reading would drain the backlog).
+  bool closed = false;
+  while (!closed && Clock::now() - start < std::chrono::seconds(8)) {
+    pollfd p{c->fd(), POLLRDHUP, 0};
+    closed = ::poll(&p, 1, 50) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+  EXPECT_TRUE(closed) << "a client that reads nothing kept its connection";
+  std::printf("  closed %.0f ms after the flood began\n", Seconds(Clock::now() - start) * 1e3);
+  EXPECT_NE(daemon_->log().find("its replies went unread"), std::string::npos) << daemon_->log();
+  ExpectHealthy(baseline);
+}
+
 // 40 welcomed connections each send a header announcing a 16 MiB payload (and
 // a little of it): the daemon holds what arrived, not what was announced. The
 // same header before Hello is refused at once (64 KiB may come before it).
