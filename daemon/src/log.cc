@@ -72,4 +72,11 @@ void LogLimited(LogLevel level, std::string_view key, const std::string& text) {
   Log(level, suppressed == 0 ? text : text + " (" + std::to_string(suppressed) + " similar suppressed)");
 }
 
+std::string Printable(std::string_view text, size_t max) {
+  std::string out;
+  for (char ch : text.substr(0, max)) out += ch >= 0x20 && ch < 0x7f ? ch : '?';
+  if (text.size() > max) out += "...";
+  return out;
+}
+
 }  // namespace kvtier::daemon

@@ -23,5 +23,9 @@ inline void LogDebug(const std::string& t) {
 // accept errors): at most one line per `key` per second. The first line after
 // some were dropped ends with "(N similar suppressed)".
 void LogLimited(LogLevel level, std::string_view key, const std::string& text);
+// `text` as a peer may have it shown in a log line: printable ASCII, anything
+// else as '?', at most `max` characters ("..." marks a cut), so a client's
+// name can neither forge log lines nor flood them.
+std::string Printable(std::string_view text, size_t max = 64);
 
 }  // namespace kvtier::daemon

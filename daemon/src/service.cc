@@ -291,7 +291,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   KVTIER_RETURN_IF_ERROR(
       tenants_.Connect(*tenant, config_.max_tenants, [this](const std::string& t) { return TenantIdle(t); }));
   c.welcomed = true;
-  c.name = m.client_name;
+  c.name = Printable(m.client_name);  // Shown in logs and by cachectl: never raw peer bytes.
   c.pid = m.pid;
   c.tenant = *tenant;
   c.admin = access_.IsAdmin(c.peer);
@@ -324,7 +324,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.max_blocks_per_request = config_.max_blocks_per_request;
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
-  LogInfo("client " + std::to_string(c.id) + " connected: " + m.client_name + " (pid " + std::to_string(m.pid) +
+  LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) +
           ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", profile " + e.profile().name + ")");
   Reply reply{std::move(w)};
   reply.fds = std::move(fds);

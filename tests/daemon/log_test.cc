@@ -50,5 +50,12 @@ TEST(LogTest, LogLimitedWritesOneLinePerKeyPerSecondAndCountsTheRest) {
   EXPECT_EQ(later, "kvtierd: warn: event a again (99 similar suppressed)\n");
 }
 
+TEST(LogTest, PrintableKeepsPeerTextToOneShortPrintableLine) {
+  EXPECT_EQ(Printable("worker-3"), "worker-3");
+  EXPECT_EQ(Printable("a\nkvtierd: error: forged\x1b[2J"), "a?kvtierd: error: forged?[2J");
+  EXPECT_EQ(Printable(std::string(4096, 'x')), std::string(64, 'x') + "...");
+  EXPECT_EQ(Printable("\xc3\xa9t\xc3\xa9", 3), "??t...");
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
