@@ -57,6 +57,7 @@ std::unique_ptr<Client> ConnectOrFail(const GlobalOptions& g, int* rc) {
   o.client_name = "cachectl";
   o.connect_timeout = std::chrono::milliseconds(g.timeout_ms);
   o.reconnect = false;
+  o.server_uid = g.server_uid;
   auto c = Client::Connect(o);
   if (!c.ok()) {
     const StatusCode code = c.status().code();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "kvtier/status.h"
@@ -26,6 +27,9 @@ struct GlobalOptions {
   std::string socket = "/run/kvtier/kvtierd.sock";
   bool json = false;
   int timeout_ms = 1000;
+  // The uid kvtierd must run as (libkvtier checks the peer); unset: libkvtier's
+  // default ($KVTIER_SERVER_UID, else the socket's owner in a safe directory).
+  std::optional<uint32_t> server_uid;
 };
 
 // Registers every subcommand on `app`. After a successful parse, `action`

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   app.add_option("--socket", global.socket, "kvtierd's Unix socket")
       ->envname("KVTIER_SOCKET")
       ->capture_default_str();
+  app.add_option("--server-uid", global.server_uid,
+                 "The uid kvtierd runs as; refuse any other (default: $KVTIER_SERVER_UID, else the socket's owner "
+                 "where only its owner may write the directory)");
   app.add_flag("--json", global.json, "Print one JSON document (per line with stats --watch)");
   app.add_option("--timeout", global.timeout_ms, "Connect timeout in milliseconds")
       ->check(CLI::Range(1, 3600 * 1000))
