@@ -13,6 +13,15 @@
 
 namespace kvtier::testing {
 
+double StatOf(Client& c, const std::string& name) {
+  auto s = c.Stats();
+  if (!s.ok()) return -1;
+  for (const auto& [k, v] : *s) {
+    if (k == name) return v;
+  }
+  return -1;
+}
+
 long VmRssKiB(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;

@@ -10,10 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/client.h"
 #include "kvtier/status.h"
 #include "kvtier/wire.h"
 
 namespace kvtier::testing {
+
+// The figure `name` of c.Stats(); -1 if absent or the call failed.
+double StatOf(Client& c, const std::string& name);
 
 // kvtierd's resident set in KiB (VmRSS), -1 if it cannot be read.
 long VmRssKiB(pid_t pid);

@@ -27,6 +27,7 @@ using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 using testing::DaemonProcess;
 using testing::RawConnection;
+using testing::StatOf;
 
 constexpr uint32_t kGpuSlots = 256;  // kSmallDaemonConfig's GPU tier.
 constexpr uint32_t kQuota = 16;
@@ -59,15 +60,6 @@ Result<std::unique_ptr<Client>> Connect(const DaemonProcess& d, const std::strin
   o.tenant = tenant;
   o.reconnect = false;
   return Client::Connect(o);
-}
-
-double Stat(Client& c, const std::string& name) {
-  auto s = c.Stats();
-  if (!s.ok()) return -1;
-  for (const auto& [k, v] : *s) {
-    if (k == name) return v;
-  }
-  return -1;
 }
 
 // Fills `lease`'s first slots with the payloads of `tokens`' blocks and commits
@@ -194,18 +186,18 @@ TEST_F(LeaseAttack, ATenantWithAQuotaOf16CannotLeaseTheGpuTier) {
   const std::vector<TokenId> big = Tokens(kGpuSlots - kQuota, 1);
   ASSERT_TRUE(CommitKnown(**victim, "chat", big).ok());
   EXPECT_TRUE(ExpectIntact(**victim, big).ok());
-  EXPECT_EQ(Stat(**victim, "tenant.q.leased_blocks"), kQuota);
-  EXPECT_EQ(Stat(**victim, "tenant.q.gpu_blocks"), 0);
-  EXPECT_EQ(Stat(**victim, "tenant.victim.leased_blocks"), 0) << "its lease was committed and released";
+  EXPECT_EQ(StatOf(**victim, "tenant.q.leased_blocks"), kQuota);
+  EXPECT_EQ(StatOf(**victim, "tenant.q.gpu_blocks"), 0);
+  EXPECT_EQ(StatOf(**victim, "tenant.victim.leased_blocks"), 0) << "its lease was committed and released";
 
   // Disconnecting gives q's slots and its quota back.
   q1->Close();
   q2->Close();
   const auto deadline = steady_clock::now() + std::chrono::seconds(5);
-  while (Stat(**victim, "tenant.q.leased_blocks") != 0 && steady_clock::now() < deadline) {
+  while (StatOf(**victim, "tenant.q.leased_blocks") != 0 && steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(10));
   }
-  EXPECT_EQ(Stat(**victim, "tenant.q.leased_blocks"), 0);
+  EXPECT_EQ(StatOf(**victim, "tenant.q.leased_blocks"), 0);
   auto q = Connect(*daemon_, "q");
   ASSERT_TRUE(q.ok());
   const std::vector<TokenId> mine = Tokens(kQuota, 2);
@@ -278,8 +270,8 @@ TEST_F(LeaseAttack, AStoppedWorkerHoldingEveryGpuSlotLosesItsLeasesAfterTheTimeo
   auto now = (*victim)->Allocate(kChunk);
   ASSERT_FALSE(now.ok()) << "the stopped worker holds every slot";
   EXPECT_EQ(now.status().code(), StatusCode::kResourceExhausted) << now.status().ToString();
-  EXPECT_EQ(Stat(**victim, "leased_slots"), kGpuSlots);
-  EXPECT_GT(Stat(**victim, "oldest_lease_age_s"), 0);
+  EXPECT_EQ(StatOf(**victim, "leased_slots"), kGpuSlots);
+  EXPECT_GT(StatOf(**victim, "oldest_lease_age_s"), 0);
 
   auto room = AllocateWhenRoom(**victim, kGpuSlots / 2, milliseconds(kTimeoutMs + 5000));
   ASSERT_TRUE(room.ok()) << room.status().ToString();
@@ -293,11 +285,11 @@ TEST_F(LeaseAttack, AStoppedWorkerHoldingEveryGpuSlotLosesItsLeasesAfterTheTimeo
   // The worker's last lease was granted after the demotions its room took: wait
   // for it to expire too before the worker goes on.
   const auto deadline = steady_clock::now() + milliseconds(kTimeoutMs + 3000);
-  while (Stat(**victim, "write_leases_expired") < kGpuSlots / kChunk && steady_clock::now() < deadline) {
+  while (StatOf(**victim, "write_leases_expired") < kGpuSlots / kChunk && steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(20));
   }
-  EXPECT_EQ(Stat(**victim, "write_leases_expired"), kGpuSlots / kChunk);
-  EXPECT_EQ(Stat(**victim, "leased_slots"), 0);
+  EXPECT_EQ(StatOf(**victim, "write_leases_expired"), kGpuSlots / kChunk);
+  EXPECT_EQ(StatOf(**victim, "leased_slots"), 0);
 
   // The worker goes on: its commits fail cleanly, nothing of it is published.
   ASSERT_EQ(::kill(hog, SIGCONT), 0);
@@ -360,8 +352,8 @@ TEST_F(LeaseAttack, ARawClientThatNeverLetsGoLosesItsPinsAndSlotsAfterTheTimeout
   room->first.Release();
   EXPECT_TRUE(ExpectIntact(**victim, whole).ok());
   EXPECT_TRUE(ExpectIntact(**hog, pinned, /*promote=*/false).ok()) << "unpinned and demoted, never lost";
-  EXPECT_EQ(Stat(**victim, "read_leases_expired"), 1);
-  EXPECT_EQ(Stat(**victim, "write_leases_expired"), 1);
+  EXPECT_EQ(StatOf(**victim, "read_leases_expired"), 1);
+  EXPECT_EQ(StatOf(**victim, "write_leases_expired"), 1);
   ASSERT_TRUE((*victim)->Evict("all").ok());  // Room for what follows.
 
   wire::CommitRequest late;

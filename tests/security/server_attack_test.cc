@@ -35,6 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using testing::DaemonProcess;
 using testing::RawConnection;
+using testing::StatOf;
 using testing::VmRssKiB;
 
 constexpr long kRssGrowthKiB = 64 * 1024;  // What an attack may cost the daemon.
@@ -65,15 +66,6 @@ Result<Clock::duration> Bystander(const DaemonProcess& d) {
   auto s = (*c)->Stats();
   if (!s.ok()) return s.status();
   return Clock::now() - start;
-}
-
-double Stat(Client& c, const std::string& name) {
-  auto s = c.Stats();
-  if (!s.ok()) return -1;
-  for (const auto& [k, v] : *s) {
-    if (k == name) return v;
-  }
-  return -1;
 }
 
 // utime + stime of `pid`, in seconds.
@@ -353,7 +345,7 @@ TEST_F(ServerAttack, ConnectionsBeyondTheLimitAreRefusedAtAccept) {
   ExpectHealthy(baseline);
   auto admin = Connect(*daemon_);
   ASSERT_TRUE(admin.ok()) << admin.status().ToString();
-  EXPECT_EQ(Stat(**admin, "connections_over_limit"), 30);
+  EXPECT_EQ(StatOf(**admin, "connections_over_limit"), 30);
   EXPECT_LE(Count(daemon_->log(), "refused a connection at accept"), 2u) << "not rate-limited";
 }
 
