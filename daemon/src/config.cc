@@ -272,7 +272,8 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
     const std::string path = "tenants[" + std::to_string(i) + "]";
     if (!node[i].IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
     Section s(node[i], path, source);
-    KVTIER_RETURN_IF_ERROR(s.Known({"name", "users", "groups", "allow_requested", "gpu_blocks", "host_blocks"}));
+    KVTIER_RETURN_IF_ERROR(s.Known({"name", "users", "groups", "allow_requested", "gpu_blocks", "host_blocks",
+                                            "isolated"}));
     TenantConfig t;
     KVTIER_RETURN_IF_ERROR(s.ReadString("name", &t.name));
     if (t.name.empty() || t.name.size() > kMaxTenantName) return s.Error("name", "is required: 1-64 characters");
@@ -284,6 +285,11 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
     KVTIER_RETURN_IF_ERROR(ReadBool(s, "allow_requested", &t.allow_requested));
     KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("gpu_blocks", &t.gpu_blocks, 0, 1u << 28));
     KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("host_blocks", &t.host_blocks, 0, 1u << 28));
+    KVTIER_RETURN_IF_ERROR(ReadBool(s, "isolated", &t.isolated));
+    if (t.isolated && (t.gpu_blocks == 0 || t.host_blocks == 0)) {
+      return s.Error("isolated", "an isolated tenant's pools are sized by its gpu_blocks and host_blocks: set both (got " +
+                                     std::to_string(t.gpu_blocks) + " and " + std::to_string(t.host_blocks) + ")");
+    }
     for (const TenantConfig& o : *out) {
       if (o.name == t.name) return s.Error("name", "tenant '" + t.name + "' appears twice");
       for (size_t k = 0; k < t.uids.size(); ++k) {
@@ -305,6 +311,30 @@ bool HasControlCharacter(const std::string& v) {
     const auto u = static_cast<unsigned char>(ch);
     return u < 0x20 || u == 0x7f;
   });
+}
+
+// The isolated tenants' pools are carved out of each profile's; what is left
+// is the pool the other tenants share, which must keep at least one block.
+Status CheckIsolatedPools(const DaemonConfig& c, const std::string& source) {
+  uint64_t gpu = 0, host = 0;
+  for (const TenantConfig& t : c.tenants) {
+    if (!t.isolated) continue;
+    gpu += t.gpu_blocks;
+    host += t.host_blocks;
+  }
+  if (gpu == 0 && host == 0) return Status::Ok();
+  for (size_t i = 0; i < c.profiles.size(); ++i) {
+    const ProfileConfig& p = c.profiles[i];
+    const char* tier = p.gpu_blocks <= gpu ? "gpu_blocks" : p.host_blocks <= host ? "host_blocks" : nullptr;
+    if (tier == nullptr) continue;
+    const bool g = p.gpu_blocks <= gpu;
+    return InvalidArgument(source + ": profiles[" + std::to_string(i) + "]." + tier + ": " +
+                           std::to_string(g ? p.gpu_blocks : p.host_blocks) +
+                           " must exceed the isolated tenants' " + tier + " (" + std::to_string(g ? gpu : host) +
+                           " in all): they are carved out of the profile's, and the rest is the pool the other "
+                           "tenants share");
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -452,6 +482,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
     if (YAML::Node t = top.Get("tenants")) {
       if (!t.IsNull()) KVTIER_RETURN_IF_ERROR(ParseTenants(t, source, &c.tenants));
     }
+    KVTIER_RETURN_IF_ERROR(CheckIsolatedPools(c, source));
     KVTIER_RETURN_IF_ERROR(top.CheckUnknown());
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);

@@ -55,6 +55,11 @@ struct TenantConfig {
   bool allow_requested = false;  // A member may ask for this tenant at Hello.
   uint32_t gpu_blocks = 0;
   uint32_t host_blocks = 0;
+  // Pools, index and sessions of its own in every profile (an engine apart),
+  // sized by gpu_blocks and host_blocks (both required) and carved out of the
+  // profile's: no client of another tenant is handed its segments, so none can
+  // read its KV bytes and prompts or write its blocks. Not reloadable.
+  bool isolated = false;
   friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
 };
 

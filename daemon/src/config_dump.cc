@@ -114,7 +114,8 @@ std::string DumpConfig(const DaemonConfig& c) {
       << "    groups: " << IdList(t.groups) << "\n"
       << "    allow_requested: " << (t.allow_requested ? "true" : "false") << "\n"
       << "    gpu_blocks: " << t.gpu_blocks << "\n"
-      << "    host_blocks: " << t.host_blocks << "\n";
+      << "    host_blocks: " << t.host_blocks << "\n"
+      << "    isolated: " << (t.isolated ? "true" : "false") << "\n";
   }
   return o.str();
 }
@@ -187,6 +188,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     add(k + "allow_requested", t.allow_requested ? "true" : "false", false);
     add(k + "gpu_blocks", std::to_string(t.gpu_blocks), false);
     add(k + "host_blocks", std::to_string(t.host_blocks), false);
+    add(k + "isolated", t.isolated ? "true" : "false", false);
   }
   return out;
 }

@@ -16,51 +16,28 @@ namespace kvtier::daemon {
 using tiering::Engine;
 using kvtier::Tier;
 
-namespace {
-
-tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, const ProfileConfig& p) {
-  tiering::EngineOptions o;
-  o.profile = p.profile;
-  o.gpu_slots = p.gpu_blocks;
-  o.host_slots = p.host_blocks;
-  o.gpu_high_watermark = config.gpu_high_watermark;
-  o.gpu_low_watermark = config.gpu_low_watermark;
-  o.host_high_watermark = config.host_high_watermark;
-  o.host_low_watermark = config.host_low_watermark;
-  o.max_copy_batch = config.max_copy_batch;
-  o.max_sessions = config.max_sessions;
-  o.max_sessions_per_tenant = SessionsPerTenant(config);
-  o.max_blocks_per_request = config.max_blocks_per_request;
-  o.lease_timeout = std::chrono::milliseconds(config.lease_timeout_ms);
-  o.name = p.profile.name;
-  o.index_segment = shm_names::Index(config.instance, p.profile.name);
-  for (const TenantConfig& t : config.tenants) {
-    if (t.gpu_blocks == 0 && t.host_blocks == 0) continue;
-    tiering::TenantQuota q;
-    q.tenant = tiering::Tenant::Make(p.profile.Fingerprint(), t.name);
-    q.blocks[Tier::kGpu] = t.gpu_blocks;
-    q.blocks[Tier::kHost] = t.host_blocks;
-    o.quotas.push_back(q);
-  }
-  return o;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = CreateBackend(config);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
-  for (const ProfileConfig& p : config.profiles) {
-    svc->warm_.BeforeEngine(config, p);
-    tiering::EngineOptions options = EngineOptionsFor(config, p);
-    options.warm_restart = svc->warm_.enabled();
-    auto engine = Engine::Create(options, *svc->backend_);
-    if (!engine.ok()) {
-      return Status(engine.status().code(), "profile '" + p.profile.name + "': " + engine.status().message());
+  for (size_t p = 0; p < config.profiles.size(); ++p) {
+    // The shared engine first, then one per isolated tenant (engine_set.h).
+    std::vector<const TenantConfig*> domains{nullptr};
+    for (const TenantConfig& t : config.tenants) {
+      if (t.isolated) domains.push_back(&t);
     }
-    svc->warm_.AdoptInto(**engine, config, p);
-    svc->engines_.push_back(std::move(engine).value());
+    for (const TenantConfig* t : domains) {
+      tiering::EngineOptions options = EngineOptionsFor(config, p, t);
+      svc->warm_.BeforeEngine(config, options.name);
+      options.warm_restart = svc->warm_.enabled();
+      std::string who = "profile '" + config.profiles[p].profile.name + "'";
+      if (t != nullptr) who += ", tenant '" + t->name + "' (isolated)";
+      auto engine = Engine::Create(options, *svc->backend_);
+      if (!engine.ok()) return Status(engine.status().code(), who + ": " + engine.status().message());
+      svc->warm_.AdoptInto(**engine, config, who);
+      svc->engines_.Add(EngineMember{p, t != nullptr ? t->name : std::string(), std::move(engine).value()});
+    }
   }
   return svc;
 }
@@ -76,15 +53,17 @@ Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
 }
 
 Service::~Service() {
-  engines_.clear();  // Engines before the backend they use.
+  engines_.Clear();  // Engines before the backend they use.
   backend_.reset();
 }
 
 std::string Service::Describe() const {
   std::string out = "backend " + std::string(tiering::BackendKindName(backend_->kind()));
-  for (const auto& e : engines_) {
-    out += "; profile " + e->profile().Describe() + ", gpu " + std::to_string(e->options().gpu_slots) +
-           " blocks, host " + std::to_string(e->options().host_slots) + " blocks";
+  for (const EngineMember& m : engines_) {
+    const Engine& e = *m.engine;
+    out += m.tenant.empty() ? "; profile " + e.profile().Describe() + ", gpu "
+                            : "; isolated tenant '" + m.tenant + "' of profile '" + e.profile().name + "', gpu ";
+    out += std::to_string(e.options().gpu_slots) + " blocks, host " + std::to_string(e.options().host_slots) + " blocks";
   }
   const uint32_t per_tenant = SessionsPerTenant(config_);
   out += "; at most " + std::to_string(config_.max_sessions) + " sessions per profile, " +
@@ -94,8 +73,8 @@ std::string Service::Describe() const {
 }
 
 void Service::Tick() {
-  for (auto& e : engines_) {
-    const tiering::LeaseExpiry expired = e->Tick();
+  for (EngineMember& m : engines_) {
+    const tiering::LeaseExpiry expired = m.engine->Tick();
     lease_log_.write += expired.write;
     lease_log_.read += expired.read;
     lease_log_.slots += expired.slots;
@@ -132,24 +111,24 @@ void Service::NoteExpiredLease(ClientState& c, uint64_t lease, const char* use) 
 void Service::SaveForRestart(std::chrono::milliseconds budget) { warm_.SaveAtShutdown(engines_, config_, budget); }
 
 void Service::Poll() {
-  for (auto& e : engines_) e->Poll();
+  for (EngineMember& m : engines_) m.engine->Poll();
 }
 
 bool Service::CopiesInFlight() const {
-  for (const auto& e : engines_) {
-    if (e->CopiesInFlight()) return true;
+  for (const EngineMember& m : engines_) {
+    if (m.engine->CopiesInFlight()) return true;
   }
   return false;
 }
 
 Status Service::WaitIdle(std::chrono::milliseconds timeout) {
-  for (auto& e : engines_) KVTIER_RETURN_IF_ERROR(e->WaitIdle(timeout));
+  for (EngineMember& m : engines_) KVTIER_RETURN_IF_ERROR(m.engine->WaitIdle(timeout));
   return Status::Ok();
 }
 
 void Service::Disconnect(ClientState& c) {
   if (c.welcomed) {
-    Engine& e = *engines_[c.profile];
+    Engine& e = EngineOf(c);
     for (uint64_t lease : c.leases) (void)e.Release(lease);
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
@@ -178,8 +157,8 @@ Result<std::string> Service::TenantToActOn(const ClientState& c, const std::stri
 std::vector<std::string> Service::KnownTenants() const { return tenants_.Names(); }
 
 bool Service::TenantIdle(const std::string& name) const {
-  for (const auto& e : engines_) {
-    const tiering::TenantUsage u = e->tenant_usage(TenantNamed(name, *e).ns);
+  for (const EngineMember& m : engines_) {
+    const tiering::TenantUsage u = m.engine->tenant_usage(TenantNamed(name, *m.engine).ns);
     if (u.sessions != 0) return false;
     for (Tier t : kTiers) {
       if (u.blocks[t] != 0) return false;
@@ -268,8 +247,8 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   int profile = 0;
   if (!m.profile.empty()) {
     profile = -1;
-    for (size_t i = 0; i < engines_.size(); ++i) {
-      if (engines_[i]->profile().name == m.profile) profile = static_cast<int>(i);
+    for (size_t i = 0; i < engines_.profiles(); ++i) {
+      if (engines_.Shared(i).profile().name == m.profile) profile = static_cast<int>(i);
     }
     if (profile < 0) {
       return NotFound("no model profile named '" + m.profile + "' (see cachectl config)");
@@ -286,7 +265,8 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   }
   auto tenant = access_.TenantFor(c.peer, m.tenant);
   if (!tenant.ok()) return tenant.status();
-  Engine& e = *engines_[profile];
+  const size_t member = engines_.IndexOf(static_cast<size_t>(profile), *tenant);
+  Engine& e = *engines_[member].engine;
   // Last before the welcome (nothing after it fails), so every Connect has its Disconnect.
   KVTIER_RETURN_IF_ERROR(
       tenants_.Connect(*tenant, config_.max_tenants, [this](const std::string& t) { return TenantIdle(t); }));
@@ -296,6 +276,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   c.tenant = *tenant;
   c.admin = access_.IsAdmin(c.peer);
   c.profile = profile;
+  c.engine = member;
   // The namespace salt is the authenticated tenant, never a name the client chose.
   c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
   ++counters_.clients;
@@ -325,7 +306,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) +
-          ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", profile " + e.profile().name + ")");
+          ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", " + engines_.Describe(member) + ")");
   Reply reply{std::move(w)};
   reply.fds = std::move(fds);
   return reply;
@@ -338,7 +319,7 @@ Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
     return ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
                              " leases, the limit (limits.max_leases_per_client)");
   }
-  Engine& e = *engines_[c.profile];
+  Engine& e = EngineOf(c);
   // The slots count against the client's tenant's GPU quota until committed.
   auto r = e.TryAllocate(TenantOf(c), m.count);
   if (r.ok() && !r->has_value()) {
@@ -359,15 +340,15 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
     const Status st = backend_->OrderAfterWriter(*m.writer_event);
     if (!st.ok()) return Status(st.code(), "commit: " + st.message());
   }
-  auto r = engines_[c.profile]->Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block,
-                                       m.tokens, m.slots);
+  Engine& e = EngineOf(c);
+  auto r = e.Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block, m.tokens, m.slots);
   if (!r.ok()) {
-    if (engines_[c.profile]->LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "committed");
+    if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "committed");
     return r.status();
   }
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
   // the demotions now, not at the next tick, so the next Allocate finds room.
-  engines_[c.profile]->EnforceWatermarks();
+  e.EnforceWatermarks();
   return Reply{wire::CommitResponse{r->stored, r->duplicates}};
 }
 
@@ -377,13 +358,14 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
                              " leases, the limit (limits.max_leases_per_client)");
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
-  if (promote && engines_[c.profile]->AcquireNeedsRoom(c.ns, m.keys, m.tokens)) {
+  Engine& e = EngineOf(c);
+  if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens)) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are
     // readable there) rather than wait for room on this thread.
     promote = false;
   }
-  auto r = engines_[c.profile]->Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote);
+  auto r = e.Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote);
   if (!r.ok()) return r.status();
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
@@ -398,7 +380,7 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
 
 Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
   if (!c.leases.erase(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
-  Engine& e = *engines_[c.profile];
+  Engine& e = EngineOf(c);
   // A lease the timeout revoked is forgotten now, with an error saying so.
   if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "released");
   const Status st = e.Release(m.lease_id);
@@ -407,19 +389,19 @@ Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::PrefetchRequest& m) {
-  auto r = engines_[c.profile]->Prefetch(TenantOf(c), m.session);
+  auto r = EngineOf(c).Prefetch(TenantOf(c), m.session);
   if (!r.ok()) return r.status();
   return Reply{wire::CountResponse{*r}};
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::DemoteRequest& m) {
-  auto r = engines_[c.profile]->Demote(TenantOf(c), m.session);
+  auto r = EngineOf(c).Demote(TenantOf(c), m.session);
   if (!r.ok()) return r.status();
   return Reply{wire::CountResponse{*r}};
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
-  Engine& e = *engines_[c.profile];
+  const auto profile = static_cast<size_t>(c.profile);
   if (m.all && !c.admin) {
     return Status(StatusCode::kPermissionDenied, "evict --all is for admins (access.admin_users / admin_groups); " +
                                                      c.peer.Describe() + " is not an admin");
@@ -428,6 +410,7 @@ Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
     // With a tenant too: that tenant's session (admins only, unless it is the client's own).
     auto tenant = TenantToActOn(c, m.tenant, "evict a session");
     if (!tenant.ok()) return tenant.status();
+    Engine& e = engines_.Of(profile, *tenant);
     const Status st = e.Evict(TenantNamed(*tenant, e), m.session);
     if (!st.ok()) return st;
     LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "' of tenant '" + *tenant + "'");
@@ -438,8 +421,16 @@ Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
     auto tenant = TenantToActOn(c, m.tenant, "evict the sessions");
     if (!tenant.ok()) return tenant.status();
   }
-  // One tenant's sessions are one range of the engine's table: only that range is walked.
-  const uint32_t n = e.EvictSessions(m.all ? std::nullopt : std::optional<Namespace>(TenantNamed(m.tenant, e).ns));
+  // One tenant's sessions are one range of its engine's table: only that range is walked.
+  uint32_t n = 0;
+  if (m.all) {
+    for (size_t i = engines_.First(profile); i < engines_.Last(profile); ++i) {
+      n += engines_[i].engine->EvictSessions(std::nullopt);
+    }
+  } else {
+    Engine& e = engines_.Of(profile, m.tenant);
+    n = e.EvictSessions(TenantNamed(m.tenant, e).ns);
+  }
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
   return Reply{wire::CountResponse{n}};
@@ -451,7 +442,7 @@ Result<Reply> Service::On(ClientState& c, const wire::SetPriorityRequest& m) {
                            std::to_string(tiering::kMaxPriorityTtl.count()) + " hours");
   }
   const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
-  const Status st = engines_[c.profile]->SetPriority(TenantOf(c), m.session, m.priority, ttl);
+  const Status st = EngineOf(c).SetPriority(TenantOf(c), m.session, m.priority, ttl);
   if (!st.ok()) return st;
   if (m.ttl_ms > 0) {
     LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
@@ -482,18 +473,26 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
     if (!tenant.ok()) return tenant.status();
     only = *tenant;
   }
-  Engine& e = *engines_[c.profile];
-  std::optional<Namespace> filter;  // One tenant's range of the table, or all of it.
-  if (!c.admin || !only.empty()) filter = TenantNamed(only, e).ns;
+  const auto profile = static_cast<size_t>(c.profile);
   tiering::SessionPageLimits limits;
   limits.row_bytes = wire::EncodedSize(SessionSummary{});
   std::optional<tiering::SessionCursor> after;
+  // The engines listed: one tenant's, or (an admin's whole listing) every
+  // engine of the profile in set order, resuming in the cursor's tenant's.
+  size_t first = engines_.IndexOf(profile, only), last = first + 1;
+  if (only.empty() && c.admin) {
+    first = engines_.First(profile);
+    last = engines_.Last(profile);
+  }
   if (m.page) {
     limits.sessions = m.page->limit == 0 ? kSessionsPerPage : std::min<size_t>(m.page->limit, kSessionsPerPage);
     limits.bytes = kPageBytes;
     limits.chain_blocks = kPageChainBlocks;
     if (!m.page->after_id.empty()) {
-      after = tiering::SessionCursor{TenantNamed(m.page->after_tenant, e).ns, m.page->after_id};
+      const size_t resume = engines_.IndexOf(profile, m.page->after_tenant);
+      if (resume < first || resume >= last) return Reply{wire::ListSessionsResponse{}};  // Nothing after it here.
+      first = resume;
+      after = tiering::SessionCursor{TenantNamed(m.page->after_tenant, *engines_[resume].engine).ns, m.page->after_id};
     }
   } else {
     // The older request gets every session in one reply, or an error: never a
@@ -502,7 +501,25 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
     limits.bytes = wire::kMaxPayload - 4;  // Less the array's count.
     limits.chain_blocks = kUnpagedChainBlocks;
   }
-  tiering::SessionPage page = e.ListSessions(filter, after, limits);
+  tiering::SessionPage page;
+  for (size_t i = first; i < last; ++i) {
+    const Engine& e = *engines_[i].engine;
+    std::optional<Namespace> filter;  // One tenant's range of the table, or all of it.
+    if (!c.admin || !only.empty()) filter = TenantNamed(only, e).ns;
+    tiering::SessionPage part = e.ListSessions(filter, i == first ? after : std::nullopt, limits);
+    for (tiering::SessionInfo& s : part.sessions) {
+      limits.bytes -= std::min(limits.bytes, limits.row_bytes + s.id.size() + s.tenant.size());
+      limits.chain_blocks -= std::min<uint64_t>(limits.chain_blocks, s.blocks);
+      page.sessions.push_back(std::move(s));
+    }
+    limits.sessions -= std::min(limits.sessions, part.sessions.size());
+    // A full page with engines still to list: the next page resumes after its last row.
+    const bool full = limits.sessions == 0 || limits.bytes <= limits.row_bytes || limits.chain_blocks == 0;
+    if (part.more || (full && i + 1 < last)) {
+      page.more = true;
+      break;
+    }
+  }
   if (!m.page && page.more) {
     return ResourceExhausted("the sessions do not fit one reply (more than " + std::to_string(page.sessions.size()) +
                              " of them); list them page by page (cachectl sessions, or libkvtier's ListSessions, "
@@ -516,7 +533,7 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
-  auto r = engines_[c.profile]->GetSession(TenantOf(c), m.session);
+  auto r = EngineOf(c).GetSession(TenantOf(c), m.session);
   if (!r.ok()) return r.status();
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
@@ -544,8 +561,14 @@ Result<Reply> Service::On(ClientState& c, const wire::ConfigRequest&) {
 }
 
 Status Service::Reconfigure(const DaemonConfig& next) {
-  for (size_t i = 0; i < engines_.size(); ++i) {
-    KVTIER_RETURN_IF_ERROR(engines_[i]->Retune(EngineOptionsFor(next, next.profiles[i])));
+  // Retune checks first and changes nothing on an error; tiering settings are
+  // alike for every engine, so the first one's answer is every one's.
+  for (EngineMember& m : engines_) {
+    const TenantConfig* isolated = nullptr;  // Tenants are not reloadable: next has the same.
+    for (const TenantConfig& t : next.tenants) {
+      if (!m.tenant.empty() && t.name == m.tenant) isolated = &t;
+    }
+    KVTIER_RETURN_IF_ERROR(m.engine->Retune(EngineOptionsFor(next, m.profile, isolated)));
   }
   config_ = next;
   return Status::Ok();
@@ -553,8 +576,8 @@ Status Service::Reconfigure(const DaemonConfig& next) {
 
 std::string Service::StatusLine() const {
   PerTier<uint64_t> slots, used;
-  for (const auto& e : engines_) {
-    const tiering::EngineStats s = e->stats();
+  for (const EngineMember& m : engines_) {
+    const tiering::EngineStats s = m.engine->stats();
     for (Tier t : kTiers) {
       slots[t] += s.slots[t];
       used[t] += s.used[t];

@@ -1,6 +1,7 @@
 // Service: kvtierd's state and request handling, apart from any socket.
 //
-// It owns the backend and one Engine per model profile, and turns each decoded
+// It owns the backend and the engines (engine_set.h: one per model profile that
+// its tenants share, and one per isolated tenant and profile), and turns each decoded
 // request of a client into a reply: every message type that is a request has
 // one handler, Result<Reply> On(ClientState&, const M&), chosen from the
 // message's alternative (Dispatch); any other type is answered "not a request".
@@ -22,6 +23,7 @@
 
 #include "access.h"
 #include "config.h"
+#include "engine_set.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
@@ -41,6 +43,7 @@ struct ClientState {
   PeerCredentials peer;  // From the kernel at accept.
   bool admin = false;    // May act on other tenants, evict all, read the configuration.
   int profile = -1;  // Index into the profiles; valid once welcomed.
+  size_t engine = 0;  // The EngineSet member serving its tenant and profile; valid once welcomed.
   Namespace ns;
   std::unordered_set<uint64_t> leases;
   // Set while an Allocate or Acquire of this client waits for GPU room (the
@@ -137,8 +140,9 @@ class Service {
   const DaemonConfig& config() const { return config_; }
   uint64_t instance_id() const { return instance_id_; }
   uint32_t NextClientId() { return ++last_client_id_; }
-  size_t profile_count() const { return engines_.size(); }
-  tiering::Engine& engine(size_t i) { return *engines_[i]; }
+  size_t profile_count() const { return engines_.profiles(); }
+  // Every engine; engines().Of(profile, tenant) is the one serving `tenant`.
+  const EngineSet& engines() const { return engines_; }
   // A human summary for the start-up log.
   std::string Describe() const;
 
@@ -184,7 +188,7 @@ class Service {
   // Logs, once per client, that it `use`d ("committed") a lease that had expired.
   void NoteExpiredLease(ClientState& c, uint64_t lease, const char* use);
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
-  // The client's own tenant, and tenant `name` of engine `e`.
+  // The client's own tenant, and tenant `name` in engine `e`'s profile.
   static tiering::Tenant TenantOf(const ClientState& c);
   static tiering::Tenant TenantNamed(const std::string& name, const tiering::Engine& e);
   // The tenant named by `wanted` (empty: the client's own); kPermissionDenied
@@ -196,9 +200,12 @@ class Service {
   // What the figures are read from, reporting the tenants in `tenants`.
   StatsView View(std::vector<std::string> tenants) const;
 
+  // The engine serving client `c` (its tenant's, in its profile).
+  tiering::Engine& EngineOf(const ClientState& c) { return *engines_[c.engine].engine; }
+
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
-  std::vector<std::unique_ptr<tiering::Engine>> engines_;
+  EngineSet engines_;
   WarmRestart warm_;
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;

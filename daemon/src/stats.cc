@@ -1,6 +1,7 @@
 // The stats table: every figure once, rendered for cachectl and for Prometheus (stats.h).
 #include "stats.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvtier::daemon {
@@ -14,10 +15,41 @@ constexpr CopyDirection kDirections[] = {CopyDirection::kGpuToHost, CopyDirectio
 const char* DirectionName(CopyDirection d) { return d == CopyDirection::kGpuToHost ? "gpu_to_host" : "host_to_gpu"; }
 
 double BlockBytes(const StatsView& v, size_t profile) {
-  return static_cast<double>(v.engines[profile]->profile().BlockBytes());
+  return static_cast<double>(v.engines.Shared(profile).profile().BlockBytes());
 }
 double BlockTokens(const StatsView& v, size_t profile) {
-  return static_cast<double>(v.engines[profile]->profile().block_tokens);
+  return static_cast<double>(v.engines.Shared(profile).profile().block_tokens);
+}
+
+// One profile's figures over its engines.
+void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
+  for (Tier t : kTiers) {
+    sum.slots[t] += s.slots[t];
+    sum.used[t] += s.used[t];
+  }
+  sum.blocks += s.blocks;
+  sum.sessions += s.sessions;
+  sum.read_leases += s.read_leases;
+  sum.write_leases += s.write_leases;
+  sum.leased_slots += s.leased_slots;
+  sum.oldest_lease_ms = std::max(sum.oldest_lease_ms, s.oldest_lease_ms);
+  sum.copies_in_flight += s.copies_in_flight;
+  sum.hit_blocks += s.hit_blocks;
+  sum.miss_blocks += s.miss_blocks;
+  sum.committed_blocks += s.committed_blocks;
+  sum.duplicate_blocks += s.duplicate_blocks;
+  sum.demoted_blocks += s.demoted_blocks;
+  sum.promoted_blocks += s.promoted_blocks;
+  sum.dropped_blocks += s.dropped_blocks;
+  sum.evicted_sessions += s.evicted_sessions;
+  sum.allocation_failures += s.allocation_failures;
+  sum.expired_priorities += s.expired_priorities;
+  sum.expired_write_leases += s.expired_write_leases;
+  sum.expired_read_leases += s.expired_read_leases;
+  sum.warm_adopted_blocks += s.warm_adopted_blocks;
+  sum.warm_dropped_blocks += s.warm_dropped_blocks;
+  sum.warm_adopted_sessions += s.warm_adopted_sessions;
+  sum.warm_snapshots += s.warm_snapshots;
 }
 
 // ---- Getters: how a row reads its figure ----
@@ -74,7 +106,7 @@ Value RpcErrors(const StatsView& v, const StatPoint& at) {
 }
 
 tiering::TenantUsage UsageOf(const StatsView& v, const StatPoint& at) {
-  const tiering::Engine& e = *v.engines[at.profile];
+  const tiering::Engine& e = v.engines.Of(at.profile, *at.tenant);
   return e.tenant_usage(tiering::Tenant::Make(e.profile().Fingerprint(), *at.tenant).ns);
 }
 Value TenantBlocks(const StatsView& v, const StatPoint& at) { return UsageOf(v, at).blocks[at.tier]; }
@@ -308,7 +340,7 @@ std::string NameAt(const StatRow& row, const StatPoint& at) {
 // A sample's labels: those of the row's scope, then the row's own.
 Labels LabelsAt(const StatsView& v, const StatRow& row, const StatPoint& at) {
   Labels out;
-  auto profile = [&] { out.emplace_back("profile", v.engines[at.profile]->profile().name); };
+  auto profile = [&] { out.emplace_back("profile", v.engines.Shared(at.profile).profile().name); };
   switch (row.scope) {
     case S::kDaemon:
       break;
@@ -349,12 +381,11 @@ bool SameFamily(const StatRow& a, const StatRow& b) {
 
 }  // namespace
 
-StatsView::StatsView(const ServiceCounters& c, const tiering::Backend& b,
-                     const std::vector<std::unique_ptr<tiering::Engine>>& e, std::vector<std::string> t,
-                     const AccessPolicy& a)
+StatsView::StatsView(const ServiceCounters& c, const tiering::Backend& b, const EngineSet& e,
+                     std::vector<std::string> t, const AccessPolicy& a)
     : counters(c), backend(b), engines(e), tenants(std::move(t)), access(a) {
-  engine_stats.reserve(engines.size());
-  for (const auto& engine : engines) engine_stats.push_back(engine->stats());
+  engine_stats.resize(engines.profiles());
+  for (const EngineMember& m : engines) Accumulate(engine_stats[m.profile], m.engine->stats());
 }
 
 std::span<const StatRow> StatsTable() { return kStats; }
@@ -390,7 +421,7 @@ std::string RenderPrometheus(const StatsView& view) {
       if (SameFamily(rows[i], head)) family.push_back(&rows[i]);
     }
     x.Family(head.family, head.type, head.help);
-    const size_t profiles = PerProfile(head.scope) ? view.engines.size() : 1;
+    const size_t profiles = PerProfile(head.scope) ? view.engines.profiles() : 1;
     for (size_t p = 0; p < profiles; ++p) {
       for (const StatRow* row : family) {
         for (const StatPoint& at : Points(view, row->scope, p)) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "access.h"
+#include "engine_set.h"
 #include "kvtier/tier.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
@@ -64,14 +65,16 @@ struct ServiceCounters {
 // Everything a row reads, gathered for one rendering.
 struct StatsView {
   // Reads every engine's stats() once. REQUIRES: the references outlive the view.
-  StatsView(const ServiceCounters& counters, const tiering::Backend& backend,
-            const std::vector<std::unique_ptr<tiering::Engine>>& engines, std::vector<std::string> tenants,
-            const AccessPolicy& access);
+  StatsView(const ServiceCounters& counters, const tiering::Backend& backend, const EngineSet& engines,
+            std::vector<std::string> tenants, const AccessPolicy& access);
 
   const ServiceCounters& counters;
   const tiering::Backend& backend;
-  const std::vector<std::unique_ptr<tiering::Engine>>& engines;
-  std::vector<tiering::EngineStats> engine_stats;  // engine_stats[i] is engines[i]->stats().
+  const EngineSet& engines;
+  // engine_stats[p]: profile p's figures, over all its engines (the shared
+  // one and the isolated tenants'): counts and slots add up, the oldest
+  // lease's age is the oldest of all.
+  std::vector<tiering::EngineStats> engine_stats;
   std::vector<std::string> tenants;                // The tenants whose figures are reported.
   const AccessPolicy& access;                      // Their quotas.
 };
@@ -82,8 +85,8 @@ enum class StatScope : uint8_t {
   kBuild,        // One figure labelled with kvtierd's version and backend.
   kProfile,      // Per profile (label profile).
   kProfileTier,  // Per profile and tier (profile, tier); the name holds "{tier}".
-  kTenantTier,   // Per profile, tenant and tier (profile, tenant, tier); "{tenant}", "{tier}".
-  kTenant,       // Per profile and tenant (profile, tenant); the name holds "{tenant}".
+  kTenantTier,   // Per profile, tenant and tier (profile, tenant, tier); "{tenant}", "{tier}". From the tenant's engine.
+  kTenant,       // Per profile and tenant (profile, tenant); the name holds "{tenant}". From the tenant's engine.
   kDirection,    // Per copy direction, for the backend's copy engine (direction); "{direction}".
   kRequestType,  // Per request type answered so far (type).
 };

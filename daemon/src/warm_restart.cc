@@ -22,8 +22,8 @@ std::string Millis(std::chrono::microseconds us) {
 // The host pool outlives this run (it is not when its name was squatted).
 bool Kept(const tiering::Engine& e) { return e.pool(Tier::kHost).persistence_lost().empty(); }
 
-std::string Manifest(const DaemonConfig& config, const ProfileConfig& p) {
-  return shm_names::WarmManifest(config.instance, p.profile.name);
+std::string Manifest(const DaemonConfig& config, const tiering::Engine& e) {
+  return shm_names::WarmManifest(config.instance, e.options().name);
 }
 
 }  // namespace
@@ -36,21 +36,21 @@ WarmRestart::WarmRestart(const DaemonConfig& config, tiering::BackendKind backen
   }
 }
 
-void WarmRestart::BeforeEngine(const DaemonConfig& config, const ProfileConfig& p) const {
+void WarmRestart::BeforeEngine(const DaemonConfig& config, const std::string& domain) const {
   if (config.warm_restart) return;
-  const std::string manifest = Manifest(config, p);
+  const std::string manifest = shm_names::WarmManifest(config.instance, domain);
   ShmSegment::RemoveIfOwned(shm_names::Staging(manifest));  // A write the earlier run did not finish.
   if (ShmSegment::RemoveIfOwned(manifest)) {
-    const std::string pool = shm_names::Pool(config.instance, p.profile.name, Tier::kHost);
+    const std::string pool = shm_names::Pool(config.instance, domain, Tier::kHost);
     ShmSegment::RemoveIfOwned(pool);
     LogInfo("warm restart: removed " + manifest + " and " + pool + " left by an earlier run (warm_restart is off)");
   }
 }
 
-void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config, const ProfileConfig& p) {
+void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config, const std::string& whose) {
   if (!enabled_) return;
-  const std::string manifest = Manifest(config, p);
-  const std::string who = "warm restart, profile '" + p.profile.name + "': ";
+  const std::string manifest = Manifest(config, engine);
+  const std::string who = "warm restart, " + whose + ": ";
   if (const std::string& lost = engine.pool(Tier::kHost).persistence_lost(); !lost.empty()) {
     LogError(who + "off for this run, the host tier is not kept: " + lost +
              " (remove it, or choose another instance name)");
@@ -75,44 +75,45 @@ void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config,
   last_snapshot_ = std::chrono::steady_clock::now();
 }
 
-void WarmRestart::MaybeSnapshot(const Engines& engines, const DaemonConfig& config) {
+void WarmRestart::MaybeSnapshot(const EngineSet& engines, const DaemonConfig& config) {
   if (!enabled_ || config.warm_snapshot_ms == 0) return;
   const auto now = std::chrono::steady_clock::now();
   if (now - last_snapshot_ < std::chrono::milliseconds(config.warm_snapshot_ms)) return;
   last_snapshot_ = now;
   for (size_t i = 0; i < engines.size(); ++i) {
-    if (!engines[i]->warm_dirty() || !Kept(*engines[i])) continue;
-    const std::string& name = config.profiles[i].profile.name;
-    auto r = engines[i]->SaveWarm(Manifest(config, config.profiles[i]), false);
+    tiering::Engine& e = *engines[i].engine;
+    if (!e.warm_dirty() || !Kept(e)) continue;
+    auto r = e.SaveWarm(Manifest(config, e), false);
     if (!r.ok()) {
-      LogWarn("warm restart: snapshot of profile '" + name + "' failed: " + r.status().ToString());
+      LogWarn("warm restart: snapshot of " + engines.Describe(i) + " failed: " + r.status().ToString());
     } else {
-      LogDebug("warm restart: snapshot of profile '" + name + "': " + std::to_string(r->blocks) + " blocks, " +
+      LogDebug("warm restart: snapshot of " + engines.Describe(i) + ": " + std::to_string(r->blocks) + " blocks, " +
                std::to_string(r->sessions) + " sessions in " + Millis(r->took));
     }
   }
 }
 
-void WarmRestart::SaveAtShutdown(const Engines& engines, const DaemonConfig& config, std::chrono::milliseconds budget) {
+void WarmRestart::SaveAtShutdown(const EngineSet& engines, const DaemonConfig& config,
+                                 std::chrono::milliseconds budget) {
   if (!enabled_) return;
   const auto start = std::chrono::steady_clock::now();
   uint32_t demoted = 0;
-  for (const auto& e : engines) demoted += e->DemoteForShutdown();
+  for (const EngineMember& m : engines) demoted += m.engine->DemoteForShutdown();
   Status idle;
-  for (const auto& e : engines) {
-    idle = e->WaitIdle(budget);
+  for (const EngineMember& m : engines) {
+    idle = m.engine->WaitIdle(budget);
     if (!idle.ok()) break;
   }
   if (!idle.ok()) LogWarn("warm restart: demotions did not all land in time (" + idle.message() + "); saving what did");
   for (size_t i = 0; i < engines.size(); ++i) {
-    if (!Kept(*engines[i])) continue;
-    const std::string& name = config.profiles[i].profile.name;
-    auto r = engines[i]->SaveWarm(Manifest(config, config.profiles[i]), true);
+    tiering::Engine& e = *engines[i].engine;
+    if (!Kept(e)) continue;
+    auto r = e.SaveWarm(Manifest(config, e), true);
     if (!r.ok()) {
-      LogError("warm restart: cannot write the manifest of profile '" + name + "': " + r.status().ToString());
+      LogError("warm restart: cannot write the manifest of " + engines.Describe(i) + ": " + r.status().ToString());
       continue;
     }
-    LogInfo("warm restart, profile '" + name + "': saved " + std::to_string(r->blocks) + " host blocks of " +
+    LogInfo("warm restart, " + engines.Describe(i) + ": saved " + std::to_string(r->blocks) + " host blocks of " +
             std::to_string(r->sessions) + " sessions (" + std::to_string(r->bytes) + " bytes of manifest)");
   }
   LogInfo("warm restart: demoted " + std::to_string(demoted) + " blocks and wrote the manifests in " +

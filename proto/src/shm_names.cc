@@ -19,6 +19,12 @@ std::string Segment(std::string_view instance, std::string_view object) {
 }
 std::string PoolObject(std::string_view profile, Tier tier) { return std::string(profile) + "." + TierName(tier); }
 
+std::string Domain(std::string_view profile, std::string_view isolated_tenant) {
+  std::string out(profile);
+  if (!isolated_tenant.empty()) out.append(".").append(isolated_tenant);
+  return out;
+}
+
 std::string Fences(std::string_view instance) { return Segment(instance, "fences"); }
 std::string Pool(std::string_view instance, std::string_view profile, Tier tier) {
   return Segment(instance, PoolObject(profile, tier));

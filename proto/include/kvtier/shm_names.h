@@ -11,6 +11,9 @@
 // Named, in /dev/shm, owner-only, only with warm restart:
 //   /<instance>.<profile>.host     the host-tier pool kept across runs
 //   /<instance>.<profile>.warm     its manifest; ".tmp" while it is written
+// An isolated tenant's engine (pools, index, manifest of its own) puts
+// <profile>.<tenant> where these have <profile> (Domain); profile names hold no
+// '.', so no name of one domain is another's.
 //   /dev/shm/<instance>.lock       the instance lock; <socket>.lock the socket's (always)
 //
 // Segment names are POSIX shared-memory names: one leading '/', no other.
@@ -31,6 +34,11 @@ inline constexpr std::string_view kShmDir = "/dev/shm";
 std::string Segment(std::string_view instance, std::string_view object);
 // "<profile>.<tier>": the object name of a profile's pool in `tier`.
 std::string PoolObject(std::string_view profile, Tier tier);
+
+// The object name of one engine's segments: "<profile>" for the pools a
+// profile's tenants share, "<profile>.<tenant>" for an isolated tenant's.
+// Pool, Index and WarmManifest take it where they say `profile`.
+std::string Domain(std::string_view profile, std::string_view isolated_tenant);
 
 std::string Fences(std::string_view instance);
 std::string Pool(std::string_view instance, std::string_view profile, Tier tier);
