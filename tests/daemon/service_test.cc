@@ -279,5 +279,96 @@ TEST_F(ServiceTest, ListSessionsPagesWhereOneReplyCannotHoldThem) {
   EXPECT_EQ(AllPages(*admin, "a", 0, &pages).size(), 4100u);
 }
 
+// tenants: isolated: true gives a tenant an engine of its own: its clients are
+// handed that engine's segments (pools sized by its quotas, an index of its
+// own), never the shared ones, and the daemon's figures, listings and
+// evictions span every engine of the profile.
+TEST_F(ServiceTest, AnIsolatedTenantIsWelcomedIntoPoolsAndAnIndexOfItsOwn) {
+  Start(
+      "tenants:\n"
+      "  - name: a\n    isolated: true\n    gpu_blocks: 16\n    host_blocks: 8\n"
+      "  - name: b\n    isolated: true\n    gpu_blocks: 8\n    host_blocks: 4\n"
+      "  - name: c\n    gpu_blocks: 4\n");
+  struct Welcomed {
+    std::unique_ptr<ClientState> client;
+    wire::Welcome welcome;
+    std::vector<int> fds;
+  };
+  auto welcome = [&](const std::string& tenant) {
+    Welcomed w{NewClient(/*admin=*/true), {}, {}};  // An admin may ask for any tenant.
+    wire::Hello h;
+    h.client_name = "service_test";
+    h.tenant = tenant;
+    Reply r = svc_->Handle(*w.client, h);
+    EXPECT_TRUE(std::holds_alternative<wire::Welcome>(r.message)) << tenant;
+    if (auto* m = std::get_if<wire::Welcome>(&r.message)) w.welcome = *m;
+    w.fds = r.fds;
+    return w;
+  };
+  Welcomed a1 = welcome("a"), a2 = welcome("a"), b = welcome("b"), c = welcome("c"), d = welcome("default");
+  ASSERT_EQ(a1.fds.size(), 4u) << "gpu pool, host pool, index, fences";
+  auto slots = [](const Welcomed& w, Tier t) { return w.welcome.pools[static_cast<size_t>(t)].slots; };
+  EXPECT_EQ(slots(a1, Tier::kGpu), 16u);
+  EXPECT_EQ(slots(a1, Tier::kHost), 8u);
+  EXPECT_EQ(slots(b, Tier::kGpu), 8u);
+  EXPECT_EQ(slots(b, Tier::kHost), 4u);
+  EXPECT_EQ(slots(c, Tier::kGpu), 64u - 16 - 8) << "the shared pools are what the isolated ones leave";
+  EXPECT_EQ(slots(c, Tier::kHost), 64u - 8 - 4);
+  EXPECT_EQ(a1.fds, a2.fds) << "one tenant, one engine";
+  EXPECT_EQ(c.fds, d.fds) << "the tenants that are not isolated share one engine";
+  for (size_t i = 0; i < 3; ++i) {  // Pools and index; the fences are the backend's, one for all.
+    EXPECT_NE(a1.fds[i], b.fds[i]) << i;
+    EXPECT_NE(a1.fds[i], c.fds[i]) << i;
+    EXPECT_NE(b.fds[i], c.fds[i]) << i;
+  }
+  EXPECT_EQ(a1.fds[3], c.fds[3]);
+  EXPECT_NE(a1.welcome.index_segment, c.welcome.index_segment);
+  EXPECT_NE(a1.welcome.pools[0].shm_name, b.welcome.pools[0].shm_name);
+
+  // Each commits: the same tokens and session id, three engines.
+  for (Welcomed* w : {&a1, &b, &c}) {
+    CommitSession(*w->client, "chat");
+    CommitSession(*w->client, "chat2");
+  }
+  auto stat = [&](const std::string& name) {
+    for (const auto& [k, v] : Stats(*a1.client)) {
+      if (k == name) return v;
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(stat("gpu_slots"), 64) << "a profile's figures add up its engines";
+  EXPECT_EQ(stat("blocks"), 3) << "one block per engine";
+  EXPECT_EQ(stat("sessions"), 6);
+  EXPECT_EQ(stat("tenant.a.gpu_blocks"), 1) << "read from a's own engine";
+  EXPECT_EQ(stat("tenant.b.gpu_blocks"), 1);
+  EXPECT_EQ(stat("tenant.c.gpu_blocks"), 1);
+  EXPECT_EQ(stat("tenant.a.gpu_quota"), 16);
+
+  // An admin's listing pages through every engine, each session once.
+  int pages = 0;
+  const auto all = AllPages(*a1.client, "", 1, &pages);
+  EXPECT_EQ(all.size(), 6u);
+  EXPECT_EQ(pages, 6);
+  std::set<std::string> tenants;
+  for (const SessionSummary& s : all) tenants.insert(s.tenant);
+  EXPECT_EQ(tenants, (std::set<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(AllPages(*a1.client, "", 4, &pages).size(), 6u);
+  EXPECT_EQ(AllPages(*a1.client, "b", 0, &pages).size(), 2u);
+  auto whole = Call(*a1.client, wire::ListSessionsRequest{"", std::nullopt});
+  ASSERT_TRUE(std::holds_alternative<wire::ListSessionsResponse>(whole));
+  EXPECT_EQ(std::get<wire::ListSessionsResponse>(whole).sessions.size(), 6u) << "an unpaged listing spans them too";
+
+  // A tenant's eviction reaches its own engine; evict --all every engine.
+  auto one = Call(*a1.client, wire::EvictRequest{"chat", "b", false});
+  ASSERT_TRUE(std::holds_alternative<wire::CountResponse>(one));
+  auto tenant = Call(*a1.client, wire::EvictRequest{"", "a", false});
+  ASSERT_TRUE(std::holds_alternative<wire::CountResponse>(tenant));
+  EXPECT_EQ(std::get<wire::CountResponse>(tenant).count, 2u);
+  auto rest = Call(*a1.client, wire::EvictRequest{"", "", true});
+  ASSERT_TRUE(std::holds_alternative<wire::CountResponse>(rest));
+  EXPECT_EQ(std::get<wire::CountResponse>(rest).count, 3u) << "b's other session and c's two";
+  EXPECT_EQ(stat("sessions"), 0);
+}
+
 }  // namespace
 }  // namespace kvtier::daemon
