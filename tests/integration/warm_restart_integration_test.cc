@@ -42,6 +42,7 @@ std::vector<TokenId> Tokens(uint32_t seed, uint32_t blocks) {
 
 class WarmRestartTest : public ::testing::Test {
  protected:
+  explicit WarmRestartTest(const std::string& config = kWarmConfig) : daemon_(config) {}
   void SetUp() override { ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log(); }
   void TearDown() override {
     const std::string log = daemon_.log();
@@ -51,10 +52,12 @@ class WarmRestartTest : public ::testing::Test {
     if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon_.log().c_str());
   }
 
-  std::unique_ptr<Client> Connect() {
+  // As kvtierd's user (an admin), of tenant `tenant` ("": the default one).
+  std::unique_ptr<Client> Connect(const std::string& tenant = "") {
     ClientOptions o;
     o.socket_path = daemon_.socket();
     o.client_name = "warm-restart-test";
+    o.tenant = tenant;
     o.reconnect = false;
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
@@ -92,7 +95,7 @@ class WarmRestartTest : public ::testing::Test {
   }
   std::string Shm(const char* suffix) const { return "/dev/shm/" + daemon_.instance() + ".it." + suffix; }
 
-  DaemonProcess daemon_{kWarmConfig};
+  DaemonProcess daemon_;
 };
 
 TEST_F(WarmRestartTest, CleanRestartServesTheOldSessions) {
@@ -123,6 +126,46 @@ TEST_F(WarmRestartTest, CleanRestartServesTheOldSessions) {
   EXPECT_EQ(VerifiedHits(*c, "tenant-x/a", a), 8u);
   EXPECT_EQ(VerifiedHits(*c, "b", b), 4u);
   EXPECT_EQ(StatsOf(*c)["hit_blocks"], 12);
+}
+
+// An isolated tenant's engine keeps its host tier across a restart in
+// segments of its own (/<instance>.it.iso.{host,warm}), apart from the shared ones.
+class IsolatedWarmRestartTest : public WarmRestartTest {
+ protected:
+  IsolatedWarmRestartTest()
+      : WarmRestartTest(kWarmConfig + "tenants:\n  - name: iso\n    isolated: true\n    gpu_blocks: 64\n"
+                                      "    host_blocks: 256\n") {}
+};
+
+TEST_F(IsolatedWarmRestartTest, AnIsolatedTenantsHostTierIsKeptInSegmentsOfItsOwn) {
+  const auto mine = Tokens(3, 8), shared = Tokens(4, 4);
+  {
+    auto iso = Connect("iso"), other = Connect();
+    ASSERT_NE(iso, nullptr);
+    ASSERT_NE(other, nullptr);
+    Put(*iso, "chat", mine);
+    Put(*other, "chat", shared);
+    EXPECT_EQ(other->Probe(mine), 0u) << "the default tenant's index is not the isolated one's";
+  }
+  Stop(SIGTERM);
+  EXPECT_EQ(::access(Shm("iso.host").c_str(), F_OK), 0);
+  EXPECT_EQ(::access(Shm("iso.warm").c_str(), F_OK), 0);
+  EXPECT_EQ(::access(Shm("host").c_str(), F_OK), 0);
+  EXPECT_NE(daemon_.log().find("profile 'it', tenant 'iso' (isolated): saved 8 host blocks of 1 sessions"),
+            std::string::npos);
+  EXPECT_NE(daemon_.log().find("profile 'it': saved 4 host blocks of 1 sessions"), std::string::npos);
+
+  ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+  EXPECT_NE(daemon_.log().find("profile 'it', tenant 'iso' (isolated): adopted 8 of 8 host blocks"),
+            std::string::npos);
+  auto iso = Connect("iso"), other = Connect();
+  ASSERT_NE(iso, nullptr);
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(StatsOf(*iso)["warm_adopted_blocks"], 12) << "the profile's figure adds up its engines";
+  EXPECT_EQ(iso->Probe(mine), 8u);
+  EXPECT_EQ(VerifiedHits(*iso, "chat", mine), 8u);
+  EXPECT_EQ(VerifiedHits(*other, "chat", shared), 4u);
+  EXPECT_EQ(other->Probe(mine), 0u);
 }
 
 TEST_F(WarmRestartTest, CrashAdoptsOnlyWhatTheLastSnapshotProves) {

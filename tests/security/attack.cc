@@ -1,9 +1,11 @@
 // The attack suite's raw connection and memory probe (attack.h).
 #include "attack.h"
 
+#include <grp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +22,17 @@ double StatOf(Client& c, const std::string& name) {
     if (k == name) return v;
   }
   return -1;
+}
+
+int RunAs(uint32_t uid, const std::function<int()>& body, const std::vector<gid_t>& groups) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(100);
+    ::_exit(body());
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 long VmRssKiB(pid_t pid) {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,10 @@ namespace kvtier::testing {
 
 // The figure `name` of c.Stats(); -1 if absent or the call failed.
 double StatOf(Client& c, const std::string& name);
+
+// Runs `body` in a forked child as `uid` (its gid the same number, and the
+// supplementary `groups` only); the child's exit code, -1 if it died. REQUIRES: root.
+int RunAs(uint32_t uid, const std::function<int()>& body, const std::vector<gid_t>& groups = {});
 
 // kvtierd's resident set in KiB (VmRSS), -1 if it cannot be read.
 long VmRssKiB(pid_t pid);

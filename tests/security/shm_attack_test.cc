@@ -31,6 +31,7 @@ namespace {
 
 using testing::DaemonProcess;
 using testing::RawConnection;
+using testing::RunAs;
 
 constexpr uint32_t kSquatterUid = 4260;
 
@@ -74,19 +75,6 @@ int VerifiedBlocks(Client& c, const std::string& session, const std::vector<Toke
     }
   }
   return static_cast<int>(l->size());
-}
-
-// Runs `body` in a child as `uid` (no supplementary groups); its exit code, -1
-// if it died.
-int RunAs(uint32_t uid, const std::function<int()>& body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(100);
-    ::_exit(body());
-  }
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
 }
 
 bool IsRoot() { return ::geteuid() == 0; }
