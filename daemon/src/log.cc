@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace kvtier::daemon {
 namespace {
@@ -49,27 +50,64 @@ void Log(LogLevel level, const std::string& text) {
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
+namespace {
+
+struct Recent {
+  std::chrono::steady_clock::time_point last;  // Of the last line written.
+  uint64_t suppressed = 0;                     // Lines dropped since.
+  LogLevel level = LogLevel::kInfo;            // Of the last one dropped,
+  std::string text;                            // and its text.
+};
+
+std::mutex g_recent_mu;
+// One entry per key: a few literals.
+std::unordered_map<std::string, Recent>& RecentLines() {
+  static auto* recent = new std::unordered_map<std::string, Recent>();
+  return *recent;
+}
+
+std::string Counted(const std::string& text, uint64_t suppressed) {
+  return suppressed == 0 ? text : text + " (" + std::to_string(suppressed) + " similar suppressed)";
+}
+
+}  // namespace
+
 void LogLimited(LogLevel level, std::string_view key, const std::string& text) {
   if (!LogEnabled(level)) return;
-  struct Recent {
-    std::chrono::steady_clock::time_point last;
-    uint64_t suppressed = 0;
-  };
-  static std::mutex mu;
-  static std::unordered_map<std::string, Recent> recent;  // One entry per key: a few literals.
   const auto now = std::chrono::steady_clock::now();
   uint64_t suppressed = 0;
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto [it, first] = recent.try_emplace(std::string(key));
-    if (!first && now - it->second.last < std::chrono::seconds(1)) {
-      ++it->second.suppressed;
+    std::lock_guard<std::mutex> lock(g_recent_mu);
+    auto [it, first] = RecentLines().try_emplace(std::string(key));
+    Recent& r = it->second;
+    if (!first && now - r.last < std::chrono::seconds(1)) {
+      ++r.suppressed;
+      r.level = level;
+      r.text = text;
       return;
     }
-    it->second.last = now;
-    suppressed = std::exchange(it->second.suppressed, 0);
+    r.last = now;
+    r.text.clear();
+    suppressed = std::exchange(r.suppressed, 0);
   }
-  Log(level, suppressed == 0 ? text : text + " (" + std::to_string(suppressed) + " similar suppressed)");
+  Log(level, Counted(text, suppressed));
+}
+
+void FlushLimitedLogs() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::pair<LogLevel, std::string>> lines;
+  {
+    std::lock_guard<std::mutex> lock(g_recent_mu);
+    for (auto& [key, r] : RecentLines()) {
+      if (r.suppressed == 0 || now - r.last < std::chrono::seconds(1)) continue;
+      // The last line dropped, as the one that stands for them all.
+      lines.emplace_back(r.level, Counted(r.text, r.suppressed - 1) + " (the last of a flood that stopped)");
+      r.last = now;
+      r.suppressed = 0;
+      r.text.clear();
+    }
+  }
+  for (const auto& [level, line] : lines) Log(level, line);
 }
 
 std::string Printable(std::string_view text, size_t max) {

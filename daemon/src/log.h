@@ -23,6 +23,10 @@ inline void LogDebug(const std::string& t) {
 // accept errors): at most one line per `key` per second. The first line after
 // some were dropped ends with "(N similar suppressed)".
 void LogLimited(LogLevel level, std::string_view key, const std::string& text);
+// For a key whose lines were suppressed and that has logged nothing for a
+// second (a flood that stopped), logs the last suppressed line with the count,
+// so no flood ends unreported. kvtierd calls it from its tick.
+void FlushLimitedLogs();
 // `text` as a peer may have it shown in a log line: printable ASCII, anything
 // else as '?', at most `max` characters ("..." marks a cut), so a client's
 // name can neither forge log lines nor flood them.

@@ -80,6 +80,7 @@ void Service::Tick() {
     lease_log_.slots += expired.slots;
   }
   LogExpiredLeases();
+  FlushLimitedLogs();
   warm_.MaybeSnapshot(engines_, config_);
 }
 

@@ -50,6 +50,26 @@ TEST(LogTest, LogLimitedWritesOneLinePerKeyPerSecondAndCountsTheRest) {
   EXPECT_EQ(later, "kvtierd: warn: event a again (99 similar suppressed)\n");
 }
 
+TEST(LogTest, AFloodThatStopsIsReportedWithItsCountASecondLater) {
+  SetLogLevel("info");
+  const std::string burst = Stderr([] {
+    for (int i = 0; i < 50; ++i) LogLimited(LogLevel::kWarn, "test flush", "refused peer " + std::to_string(i));
+    FlushLimitedLogs();  // Within the second: nothing yet.
+  });
+  EXPECT_EQ(burst, "kvtierd: warn: refused peer 0\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+  const std::string flushed = Stderr([] {
+    FlushLimitedLogs();
+    FlushLimitedLogs();  // Once.
+  });
+  // (Other tests' keys may flush here too.)
+  const std::string line = "kvtierd: warn: refused peer 49 (48 similar suppressed) (the last of a flood that stopped)\n";
+  EXPECT_NE(flushed.find(line), std::string::npos) << flushed;
+  EXPECT_EQ(flushed.find("refused peer"), flushed.rfind("refused peer")) << "once: " << flushed;
+  const std::string next = Stderr([] { LogLimited(LogLevel::kWarn, "test flush", "refused peer again"); });
+  EXPECT_EQ(next, "") << "the flushed line counts as the key's line of this second";
+}
+
 TEST(LogTest, PrintableKeepsPeerTextToOneShortPrintableLine) {
   EXPECT_EQ(Printable("worker-3"), "worker-3");
   EXPECT_EQ(Printable("a\nkvtierd: error: forged\x1b[2J"), "a?kvtierd: error: forged?[2J");
