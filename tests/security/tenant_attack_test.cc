@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attack.h"
+#include "daemon_config.h"
 #include "kvtier/client.h"
 #include "process.h"
 
@@ -35,37 +36,16 @@ constexpr uint32_t kOtherUid = 4272;   // Tenant "b", isolated too.
 constexpr uint32_t kSharerUid = 4273;  // Tenant "c", in the pools the profile's tenants share.
 constexpr uint32_t kBlocks = 8;
 
-// The small test profile (8 KiB blocks); tenant a is isolated or not.
+// The small test profile (8 KiB blocks, 256 GPU and 1024 host slots); tenant a is isolated or not.
 std::string Config(bool isolated) {
   const std::string iso = isolated ? "true" : "false";
-  return std::string(R"(backend: host
-log_level: info
-profiles:
-  - name: it
-    layers: 2
-    kv_heads: 2
-    head_dim: 32
-    dtype: fp16
-    block_tokens: 16
-    gpu_blocks: 256
-    host_blocks: 1024
-access:
-  group: ")") + std::to_string(kGroup) + R"("
-  mode: 0660
-tenants:
-  - name: a
-    users: [")" + std::to_string(kVictimUid) + R"("]
-    isolated: )" + iso + R"(
-    gpu_blocks: 64
-    host_blocks: 128
-  - name: b
-    users: [")" + std::to_string(kOtherUid) + R"("]
-    isolated: true
-    gpu_blocks: 32
-    host_blocks: 64
-  - name: c
-    users: [")" + std::to_string(kSharerUid) + R"("]
-)";
+  return std::string(testing::kSmallDaemonConfig) + "access:\n  group: \"" + std::to_string(kGroup) +
+         "\"\n  mode: 0660\ntenants:\n"
+         "  - name: a\n    users: [\"" + std::to_string(kVictimUid) + "\"]\n    isolated: " + iso +
+         "\n    gpu_blocks: 64\n    host_blocks: 128\n"
+         "  - name: b\n    users: [\"" + std::to_string(kOtherUid) + "\"]\n    isolated: true\n"
+         "    gpu_blocks: 32\n    host_blocks: 64\n"
+         "  - name: c\n    users: [\"" + std::to_string(kSharerUid) + "\"]\n";
 }
 
 // The victim's secrets: a prompt of tokens no other test uses, and KV bytes of
