@@ -272,8 +272,8 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
     const std::string path = "tenants[" + std::to_string(i) + "]";
     if (!node[i].IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
     Section s(node[i], path, source);
-    KVTIER_RETURN_IF_ERROR(s.Known({"name", "users", "groups", "allow_requested", "gpu_blocks", "host_blocks",
-                                            "isolated"}));
+    KVTIER_RETURN_IF_ERROR(
+        s.Known({"name", "users", "groups", "allow_requested", "gpu_blocks", "host_blocks", "isolated"}));
     TenantConfig t;
     KVTIER_RETURN_IF_ERROR(s.ReadString("name", &t.name));
     if (t.name.empty() || t.name.size() > kMaxTenantName) return s.Error("name", "is required: 1-64 characters");
@@ -287,8 +287,9 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
     KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("host_blocks", &t.host_blocks, 0, 1u << 28));
     KVTIER_RETURN_IF_ERROR(ReadBool(s, "isolated", &t.isolated));
     if (t.isolated && (t.gpu_blocks == 0 || t.host_blocks == 0)) {
-      return s.Error("isolated", "an isolated tenant's pools are sized by its gpu_blocks and host_blocks: set both (got " +
-                                     std::to_string(t.gpu_blocks) + " and " + std::to_string(t.host_blocks) + ")");
+      return s.Error("isolated",
+                     "an isolated tenant's pools are sized by its gpu_blocks and host_blocks: set both (got " +
+                         std::to_string(t.gpu_blocks) + " and " + std::to_string(t.host_blocks) + ")");
     }
     for (const TenantConfig& o : *out) {
       if (o.name == t.name) return s.Error("name", "tenant '" + t.name + "' appears twice");
@@ -329,8 +330,8 @@ Status CheckIsolatedPools(const DaemonConfig& c, const std::string& source) {
     if (tier == nullptr) continue;
     const bool g = p.gpu_blocks <= gpu;
     return InvalidArgument(source + ": profiles[" + std::to_string(i) + "]." + tier + ": " +
-                           std::to_string(g ? p.gpu_blocks : p.host_blocks) +
-                           " must exceed the isolated tenants' " + tier + " (" + std::to_string(g ? gpu : host) +
+                           std::to_string(g ? p.gpu_blocks : p.host_blocks) + " must exceed the isolated tenants' " +
+                           tier + " (" + std::to_string(g ? gpu : host) +
                            " in all): they are carved out of the profile's, and the rest is the pool the other "
                            "tenants share");
   }

@@ -8,14 +8,12 @@
 #include <type_traits>
 
 #include "backend_factory.h"
-#include "kvtier/shm_names.h"
 #include "log.h"
 
 namespace kvtier::daemon {
 
 using tiering::Engine;
 using kvtier::Tier;
-
 
 Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = CreateBackend(config);
@@ -63,7 +61,8 @@ std::string Service::Describe() const {
     const Engine& e = *m.engine;
     out += m.tenant.empty() ? "; profile " + e.profile().Describe() + ", gpu "
                             : "; isolated tenant '" + m.tenant + "' of profile '" + e.profile().name + "', gpu ";
-    out += std::to_string(e.options().gpu_slots) + " blocks, host " + std::to_string(e.options().host_slots) + " blocks";
+    out +=
+        std::to_string(e.options().gpu_slots) + " blocks, host " + std::to_string(e.options().host_slots) + " blocks";
   }
   const uint32_t per_tenant = SessionsPerTenant(config_);
   out += "; at most " + std::to_string(config_.max_sessions) + " sessions per profile, " +
@@ -306,8 +305,9 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.max_blocks_per_request = config_.max_blocks_per_request;
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
-  LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) +
-          ", " + c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", " + engines_.Describe(member) + ")");
+  LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) + ", " +
+          c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", " +
+          engines_.Describe(member) + ")");
   Reply reply{std::move(w)};
   reply.fds = std::move(fds);
   return reply;

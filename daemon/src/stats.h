@@ -85,8 +85,8 @@ enum class StatScope : uint8_t {
   kBuild,        // One figure labelled with kvtierd's version and backend.
   kProfile,      // Per profile (label profile).
   kProfileTier,  // Per profile and tier (profile, tier); the name holds "{tier}".
-  kTenantTier,   // Per profile, tenant and tier (profile, tenant, tier); "{tenant}", "{tier}". From the tenant's engine.
-  kTenant,       // Per profile and tenant (profile, tenant); the name holds "{tenant}". From the tenant's engine.
+  kTenantTier,   // Per profile, tenant and tier (profile, tenant, tier); "{tenant}", "{tier}". Its engine's.
+  kTenant,       // Per profile and tenant (profile, tenant); the name holds "{tenant}". Its engine's.
   kDirection,    // Per copy direction, for the backend's copy engine (direction); "{direction}".
   kRequestType,  // Per request type answered so far (type).
 };

@@ -399,8 +399,9 @@ TEST(ConfigTest, AnIsolatedTenantIsSizedByItsQuotasCarvedOutOfEveryProfile) {
   const std::string two = std::string(kMinimal) +
                           "  - name: q\n    layers: 1\n    kv_heads: 1\n    head_dim: 8\n"
                           "    gpu_blocks: 6\n    host_blocks: 30\n";
-  auto c = ParseConfig(two + "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 4\n    host_blocks: 10\n"
-                             "  - name: b\n",
+  auto c = ParseConfig(two +
+                           "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 4\n    host_blocks: 10\n"
+                           "  - name: b\n",
                        "test.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_TRUE(c->tenants[0].isolated);
@@ -410,11 +411,10 @@ TEST(ConfigTest, AnIsolatedTenantIsSizedByItsQuotasCarvedOutOfEveryProfile) {
   EXPECT_EQ(again->tenants, c->tenants);
   EXPECT_NE(DumpConfig(*c).find("    isolated: true\n"), std::string::npos);
 
-  auto has = [](const std::string& error, const std::string& want) {
-    return error.find(want) != std::string::npos;
-  };
+  auto has = [](const std::string& error, const std::string& want) { return error.find(want) != std::string::npos; };
   std::string e = ErrorOf(std::string(kMinimal) + "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 4\n");
-  EXPECT_TRUE(has(e, "tenants[0].isolated: an isolated tenant's pools are sized by its gpu_blocks and host_blocks")) << e;
+  EXPECT_TRUE(has(e, "tenants[0].isolated: an isolated tenant's pools are sized by its gpu_blocks and host_blocks"))
+      << e;
   e = ErrorOf(std::string(kMinimal) + "tenants:\n  - name: a\n    isolated: yes please\n");
   EXPECT_TRUE(has(e, "tenants[0].isolated: expected true or false")) << e;
   // Profile p has 10 GPU blocks: 6 + 4 isolated leave none to share.
@@ -423,10 +423,12 @@ TEST(ConfigTest, AnIsolatedTenantIsSizedByItsQuotasCarvedOutOfEveryProfile) {
               "  - name: b\n    isolated: true\n    gpu_blocks: 4\n    host_blocks: 1\n");
   EXPECT_TRUE(has(e, "profiles[0].gpu_blocks: 10 must exceed the isolated tenants' gpu_blocks (10 in all)")) << e;
   // Each profile is carved: the second one's 6 GPU blocks are too few for 4 + 2.
-  e = ErrorOf(two + "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 4\n    host_blocks: 1\n"
-                    "  - name: b\n    isolated: true\n    gpu_blocks: 2\n    host_blocks: 1\n");
+  e = ErrorOf(two +
+              "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 4\n    host_blocks: 1\n"
+              "  - name: b\n    isolated: true\n    gpu_blocks: 2\n    host_blocks: 1\n");
   EXPECT_TRUE(has(e, "profiles[1].gpu_blocks: 6 must exceed")) << e;
-  e = ErrorOf(std::string(kMinimal) + "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 1\n    host_blocks: 20\n");
+  e = ErrorOf(std::string(kMinimal) +
+              "tenants:\n  - name: a\n    isolated: true\n    gpu_blocks: 1\n    host_blocks: 20\n");
   EXPECT_TRUE(has(e, "profiles[0].host_blocks: 20 must exceed")) << e;
 }
 

@@ -63,7 +63,8 @@ TEST(LogTest, AFloodThatStopsIsReportedWithItsCountASecondLater) {
     FlushLimitedLogs();  // Once.
   });
   // (Other tests' keys may flush here too.)
-  const std::string line = "kvtierd: warn: refused peer 49 (48 similar suppressed) (the last of a flood that stopped)\n";
+  const std::string line =
+      "kvtierd: warn: refused peer 49 (48 similar suppressed) (the last of a flood that stopped)\n";
   EXPECT_NE(flushed.find(line), std::string::npos) << flushed;
   EXPECT_EQ(flushed.find("refused peer"), flushed.rfind("refused peer")) << "once: " << flushed;
   const std::string next = Stderr([] { LogLimited(LogLevel::kWarn, "test flush", "refused peer again"); });

@@ -133,8 +133,9 @@ TEST_F(WarmRestartTest, CleanRestartServesTheOldSessions) {
 class IsolatedWarmRestartTest : public WarmRestartTest {
  protected:
   IsolatedWarmRestartTest()
-      : WarmRestartTest(kWarmConfig + "tenants:\n  - name: iso\n    isolated: true\n    gpu_blocks: 64\n"
-                                      "    host_blocks: 256\n") {}
+      : WarmRestartTest(kWarmConfig +
+                        "tenants:\n  - name: iso\n    isolated: true\n    gpu_blocks: 64\n"
+                        "    host_blocks: 256\n") {}
 };
 
 TEST_F(IsolatedWarmRestartTest, AnIsolatedTenantsHostTierIsKeptInSegmentsOfItsOwn) {
@@ -156,8 +157,7 @@ TEST_F(IsolatedWarmRestartTest, AnIsolatedTenantsHostTierIsKeptInSegmentsOfItsOw
   EXPECT_NE(daemon_.log().find("profile 'it': saved 4 host blocks of 1 sessions"), std::string::npos);
 
   ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
-  EXPECT_NE(daemon_.log().find("profile 'it', tenant 'iso' (isolated): adopted 8 of 8 host blocks"),
-            std::string::npos);
+  EXPECT_NE(daemon_.log().find("profile 'it', tenant 'iso' (isolated): adopted 8 of 8 host blocks"), std::string::npos);
   auto iso = Connect("iso"), other = Connect();
   ASSERT_NE(iso, nullptr);
   ASSERT_NE(other, nullptr);

@@ -41,11 +41,15 @@ std::string Config(bool isolated) {
   const std::string iso = isolated ? "true" : "false";
   return std::string(testing::kSmallDaemonConfig) + "access:\n  group: \"" + std::to_string(kGroup) +
          "\"\n  mode: 0660\ntenants:\n"
-         "  - name: a\n    users: [\"" + std::to_string(kVictimUid) + "\"]\n    isolated: " + iso +
+         "  - name: a\n    users: [\"" +
+         std::to_string(kVictimUid) + "\"]\n    isolated: " + iso +
          "\n    gpu_blocks: 64\n    host_blocks: 128\n"
-         "  - name: b\n    users: [\"" + std::to_string(kOtherUid) + "\"]\n    isolated: true\n"
+         "  - name: b\n    users: [\"" +
+         std::to_string(kOtherUid) +
+         "\"]\n    isolated: true\n"
          "    gpu_blocks: 32\n    host_blocks: 64\n"
-         "  - name: c\n    users: [\"" + std::to_string(kSharerUid) + "\"]\n";
+         "  - name: c\n    users: [\"" +
+         std::to_string(kSharerUid) + "\"]\n";
 }
 
 // The victim's secrets: a prompt of tokens no other test uses, and KV bytes of
