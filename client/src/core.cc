@@ -27,6 +27,11 @@ std::shared_ptr<const Attachment> Core::attachment() const {
   return att_;
 }
 
+bool Core::Current(const std::shared_ptr<const Attachment>& a) const {
+  std::lock_guard lock(att_mu_);
+  return att_ == a;
+}
+
 Status Core::ConnectLocked() {
   KVTIER_RETURN_IF_ERROR(transport_.Open());
   wire::Hello hello;

@@ -53,6 +53,9 @@ class Core {
   // It may be replaced by the time the caller reads it: a reply is read only
   // against the attachment of its Reply.
   std::shared_ptr<const Attachment> attachment() const;
+  // True while `a` is the current connection's attachment: no reconnect has
+  // replaced it with another daemon's (or another connection's) segments.
+  bool Current(const std::shared_ptr<const Attachment>& a) const;
 
   // Sends `request` and returns its reply, which must be a T (an ErrorResponse
   // becomes its Status, any other reply kProtocolError). Connects first if no

@@ -28,15 +28,29 @@ Status LeaseHandle::ReleaseHandle() {
   return reply.ok() ? Status::Ok() : reply.status();
 }
 
+Status LeaseHandle::CheckConnection() const {
+  auto core = core_.lock();
+  if (!core) return Unavailable("the client that made the lease is gone");
+  if (!core->Current(attachment_)) {
+    return Unavailable("the lease ended with its connection to kvtierd (the client reconnected since): its fence "
+                       "and blocks are the old daemon's");
+  }
+  return Status::Ok();
+}
+
 }  // namespace client_internal
 
 Status Lease::Wait(std::chrono::milliseconds timeout) const {
   if (!attachment_) return Status::Ok();
+  KVTIER_RETURN_IF_ERROR(CheckConnection());
   return attachment_->WaitCompleted(fence_, timeout);
 }
 
 Status Lease::WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const {
-  if (!attachment_ || fence_.IsNull() || attachment_->Completed(fence_.stream) >= fence_.seq) return Status::Ok();
+  if (!attachment_) return Status::Ok();
+  // Never a wait on a dead exporter's event, or on blocks of a pool another daemon freed.
+  KVTIER_RETURN_IF_ERROR(CheckConnection());
+  if (fence_.IsNull() || attachment_->Completed(fence_.stream) >= fence_.seq) return Status::Ok();
   const client_internal::GpuAttachment* gpu = attachment_->gpu.get();
   if (gpu == nullptr || !gpu->HasFenceEvent(fence_)) return attachment_->WaitCompleted(fence_, host_timeout);
   return gpu->StreamWait(fence_, static_cast<client_internal::CUstream>(stream));

@@ -116,6 +116,10 @@ void Work(Client& client, int thread, const std::atomic<bool>& stop, Tally& tall
     uint64_t corrupt = 0;
     if (leased > 0) {
       const Status waited = lease->Wait(5s);
+      if (waited.code() == StatusCode::kUnavailable) {  // Reconnected since: the lease ended with its connection.
+        ++tally.stale;
+        continue;
+      }
       if (!waited.ok()) tally.Unexpected("wait", waited);
       for (size_t i = 0; i < leased; ++i) {
         if (!PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) ++corrupt;

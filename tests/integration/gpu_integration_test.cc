@@ -36,7 +36,7 @@ std::string NoGpuReason() {
 }
 
 Result<std::string> RunGpuWorker(const std::string& socket, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {KVTIER_GPU_WORKER_PATH, socket};
+  std::vector<std::string> argv = {GpuWorkerPath(), socket};
   argv.insert(argv.end(), args.begin(), args.end());
   auto p = Process::Spawn(argv);
   if (!p.ok()) return p.status();
@@ -109,7 +109,7 @@ TEST_F(GpuIntegrationTest, DemotionNeverOvertakesTheWriterEvent) {
 
 TEST_F(GpuIntegrationTest, WorkerKilledWhileHoldingALease) {
   ASSERT_TRUE(RunGpuWorker(daemon_.socket(), {"write", "a", "10", "16"}).ok());
-  auto holder = Process::Spawn({KVTIER_GPU_WORKER_PATH, daemon_.socket(), "hold", "h", "10", "16"});
+  auto holder = Process::Spawn({GpuWorkerPath(), daemon_.socket(), "hold", "h", "10", "16"});
   ASSERT_TRUE(holder.ok()) << holder.status().ToString();
   auto line = holder->ReadLine(60s);
   ASSERT_TRUE(line.ok()) << line.status().ToString();

@@ -184,7 +184,12 @@ TEST_F(IntegrationTest, ClientsReconnectAfterTheDaemonIsKilledAndRestarted) {
   ASSERT_TRUE(pong.ok()) << pong.status().ToString();
   EXPECT_LT(reconnect, 1s);
   EXPECT_NE(client->instance_id(), first);
-  // The old lease ended with the old daemon: a clear status, never a crash.
+  // The old lease ended with the old daemon: a clear status, never a crash,
+  // and never a wait on its fence or a stream wait on its events.
+  const Status waited = lease->Wait(5s);
+  EXPECT_EQ(waited.code(), StatusCode::kUnavailable) << waited.ToString();
+  EXPECT_NE(waited.message().find("reconnected"), std::string::npos) << waited.message();
+  EXPECT_EQ(lease->WaitOnStream(nullptr, 5s).code(), StatusCode::kUnavailable);
   const Status rel = lease->Release();
   EXPECT_EQ(rel.code(), StatusCode::kUnavailable) << rel.ToString();
   // The cache starts empty and works.

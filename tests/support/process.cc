@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -177,19 +178,36 @@ Result<int> DaemonProcess::StartSecondInstance() {
   return p->Wait(std::chrono::seconds(10));
 }
 
+namespace {
+
+std::string FromEnv(const char* name, const char* built) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : built;
+}
+
+}  // namespace
+
 std::string KvtierdPath() {
 #ifdef KVTIERD_PATH
-  return KVTIERD_PATH;
+  return FromEnv("KVTIERD", KVTIERD_PATH);
 #else
-  return "kvtierd";
+  return FromEnv("KVTIERD", "kvtierd");
+#endif
+}
+
+std::string GpuWorkerPath() {
+#ifdef KVTIER_GPU_WORKER_PATH
+  return FromEnv("KVTIER_GPU_WORKER", KVTIER_GPU_WORKER_PATH);
+#else
+  return FromEnv("KVTIER_GPU_WORKER", "kvtier-gpu-test-worker");
 #endif
 }
 
 std::string WorkerPath() {
 #ifdef KVTIER_TEST_WORKER_PATH
-  return KVTIER_TEST_WORKER_PATH;
+  return FromEnv("KVTIER_TEST_WORKER", KVTIER_TEST_WORKER_PATH);
 #else
-  return "kvtier-test-worker";
+  return FromEnv("KVTIER_TEST_WORKER", "kvtier-test-worker");
 #endif
 }
 

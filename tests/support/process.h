@@ -68,8 +68,12 @@ class DaemonProcess {
   Process process_;
 };
 
+// The programs the tests start: $KVTIERD, $KVTIER_TEST_WORKER and
+// $KVTIER_GPU_WORKER when set (a bundle run far from its build tree:
+// scripts/gpu_bundle.sh), else the paths the build compiled in.
 std::string KvtierdPath();
 std::string WorkerPath();
+std::string GpuWorkerPath();
 // The number after "key": in a one-line JSON object; -1 if absent.
 double JsonNumber(const std::string& line, const std::string& key);
 bool JsonTrue(const std::string& line, const std::string& key);

@@ -85,6 +85,9 @@ class LeaseHandle {
   ~LeaseHandle() { (void)ReleaseHandle(); }
   // Idempotent. kUnavailable if the connection it was made on is gone.
   Status ReleaseHandle();
+  // kUnavailable if the client is gone or has reconnected since the lease was
+  // made (its fence and blocks belong to the connection it was made on).
+  Status CheckConnection() const;
 
   friend class kvtier::Client;
   std::weak_ptr<Core> core_;  // Leases may outlive their Client safely.
@@ -118,13 +121,17 @@ class Lease : public client_internal::LeaseHandle {
   const Fence& fence() const { return fence_; }
   size_t slot_bytes() const { return slot_bytes_; }
 
-  // Waits until promoted blocks have landed in the GPU tier.
+  // Waits until promoted blocks have landed in the GPU tier. kUnavailable once
+  // the client has reconnected (the daemon restarted, or Reconnect): the lease
+  // ended with its connection, and neither its fence nor its blocks are the
+  // new daemon's.
   Status Wait(std::chrono::milliseconds timeout) const;
   // Makes work queued on `stream` (a cudaStream_t / CUstream of this process's
   // primary context; nullptr is the legacy default stream) wait until promoted
   // blocks have landed, without stalling the CPU: on a cuda-backend kvtierd it
   // enqueues cuStreamWaitEvent on the promotion fence's event. Where there is no
   // GPU-side fence (host backend) it waits on the CPU, as Wait(host_timeout).
+  // kUnavailable once the client has reconnected, as Wait.
   Status WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const;
   // Ends the lease (idempotent). kUnavailable if its connection is gone (the
   // daemon restarted or the client reconnected meanwhile): it ended with it.
