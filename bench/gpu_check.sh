@@ -1,57 +1,76 @@
 #!/usr/bin/env bash
-# gpu_check.sh [BUILD_DIR [RESULTS_DIR]]: the GPU checks, for a machine with a CUDA
-# device, in under 8 minutes (its step timeouts add up to 470 s): build the CUDA
-# backend's tests and kvtier-bench
-# (skipped when BUILD_DIR already holds them), run `ctest -L gpu`, then
-# `kvtier-bench gpu`. The gpu tests are the backend's own (cuda_backend_test) and
-# kvtierd on the cuda backend with worker processes (gpu_integration_test: IPC
-# reads, promotion fences on a worker's stream, demotions after writer events, a
-# worker killed mid-lease). Results go to RESULTS_DIR (default $OUT, else BUILD_DIR/gpu-results):
-#   nvidia-smi.txt  ctest-gpu.log  bench-gpu.log  bench-gpu.json (the bench's JSON line)
-# Exit status: 0 when every step passed; a gpu test that skipped counts as a failure here.
-set -euo pipefail
+# gpu_check.sh BUNDLE [OUT]: the GPU checks, run from a bundle that
+# scripts/gpu_bundle.sh built on another machine, with no build step: on a GPU
+# machine that has the NVIDIA driver and nothing of kvtier's own dependencies.
+# In under 8 minutes (the step timeouts add up to 455 s):
+#   1. nvidia-smi, and the bundle's MANIFEST
+#   2. the gpu tests, each program run directly (no CTest: its files hold the
+#      build machine's paths): cuda_planner_test, backend_select_test,
+#      cuda_backend_test (the backend's own: pools, IPC handles, copies against a
+#      reference), backend_test (what backend: auto picks), gpu_integration_test
+#      (kvtierd on backend: cuda with worker processes exchanging blocks through
+#      CUDA IPC: reads, promotion fences on a worker's stream, demotions after
+#      writer events, a worker killed mid-lease)
+#   3. kvtier-bench gpu (copy bandwidth per direction and block size)
+# Results go to OUT (default $OUT, else ./gpu-results): one log per step,
+# junit XML per test program, nvidia-smi.txt, MANIFEST, bench-gpu.json, and
+# summary.txt (a line per step: PASS, FAIL or SKIP, and its time).
+# Exit status: 0 when every step passed; a gpu test that skipped counts as failed.
+set -uo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(realpath -m "${1:-$root/build-gpu}")
-results=$(realpath -m "${2:-${OUT:-$build/gpu-results}}")
-mkdir -p "$results"
+bundle=$(realpath -m "${1:?usage: gpu_check.sh BUNDLE [OUT]}")
+out=$(realpath -m "${2:-${OUT:-gpu-results}}")
+[[ -x $bundle/bin/kvtierd ]] || { echo "gpu_check: $bundle is not a bundle (no bin/kvtierd); make one with scripts/gpu_bundle.sh" >&2; exit 2; }
+mkdir -p "$out"
 log() { echo "gpu_check [$((SECONDS))s]: $*"; }
 
-nvidia-smi > "$results/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed (see nvidia-smi.txt)"
+export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KVTIERD="$bundle/bin/kvtierd"
+export KVTIER_GPU_WORKER="$bundle/bin/kvtier-gpu-test-worker"
+export TMPDIR="${TMPDIR:-/tmp}"
 
-if [[ ! -x $build/tests/tiering/cuda_backend_test || ! -x $build/tests/integration/gpu_integration_test ||
-      ! -x $build/bench/kvtier-bench ]]; then
-  launcher=()
-  command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  log "configuring and building $build"
-  cmake -S "$root" -B "$build" -G Ninja -DKVTIER_WITH_CUDA=ON -DKVTIER_BUILD_MODEL_WORKER=OFF \
-    -DKVTIER_BUILD_BENCH=ON "${launcher[@]}" > "$results/configure.log" 2>&1 ||
-    { tail -30 "$results/configure.log"; exit 1; }
-  # Only what the checks run: the full suite is scripts/test.sh's job.
-  timeout 170 cmake --build "$build" -j "$(nproc)" \
-    --target cuda_backend_test backend_select_test cuda_planner_test gpu_integration_test kvtier-gpu-test-worker \
-    kvtierd backend_test kvtier-bench > "$results/build.log" 2>&1 ||
-    { tail -40 "$results/build.log"; exit 1; }
+cp "$bundle/MANIFEST" "$out/MANIFEST" 2> /dev/null || true
+need=$(sed -n 's/^glibc: //p' "$bundle/MANIFEST" 2> /dev/null)
+have=$(getconf GNU_LIBC_VERSION 2> /dev/null | awk '{print $2}')
+if [[ -n $need && -n $have && $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1) != "$need" ]]; then
+  echo "gpu_check: the bundle needs glibc $need or newer; this machine has $have (build the bundle on an older distribution)" >&2
+  exit 2
 fi
-
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || log "nvidia-smi failed (see nvidia-smi.txt)"
+: > "$out/summary.txt"
 status=0
-log "ctest -L gpu"
-timeout 100 ctest --test-dir "$build" -L gpu --output-on-failure -V 2>&1 | tee "$results/ctest-gpu.log" ||
-  status=1
-if grep -q "needs a GPU" "$results/ctest-gpu.log"; then
-  log "the gpu tests skipped: this machine's CUDA device was not usable"
-  status=1
-fi
 
-log "backend_test (backend choice with a GPU present)"
-timeout 30 ctest --test-dir "$build" -R '^backend_test$' --output-on-failure 2>&1 | tee "$results/ctest-backend.log" ||
-  status=1
+# step NAME TIMEOUT COMMAND...: runs it, logs to OUT/NAME.log, records the outcome.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  log "$name"
+  local start=$SECONDS rc=0 outcome=PASS
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1 || rc=$?
+  if ((rc != 0)); then
+    outcome="FAIL (exit $rc$( ((rc == 124)) && echo ', timed out'))"
+    status=1
+  elif grep -q '^\[  SKIPPED \]' "$out/$name.log"; then
+    outcome="SKIP (counted as a failure: the device was not usable; see $name.log)"
+    status=1
+  fi
+  printf '%-24s %-40s %4ds\n' "$name" "$outcome" $((SECONDS - start)) | tee -a "$out/summary.txt"
+  ((rc == 0)) || tail -n 30 "$out/$name.log"
+}
 
-log "kvtier-bench gpu"
-if timeout 170 "$build/bench/kvtier-bench" gpu 2>&1 | tee "$results/bench-gpu.log"; then
-  tail -n 1 "$results/bench-gpu.log" > "$results/bench-gpu.json"
-else
-  status=1
-fi
-log "done, results in $results (status $status)"
+gtest() {
+  local name=$1 limit=$2
+  step "$name" "$limit" "$bundle/bin/$name" --gtest_output="xml:$out/$name.xml"
+}
+
+gtest cuda_planner_test 15
+gtest backend_select_test 30
+gtest cuda_backend_test 120
+gtest backend_test 30
+gtest gpu_integration_test 120
+step bench-gpu 140 "$bundle/bin/kvtier-bench" gpu
+tail -n 1 "$out/bench-gpu.log" > "$out/bench-gpu.json"
+
+log "done, results in $out (status $status)"
+cat "$out/summary.txt"
 exit "$status"
