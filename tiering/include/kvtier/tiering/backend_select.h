@@ -18,6 +18,10 @@ struct GpuInfo {
   int devices = 0;               // cudaGetDeviceCount; 0 on error.
   std::string error;             // Why there is no device ("cudaGetDeviceCount: ..."); "" when devices > 0.
   std::string device_name;       // Device 0's name; "" without a device.
+  // Device 0 supports interprocess events (cudaDevAttrIpcEventSupport), which
+  // the cuda backend's fences and writer events need: false on some platforms
+  // (WSL, some embedded and virtualized GPUs) and without a device.
+  bool ipc_events = false;
 };
 
 // Asks the CUDA runtime; never fails. Cheap enough for start-up, not for a loop
