@@ -23,8 +23,13 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
 #ifdef KVTIER_HAVE_CUDA_BACKEND
     tiering::CudaBackendOptions co;
     co.name_prefix = config.instance;
-    // Pinning a large host tier takes seconds: say how far it got, in the log and to systemd.
+    // Pinning a large host tier takes seconds to minutes (288 GiB in the H200
+    // example): say how far it got, in the log and to systemd, and keep
+    // systemd's start timeout from running out while each chunk makes progress:
+    // each pinned chunk (256 MiB, tens of milliseconds) extends it 60 s, so a
+    // stalled pin still fails the start and a slow one does not.
     co.pin_progress = [last_percent = -1](const std::string& pool, size_t pinned, size_t total) mutable {
+      notify::ExtendStartTimeout(std::chrono::seconds(60));
       const int percent = total == 0 ? 100 : static_cast<int>(pinned * 100 / total);
       if (percent / 10 == last_percent / 10 && pinned != total) return;
       last_percent = percent;

@@ -20,6 +20,10 @@ void Reloading();
 // Shutdown has begun.
 void Stopping(const std::string& status);
 void SetStatus(const std::string& status);
+// Start-up work is still progressing (pinning a large host tier): systemd's
+// start timeout (TimeoutStartSec) is extended to `more` from now, so a slow but
+// advancing start is not killed ("EXTEND_TIMEOUT_USEC=").
+void ExtendStartTimeout(std::chrono::microseconds more);
 
 // How often systemd expects a watchdog ping from this process (WATCHDOG_USEC,
 // when WATCHDOG_PID is unset or this process); zero when there is no watchdog.
