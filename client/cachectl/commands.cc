@@ -58,6 +58,7 @@ std::unique_ptr<Client> ConnectOrFail(const GlobalOptions& g, int* rc) {
   o.connect_timeout = std::chrono::milliseconds(g.timeout_ms);
   o.reconnect = false;
   o.server_uid = g.server_uid;
+  o.open_gpu = false;  // cachectl reads no KV bytes: no driver, no context, no GPU memory.
   auto c = Client::Connect(o);
   if (!c.ok()) {
     const StatusCode code = c.status().code();

@@ -7,8 +7,10 @@
 
 namespace kvtier::client_internal {
 
-Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome, std::span<const int> fds) {
+Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome, std::span<const int> fds,
+                                                         bool open_gpu) {
   auto att = std::make_shared<Attachment>();
+  att->gpu_open = open_gpu;
   // Descriptors are taken in order as the segments are mapped (the cuda
   // backend's GPU pool, which comes without one, is opened first); every one
   // must be used.
@@ -29,6 +31,7 @@ Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome,
       auto h = DecodeGpuPoolHandle(d.ipc_handle);
       if (!h.ok()) return Status(h.status().code(), "Welcome: " + h.status().message());
       if (h->bytes < d.slot_bytes * d.slots) return ProtocolError("Welcome: GPU pool smaller than its slots");
+      if (!open_gpu) continue;
       auto gpu = GpuAttachment::Open(*h, welcome.fence_events);
       if (!gpu.ok()) return gpu.status();
       att->gpu = std::move(gpu).value();
@@ -39,6 +42,7 @@ Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome,
     // kvtierd writes the host tier (the segment's seals enforce it).
     auto fd = next("pool " + d.shm_name);
     if (!fd.ok()) return fd.status();
+    if (t == Tier::kGpu && !open_gpu) continue;
     auto seg = ShmSegment::MapPassed(*fd, /*writable=*/t == Tier::kGpu, d.slot_bytes * d.slots, d.shm_name);
     if (!seg.ok()) return Status(seg.status().code(), "mapping pool: " + seg.status().message());
     att->pools[t] = std::move(seg).value();
@@ -72,6 +76,7 @@ Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome,
 
 std::byte* Attachment::SlotData(Tier tier, uint32_t slot) const {
   const size_t offset = size_t{slot} * pool(tier).slot_bytes;
+  if (tier == Tier::kGpu && !gpu_open) return nullptr;
   if (tier == Tier::kGpu && gpu) return gpu->base() + offset;
   return pools[tier].data() + offset;
 }

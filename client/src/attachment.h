@@ -33,14 +33,19 @@ struct Attachment {
   // opened first, so a worker without a usable driver learns that before
   // anything else. kFailedPrecondition for a backend this client does not
   // know, kProtocolError / kCorrupt for a Welcome or a segment that does not
-  // match it.
-  static Result<std::shared_ptr<const Attachment>> Map(wire::Welcome welcome, std::span<const int> fds);
+  // match it. Without `open_gpu` the GPU tier is left unmapped (its descriptor
+  // is taken and left to the caller to close; no driver is loaded).
+  static Result<std::shared_ptr<const Attachment>> Map(wire::Welcome welcome, std::span<const int> fds,
+                                                       bool open_gpu = true);
 
   // The pool of `tier` as the Welcome describes it.
   const wire::PoolDesc& pool(Tier tier) const { return welcome.pools[TierIndex(tier)]; }
   // Slot `slot` of `tier`'s pool in this process (a device address for the GPU
-  // pool on the cuda backend). REQUIRES: slot < pool(tier).slots.
+  // pool on the cuda backend; null for the GPU tier when it was not opened).
+  // REQUIRES: slot < pool(tier).slots.
   std::byte* SlotData(Tier tier, uint32_t slot) const;
+  // The GPU tier was mapped (Map's open_gpu).
+  bool gpu_open = false;
   // The last completed sequence number of copy stream `stream`.
   uint64_t Completed(CopyDirection stream) const;
   // Waits on the CPU until `fence` (of this connection) has completed;

@@ -108,6 +108,10 @@ Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const Bloc
 }
 
 Result<WriteLease> Client::Allocate(uint32_t blocks) {
+  if (!options_.open_gpu) {
+    return FailedPrecondition("allocate: this client did not open the GPU tier (ClientOptions::open_gpu is false), "
+                              "so it cannot write blocks");
+  }
   auto reply = core_->Call<wire::AllocateResponse>(wire::AllocateRequest{blocks}, Resend::kYes);
   if (!reply.ok()) return reply.status();
   WriteLease lease;

@@ -62,7 +62,7 @@ Status Core::ConnectLocked() {
     transport_.Close();
     return ProtocolError("kvtierd answered Hello with something other than Welcome");
   }
-  auto attached = Attachment::Map(std::move(*welcome), passed);
+  auto attached = Attachment::Map(std::move(*welcome), passed, options_.open_gpu);
   if (!attached.ok()) {
     transport_.Close();
     return attached.status();

@@ -72,6 +72,55 @@ class IntegrationTest : public ::testing::Test {
   DaemonProcess daemon_{kConfig};
 };
 
+// A client that never touches KV bytes (cachectl, monitoring) need not open the
+// GPU tier: on the cuda backend that would load the driver and cost a context's
+// GPU memory. It probes, acquires, lists and reads stats as any other; only
+// its GPU-tier block addresses are null and it may not write.
+TEST_F(IntegrationTest, AClientThatDoesNotOpenTheGpuTierStillProbesAcquiresAndReads) {
+  auto writer = Connect(daemon_.socket());
+  ASSERT_NE(writer, nullptr);
+  const std::vector<TokenId> hot(64, 5), cold(64, 6);
+  for (const auto* tokens : {&hot, &cold}) {
+    auto w = writer->Allocate(4);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE(writer->Commit(*w, tokens == &hot ? "hot" : "cold", BlockKey{}, 0, *tokens).ok());
+  }
+  ASSERT_TRUE(writer->Demote("cold").ok());
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto s = writer->GetSession("cold");
+    if (s.ok() && s->summary.host_blocks == 4) break;
+    std::this_thread::sleep_for(5ms);
+  }
+
+  ClientOptions o;
+  o.socket_path = daemon_.socket();
+  o.client_name = "monitor";
+  o.open_gpu = false;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Client& mon = **c;
+  EXPECT_EQ(mon.Probe(hot), 4u);
+  auto l = mon.Acquire("hot", hot, /*promote=*/false);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_EQ(l->size(), 4u);
+  for (const BlockRef& b : l->blocks()) {
+    EXPECT_EQ(b.tier, Tier::kGpu);
+    EXPECT_EQ(b.data, nullptr) << "the GPU tier is not mapped";
+  }
+  auto h = mon.Acquire("cold", cold, /*promote=*/false);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_EQ(h->size(), 4u);
+  EXPECT_EQ(h->block(0).tier, Tier::kHost);
+  EXPECT_NE(h->block(0).data, nullptr) << "the host tier is mapped (read-only)";
+  EXPECT_TRUE(h->Wait(1s).ok());
+  const Status refused = mon.Allocate(1).status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("open_gpu"), std::string::npos) << refused.message();
+  EXPECT_EQ(StatsOf(mon)["sessions"], 2);
+  EXPECT_TRUE(mon.ListSessions().ok());
+}
+
 TEST_F(IntegrationTest, SecondProcessHitsThePrefixTheFirstCommitted) {
   auto a = RunWorker(daemon_.socket(), {"commit", "chat-a", "7", "8"});
   ASSERT_TRUE(a.ok()) << a.status().ToString();

@@ -296,7 +296,9 @@ TEST(CudaIpcChild, ReadsTheExportedPool) {
 }
 
 // A promotion submitted behind a long demotion backlog completes first: the
-// streams are independent and the promotion stream has the higher priority.
+// two directions are independent streams served by separate copy engines
+// (host-to-device and device-to-host); stream priority would not order
+// copy-engine transfers, only kernels.
 TEST_F(CudaBackendTest, PromotionIsNotQueuedBehindDemotions) {
   constexpr size_t kSlot = 2048 * kKiB;
   constexpr uint32_t kSlots = 128;

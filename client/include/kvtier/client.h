@@ -61,6 +61,13 @@ struct ClientOptions {
   // write (a socket in /tmp could be anyone's: set this, or use a directory
   // kvtierd's user owns, such as /run/kvtier).
   std::optional<uint32_t> server_uid;
+  // Map the GPU tier. On the cuda backend that loads the driver, creates the
+  // device's primary context (hundreds of MiB of GPU memory) and opens the pool
+  // and the promotion events through CUDA IPC. A client that never touches KV
+  // bytes (cachectl, monitoring) sets it false: then Allocate is refused
+  // (kFailedPrecondition), a leased GPU-tier block's BlockRef::data is null,
+  // WaitOnStream waits on the CPU, and everything else works as before.
+  bool open_gpu = true;
 };
 
 class Client;
@@ -102,7 +109,9 @@ class LeaseHandle {
 struct BlockRef {
   Tier tier = Tier::kGpu;
   uint32_t slot = 0;
-  std::byte* data = nullptr;  // slot_bytes() bytes; a device address for a GPU pool on cuda.
+  // slot_bytes() bytes; a device address for a GPU pool on cuda; null for a
+  // GPU-tier block of a client that did not open the GPU (ClientOptions::open_gpu).
+  std::byte* data = nullptr;
 };
 
 // A read lease on a cached prefix: the blocks cannot move or vanish while it
@@ -130,7 +139,9 @@ class Lease : public client_internal::LeaseHandle {
   // primary context; nullptr is the legacy default stream) wait until promoted
   // blocks have landed, without stalling the CPU: on a cuda-backend kvtierd it
   // enqueues cuStreamWaitEvent on the promotion fence's event. Where there is no
-  // GPU-side fence (host backend) it waits on the CPU, as Wait(host_timeout).
+  // GPU-side fence (host backend, or promotion events that could not be opened
+  // at connect, which libkvtier reports once on stderr) it waits on the CPU, as
+  // Wait(host_timeout).
   // kUnavailable once the client has reconnected, as Wait.
   Status WaitOnStream(void* stream, std::chrono::milliseconds host_timeout) const;
   // Ends the lease (idempotent). kUnavailable if its connection is gone (the
