@@ -134,6 +134,7 @@ void Service::Disconnect(ClientState& c) {
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --counters_.clients;
     tenants_.Disconnect(c.tenant);
+    backend_->ForgetClient(c.id);  // Its writer events, once no queued wait references them.
   }
   c.leases.clear();
   c.welcomed = false;
@@ -338,7 +339,7 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
   if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   if (m.writer_event) {
     // Before the blocks become demotable: no GPU->host copy may overtake the writer.
-    const Status st = backend_->OrderAfterWriter(*m.writer_event);
+    const Status st = backend_->OrderAfterWriter(c.id, *m.writer_event);
     if (!st.ok()) return Status(st.code(), "commit: " + st.message());
   }
   Engine& e = EngineOf(c);

@@ -500,7 +500,7 @@ TEST_F(HostBackendTest, HasNoGpuFencesAndRefusesWriterEvents) {
   EXPECT_TRUE(backend_->PromotionFenceEvents().empty());
   wire::IpcEventHandle event{};
   event[0] = 1;
-  const Status st = backend_->OrderAfterWriter(event);
+  const Status st = backend_->OrderAfterWriter(/*client=*/1, event);
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.message().find("backend host"), std::string::npos) << st.ToString();
 }

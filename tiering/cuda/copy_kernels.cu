@@ -46,4 +46,16 @@ Status LaunchGatherCopy(const GatherCopyBatch& batch, cudaStream_t stream) {
   return Status::Ok();
 }
 
+Status LoadGatherKernel() {
+  // Asking for the kernel's attributes loads its module (and fails if it cannot be loaded).
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, GatherCopyKernel);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Internal(std::string("loading the gather copy kernel: ") + cudaGetErrorName(err) + ": " +
+                    cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
 }  // namespace kvtier::tiering

@@ -30,4 +30,9 @@ static_assert(sizeof(GatherCopyBatch) <= 32764, "kernel parameter limit");
 // if the launch fails. Returns once queued, not once copied.
 Status LaunchGatherCopy(const GatherCopyBatch& batch, cudaStream_t stream);
 
+// Loads the kernel's module into the current context now (with lazy loading,
+// CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2, it would load at the
+// first launch, which may synchronize the context). kInternal if it cannot.
+Status LoadGatherKernel();
+
 }  // namespace kvtier::tiering

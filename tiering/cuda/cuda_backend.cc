@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <compare>
 #include <map>
 #include <cstring>
 #include <mutex>
@@ -30,7 +31,8 @@ static_assert(sizeof(cudaIpcEventHandle_t) == wire::kIpcEventHandleBytes);
 static_assert(sizeof(cudaUUID_t) == kGpuUuidBytes);
 static_assert(kFenceEventRing <= wire::kMaxFenceEvents);
 
-// Writer events opened from clients are cached; past this many the cache starts over.
+// Writer events opened from clients are cached; past this many the cache starts
+// over (the old ones retire once no wait can reference them).
 constexpr size_t kMaxWriterEvents = 1024;
 
 using Clock = std::chrono::steady_clock;
@@ -169,6 +171,10 @@ class CudaBackendImpl final : public CudaBackend {
       KVTIER_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&streams_[s], cudaStreamNonBlocking, priority_[s]),
                                         "cudaStreamCreateWithPriority"));
     }
+    // Loaded now, not at the first batch: under lazy module loading a first
+    // launch may synchronize the context, which must not happen inside a
+    // demotion that waits on a client's writer event.
+    KVTIER_RETURN_IF_ERROR(LoadGatherKernel());
     for (size_t i = 0; i < kFenceEventRing; ++i) {
       KVTIER_RETURN_IF_ERROR(CudaStatus(
           cudaEventCreateWithFlags(&fence_events_[i], cudaEventInterprocess | cudaEventDisableTiming),
@@ -299,11 +305,17 @@ class CudaBackendImpl final : public CudaBackend {
     return {fence_handles_.begin(), fence_handles_.end()};
   }
 
-  Status OrderAfterWriter(const wire::IpcEventHandle& writer_event) override {
+  Status OrderAfterWriter(uint64_t client, const wire::IpcEventHandle& writer_event) override {
     KVTIER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
-    auto it = writer_events_.find(writer_event);
+    RetireWriterEvents();
+    const WriterKey key{client, writer_event};
+    auto it = writer_events_.find(key);
     if (it == writer_events_.end()) {
-      if (writer_events_.size() >= kMaxWriterEvents) ForgetWriterEvents();
+      if (writer_events_.size() >= kMaxWriterEvents) {
+        // Not destroyed at once: waits on them may still be queued.
+        for (auto& [k, event] : writer_events_) retiring_.push_back(event);
+        writer_events_.clear();
+      }
       cudaIpcEventHandle_t raw;
       std::memcpy(&raw, writer_event.data(), sizeof(raw));
       cudaEvent_t event = nullptr;
@@ -313,11 +325,20 @@ class CudaBackendImpl final : public CudaBackend {
         return InvalidArgument("writer event: cudaIpcOpenEventHandle: " + CudaErrorText(err) +
                                " (not an interprocess event of a live process on this GPU)");
       }
-      it = writer_events_.emplace(writer_event, event).first;
+      it = writer_events_.emplace(key, event).first;
     }
     // Every demotion queued after this waits, on the GPU, for the writer's work.
     return CudaStatus(cudaStreamWaitEvent(streams_[static_cast<int>(CopyDirection::kGpuToHost)], it->second, 0),
                       "cudaStreamWaitEvent(demotion stream, writer event)");
+  }
+
+  void ForgetClient(uint64_t client) override {
+    for (auto it = writer_events_.lower_bound(WriterKey{client, {}});
+         it != writer_events_.end() && it->first.client == client;) {
+      retiring_.push_back(it->second);
+      it = writer_events_.erase(it);
+    }
+    RetireWriterEvents();
   }
 
   bool batched_memcpy() const override { return batched_; }
@@ -329,9 +350,26 @@ class CudaBackendImpl final : public CudaBackend {
     return Unavailable("cuda backend: " + what + ": " + CudaErrorText(err));
   }
 
+  // At destruction, after every stream was synchronized: nothing waits any more.
   void ForgetWriterEvents() {
-    for (auto& [handle, event] : writer_events_) cudaEventDestroy(event);
+    for (auto& [key, event] : writer_events_) cudaEventDestroy(event);
     writer_events_.clear();
+    for (cudaEvent_t event : retiring_) cudaEventDestroy(event);
+    retiring_.clear();
+  }
+
+  // Destroys the events of forgotten clients once the demotion stream, the
+  // only one that waits on them, has drained: no queued wait can then still
+  // reference one. Until then they stay open (a later call retries).
+  void RetireWriterEvents() {
+    if (retiring_.empty()) return;
+    const cudaError_t idle = cudaStreamQuery(streams_[static_cast<int>(CopyDirection::kGpuToHost)]);
+    if (idle != cudaSuccess) {
+      if (idle == cudaErrorNotReady) cudaGetLastError();
+      return;
+    }
+    for (cudaEvent_t event : retiring_) cudaEventDestroy(event);
+    retiring_.clear();
   }
 
   Status Gather(const std::vector<PlannedCopy>& sub, const Pool& src, const Pool& dst, int s) {
@@ -401,7 +439,14 @@ class CudaBackendImpl final : public CudaBackend {
   cudaStream_t streams_[kCopyStreams] = {nullptr, nullptr};
   cudaEvent_t fence_events_[kFenceEventRing] = {};
   std::array<wire::IpcEventHandle, kFenceEventRing> fence_handles_{};
-  std::map<wire::IpcEventHandle, cudaEvent_t> writer_events_;  // Opened client events (submitting thread only).
+  // Opened client events, by (client, handle) (submitting thread only).
+  struct WriterKey {
+    uint64_t client;
+    wire::IpcEventHandle handle;
+    friend auto operator<=>(const WriterKey&, const WriterKey&) = default;
+  };
+  std::map<WriterKey, cudaEvent_t> writer_events_;
+  std::vector<cudaEvent_t> retiring_;  // Of forgotten clients; destroyed once the demotion stream drains.
   bool batched_ = false;  // Submitting thread only.
   std::optional<FenceBoard> board_;  // Made by Init.
 

@@ -137,14 +137,21 @@ class Backend {
   virtual std::vector<wire::IpcEventHandle> PromotionFenceEvents() const { return {}; }
 
   // Orders every demotion submitted after this call behind `writer_event`, an
-  // interprocess event a client recorded on its stream after writing GPU-tier
-  // blocks (CommitRequest.writer_event), so a GPU->host copy never reads a block
-  // before the compute that wrote it has finished. Engine thread only.
+  // interprocess event client `client` (an id unique for the daemon's life)
+  // recorded on its stream after writing GPU-tier blocks
+  // (CommitRequest.writer_event), so a GPU->host copy never reads a block
+  // before the compute that wrote it has finished. Opened events are kept per
+  // (client, handle): handle bytes alone can repeat across clients (a
+  // reconnect, a reused pid, another pid namespace). Engine thread only.
   // Default (host backend: no GPU writes to order after): kFailedPrecondition.
-  virtual Status OrderAfterWriter(const wire::IpcEventHandle& /*writer_event*/) {
+  virtual Status OrderAfterWriter(uint64_t /*client*/, const wire::IpcEventHandle& /*writer_event*/) {
     return FailedPrecondition(std::string("backend ") + BackendKindName(kind()) +
                               " has no GPU writes to order after: a commit must not carry a writer event");
   }
+  // Client `client` is gone: the events opened for it are released once no
+  // queued wait can still reference them (never while one is pending).
+  // Engine thread only. Default: nothing to release.
+  virtual void ForgetClient(uint64_t /*client*/) {}
 };
 
 }  // namespace kvtier::tiering
