@@ -8,7 +8,7 @@
 namespace kvtier::client_internal {
 
 Result<std::shared_ptr<const Attachment>> Attachment::Map(wire::Welcome welcome, std::span<const int> fds,
-                                                         bool open_gpu) {
+                                                          bool open_gpu) {
   auto att = std::make_shared<Attachment>();
   att->gpu_open = open_gpu;
   // Descriptors are taken in order as the segments are mapped (the cuda

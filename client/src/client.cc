@@ -109,8 +109,9 @@ Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const Bloc
 
 Result<WriteLease> Client::Allocate(uint32_t blocks) {
   if (!options_.open_gpu) {
-    return FailedPrecondition("allocate: this client did not open the GPU tier (ClientOptions::open_gpu is false), "
-                              "so it cannot write blocks");
+    return FailedPrecondition(
+        "allocate: this client did not open the GPU tier (ClientOptions::open_gpu is false), "
+        "so it cannot write blocks");
   }
   auto reply = core_->Call<wire::AllocateResponse>(wire::AllocateRequest{blocks}, Resend::kYes);
   if (!reply.ok()) return reply.status();

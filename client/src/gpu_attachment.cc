@@ -34,15 +34,16 @@ Result<std::unique_ptr<GpuAttachment>> GpuAttachment::Open(const GpuPoolHandle& 
     CUipcEventHandle raw{};
     std::memcpy(raw.reserved, h.data(), sizeof(raw.reserved));
     CUevent e = nullptr;
-    const Status opened = d.Check(d.cuIpcOpenEventHandle(&e, raw), "opening a promotion fence event (cuIpcOpenEventHandle)");
+    const Status opened =
+        d.Check(d.cuIpcOpenEventHandle(&e, raw), "opening a promotion fence event (cuIpcOpenEventHandle)");
     if (!opened.ok()) {
       // Interprocess events need a shared /dev/shm and the same user and
       // namespaces as kvtierd; without them the fences are still good on the
       // CPU, so the connection goes on with CPU waits instead of failing.
       for (CUevent opened_event : gpu->fence_events_) d.cuEventDestroy(opened_event);
       gpu->fence_events_.clear();
-      const std::string line = "libkvtier: warning: " + opened.message() +
-                               "; Lease::WaitOnStream waits for promotions on the CPU instead\n";
+      const std::string line =
+          "libkvtier: warning: " + opened.message() + "; Lease::WaitOnStream waits for promotions on the CPU instead\n";
       (void)!::write(STDERR_FILENO, line.data(), line.size());
       break;
     }

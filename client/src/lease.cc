@@ -32,8 +32,9 @@ Status LeaseHandle::CheckConnection() const {
   auto core = core_.lock();
   if (!core) return Unavailable("the client that made the lease is gone");
   if (!core->Current(attachment_)) {
-    return Unavailable("the lease ended with its connection to kvtierd (the client reconnected since): its fence "
-                       "and blocks are the old daemon's");
+    return Unavailable(
+        "the lease ended with its connection to kvtierd (the client reconnected since): its fence "
+        "and blocks are the old daemon's");
   }
   return Status::Ok();
 }

@@ -44,9 +44,7 @@ void Stopping(const std::string& status) { Send("STOPPING=1\nSTATUS=" + status);
 
 void SetStatus(const std::string& status) { Send("STATUS=" + status); }
 
-void ExtendStartTimeout(std::chrono::microseconds more) {
-  Send("EXTEND_TIMEOUT_USEC=" + std::to_string(more.count()));
-}
+void ExtendStartTimeout(std::chrono::microseconds more) { Send("EXTEND_TIMEOUT_USEC=" + std::to_string(more.count())); }
 
 std::chrono::microseconds WatchdogInterval() {
 #ifdef KVTIER_HAVE_SYSTEMD

@@ -8,8 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <compare>
-#include <map>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -19,9 +19,9 @@
 #include "copy_kernels.h"
 #include "copy_planner.h"
 #include "fence_board.h"
+#include "kvtier/gpu_pool_handle.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/shm_segment.h"
-#include "kvtier/gpu_pool_handle.h"
 
 namespace kvtier::tiering {
 namespace {

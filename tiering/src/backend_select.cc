@@ -36,7 +36,8 @@ Result<BackendChoice> ChooseBackend(std::string_view config_value, const GpuInfo
   const bool usable = gpu.built_with_cuda && gpu.devices > 0;
   const std::string device = gpu.device_name.empty() ? "device 0" : gpu.device_name;
   if (config_value == "host") return BackendChoice{BackendKind::kHost, "backend host (configured)"};
-  const std::string no_ipc = device + " does not support interprocess events (cudaDevAttrIpcEventSupport is 0), "
+  const std::string no_ipc = device +
+                             " does not support interprocess events (cudaDevAttrIpcEventSupport is 0), "
                              "which the cuda backend's fences need";
   if (config_value == "auto") {
     if (usable && !gpu.ipc_events) return BackendChoice{BackendKind::kHost, "backend host (auto: " + no_ipc + ")"};
