@@ -253,7 +253,11 @@ class Client {
 
   // Leases the longest cached prefix of the full blocks of `tokens`; with a
   // session name, the session now holds that prefix. `promote`: copy host-tier
-  // hits to the GPU tier (wait on the lease before reading them).
+  // hits to the GPU tier (wait on the lease before reading them). A block left
+  // in the host tier (promote false, or no GPU room within kvtierd's wait) is
+  // read through this process's mapping of the host pool, which is not
+  // registered with CUDA here: a GPU worker acquires with promote, or copies
+  // such blocks itself (pageable-memory speed), or registers the mapping.
   Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote = true);
   Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys,
                             std::span<const TokenId> tokens, bool promote = true);
