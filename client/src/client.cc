@@ -172,6 +172,9 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
   }
   lease.slots_ = std::move(keep_slots);
   lease.data_ = std::move(keep_data);
+  // The event covered the writes before this commit; blocks written later
+  // need a RecordWritten of their own, never a stale event resent.
+  lease.writer_event_.reset();
   return CommitResult{reply->message.stored, reply->message.duplicates};
 }
 

@@ -337,6 +337,7 @@ Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
 
 Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
   if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
+  if (!m.writer_event && backend_->kind() == tiering::BackendKind::kCuda) ++counters_.gpu_commits_without_writer_event;
   if (m.writer_event) {
     // Before the blocks become demotable: no GPU->host copy may overtake the writer.
     const Status st = backend_->OrderAfterWriter(c.id, *m.writer_event);

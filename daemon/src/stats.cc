@@ -155,6 +155,10 @@ constexpr StatRow kStats[] = {
    "Of those, answered after the wait limit without the room (Allocate failed or dropped; Acquire leased "
    "host-tier blocks in place)", S::kDaemon, kNoLabel, &Counter<&C::room_wait_timeouts>},
   {"errors", nullptr, Type::kCounter, "Requests answered with an error", S::kDaemon, kNoLabel, &Counter<&C::errors>},
+  {"gpu_commits_without_writer_event", "kvtier_gpu_commits_without_writer_event_total", Type::kCounter,
+   "Commits on the cuda backend that carried no writer event (WriteLease::RecordWritten): nothing orders their "
+   "blocks' demotions after the worker's GPU writes", S::kDaemon, kNoLabel,
+   &Counter<&C::gpu_commits_without_writer_event>},
 
   {"{tier}_slots", "kvtier_tier_slots", Type::kGauge, "Block slots in a tier", S::kProfileTier, kNoLabel,
    &InTier<&E::slots>},

@@ -54,6 +54,9 @@ struct ServiceCounters {
   uint64_t errors = 0;               // Of those, answered with an ErrorResponse.
   uint64_t room_waits = 0;           // Requests deferred for GPU room.
   uint64_t room_wait_timeouts = 0;   // Of those, answered after kRoomWaitLimit without it.
+  // Commits on the cuda backend without a writer event: nothing orders their
+  // blocks' demotions after the worker's GPU writes.
+  uint64_t gpu_commits_without_writer_event = 0;
   uint64_t bad_frames = 0;           // Frames that did not decode.
   uint64_t refused_connections = 0;  // Peers refused at accept (access:).
   uint64_t connections_over_limit = 0;  // Closed at accept: max_clients + kConnectionsBeforeHello were open.

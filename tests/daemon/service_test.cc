@@ -343,6 +343,7 @@ TEST_F(ServiceTest, AnIsolatedTenantIsWelcomedIntoPoolsAndAnIndexOfItsOwn) {
   EXPECT_EQ(stat("tenant.b.gpu_blocks"), 1);
   EXPECT_EQ(stat("tenant.c.gpu_blocks"), 1);
   EXPECT_EQ(stat("tenant.a.gpu_quota"), 16);
+  EXPECT_EQ(stat("gpu_commits_without_writer_event"), 0) << "host-backend commits have no GPU writes to order";
 
   // An admin's listing pages through every engine, each session once.
   int pages = 0;

@@ -180,7 +180,9 @@ class WriteLease : public client_internal::LeaseHandle {
   // Records, on `stream` (as in Lease::WaitOnStream), an interprocess event after
   // the work that writes this lease's blocks; the next Commit sends it and
   // kvtierd orders every demotion of the committed blocks after it. Call it
-  // after queueing the writes and before Commit. Cuda backend only: on the host
+  // after queueing the writes and before each Commit: a Commit uses up the
+  // event, so one without a RecordWritten since carries none (kvtierd counts
+  // such commits: gpu_commits_without_writer_event). Cuda backend only: on the host
   // backend the blocks are written by the CPU (kFailedPrecondition).
   Status RecordWritten(void* stream);
   // Gives the uncommitted slots back (idempotent).
