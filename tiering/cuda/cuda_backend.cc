@@ -270,7 +270,17 @@ class CudaBackendImpl final : public CudaBackend {
       seq = submitted_[s] + 1;  // Only this (the submitting) thread advances it.
     }
     for (const std::vector<PlannedCopy>& sub : plan.submissions) {
-      KVTIER_RETURN_IF_ERROR(plan.path == CopyPath::kKernel ? Gather(sub, src, dst, s) : Memcpy(sub, src, dst, s));
+      const Status queued = plan.path == CopyPath::kKernel ? Gather(sub, src, dst, s) : Memcpy(sub, src, dst, s);
+      if (!queued.ok()) {
+        // The engine frees this batch's slots on an error: the submissions
+        // already queued must have finished with them first.
+        const cudaError_t drained = cudaStreamSynchronize(streams_[s]);
+        if (drained != cudaSuccess) {
+          return Status(queued.code(), queued.message() + "; and the stream did not drain (" +
+                                           CudaErrorText(drained) + "): the CUDA context may be unusable");
+        }
+        return queued;
+      }
     }
     if (dir == CopyDirection::kHostToGpu) {
       // Recorded before the fence is handed out: a client waiting on this slot
