@@ -5,8 +5,12 @@
 
 namespace kvtier::daemon {
 
-tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profile, const TenantConfig* tenant) {
+tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profile, std::string_view isolated) {
   const ProfileConfig& p = config.profiles[profile];
+  const TenantConfig* tenant = nullptr;
+  for (const TenantConfig& t : config.tenants) {
+    if (!isolated.empty() && t.isolated && t.name == isolated) tenant = &t;
+  }
   tiering::EngineOptions o;
   o.profile = p.profile;
   if (tenant != nullptr) {
@@ -59,11 +63,15 @@ size_t EngineSet::IndexOf(size_t profile, std::string_view tenant) const {
   return First(profile);
 }
 
+std::string DescribeEngine(std::string_view profile, std::string_view tenant) {
+  std::string out = "profile '" + std::string(profile) + "'";
+  if (!tenant.empty()) out += ", tenant '" + std::string(tenant) + "' (isolated)";
+  return out;
+}
+
 std::string EngineSet::Describe(size_t member) const {
   const EngineMember& m = members_[member];
-  std::string out = "profile '" + m.engine->profile().name + "'";
-  if (!m.tenant.empty()) out += ", tenant '" + m.tenant + "' (isolated)";
-  return out;
+  return DescribeEngine(m.engine->profile().name, m.tenant);
 }
 
 }  // namespace kvtier::daemon

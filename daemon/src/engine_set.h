@@ -30,10 +30,14 @@ struct EngineMember {
 };
 
 // The options of the engine serving profile `profile` for isolated tenant
-// `tenant` (nullptr: the shared engine): its slots (the tenant's quotas, or
-// what the isolated tenants leave of the profile's), the shared tiering and
-// limits, the quotas of the tenants it serves and its segment names.
-tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profile, const TenantConfig* tenant);
+// `tenant` ("": the shared engine): its slots (the tenant's quotas, or what
+// the isolated tenants leave of the profile's), the shared tiering and limits,
+// the quotas of the tenants it serves and its segment names.
+// REQUIRES: a non-empty `tenant` names an isolated tenant of `config`.
+tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profile, std::string_view tenant);
+// "profile 'default'", or "profile 'default', tenant 'secure' (isolated)" for
+// an isolated tenant's engine: how log lines name an engine.
+std::string DescribeEngine(std::string_view profile, std::string_view tenant);
 
 class EngineSet {
  public:
@@ -62,7 +66,7 @@ class EngineSet {
   }
   // The profile's shared engine (its profile, block geometry and name).
   const tiering::Engine& Shared(size_t profile) const { return *members_[first_[profile]].engine; }
-  // "profile 'default'" or "profile 'default', tenant 'secure' (isolated)", for log lines.
+  // DescribeEngine of member `member`.
   std::string Describe(size_t member) const;
 
  private:

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <random>
 #include <type_traits>
 
@@ -21,20 +22,19 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
   for (size_t p = 0; p < config.profiles.size(); ++p) {
     // The shared engine first, then one per isolated tenant (engine_set.h).
-    std::vector<const TenantConfig*> domains{nullptr};
+    std::vector<std::string> domains{""};
     for (const TenantConfig& t : config.tenants) {
-      if (t.isolated) domains.push_back(&t);
+      if (t.isolated) domains.push_back(t.name);
     }
-    for (const TenantConfig* t : domains) {
-      tiering::EngineOptions options = EngineOptionsFor(config, p, t);
+    for (std::string& tenant : domains) {
+      tiering::EngineOptions options = EngineOptionsFor(config, p, tenant);
       svc->warm_.BeforeEngine(config, options.name);
       options.warm_restart = svc->warm_.enabled();
-      std::string who = "profile '" + config.profiles[p].profile.name + "'";
-      if (t != nullptr) who += ", tenant '" + t->name + "' (isolated)";
+      const std::string who = DescribeEngine(config.profiles[p].profile.name, tenant);
       auto engine = Engine::Create(options, *svc->backend_);
       if (!engine.ok()) return Status(engine.status().code(), who + ": " + engine.status().message());
       svc->warm_.AdoptInto(**engine, config, who);
-      svc->engines_.Add(EngineMember{p, t != nullptr ? t->name : std::string(), std::move(engine).value()});
+      svc->engines_.Add(EngineMember{p, std::move(tenant), std::move(engine).value()});
     }
   }
   return svc;
@@ -510,12 +510,17 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
     std::optional<Namespace> filter;  // One tenant's range of the table, or all of it.
     if (!c.admin || !only.empty()) filter = TenantNamed(only, e).ns;
     tiering::SessionPage part = e.ListSessions(filter, i == first ? after : std::nullopt, limits);
-    for (tiering::SessionInfo& s : part.sessions) {
+    for (const tiering::SessionInfo& s : part.sessions) {
       limits.bytes -= std::min(limits.bytes, limits.row_bytes + s.id.size() + s.tenant.size());
       limits.chain_blocks -= std::min<uint64_t>(limits.chain_blocks, s.blocks);
-      page.sessions.push_back(std::move(s));
     }
     limits.sessions -= std::min(limits.sessions, part.sessions.size());
+    if (page.sessions.empty()) {
+      page.sessions = std::move(part.sessions);  // The usual case: one engine, no copy.
+    } else {
+      page.sessions.insert(page.sessions.end(), std::make_move_iterator(part.sessions.begin()),
+                           std::make_move_iterator(part.sessions.end()));
+    }
     // A full page with engines still to list: the next page resumes after its last row.
     const bool full = limits.sessions == 0 || limits.bytes <= limits.row_bytes || limits.chain_blocks == 0;
     if (part.more || (full && i + 1 < last)) {
@@ -566,12 +571,9 @@ Result<Reply> Service::On(ClientState& c, const wire::ConfigRequest&) {
 Status Service::Reconfigure(const DaemonConfig& next) {
   // Retune checks first and changes nothing on an error; tiering settings are
   // alike for every engine, so the first one's answer is every one's.
+  // Tenants are not reloadable: `next` has the isolated tenants the engines serve.
   for (EngineMember& m : engines_) {
-    const TenantConfig* isolated = nullptr;  // Tenants are not reloadable: next has the same.
-    for (const TenantConfig& t : next.tenants) {
-      if (!m.tenant.empty() && t.name == m.tenant) isolated = &t;
-    }
-    KVTIER_RETURN_IF_ERROR(m.engine->Retune(EngineOptionsFor(next, m.profile, isolated)));
+    KVTIER_RETURN_IF_ERROR(m.engine->Retune(EngineOptionsFor(next, m.profile, m.tenant)));
   }
   config_ = next;
   return Status::Ok();

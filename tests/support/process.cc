@@ -178,6 +178,17 @@ Result<int> DaemonProcess::StartSecondInstance() {
   return p->Wait(std::chrono::seconds(10));
 }
 
+// A test built without a program's path finds it on PATH.
+#ifndef KVTIERD_PATH
+#define KVTIERD_PATH "kvtierd"
+#endif
+#ifndef KVTIER_TEST_WORKER_PATH
+#define KVTIER_TEST_WORKER_PATH "kvtier-test-worker"
+#endif
+#ifndef KVTIER_GPU_WORKER_PATH
+#define KVTIER_GPU_WORKER_PATH "kvtier-gpu-test-worker"
+#endif
+
 namespace {
 
 std::string FromEnv(const char* name, const char* built) {
@@ -187,29 +198,9 @@ std::string FromEnv(const char* name, const char* built) {
 
 }  // namespace
 
-std::string KvtierdPath() {
-#ifdef KVTIERD_PATH
-  return FromEnv("KVTIERD", KVTIERD_PATH);
-#else
-  return FromEnv("KVTIERD", "kvtierd");
-#endif
-}
-
-std::string GpuWorkerPath() {
-#ifdef KVTIER_GPU_WORKER_PATH
-  return FromEnv("KVTIER_GPU_WORKER", KVTIER_GPU_WORKER_PATH);
-#else
-  return FromEnv("KVTIER_GPU_WORKER", "kvtier-gpu-test-worker");
-#endif
-}
-
-std::string WorkerPath() {
-#ifdef KVTIER_TEST_WORKER_PATH
-  return FromEnv("KVTIER_TEST_WORKER", KVTIER_TEST_WORKER_PATH);
-#else
-  return FromEnv("KVTIER_TEST_WORKER", "kvtier-test-worker");
-#endif
-}
+std::string KvtierdPath() { return FromEnv("KVTIERD", KVTIERD_PATH); }
+std::string WorkerPath() { return FromEnv("KVTIER_TEST_WORKER", KVTIER_TEST_WORKER_PATH); }
+std::string GpuWorkerPath() { return FromEnv("KVTIER_GPU_WORKER", KVTIER_GPU_WORKER_PATH); }
 
 double JsonNumber(const std::string& line, const std::string& key) {
   const std::string needle = "\"" + key + "\":";
