@@ -155,7 +155,13 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
     if (i >= lease.slots_.size()) return InvalidArgument("commit: slot index " + std::to_string(i) + " out of range");
     req.slots.push_back(lease.slots_[i]);
   }
-  if (lease.writer_event_) req.writer_event = lease.writer_event_->handle;
+  if (lease.writer_event_) {
+    req.writer_event = lease.writer_event_->handle;
+  } else if (lease.attachment_ && lease.attachment_->gpu && core_->Current(lease.attachment_)) {
+    // No event says when this process's GPU has written the blocks: kvtierd
+    // serves and moves them as soon as they are committed, so wait for it all.
+    KVTIER_RETURN_IF_ERROR(lease.attachment_->gpu->SynchronizeContext());
+  }
   // Sent on the lease's own connection or not at all.
   auto reply = core_->CallOn<wire::CommitResponse>(lease.generation_, "write lease", req);
   if (!reply.ok()) return reply.status();

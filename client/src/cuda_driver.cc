@@ -49,6 +49,7 @@ Result<std::shared_ptr<const CudaDriver>> CudaDriver::Load(const std::string& li
   Resolve(dl, "cuEventQuery", d->cuEventQuery, missing);
   Resolve(dl, "cuEventSynchronize", d->cuEventSynchronize, missing);
   Resolve(dl, "cuStreamWaitEvent", d->cuStreamWaitEvent, missing);
+  Resolve(dl, "cuCtxSynchronize", d->cuCtxSynchronize, missing);
   Resolve(dl, "cuStreamCreate", d->cuStreamCreate, missing);
   Resolve(dl, "cuStreamDestroy_v2", d->cuStreamDestroy, missing);
   Resolve(dl, "cuStreamSynchronize", d->cuStreamSynchronize, missing);

@@ -82,6 +82,7 @@ class CudaDriver {
   CUresult (*cuEventQuery)(CUevent) = nullptr;
   CUresult (*cuEventSynchronize)(CUevent) = nullptr;
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
+  CUresult (*cuCtxSynchronize)() = nullptr;
   // For tools and tests that have no runtime of their own.
   CUresult (*cuStreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*cuStreamDestroy)(CUstream) = nullptr;

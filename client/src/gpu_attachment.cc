@@ -82,9 +82,14 @@ Result<std::shared_ptr<const WriterEvent>> GpuAttachment::TakeWriterEvent(std::s
   WriterEvent* w = nullptr;
   {
     std::lock_guard lock(mu_);
-    if (!free_writer_events_.empty()) {
-      w = free_writer_events_.back();
-      free_writer_events_.pop_back();
+    // Only an event whose last record completed: kvtierd may still poll it.
+    ScopedContext scope(*driver_, ctx_);
+    for (size_t i = free_writer_events_.size(); i > 0; --i) {
+      if (driver_->cuEventQuery(free_writer_events_[i - 1]->event) == kCudaSuccess) {
+        w = free_writer_events_[i - 1];
+        free_writer_events_.erase(free_writer_events_.begin() + static_cast<std::ptrdiff_t>(i - 1));
+        break;
+      }
     }
   }
   if (w == nullptr) {
@@ -109,6 +114,11 @@ Result<std::shared_ptr<const WriterEvent>> GpuAttachment::TakeWriterEvent(std::s
     std::lock_guard lock(mu_);
     free_writer_events_.push_back(const_cast<WriterEvent*>(e));
   });
+}
+
+Status GpuAttachment::SynchronizeContext() const {
+  ScopedContext scope(*driver_, ctx_);
+  return driver_->Check(driver_->cuCtxSynchronize(), "cuCtxSynchronize before a release or commit without an event");
 }
 
 Status GpuAttachment::RecordWriterEvent(const WriterEvent& event, CUstream stream) const {

@@ -24,7 +24,11 @@
 
 namespace kvtier::client_internal {
 
-// An interprocess event a writer records after the work that writes its blocks.
+// An interprocess event a worker records after its GPU work on leased blocks
+// or slots (a writer event at commit, an event at release). Pooled: one is
+// handed out again only once its last record completed, since kvtierd polls
+// the latest record of an event and must never see a later, shorter work in
+// place of the one it waits for.
 struct WriterEvent {
   CUevent event = nullptr;
   wire::IpcEventHandle handle{};  // What a Commit sends.
@@ -57,6 +61,10 @@ class GpuAttachment {
   Result<std::shared_ptr<const WriterEvent>> TakeWriterEvent(std::shared_ptr<const void> owner) const;
   // Records `event` on `stream`.
   Status RecordWriterEvent(const WriterEvent& event, CUstream stream) const;
+  // Waits for every piece of work of this process in the primary context:
+  // what a release or commit without an event costs, so that kvtierd never
+  // reuses a slot or moves a block this process's GPU still uses.
+  Status SynchronizeContext() const;
 
  private:
   GpuAttachment() = default;

@@ -7,6 +7,13 @@
 
 namespace kvtier {
 namespace client_internal {
+namespace {
+
+const GpuAttachment* GpuOf(const std::shared_ptr<const Attachment>& attachment) {
+  return attachment ? attachment->gpu.get() : nullptr;
+}
+
+}  // namespace
 
 LeaseHandle& LeaseHandle::operator=(LeaseHandle&& other) noexcept {
   if (this != &other) {
@@ -19,13 +26,31 @@ LeaseHandle& LeaseHandle::operator=(LeaseHandle&& other) noexcept {
   return *this;
 }
 
-Status LeaseHandle::ReleaseHandle() {
+Status LeaseHandle::ReleaseHandle(const WriterEvent* after) {
   if (id_ == 0) return Status::Ok();
   const uint64_t id = std::exchange(id_, 0);
   auto core = core_.lock();
   if (!core) return Unavailable("the client that made the lease is gone");
-  auto reply = core->CallOn<wire::OkResponse>(generation_, "lease", wire::ReleaseRequest{id});
+  wire::ReleaseRequest req{id, std::nullopt};
+  if (after != nullptr) {
+    req.after_event = after->handle;
+  } else if (const GpuAttachment* gpu = GpuOf(attachment_); gpu != nullptr && core->Current(attachment_)) {
+    // No event says when this process's GPU is done with the lease: wait for
+    // all of it. A failed context runs no kernel any more either.
+    (void)gpu->SynchronizeContext();
+  }
+  auto reply = core->CallOn<wire::OkResponse>(generation_, "lease", req);
   return reply.ok() ? Status::Ok() : reply.status();
+}
+
+Status LeaseHandle::ReleaseAfterStream(void* stream) {
+  if (id_ == 0) return Status::Ok();
+  const GpuAttachment* gpu = GpuOf(attachment_);
+  if (gpu == nullptr || !CheckConnection().ok()) return ReleaseHandle();
+  auto event = gpu->TakeWriterEvent(attachment_);
+  if (!event.ok()) return event.status();
+  KVTIER_RETURN_IF_ERROR(gpu->RecordWriterEvent(**event, static_cast<CUstream>(stream)));
+  return ReleaseHandle(event->get());
 }
 
 Status LeaseHandle::CheckConnection() const {

@@ -130,17 +130,32 @@ void Service::Disconnect(ClientState& c) {
   if (c.welcomed) {
     Engine& e = EngineOf(c);
     for (uint64_t lease : c.leases) (void)e.Release(lease);
+    // Blocks it committed while its GPU was still writing them are lost with it.
+    if (const uint32_t dropped = e.ClientGone(c.id); dropped > 0) {
+      LogWarn("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) +
+              ") went before its GPU finished writing " + std::to_string(dropped) +
+              " committed blocks: dropped (never served)");
+    }
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --counters_.clients;
     tenants_.Disconnect(c.tenant);
-    backend_->ForgetClient(c.id);  // Its writer events, once no queued wait references them.
+    backend_->ForgetClient(c.id);  // Its events, each closed with its last watch.
   }
   c.leases.clear();
   c.welcomed = false;
 }
 
 tiering::Tenant Service::TenantOf(const ClientState& c) { return tiering::Tenant{c.ns, c.tenant}; }
+
+Result<tiering::GpuWork> Service::WatchClientWork(const ClientState& c,
+                                                  const std::optional<wire::IpcEventHandle>& event,
+                                                  const char* request) {
+  if (!event) return tiering::GpuWork{};
+  auto watch = backend_->WatchClientEvent(c.id, *event);
+  if (!watch.ok()) return Status(watch.status().code(), std::string(request) + ": " + watch.status().message());
+  return tiering::GpuWork{*watch, c.id};
+}
 
 tiering::Tenant Service::TenantNamed(const std::string& name, const Engine& e) {
   return tiering::Tenant::Make(e.profile().Fingerprint(), name);
@@ -338,13 +353,10 @@ Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
 Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
   if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   if (!m.writer_event && backend_->kind() == tiering::BackendKind::kCuda) ++counters_.gpu_commits_without_writer_event;
-  if (m.writer_event) {
-    // Before the blocks become demotable: no GPU->host copy may overtake the writer.
-    const Status st = backend_->OrderAfterWriter(c.id, *m.writer_event);
-    if (!st.ok()) return Status(st.code(), "commit: " + st.message());
-  }
+  auto writer = WatchClientWork(c, m.writer_event, "commit");
+  if (!writer.ok()) return writer.status();
   Engine& e = EngineOf(c);
-  auto r = e.Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block, m.tokens, m.slots);
+  auto r = e.Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block, m.tokens, m.slots, *writer);
   if (!r.ok()) {
     if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "committed");
     return r.status();
@@ -382,11 +394,14 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
-  if (!c.leases.erase(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
+  if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
+  auto after = WatchClientWork(c, m.after_event, "release");
+  if (!after.ok()) return after.status();  // The lease stays the client's: it may release it again.
+  c.leases.erase(m.lease_id);
   Engine& e = EngineOf(c);
   // A lease the timeout revoked is forgotten now, with an error saying so.
   if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "released");
-  const Status st = e.Release(m.lease_id);
+  const Status st = e.Release(m.lease_id, *after);
   if (!st.ok()) return st;
   return Reply{wire::OkResponse{}};
 }

@@ -190,6 +190,10 @@ class Service {
   wire::SessionSummary Summarize(const tiering::SessionInfo& s) const;
   // The client's own tenant, and tenant `name` in engine `e`'s profile.
   static tiering::Tenant TenantOf(const ClientState& c);
+  // A watch on the GPU event a request carries (none without one); the error
+  // names the request.
+  Result<tiering::GpuWork> WatchClientWork(const ClientState& c, const std::optional<wire::IpcEventHandle>& event,
+                                           const char* request);
   static tiering::Tenant TenantNamed(const std::string& name, const tiering::Engine& e);
   // The tenant named by `wanted` (empty: the client's own); kPermissionDenied
   // for another tenant unless the client is an admin.

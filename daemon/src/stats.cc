@@ -46,6 +46,9 @@ void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
   sum.expired_priorities += s.expired_priorities;
   sum.expired_write_leases += s.expired_write_leases;
   sum.expired_read_leases += s.expired_read_leases;
+  sum.gpu_work_pending += s.gpu_work_pending;
+  sum.expired_gpu_work += s.expired_gpu_work;
+  sum.unfinished_writes_dropped += s.unfinished_writes_dropped;
   sum.warm_adopted_blocks += s.warm_adopted_blocks;
   sum.warm_dropped_blocks += s.warm_dropped_blocks;
   sum.warm_adopted_sessions += s.warm_adopted_sessions;
@@ -189,6 +192,15 @@ constexpr StatRow kStats[] = {
    &Engine<&E::expired_read_leases>},
   {"copies_in_flight", "kvtier_copies_in_flight", Type::kGauge, "Blocks with a copy between tiers in flight",
    S::kProfile, kNoLabel, &Engine<&E::copies_in_flight>},
+  {"gpu_work_pending", "kvtier_gpu_work_pending", Type::kGauge,
+   "Released leases and commits whose slots or blocks wait for a worker's GPU work to finish (cuda backend)",
+   S::kProfile, kNoLabel, &Engine<&E::gpu_work_pending>},
+  {"gpu_work_expired", "kvtier_gpu_work_expired_total", Type::kCounter,
+   "Workers' GPU work given up on after limits.lease_timeout_ms (its slots and blocks given back unfinished)",
+   S::kProfile, kNoLabel, &Engine<&E::expired_gpu_work>},
+  {"unfinished_writes_dropped", "kvtier_unfinished_writes_dropped_total", Type::kCounter,
+   "Committed blocks dropped because their writer went away (or its GPU failed) before it finished writing them",
+   S::kProfile, kNoLabel, &Engine<&E::unfinished_writes_dropped>},
   {"hit_blocks", "kvtier_lookup_blocks_total", Type::kCounter, "Blocks asked for by Acquire, found (hit) or not (miss)",
    S::kProfile, {"result", "hit"}, &Engine<&E::hit_blocks>},
   {"miss_blocks", "kvtier_lookup_blocks_total", Type::kCounter, nullptr, S::kProfile, {"result", "miss"},

@@ -120,15 +120,16 @@ inline void FenceEvents(Reader& r, std::vector<IpcEventHandle>& events) {
   }
 }
 
-// CommitRequest.writer_event: an extension byte string of one event handle.
-inline void WriterEvent(Writer& w, const std::optional<IpcEventHandle>& event) {
-  if (event) w.ExtensionBytes("writer_event", *event, kIpcEventHandleBytes);
+// CommitRequest.writer_event, ReleaseRequest.after_event: an extension byte
+// string of one event handle.
+inline void OneEvent(Writer& w, const char* name, const std::optional<IpcEventHandle>& event) {
+  if (event) w.ExtensionBytes(name, *event, kIpcEventHandleBytes);
 }
-inline void WriterEvent(Reader& r, std::optional<IpcEventHandle>& event) {
+inline void OneEvent(Reader& r, const char* name, std::optional<IpcEventHandle>& event) {
   std::vector<uint8_t> bytes;
   event.reset();
-  if (!r.ExtensionBytes("writer_event", bytes, kIpcEventHandleBytes) || bytes.empty()) return;
-  if (!r.Require(bytes.size() == kIpcEventHandleBytes, "writer_event", "is not one 64-byte event handle")) return;
+  if (!r.ExtensionBytes(name, bytes, kIpcEventHandleBytes) || bytes.empty()) return;
+  if (!r.Require(bytes.size() == kIpcEventHandleBytes, name, "is not one 64-byte event handle")) return;
   event.emplace();
   std::memcpy(event->data(), bytes.data(), kIpcEventHandleBytes);
 }
@@ -182,7 +183,7 @@ void Fields(IO& io, M& m) {
   io.U32("start_block", m.start_block);
   io.U32s("tokens", m.tokens);
   io.U32s("slots", m.slots);
-  WriterEvent(io, m.writer_event);
+  OneEvent(io, "writer_event", m.writer_event);
 }
 
 template <typename IO, Is<CommitResponse> M>
@@ -213,6 +214,7 @@ void Fields(IO& io, M& m) {
 template <typename IO, Is<ReleaseRequest> M>
 void Fields(IO& io, M& m) {
   io.U64("lease_id", m.lease_id);
+  OneEvent(io, "after_event", m.after_event);
 }
 
 template <typename IO, typename M>

@@ -148,6 +148,37 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<Service> svc_;
 };
 
+// On the host backend a worker writes and reads blocks with the CPU: a release
+// or commit carrying a GPU event is refused, naming the request, and the lease
+// stays the client's (a plain release then ends it).
+TEST_F(ServiceTest, AGpuEventOnTheHostBackendIsRefusedAndTheLeaseStays) {
+  Start();
+  auto c = Connected("a");
+  auto granted = Call(*c, wire::AllocateRequest{1});
+  const auto* lease = std::get_if<wire::AllocateResponse>(&granted);
+  ASSERT_NE(lease, nullptr);
+  wire::IpcEventHandle event{};
+  event[0] = 1;
+  wire::CommitRequest commit;
+  commit.lease_id = lease->lease_id;
+  commit.session = "s";
+  commit.tokens.assign(kBlockTokens, 7);
+  commit.slots = lease->slots;
+  commit.writer_event = event;
+  auto refused = Call(*c, commit);
+  ASSERT_TRUE(std::holds_alternative<wire::ErrorResponse>(refused));
+  Status st = wire::ToStatus(std::get<wire::ErrorResponse>(refused));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("commit: backend host"), std::string::npos) << st.message();
+
+  auto release = Call(*c, wire::ReleaseRequest{lease->lease_id, event});
+  ASSERT_TRUE(std::holds_alternative<wire::ErrorResponse>(release));
+  st = wire::ToStatus(std::get<wire::ErrorResponse>(release));
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("release: backend host"), std::string::npos) << st.message();
+  EXPECT_TRUE(std::holds_alternative<wire::OkResponse>(Call(*c, wire::ReleaseRequest{lease->lease_id})));
+}
+
 TEST_F(ServiceTest, ATenantLabelIsShortAndPrintable) {
   Start();
   for (const std::string& bad :

@@ -86,7 +86,10 @@ int main(int argc, char** argv) {
   // fence events one byte short of whole handles.
   for (const auto& m : wire::testing::SampleMessages()) {
     const wire::Message without = wire::testing::WithoutExtensions(m);
-    if (!std::holds_alternative<wire::Welcome>(m) && !std::holds_alternative<wire::CommitRequest>(m)) continue;
+    if (!std::holds_alternative<wire::Welcome>(m) && !std::holds_alternative<wire::CommitRequest>(m) &&
+        !std::holds_alternative<wire::ReleaseRequest>(m)) {
+      continue;
+    }
     const std::string name = wire::MessageTypeName(wire::TypeOf(m));
     Bytes empty = wire::EncodeFrame(3, without);
     const size_t older = empty.size();

@@ -100,11 +100,44 @@ TEST_F(GpuIntegrationTest, ReaderWaitsForThePromotionOnItsOwnStream) {
   EXPECT_EQ(JsonNumber(*r, "intact"), 64) << *r;
 }
 
-TEST_F(GpuIntegrationTest, DemotionNeverOvertakesTheWriterEvent) {
+TEST_F(GpuIntegrationTest, BlocksAreHeldBackUntilTheirWriterEventCompletes) {
   auto w = RunGpuWorker(daemon_.socket(), {"write", "a", "9", "32", "gate"});
   ASSERT_TRUE(w.ok()) << w.status().ToString();
-  EXPECT_TRUE(JsonTrue(*w, "held_back")) << "the demotion finished before the writer ran: " << *w;
+  EXPECT_TRUE(JsonTrue(*w, "held_back")) << "served or demoted before the writer ran: " << *w;
   EXPECT_EQ(JsonNumber(*w, "intact"), 32) << *w;
+}
+
+// A writer killed before its GPU wrote the blocks it committed: kvtierd drops
+// them (never served), and everyone else is served as before.
+TEST_F(GpuIntegrationTest, AWriterKilledMidWriteLosesItsBlocks) {
+  auto writer = Process::Spawn({GpuWorkerPath(), daemon_.socket(), "write", "s", "11", "8", "stuck"});
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  auto line = writer->ReadLine(60s);
+  ASSERT_TRUE(line.ok()) << line.status().ToString();
+  EXPECT_TRUE(JsonTrue(*line, "held_back")) << *line;
+  writer->Kill(SIGKILL);
+  ASSERT_TRUE(writer->Wait(10s).ok());
+  ClientOptions o;
+  o.socket_path = daemon_.socket();
+  o.open_gpu = false;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<TokenId> tokens(8 * (*c)->block_tokens());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(11 * 100000 + i);
+  double dropped = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
+    auto stats = (*c)->Stats();
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    for (const auto& [name, value] : *stats) {
+      if (name == "unfinished_writes_dropped") dropped = value;
+    }
+    if (dropped > 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(dropped, 8);
+  EXPECT_EQ((*c)->Probe(tokens), 0u) << "no unwritten block is published";
+  auto r = RunGpuWorker(daemon_.socket(), {"write", "t", "12", "8"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
 }
 
 TEST_F(GpuIntegrationTest, WorkerKilledWhileHoldingALease) {

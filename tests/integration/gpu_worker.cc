@@ -2,17 +2,21 @@
 // integration test. It reaches the GPU only through the CUDA driver (as
 // libkvtier does), on a stream of its own, and prints one JSON line.
 //
-//   kvtier-gpu-test-worker SOCKET write SESSION SEED BLOCKS [gate]
+//   kvtier-gpu-test-worker SOCKET write SESSION SEED BLOCKS [gate|stuck]
 //   kvtier-gpu-test-worker SOCKET read  SESSION SEED BLOCKS
 //   kvtier-gpu-test-worker SOCKET hold  SESSION SEED BLOCKS   (then sleeps until killed)
 //
 // Block i of SEED holds tokens SEED*100000 + [i*bt, (i+1)*bt) and the payload
 // FillPayload(key) (payload.h), so every process can check every byte.
 // `write ... gate`: the writer's stream first waits on a flag in host memory,
-// then copies the blocks in, records the writer event and commits; the session
-// is demoted at once. While the flag is down the demotion must not finish (it
-// waits, on the GPU, for the writer event); after the flag is raised it must,
-// and the blocks promoted back must hold the written bytes.
+// then copies the blocks in, records the writer event and commits. While the
+// flag is down kvtierd must hold the blocks back (it polls the writer event):
+// an Acquire matches none and a Demote moves none. After the flag is raised
+// the session demotes, and the blocks promoted back hold the written bytes.
+// `write ... stuck`: the same, but the flag is never raised: it prints its
+// line after the commit and sleeps until the test kills it (kvtierd must drop
+// the blocks it never finished writing). `read` releases its lease with
+// ReleaseAfter(stream).
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -93,13 +97,14 @@ bool AllIn(const std::vector<Tier>& tiers, size_t n, Tier t) {
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s SOCKET write|read|hold SESSION SEED BLOCKS [gate]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SOCKET write|read|hold SESSION SEED BLOCKS [gate|stuck]\n", argv[0]);
     return 2;
   }
   const std::string socket = argv[1], mode = argv[2], session = argv[3];
   const uint64_t seed = std::stoull(argv[4]);
   const size_t n = std::stoul(argv[5]);
-  const bool gate = argc > 6 && std::string(argv[6]) == "gate";
+  const bool stuck = argc > 6 && std::string(argv[6]) == "stuck";
+  const bool gate = stuck || (argc > 6 && std::string(argv[6]) == "gate");
 
   ClientOptions o;
   o.socket_path = socket;
@@ -144,6 +149,7 @@ int main(int argc, char** argv) {
     Check(d.Check(d.cuStreamSynchronize(stream), "cuStreamSynchronize"), "sync");
     size_t intact = 0;
     for (size_t i = 0; i < lease.size(); ++i) intact += PayloadIntact(keys[i], host + i * slot_bytes, slot_bytes);
+    Check(lease.ReleaseAfter(stream), "ReleaseAfter");
     return intact;
   };
 
@@ -165,16 +171,33 @@ int main(int argc, char** argv) {
     if (!r.ok()) Die("commit: " + r.status().ToString());
     bool held_back = true;
     if (gate) {
+      // The writer has not run yet: neither served nor demoted.
+      std::this_thread::sleep_for(100ms);
+      auto early = c.Acquire("", tokens, /*promote=*/false);
+      if (!early.ok()) Die("acquire while writing: " + early.status().ToString());
       auto demoted = c.Demote(session);
-      if (!demoted.ok() || *demoted != n) Die("demote did not start for every block");
-      // The writer has not run yet, so the demotion cannot have finished.
-      std::this_thread::sleep_for(300ms);
-      held_back = AllIn(TiersOf(c, tokens, n), n, Tier::kGpu);
-      *flag = 1;
+      if (!demoted.ok()) Die("demote: " + demoted.status().ToString());
+      held_back = early->matched() == 0 && *demoted == 0 && AllIn(TiersOf(c, tokens, n), n, Tier::kGpu);
     }
+    if (stuck) {
+      std::printf("{\"ok\":true,\"stored\":%u,\"held_back\":%s}\n", r->stored, held_back ? "true" : "false");
+      std::fflush(stdout);
+      for (;;) std::this_thread::sleep_for(1s);  // Killed by the test with its writes unfinished.
+    }
+    *flag = 1;
     Check(d.Check(d.cuStreamSynchronize(stream), "cuStreamSynchronize"), "sync");
     size_t intact = n;
     if (gate) {
+      // Written now; kvtierd sees the event complete at its next poll.
+      const auto settled_by = std::chrono::steady_clock::now() + 20s;
+      uint32_t scheduled = 0;
+      while (scheduled == 0 && std::chrono::steady_clock::now() < settled_by) {
+        auto demoted = c.Demote(session);
+        if (!demoted.ok()) Die("demote: " + demoted.status().ToString());
+        scheduled = *demoted;
+        if (scheduled == 0) std::this_thread::sleep_for(1ms);
+      }
+      if (scheduled != n) Die("the session did not demote whole once written: " + std::to_string(scheduled));
       const auto deadline = std::chrono::steady_clock::now() + 20s;
       while (!AllIn(TiersOf(c, tokens, n), n, Tier::kHost) && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(1ms);

@@ -131,7 +131,7 @@ TEST_F(CudaBackendTest, ExportsFenceEventsAndRefusesABogusWriterEvent) {
 
   wire::IpcEventHandle bogus{};
   for (size_t i = 0; i < bogus.size(); ++i) bogus[i] = static_cast<uint8_t>(0x5a ^ i);
-  const Status st = backend_->OrderAfterWriter(/*client=*/1, bogus);
+  const Status st = backend_->WatchClientEvent(/*client=*/1, bogus).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   const std::vector<CopyOp> ops = {{0, 1}, {2, 3}};
   auto fence = backend_->SubmitCopies(CopyDirection::kGpuToHost, *gpu, *host, ops);

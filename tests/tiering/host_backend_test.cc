@@ -494,13 +494,13 @@ TEST(HostBackendCreateTest, NamesInDevShmDoNotStandInTheWay) {
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + prefix + ".fences"));
 }
 
-// No GPU writes on the host backend: no fence events to export, and a commit's
-// writer event is refused rather than silently ignored.
-TEST_F(HostBackendTest, HasNoGpuFencesAndRefusesWriterEvents) {
+// No GPU work on the host backend: no fence events to export, and a request's
+// GPU event is refused rather than silently ignored.
+TEST_F(HostBackendTest, HasNoGpuFencesAndRefusesClientEvents) {
   EXPECT_TRUE(backend_->PromotionFenceEvents().empty());
   wire::IpcEventHandle event{};
   event[0] = 1;
-  const Status st = backend_->OrderAfterWriter(/*client=*/1, event);
+  const Status st = backend_->WatchClientEvent(/*client=*/1, event).status();
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.message().find("backend host"), std::string::npos) << st.ToString();
 }

@@ -85,7 +85,9 @@ std::vector<Message> SampleMessages() {
   ar.fence = Fence{77, CopyDirection::kHostToGpu};
   ar.blocks = {{Tier::kGpu, 3}, {Tier::kGpu, 1}, {Tier::kHost, 900}};
   out.push_back(ar);
-  out.push_back(ReleaseRequest{100});
+  ReleaseRequest rel{100, IpcEventHandle{}};
+  for (size_t i = 0; i < rel.after_event->size(); ++i) (*rel.after_event)[i] = static_cast<uint8_t>(i * 3);
+  out.push_back(rel);
 
   out.push_back(PrefetchRequest{"chat-42"});
   out.push_back(DemoteRequest{"chat-43"});
@@ -112,6 +114,7 @@ Message WithoutExtensions(const Message& m) {
   Message out = m;
   if (auto* w = std::get_if<Welcome>(&out)) w->fence_events.clear();
   if (auto* c = std::get_if<CommitRequest>(&out)) c->writer_event.reset();
+  if (auto* r = std::get_if<ReleaseRequest>(&out)) r->after_event.reset();
   if (auto* p = std::get_if<SetPriorityRequest>(&out)) p->ttl_ms = 0;
   if (auto* l = std::get_if<ListSessionsRequest>(&out)) l->page.reset();
   if (auto* l = std::get_if<ListSessionsResponse>(&out)) l->more = false;

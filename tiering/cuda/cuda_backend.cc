@@ -8,12 +8,15 @@
 #include <atomic>
 #include <chrono>
 #include <compare>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "copy_kernels.h"
@@ -31,9 +34,8 @@ static_assert(sizeof(cudaIpcEventHandle_t) == wire::kIpcEventHandleBytes);
 static_assert(sizeof(cudaUUID_t) == kGpuUuidBytes);
 static_assert(kFenceEventRing <= wire::kMaxFenceEvents);
 
-// Writer events opened from clients are cached; past this many the cache starts
-// over (the old ones retire once no wait can reference them).
-constexpr size_t kMaxWriterEvents = 1024;
+// Events one client may have open in unfinished work (libkvtier reuses a few).
+constexpr size_t kMaxClientEvents = 1024;
 
 using Clock = std::chrono::steady_clock;
 
@@ -144,7 +146,7 @@ class CudaBackendImpl final : public CudaBackend {
     for (cudaEvent_t e : fence_events_) {
       if (e != nullptr) cudaEventDestroy(e);
     }
-    ForgetWriterEvents();
+    for (auto& [key, opened] : client_events_) cudaEventDestroy(opened.event);
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamDestroy(s);
     }
@@ -172,8 +174,8 @@ class CudaBackendImpl final : public CudaBackend {
                                         "cudaStreamCreateWithPriority"));
     }
     // Loaded now, not at the first batch: under lazy module loading a first
-    // launch may synchronize the context, which must not happen inside a
-    // demotion that waits on a client's writer event.
+    // launch may synchronize the context, which must not happen while copies
+    // are queued on the streams.
     KVTIER_RETURN_IF_ERROR(LoadGatherKernel());
     for (size_t i = 0; i < kFenceEventRing; ++i) {
       KVTIER_RETURN_IF_ERROR(CudaStatus(
@@ -184,15 +186,34 @@ class CudaBackendImpl final : public CudaBackend {
       std::memcpy(fence_handles_[i].data(), &raw, sizeof(raw));
     }
 
+    BatchedMemcpySupport support;
 #if CUDART_VERSION >= 13000  // The call's 12.8 signature differs; older toolkits lack it.
+    support.toolkit = true;
     // cudaMemcpyBatchAsync needs a 12.8 driver; ask the driver, not the toolkit.
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    batched_ =
+    support.driver =
         cudaGetDriverEntryPointByVersion("cuMemcpyBatchAsync", &fn, 12080, cudaEnableDefault, &found) == cudaSuccess &&
         found == cudaDriverEntryPointSuccess && fn != nullptr;
     cudaGetLastError();  // A failed lookup is not an error of later calls.
+    for (int s = 0; s < kCopyStreams; ++s) {
+      // Hints name each side's memory; the host pool is pinned, not CUDA-allocated.
+      cudaMemLocation device{};
+      device.type = cudaMemLocationTypeDevice;
+      device.id = options_.device;
+      cudaMemLocation host{};
+      host.type = cudaMemLocationTypeHost;
+      const bool h2d = s == static_cast<int>(CopyDirection::kHostToGpu);
+      batch_attrs_[s] = cudaMemcpyAttributes{};
+      batch_attrs_[s].srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      batch_attrs_[s].srcLocHint = h2d ? host : device;
+      batch_attrs_[s].dstLocHint = h2d ? device : host;
+    }
+    if (support.driver) support.probe_error = ProbeBatchedMemcpy();
 #endif
+    const BatchedMemcpyChoice choice = ChooseBatchedMemcpy(support);
+    batched_ = choice.batched;
+    batch_why_ = choice.why;
 
     auto fences = ShmSegment::CreateSealed(shm_names::Fences(options_.name_prefix).substr(1), sizeof(FenceSegment),
                                            ShmSegment::Sharing::kReadOnly, /*populate=*/true);
@@ -206,8 +227,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::string Describe() const override {
     return "cuda (device " + std::to_string(options_.device) + ": " + prop_.name + ", sm_" +
            std::to_string(prop_.major) + std::to_string(prop_.minor) + ", promotions at stream priority " +
-           std::to_string(priority_[static_cast<int>(CopyDirection::kHostToGpu)]) + ", " +
-           (batched_ ? "cudaMemcpyBatchAsync" : "cudaMemcpyAsync per copy") +
+           std::to_string(priority_[static_cast<int>(CopyDirection::kHostToGpu)]) + ", " + batch_why_ +
            (planner_.memcpy_min_block_bytes == 0
                 ? " for every block size (no device access to host addresses)"
                 : " for blocks >= " + std::to_string(planner_.memcpy_min_block_bytes >> 10) +
@@ -302,6 +322,24 @@ class CudaBackendImpl final : public CudaBackend {
     return Fence{seq, dir};
   }
 
+  Status Health() override {
+    // On its own streams a query fails only when the context does: a sticky
+    // error (an illegal address, an uncorrectable ECC error, a lost device)
+    // that every later call reports too.
+    for (int s = 0; s < kCopyStreams; ++s) {
+      const cudaError_t err = cudaStreamQuery(streams_[s]);
+      if (err == cudaSuccess) continue;
+      if (err == cudaErrorNotReady) {
+        cudaGetLastError();
+        continue;
+      }
+      return Internal(std::string("cuda backend: the CUDA context failed (") + CudaErrorText(err) + " on the " +
+                      (s == static_cast<int>(CopyDirection::kHostToGpu) ? "promotion" : "demotion") +
+                      " stream); copies in flight will never complete");
+    }
+    return Status::Ok();
+  }
+
   bool IsComplete(const Fence& fence) const override { return board_->IsComplete(fence); }
   Status Wait(const Fence& fence, std::chrono::milliseconds timeout) const override {
     return board_->Wait(fence, timeout);
@@ -315,40 +353,63 @@ class CudaBackendImpl final : public CudaBackend {
     return {fence_handles_.begin(), fence_handles_.end()};
   }
 
-  Status OrderAfterWriter(uint64_t client, const wire::IpcEventHandle& writer_event) override {
-    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
-    RetireWriterEvents();
-    const WriterKey key{client, writer_event};
-    auto it = writer_events_.find(key);
-    if (it == writer_events_.end()) {
-      if (writer_events_.size() >= kMaxWriterEvents) {
-        // Not destroyed at once: waits on them may still be queued.
-        for (auto& [k, event] : writer_events_) retiring_.push_back(event);
-        writer_events_.clear();
+  Result<uint64_t> WatchClientEvent(uint64_t client, const wire::IpcEventHandle& handle) override {
+    const ClientEventKey key{client, handle};
+    auto it = client_events_.find(key);
+    if (it == client_events_.end()) {
+      KVTIER_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+      if (CloseIdleEvents(client) >= kMaxClientEvents) {
+        return ResourceExhausted("client holds " + std::to_string(kMaxClientEvents) +
+                                 " GPU events in unfinished work; it must reuse its events");
       }
       cudaIpcEventHandle_t raw;
-      std::memcpy(&raw, writer_event.data(), sizeof(raw));
+      std::memcpy(&raw, handle.data(), sizeof(raw));
       cudaEvent_t event = nullptr;
       const cudaError_t err = cudaIpcOpenEventHandle(&event, raw);
       if (err != cudaSuccess) {
         cudaGetLastError();
-        return InvalidArgument("writer event: cudaIpcOpenEventHandle: " + CudaErrorText(err) +
+        return InvalidArgument("GPU event: cudaIpcOpenEventHandle: " + CudaErrorText(err) +
                                " (not an interprocess event of a live process on this GPU)");
       }
-      it = writer_events_.emplace(key, event).first;
+      it = client_events_.emplace(key, ClientEvent{event}).first;
     }
-    // Every demotion queued after this waits, on the GPU, for the writer's work.
-    return CudaStatus(cudaStreamWaitEvent(streams_[static_cast<int>(CopyDirection::kGpuToHost)], it->second, 0),
-                      "cudaStreamWaitEvent(demotion stream, writer event)");
+    ++it->second.watches;
+    const uint64_t id = next_watch_++;
+    watches_.emplace(id, it);
+    return id;
+  }
+
+  WorkState QueryWatch(uint64_t watch) override {
+    const auto w = watches_.find(watch);
+    if (w == watches_.end()) return WorkState::kDone;
+    const cudaError_t err = cudaEventQuery(w->second->second.event);
+    if (err == cudaSuccess) return WorkState::kDone;
+    cudaGetLastError();  // Neither answer is an error of a later call.
+    return err == cudaErrorNotReady ? WorkState::kPending : WorkState::kFailed;
+  }
+
+  void EndWatch(uint64_t watch) override {
+    const auto w = watches_.find(watch);
+    if (w == watches_.end()) return;
+    const auto it = w->second;
+    watches_.erase(w);
+    if (--it->second.watches == 0 && it->second.forgotten) {
+      cudaEventDestroy(it->second.event);
+      client_events_.erase(it);
+    }
   }
 
   void ForgetClient(uint64_t client) override {
-    for (auto it = writer_events_.lower_bound(WriterKey{client, {}});
-         it != writer_events_.end() && it->first.client == client;) {
-      retiring_.push_back(it->second);
-      it = writer_events_.erase(it);
+    for (auto it = client_events_.lower_bound(ClientEventKey{client, {}});
+         it != client_events_.end() && it->first.client == client;) {
+      if (it->second.watches == 0) {
+        cudaEventDestroy(it->second.event);
+        it = client_events_.erase(it);
+      } else {
+        it->second.forgotten = true;  // Closed with its last watch.
+        ++it;
+      }
     }
-    RetireWriterEvents();
   }
 
   bool batched_memcpy() const override { return batched_; }
@@ -360,26 +421,67 @@ class CudaBackendImpl final : public CudaBackend {
     return Unavailable("cuda backend: " + what + ": " + CudaErrorText(err));
   }
 
-  // At destruction, after every stream was synchronized: nothing waits any more.
-  void ForgetWriterEvents() {
-    for (auto& [key, event] : writer_events_) cudaEventDestroy(event);
-    writer_events_.clear();
-    for (cudaEvent_t event : retiring_) cudaEventDestroy(event);
-    retiring_.clear();
-  }
-
-  // Destroys the events of forgotten clients once the demotion stream, the
-  // only one that waits on them, has drained: no queued wait can then still
-  // reference one. Until then they stay open (a later call retries).
-  void RetireWriterEvents() {
-    if (retiring_.empty()) return;
-    const cudaError_t idle = cudaStreamQuery(streams_[static_cast<int>(CopyDirection::kGpuToHost)]);
-    if (idle != cudaSuccess) {
-      if (idle == cudaErrorNotReady) cudaGetLastError();
-      return;
+#if CUDART_VERSION >= 13000
+  // One batch of two 4 KiB copies each way between a device buffer and pinned
+  // memory allocated outside CUDA (what the pools are), checked byte for byte.
+  // Returns "" when it worked, else what failed.
+  std::string ProbeBatchedMemcpy() {
+    constexpr size_t kBytes = 4096;
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t host_bytes = std::max(page, 4 * kBytes);
+    void* host = nullptr;
+    if (posix_memalign(&host, page, host_bytes) != 0) return "no memory for the probe";
+    auto* bytes = static_cast<uint8_t*>(host);
+    for (size_t i = 0; i < 2 * kBytes; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 1);
+    std::memset(bytes + 2 * kBytes, 0, 2 * kBytes);
+    void* device = nullptr;
+    std::string error;
+    bool registered = false;
+    auto step = [&](cudaError_t err, const char* what) {
+      if (err != cudaSuccess && error.empty()) error = std::string(what) + ": " + CudaErrorText(err);
+      return error.empty();
+    };
+    if (step(cudaHostRegister(host, host_bytes, cudaHostRegisterPortable), "cudaHostRegister")) registered = true;
+    if (error.empty()) step(cudaMalloc(&device, 2 * kBytes), "cudaMalloc");
+    auto batch = [&](CopyDirection dir, void* dst, const void* src) {
+      const int s = static_cast<int>(dir);
+      void* dsts[2] = {static_cast<uint8_t*>(dst) + kBytes, dst};  // Crossed, as pool slots are.
+      const void* srcs[2] = {src, static_cast<const uint8_t*>(src) + kBytes};
+      size_t sizes[2] = {kBytes, kBytes};
+      size_t attr_index = 0;
+      if (step(cudaMemcpyBatchAsync(dsts, srcs, sizes, 2, &batch_attrs_[s], &attr_index, 1, streams_[s]),
+               "cudaMemcpyBatchAsync")) {
+        step(cudaStreamSynchronize(streams_[s]), "cudaStreamSynchronize");
+      }
+    };
+    if (error.empty()) batch(CopyDirection::kHostToGpu, device, bytes);
+    if (error.empty()) batch(CopyDirection::kGpuToHost, bytes + 2 * kBytes, device);
+    // Crossed twice: the bytes come back where they started.
+    if (error.empty() && std::memcmp(bytes, bytes + 2 * kBytes, 2 * kBytes) != 0) {
+      error = "the bytes copied back differ from those sent";
     }
-    for (cudaEvent_t event : retiring_) cudaEventDestroy(event);
-    retiring_.clear();
+    cudaGetLastError();
+    if (device != nullptr) cudaFree(device);
+    if (registered) cudaHostUnregister(host);
+    std::free(host);
+    return error;
+  }
+#endif
+
+  // Closes the events of `client` no watch uses. Returns how many stay open.
+  size_t CloseIdleEvents(uint64_t client) {
+    size_t open = 0;
+    for (auto it = client_events_.lower_bound(ClientEventKey{client, {}});
+         it != client_events_.end() && it->first.client == client;) {
+      if (it->second.watches == 0) {
+        cudaEventDestroy(it->second.event);
+        it = client_events_.erase(it);
+      } else {
+        ++open;
+        ++it;
+      }
+    }
+    return open;
   }
 
   Status Gather(const std::vector<PlannedCopy>& sub, const Pool& src, const Pool& dst, int s) {
@@ -401,17 +503,17 @@ class CudaBackendImpl final : public CudaBackend {
         srcs_.push_back(src.base() + c.src_offset);
         sizes_.push_back(c.bytes);
       }
-      cudaMemcpyAttributes attr{};
-      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       size_t attr_index = 0;
-      const cudaError_t err = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), sub.size(), &attr,
-                                                   &attr_index, 1, streams_[s]);
+      const cudaError_t err = cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), sub.size(),
+                                                   &batch_attrs_[s], &attr_index, 1, streams_[s]);
       if (err == cudaSuccess) return Status::Ok();
-      if (err != cudaErrorNotSupported && err != cudaErrorCallRequiresNewerDriver) {
-        return CudaStatus(err, "cudaMemcpyBatchAsync of " + std::to_string(sub.size()) + " copies");
-      }
+      // Refused (nothing was queued): per-copy memcpy from now on. A failed
+      // context fails the per-copy calls too, and Health reports it.
       cudaGetLastError();
-      batched_ = false;  // The driver lists the entry point but refuses it: per-copy memcpy from now on.
+      batched_ = false;
+      batch_why_ = "per-copy cudaMemcpyAsync: cudaMemcpyBatchAsync refused a batch of " + std::to_string(sub.size()) +
+                   " copies while serving (" + CudaErrorText(err) + ")";
+      if (options_.warn) options_.warn("cuda backend: " + batch_why_);
     }
 #endif
     for (const PlannedCopy& c : sub) {
@@ -449,15 +551,27 @@ class CudaBackendImpl final : public CudaBackend {
   cudaStream_t streams_[kCopyStreams] = {nullptr, nullptr};
   cudaEvent_t fence_events_[kFenceEventRing] = {};
   std::array<wire::IpcEventHandle, kFenceEventRing> fence_handles_{};
-  // Opened client events, by (client, handle) (submitting thread only).
-  struct WriterKey {
+  // Opened client events, by (client, handle), and the watches on them
+  // (engine thread only). Nothing on the GPU waits on them: they are polled.
+  struct ClientEventKey {
     uint64_t client;
     wire::IpcEventHandle handle;
-    friend auto operator<=>(const WriterKey&, const WriterKey&) = default;
+    friend auto operator<=>(const ClientEventKey&, const ClientEventKey&) = default;
   };
-  std::map<WriterKey, cudaEvent_t> writer_events_;
-  std::vector<cudaEvent_t> retiring_;  // Of forgotten clients; destroyed once the demotion stream drains.
-  bool batched_ = false;  // Submitting thread only.
+  struct ClientEvent {
+    cudaEvent_t event = nullptr;
+    uint32_t watches = 0;
+    bool forgotten = false;  // Its client is gone: closed with its last watch.
+  };
+  using ClientEvents = std::map<ClientEventKey, ClientEvent>;
+  ClientEvents client_events_;
+  std::unordered_map<uint64_t, ClientEvents::iterator> watches_;
+  uint64_t next_watch_ = 1;
+  bool batched_ = false;   // Submitting thread only.
+  std::string batch_why_;  // How large blocks are copied, and why (Describe).
+#if CUDART_VERSION >= 13000
+  cudaMemcpyAttributes batch_attrs_[kCopyStreams] = {};  // Per direction: stream order, location hints.
+#endif
   std::optional<FenceBoard> board_;  // Made by Init.
 
   // Submission scratch, reused (submitting thread only).

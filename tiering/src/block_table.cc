@@ -40,6 +40,21 @@ void BlockTable::Unpublish(uint32_t r) {
   Retire(r);
 }
 
+void BlockTable::Doom(uint32_t r) {
+  Record& rec = records_[r];
+  index_.Erase(rec.key);
+  rec.tenant->Unpublished(rec.tier, rec.moving());
+  rec.doomed = true;
+}
+
+bool BlockTable::FreeDoomed(uint32_t r) {
+  Record& rec = records_[r];
+  if (!rec.doomed || rec.moving() || rec.readers != 0) return false;
+  slots_[rec.tier].Free(rec.slot);
+  Retire(r);
+  return true;
+}
+
 void BlockTable::Retire(uint32_t r) {
   records_[r].state = BlockState::kFree;
   free_.push_back(r);

@@ -6,7 +6,8 @@
 //  - a live record (state != kFree) owns its slot in `tier`, and while moving
 //    also `dst_slot` in the other tier; every other used slot is a write lease's;
 //  - a live record is indexed under its key unless it is doomed (freed while
-//    moving: its slots come free when its copy lands);
+//    moving or pinned: its slots come free when its copy lands or its last
+//    reader goes);
 //  - `refs` counts the session chains holding it, `readers` the read leases;
 //  - a block's stored parent (its index row) is the null key or the key of a
 //    block of the same tenant: lookups check the tenant of block 0 only.
@@ -39,7 +40,8 @@ struct Record {
   uint32_t readers = 0;   // Read leases holding it.
   Tier tier = Tier::kGpu;
   BlockState state = BlockState::kFree;
-  bool doomed = false;       // Out of the index; freed when its copy completes.
+  bool doomed = false;       // Out of the index; freed when its copy completes or its last reader goes.
+  bool writing = false;      // A client's GPU is still writing it: not served, not moved (pinned).
   bool checksummed = false;  // `checksum` holds the host-tier payload's XXH3 (warm restart).
   uint64_t checksum = 0;
   TenantAccount* tenant = nullptr;  // Its namespace recomputes the key (warm restart).
@@ -78,6 +80,12 @@ class BlockTable {
   // now, or, if it is moving, both slots when the copy lands (it is doomed).
   // REQUIRES: held by no one, not doomed.
   void Unpublish(uint32_t r);
+  // Takes a block out of the index and the tenant's counts, keeping its slots
+  // until Unpublish's rules free them (FreeDoomed). REQUIRES: not doomed.
+  void Doom(uint32_t r);
+  // Frees the slot and record of a doomed block once it is neither moving nor
+  // read. Returns whether it did.
+  bool FreeDoomed(uint32_t r);
   // Returns the record of a block whose slots were freed to the free list.
   void Retire(uint32_t r);
 

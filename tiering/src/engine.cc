@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "engine_impl.h"
 #include "kvtier/shm_names.h"
@@ -43,6 +44,7 @@ uint32_t Engine::Impl::MatchRecords(const Namespace& ns, std::span<const BlockKe
   for (size_t i = 0; i < found; ++i) {
     const uint32_t r = (*out)[i];
     if (i == 0 && blocks[r].tenant != tenant) break;
+    if (blocks[r].writing) break;  // Its writer's GPU may not have finished it: never served before.
     const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
     if (!blocks.index().RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
     ++matched;
@@ -109,13 +111,20 @@ LeaseId Engine::Impl::NewLease(std::variant<WriteSlots, ReadRecords> held) {
   return id;
 }
 
-void Engine::Impl::EndLease(Lease& lease) {
-  if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
+void Engine::Impl::CountEnded(const Lease& lease) {
+  if (lease.write()) {
     --st.write_leases;
+  } else {
+    --st.read_leases;
+  }
+}
+
+void Engine::Impl::EndLease(Lease& lease) {
+  CountEnded(lease);
+  if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
     write->tenant->Unleased(static_cast<uint32_t>(write->slots.size()));
     for (uint32_t slot : write->slots) slots(Tier::kGpu).Free(slot);
   } else {
-    --st.read_leases;
     for (uint32_t r : std::get<ReadRecords>(lease.held).records) {
       --blocks[r].readers;
       MaybeFree(r, FreeReason::kReleased);
@@ -151,7 +160,9 @@ Status CheckTunables(const EngineOptions& o) {
 }  // namespace
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Engine::~Engine() = default;
+Engine::~Engine() {
+  for (Settling& s : impl_->settling) impl_->EndWatch(s.work);
+}
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
                                                std::unique_ptr<EvictionPolicy> policy) {
@@ -218,8 +229,14 @@ Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint
 
 Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std::string_view session_id,
                                     const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
-                                    std::span<const uint32_t> slots) {
+                                    std::span<const uint32_t> slots, GpuWork writer) {
   Impl& m = *impl_;
+  // The watch is the engine's from here: ended on every early return.
+  struct WatchOwner {
+    Impl& m;
+    GpuWork& w;
+    ~WatchOwner() { m.EndWatch(w); }
+  } owner{m, writer};
   auto it = m.leases.find(lease_id);
   WriteSlots* lease = it == m.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second.held);
   if (lease == nullptr) {
@@ -297,13 +314,15 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     s->chain.resize(start_block);
   }
   CommitResult result;
+  std::vector<uint32_t> duplicate_slots;  // Freed once the writer is done.
+  std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
   BlockKey prev = parent;
   for (size_t i = 0; i < n; ++i) {
     const std::span<const TokenId> block = tokens.subspan(i * m.bt(), m.bt());
     const BlockKey key = ChainKey(prev, tenant.ns, block);
     uint32_t r = m.blocks.index().Find(key);
     if (r != kNoRecord) {
-      m.slots(Tier::kGpu).Free(slots[i]);  // First copy wins.
+      duplicate_slots.push_back(slots[i]);  // First copy wins.
       ++result.duplicates;
       if (!m.blocks.index().RowMatches(r, prev, block) || m.blocks[r].tenant != &account) {
         prev = key;  // A 128-bit collision: the block cannot be published.
@@ -311,6 +330,8 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
       }
     } else {
       r = m.blocks.Publish(key, prev, block, account, Tier::kGpu, slots[i]);
+      ++m.blocks[r].readers;  // Pinned until the writer is done (below).
+      written.push_back(r);
       ++result.stored;
     }
     m.blocks[r].last_use = m.clock;
@@ -321,9 +342,12 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
   m.Touch(s);
   // Committed slots leave the write lease (n log n, not n * lease size), and
-  // the tenant's leased count: they are its blocks now, or were freed.
+  // the tenant's leased count: they are its blocks now, or the duplicates'
+  // slots, which stay counted until given back after the writer.
   std::erase_if(lease->slots, [&](uint32_t x) { return std::binary_search(committed.begin(), committed.end(), x); });
-  account.Unleased(static_cast<uint32_t>(n));
+  account.Unleased(static_cast<uint32_t>(n - duplicate_slots.size()));
+  m.GiveBackAfter(std::exchange(writer, GpuWork{}), std::move(duplicate_slots), &account, std::move(written),
+                  /*writes=*/true);
   m.st.committed_blocks += result.stored;
   m.st.duplicate_blocks += result.duplicates;
   return result;
@@ -362,6 +386,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
                            std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
   }
+  m.Settle();  // Blocks whose writer finished by now are served.
   std::vector<uint32_t> recs;
   const uint32_t matched = m.MatchRecords(tenant.ns, keys, tokens, &recs);
   // A session comes into being with its first block: an acquire that matches
@@ -439,10 +464,11 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   return out;
 }
 
-Status Engine::Release(LeaseId lease_id) {
+Status Engine::Release(LeaseId lease_id, GpuWork after) {
   Impl& m = *impl_;
   auto it = m.leases.find(lease_id);
   if (it == m.leases.end()) {
+    m.EndWatch(after);
     auto r = m.revoked.find(lease_id);
     if (r == m.revoked.end()) return NotFound("lease " + std::to_string(lease_id) + " does not exist");
     const RevokedLease gone = r->second;
@@ -453,7 +479,17 @@ Status Engine::Release(LeaseId lease_id) {
   }
   Lease lease = std::move(it->second);
   m.leases.erase(it);
-  m.EndLease(lease);
+  if (after.none()) {
+    m.EndLease(lease);
+    return Status::Ok();
+  }
+  // Held until the client's GPU work on them is done.
+  m.CountEnded(lease);
+  if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
+    m.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
+  } else {
+    m.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease.held).records), /*writes=*/false);
+  }
   return Status::Ok();
 }
 
@@ -495,7 +531,7 @@ LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
 
 // --- Background and introspection -------------------------------------------------------------
 
-uint32_t Engine::Poll() { return impl_->mover.Poll(); }
+uint32_t Engine::Poll() { return impl_->mover.Poll() + impl_->Settle(); }
 
 void Engine::EnforceWatermarks() { impl_->reclaim.EnforceWatermarks(); }
 
@@ -528,6 +564,7 @@ EngineStats Engine::stats() const {
   s.blocks = m.blocks.index().size();
   s.sessions = static_cast<uint32_t>(m.sessions.size());
   s.copies_in_flight = m.mover.copies_in_flight();
+  s.gpu_work_pending = static_cast<uint32_t>(m.settling.size());
   s.demoted_blocks = m.mover.demoted();
   s.promoted_blocks = m.mover.promoted();
   m.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });

@@ -80,6 +80,18 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
       for (uint32_t r : std::get<ReadRecords>(lease.held).records) ++readers[r];
     }
   }
+  for (const Settling& s : m.settling) {
+    if (s.work.none()) return Fail("a settling entry waits for no work");
+    if (!s.slots.empty()) {
+      if (s.tenant == nullptr) return Fail("settling slots have no tenant");
+      counts[s.tenant].leased += static_cast<uint32_t>(s.slots.size());
+    }
+    for (uint32_t slot : s.slots) KVTIER_RETURN_IF_ERROR(own(Tier::kGpu, slot, "a settling entry"));
+    for (uint32_t r : s.records) {
+      ++readers[r];
+      if (s.writes && !blocks[r].writing) return Fail("a block being written is not marked writing");
+    }
+  }
   uint32_t write_leases = 0;
   for (const auto& [id, lease] : m.leases) write_leases += lease.write() ? 1 : 0;
   if (write_leases != m.st.write_leases || m.leases.size() - write_leases != m.st.read_leases) {
@@ -98,7 +110,7 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     }
     if (rec.readers != readers[r]) return Fail(name + " reader count is off");
     if (rec.doomed) {
-      if (!rec.moving()) return Fail("a doomed block is not moving");
+      if (!rec.moving() && rec.readers == 0) return Fail("a doomed block is neither moving nor read");
       if (blocks.index().Find(rec.key) == r) return Fail("a doomed block is still indexed");
       ++doomed;
       continue;

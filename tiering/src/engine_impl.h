@@ -6,6 +6,7 @@
 //   tenant_ledger.h  tenants: usage per tier, quotas, sessions, room checks
 //   session_table.h  sessions by (tenant, id), the eviction order, priorities
 //   reclaim.h        making room: demote coldest, drop, watermarks, quota room
+//   gpu_work.cc      what waits for clients' GPU work: released leases, commits
 //   warm_restart.cc  saving and adopting the host tier across restarts
 //   engine_check.h   the invariant checker (tests)
 //   engine.cc        creation and the request API
@@ -63,6 +64,19 @@ struct RevokedLease {
   std::chrono::milliseconds timeout{0};  // The lease timeout then.
 };
 
+// What a client's GPU work still uses, held back until the engine sees the
+// work done (gpu_work.cc): the slots of a released write lease or a commit's
+// duplicates (still counted in `tenant`'s leased slots), and the blocks of a
+// released read lease or of a commit (pinned: counted in their `readers`).
+struct Settling {
+  GpuWork work;
+  std::vector<uint32_t> slots;      // GPU slots, freed after the work.
+  TenantAccount* tenant = nullptr;  // Whose leased count `slots` are in; set when slots is non-empty.
+  std::vector<uint32_t> records;    // Blocks pinned until the work is done.
+  bool writes = false;              // The work writes `records` (a commit's new blocks).
+  std::chrono::steady_clock::time_point since;
+};
+
 struct Engine::Impl {
   Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
       : opt(o), backend(b), blocks(std::move(index), o.gpu_slots, o.host_slots), sessions(std::move(policy)),
@@ -79,6 +93,7 @@ struct Engine::Impl {
   // By id, which is the order of grant: the oldest lease comes first.
   std::map<LeaseId, Lease> leases;
   std::unordered_map<LeaseId, RevokedLease> revoked;
+  std::vector<Settling> settling;  // Oldest first.
   LeaseId next_lease = 1;
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
@@ -135,6 +150,21 @@ struct Engine::Impl {
   // Gives back what a lease holds: slots come free (and off its tenant's
   // quota), pins end and blocks no one holds any more are freed.
   void EndLease(Lease& lease);
+  // Counts a lease as ended (read_leases / write_leases).
+  void CountEnded(const Lease& lease);
+
+  // --- Clients' GPU work (gpu_work.cc) ---------------------------------------------
+  // Frees `slots` (off `tenant`'s leased count) and unpins `records` now, or,
+  // if `work` is still running, once it is done. Takes over the watch.
+  void GiveBackAfter(GpuWork work, std::vector<uint32_t> slots, TenantAccount* tenant, std::vector<uint32_t> records,
+                     bool writes);
+  // Gives back whatever waited for work that is done (or failed, or older
+  // than the lease timeout). Returns the slots and blocks given back.
+  uint32_t Settle();
+  void GiveBack(Settling& s);
+  // Takes blocks whose writing went wrong out of every session and the index.
+  void DropUnwritten(std::span<const uint32_t> records);
+  void EndWatch(GpuWork& work);
   void Flush(CopyDirection dir) { mover.Flush(dir, opt.max_copy_batch); }
 };
 

@@ -91,7 +91,11 @@ class LeaseHandle {
   LeaseHandle& operator=(const LeaseHandle&) = delete;
   ~LeaseHandle() { (void)ReleaseHandle(); }
   // Idempotent. kUnavailable if the connection it was made on is gone.
-  Status ReleaseHandle();
+  // With `after`, kvtierd holds what the lease held until that event is done;
+  // without, a process that opened the GPU synchronizes its context first.
+  Status ReleaseHandle(const WriterEvent* after = nullptr);
+  // Records an event on `stream` and releases after it (ReleaseAfter).
+  Status ReleaseAfterStream(void* stream);
   // kUnavailable if the client is gone or has reconnected since the lease was
   // made (its fence and blocks belong to the connection it was made on).
   Status CheckConnection() const;
@@ -149,7 +153,18 @@ class Lease : public client_internal::LeaseHandle {
   // kNotFound saying it expired if kvtierd revoked it for being held longer
   // than its limits.lease_timeout_ms: its blocks were unpinned then, so bytes
   // read through it after that may be another block's.
+  // In a process that opened the GPU of a cuda-backend kvtierd (and so on
+  // destruction too), it first waits for all of this process's GPU work
+  // (cuCtxSynchronize): the blocks may be moved or freed once released, so no
+  // kernel may still read them. A worker that reads them on a stream releases
+  // with ReleaseAfter(stream) instead, which never stalls.
   Status Release() { return ReleaseHandle(); }
+  // Ends the lease once the work queued on `stream` so far is done, without
+  // waiting for it: it records an interprocess event on the stream, and kvtierd
+  // keeps the blocks pinned until it sees that event complete. Same as
+  // Release() where the blocks are not read on the GPU (host backend, or a
+  // client that did not open the GPU).
+  Status ReleaseAfter(void* stream) { return ReleaseAfterStream(stream); }
 
  private:
   friend class Client;
@@ -184,13 +199,27 @@ class WriteLease : public client_internal::LeaseHandle {
   // event, so one without a RecordWritten since carries none (kvtierd counts
   // such commits: gpu_commits_without_writer_event). Cuda backend only: on the host
   // backend the blocks are written by the CPU (kFailedPrecondition).
+  // kvtierd serves, demotes (and reuses the slots of duplicates) only once it
+  // sees the event complete; a writer that disconnects first loses the
+  // blocks. A Commit without an event, in a process that opened the GPU,
+  // first waits for all of its GPU work (cuCtxSynchronize).
   Status RecordWritten(void* stream);
-  // Gives the uncommitted slots back (idempotent).
+  // Gives the uncommitted slots back (idempotent): after the event of a
+  // RecordWritten since the last Commit if there is one, else as
+  // Lease::Release (a GPU process synchronizes its context first).
   Status Release() {
     slots_.clear();
     data_.clear();
+    auto after = std::move(writer_event_);
+    return ReleaseHandle(after.get());
+  }
+  // Gives the uncommitted slots back once the work queued on `stream` so far
+  // (what writes them) is done, as Lease::ReleaseAfter.
+  Status ReleaseAfter(void* stream) {
+    slots_.clear();
+    data_.clear();
     writer_event_.reset();
-    return ReleaseHandle();
+    return ReleaseAfterStream(stream);
   }
 
  private:

@@ -227,8 +227,9 @@ struct CommitRequest {
   std::vector<TokenId> tokens;
   std::vector<uint32_t> slots;
   // Extension (cuda backend): an interprocess event the writer recorded on its
-  // stream after writing these blocks; the daemon orders every later demotion
-  // after it. Encoded as ExtensionBytes of exactly kIpcEventHandleBytes bytes.
+  // stream after writing these blocks; kvtierd polls it, and serves, demotes
+  // (or reuses the slots of duplicates) only once it reports done. Encoded as
+  // ExtensionBytes of exactly kIpcEventHandleBytes bytes.
   std::optional<IpcEventHandle> writer_event;
   friend bool operator==(const CommitRequest&, const CommitRequest&) = default;
 };
@@ -270,6 +271,11 @@ struct ReleaseRequest {
   static constexpr MessageType kType = MessageType::kReleaseRequest;
   static constexpr const char* kName = "ReleaseRequest";
   uint64_t lease_id = 0;
+  // Extension (cuda backend): an interprocess event the client recorded after
+  // its GPU work on the lease's blocks or slots. kvtierd keeps them held
+  // (blocks pinned, slots reserved) until it sees the event done. Encoded as
+  // CommitRequest.writer_event.
+  std::optional<IpcEventHandle> after_event;
   friend bool operator==(const ReleaseRequest&, const ReleaseRequest&) = default;
 };
 

@@ -128,6 +128,12 @@ class Backend {
   virtual std::string FenceSegmentName() const = 0;
   virtual int FenceSegmentFd() const = 0;
 
+  // kInternal once the backend can no longer copy (a CUDA context with a
+  // sticky error: every later call fails the same way, and fences queued
+  // never complete). The daemon then exits non-zero for its supervisor to
+  // restart it. Cheap: called every tick.
+  virtual Status Health() { return Status::Ok(); }
+
   // Counts completed copies only. May be called from any thread.
   virtual CopyStats copy_stats(CopyDirection dir) const = 0;
 
@@ -136,21 +142,38 @@ class Backend {
   // before SubmitCopies returned it. Empty when the backend has none (host).
   virtual std::vector<wire::IpcEventHandle> PromotionFenceEvents() const { return {}; }
 
-  // Orders every demotion submitted after this call behind `writer_event`, an
-  // interprocess event client `client` (an id unique for the daemon's life)
-  // recorded on its stream after writing GPU-tier blocks
-  // (CommitRequest.writer_event), so a GPU->host copy never reads a block
-  // before the compute that wrote it has finished. Opened events are kept per
-  // (client, handle): handle bytes alone can repeat across clients (a
-  // reconnect, a reused pid, another pid namespace). Engine thread only.
-  // Default (host backend: no GPU writes to order after): kFailedPrecondition.
-  virtual Status OrderAfterWriter(uint64_t /*client*/, const wire::IpcEventHandle& /*writer_event*/) {
+  // --- A client's GPU work, watched from the daemon side ----------------------
+  // A worker tells kvtierd when its GPU work on some blocks is done by sending
+  // an interprocess event it recorded on its stream after that work (a writer
+  // event at commit, a reader or writer event at release). kvtierd never makes
+  // a stream of its own wait on such an event (a slow or dead client would stall
+  // every demotion behind it); it polls the event instead, and holds back what
+  // depends on the work (reusing the slots, demoting or serving the blocks) until
+  // the event reports done.
+  //
+  // Starts watching `event`, an interprocess event of client `client` (an id
+  // unique for the daemon's life). Returns a watch id (never 0) for QueryWatch
+  // and EndWatch. Opened events are kept per (client, handle): handle bytes
+  // alone can repeat across clients (a reconnect, a reused pid, another pid
+  // namespace). An event reports the state of its latest record, so a client
+  // must not record it again before its earlier work is done (libkvtier
+  // recycles only events that completed). Engine thread only.
+  // Default (host backend: workers write with the CPU before they commit):
+  // kFailedPrecondition.
+  virtual Result<uint64_t> WatchClientEvent(uint64_t /*client*/, const wire::IpcEventHandle& /*event*/) {
     return FailedPrecondition(std::string("backend ") + BackendKindName(kind()) +
-                              " has no GPU writes to order after: a commit must not carry a writer event");
+                              " has no GPU work to wait for: a request must not carry a GPU event");
   }
-  // Client `client` is gone: the events opened for it are released once no
-  // queued wait can still reference them (never while one is pending).
-  // Engine thread only. Default: nothing to release.
+  // The state of a watched event now. Never blocks. kFailed when the event
+  // cannot be queried any more (its client's context is gone): no work of
+  // that client runs on the GPU then.
+  enum class WorkState : uint8_t { kPending, kDone, kFailed };
+  virtual WorkState QueryWatch(uint64_t /*watch*/) { return WorkState::kDone; }
+  // Stops watching; the event is closed with its client's last watch once the
+  // client is forgotten. Engine thread only.
+  virtual void EndWatch(uint64_t /*watch*/) {}
+  // Client `client` is gone: its events are closed once no watch uses them.
+  // Engine thread only.
   virtual void ForgetClient(uint64_t /*client*/) {}
 };
 

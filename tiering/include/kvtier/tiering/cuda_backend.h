@@ -10,8 +10,10 @@
 // after each batch a host function advances the stream's completed counter in
 // the shared fence segment, so clients poll fences the same way on both backends.
 // GPU-side fences: the promotion stream records one of kFenceEventRing
-// interprocess events per batch (PromotionFenceEvents); OrderAfterWriter makes
-// the demotion stream wait for a client's writer event (opened once, cached).
+// interprocess events per batch (PromotionFenceEvents). Clients' events (the
+// work that writes or reads GPU-tier blocks) are opened once per (client,
+// handle) and polled with cudaEventQuery (WatchClientEvent): no stream of the
+// daemon ever waits on a client's event.
 //
 // Built only with KVTIER_WITH_CUDA (target kvtier::cuda_backend).
 #pragma once
@@ -40,6 +42,10 @@ struct CudaBackendOptions {
   size_t pin_chunk_bytes = size_t{256} << 20;
   // Called after each pinned chunk on the creating thread: pool name, bytes pinned so far, total.
   std::function<void(const std::string& pool, size_t pinned, size_t total)> pin_progress;
+  // Called (on the submitting thread) when the backend changes how it works
+  // while serving, e.g. cudaMemcpyBatchAsync refused and per-copy memcpy used
+  // from then on. Unset: nothing is said.
+  std::function<void(const std::string& line)> warn;
 };
 
 class CudaBackend : public Backend {

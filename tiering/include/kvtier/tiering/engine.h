@@ -144,6 +144,16 @@ struct LeaseExpiry {
   uint32_t leases() const { return write + read; }
 };
 
+// A client's GPU work on GPU-tier blocks or slots: a watch on the
+// interprocess event it recorded after that work (Backend::WatchClientEvent).
+// An engine handed one owns the watch from then on, whatever the call returns:
+// it ends it (Backend::EndWatch) once the work is done, or at destruction.
+struct GpuWork {
+  uint64_t watch = 0;   // 0: no GPU work to wait for (host backend, or done).
+  uint64_t client = 0;  // Whose event it is (ClientGone).
+  bool none() const { return watch == 0; }
+};
+
 struct CommitResult {
   uint32_t stored = 0;      // New blocks published (duplicates not counted).
   uint32_t duplicates = 0;  // Blocks that were already cached; their slots were freed.
@@ -210,6 +220,9 @@ struct EngineStats {
   uint64_t expired_priorities = 0;  // Priorities set back to 0 when their TTL ran out.
   uint64_t expired_write_leases = 0;  // Revoked by the lease timeout.
   uint64_t expired_read_leases = 0;
+  uint32_t gpu_work_pending = 0;           // Released leases and commits waiting for a client's GPU work.
+  uint64_t expired_gpu_work = 0;           // Given back unfinished after the lease timeout.
+  uint64_t unfinished_writes_dropped = 0;  // Blocks dropped: their writer went away (or failed) mid-write.
   uint64_t warm_adopted_blocks = 0;  // Host blocks taken over from the previous run.
   uint64_t warm_dropped_blocks = 0;  // Blocks the previous run's manifest listed that failed a check.
   uint64_t warm_adopted_sessions = 0;
@@ -288,9 +301,15 @@ class Engine {
   // The session is `tenant`'s: the keys are chained in its namespace; the lease
   // must be that tenant's (kPermissionDenied), and live: kFailedPrecondition
   // for one the lease timeout revoked.
-  Result<CommitResult> Commit(LeaseId lease, const Tenant& tenant, std::string_view session,
-                              const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
-                              std::span<const uint32_t> slots);
+  // With `writer` (the work that wrote the slots, still running on the
+  // client's GPU), the new blocks are published at once but held back until
+  // the engine sees that work done: no Acquire matches them, no demotion
+  // copies them, and the duplicates' slots are not reused. A writer whose
+  // client goes first (ClientGone), or whose event fails, loses its unfinished
+  // blocks (dropped, never served).
+  Result<CommitResult> Commit(LeaseId lease, const Tenant& tenant, std::string_view session, const BlockKey& parent,
+                              uint32_t start_block, std::span<const TokenId> tokens, std::span<const uint32_t> slots,
+                              GpuWork writer = {});
 
   // --- Read path ------------------------------------------------------------
   // Longest cached prefix of `keys` whose stored tokens and parents match
@@ -320,7 +339,16 @@ class Engine {
   // Ends a read or write lease; unreferenced blocks it held are freed. A lease
   // the timeout revoked is forgotten here, with kNotFound saying it expired
   // (what a reader read through it after that may be another block's).
-  Status Release(LeaseId lease);
+  // With `after` (the client's GPU work still reading the blocks or writing
+  // the slots), what the lease held stays held (slots reserved, blocks pinned)
+  // until the engine sees that work done (Poll); the lease is gone for its
+  // holder at once.
+  Status Release(LeaseId lease, GpuWork after = {});
+  // Client `client` (the id its GpuWork carried) is gone: blocks it committed
+  // whose writing it had not finished are dropped (taken out of the index and
+  // of every session; their slots come free once the work is done or fails,
+  // or after the lease timeout). Returns how many it dropped.
+  uint32_t ClientGone(uint64_t client);
   // True for a lease the timeout revoked that was not released since.
   bool LeaseExpired(LeaseId lease) const;
 
@@ -350,7 +378,9 @@ class Engine {
   uint32_t EvictSessions(const std::optional<Namespace>& tenant);
 
   // --- Background -----------------------------------------------------------
-  // Applies finished copies. Never blocks. Returns how many blocks it settled.
+  // Applies finished copies, and gives back what waited for clients' GPU
+  // work that is done now (or that waited longer than the lease timeout).
+  // Never blocks. Returns how many blocks and slots it settled.
   uint32_t Poll();
   // Demotes above the GPU high watermark, drops above the host high watermark.
   void EnforceWatermarks();
