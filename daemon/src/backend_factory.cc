@@ -39,6 +39,7 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
       notify::SetStatus(line);
       if (pinned == total) last_percent = -1;
     };
+    co.warn = [](const std::string& line) { LogWarn(line); };
     auto cuda = tiering::CreateCudaBackend(co);
     if (!cuda.ok()) return Status(cuda.status().code(), "backend cuda: " + cuda.status().message());
     LogInfo((*cuda)->Describe());

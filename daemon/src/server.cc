@@ -10,12 +10,13 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <optional>
-#include <unordered_set>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include "log.h"
@@ -136,6 +137,11 @@ struct Server::Impl {
   void ScheduleWatchdog(std::chrono::microseconds interval);
   void ScheduleStatus();
   void Shutdown(const char* why);
+  // The backend can no longer copy: logs why and exits with status 1 at once
+  // (systemd's Restart=on-failure starts a fresh kvtierd). No orderly
+  // shutdown: draining would wait for fences that never complete, and the
+  // last periodic warm snapshot stands.
+  [[noreturn]] void BackendFailed(const Status& why);
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -561,6 +567,7 @@ void Server::Impl::ScheduleTick() {
   ticker.expires_after(std::chrono::milliseconds(config.tick_ms));
   ticker.async_wait([this](boost::system::error_code ec) {
     if (ec || stopping) return;
+    if (const Status health = service.backend().Health(); !health.ok()) BackendFailed(health);
     service.Tick();
     ResumeParked();
     CloseSilentConnections();
@@ -627,6 +634,13 @@ void Server::Impl::ScheduleStatus() {
     }
     ScheduleStatus();
   });
+}
+
+void Server::Impl::BackendFailed(const Status& why) {
+  LogError("exiting: " + why.message() + "; a supervisor (systemd's Restart=on-failure) starts a fresh kvtierd");
+  notify::Stopping("backend failed: " + why.message());
+  if (listening) ::unlink(config.socket_path.c_str());
+  std::_Exit(1);
 }
 
 void Server::Impl::Shutdown(const char* why) {

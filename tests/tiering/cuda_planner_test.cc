@@ -101,5 +101,26 @@ TEST(CopyPlannerTest, EmptyBatchPlansNothing) {
   EXPECT_EQ(plan.blocks, 0u);
 }
 
+// Large-block copies use cudaMemcpyBatchAsync only where the toolkit, the
+// driver and a probe batch at start all say it works; the log line says which
+// path, and why.
+TEST(CopyPlannerTest, BatchedMemcpyOnlyWhereEverythingSaysItWorks) {
+  BatchedMemcpySupport s;
+  EXPECT_FALSE(ChooseBatchedMemcpy(s).batched);
+  EXPECT_NE(ChooseBatchedMemcpy(s).why.find("older than 13"), std::string::npos);
+  s.toolkit = true;
+  EXPECT_FALSE(ChooseBatchedMemcpy(s).batched);
+  EXPECT_NE(ChooseBatchedMemcpy(s).why.find("needs 12.8"), std::string::npos);
+  s.driver = true;
+  s.probe_error = "cudaErrorInvalidValue: invalid argument";
+  const BatchedMemcpyChoice refused = ChooseBatchedMemcpy(s);
+  EXPECT_FALSE(refused.batched);
+  EXPECT_NE(refused.why.find("per-copy cudaMemcpyAsync"), std::string::npos);
+  EXPECT_NE(refused.why.find("cudaErrorInvalidValue"), std::string::npos) << refused.why;
+  s.probe_error.clear();
+  EXPECT_TRUE(ChooseBatchedMemcpy(s).batched);
+  EXPECT_NE(ChooseBatchedMemcpy(s).why.find("cudaMemcpyBatchAsync"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

@@ -6,6 +6,18 @@
 
 namespace kvtier::tiering {
 
+BatchedMemcpyChoice ChooseBatchedMemcpy(const BatchedMemcpySupport& s) {
+  if (!s.toolkit) return {false, "per-copy cudaMemcpyAsync: built against a CUDA runtime older than 13"};
+  if (!s.driver) {
+    return {false, "per-copy cudaMemcpyAsync: the driver has no cuMemcpyBatchAsync (it needs 12.8 or later)"};
+  }
+  if (!s.probe_error.empty()) {
+    return {false,
+            "per-copy cudaMemcpyAsync: a probe batch of cudaMemcpyBatchAsync at start failed (" + s.probe_error + ")"};
+  }
+  return {true, "cudaMemcpyBatchAsync (a probe batch each way copied correctly at start)"};
+}
+
 CopyPlan PlanCopies(std::span<const CopyOp> ops, size_t slot_bytes, const CopyPlannerOptions& options) {
   CopyPlan plan;
   plan.path = slot_bytes >= options.memcpy_min_block_bytes ? CopyPath::kMemcpy : CopyPath::kKernel;

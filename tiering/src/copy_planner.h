@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvtier/tiering/backend.h"
@@ -41,6 +42,20 @@ struct CopyPlan {
   std::vector<std::vector<PlannedCopy>> submissions;  // Each non-empty, at most max_copies_per_submission.
   size_t blocks = 0;                                  // Ops planned (before coalescing).
 };
+
+// What is known about cudaMemcpyBatchAsync on this machine.
+struct BatchedMemcpySupport {
+  bool toolkit = false;     // Built against a CUDA 13 runtime (the call's signature).
+  bool driver = false;      // The driver exports cuMemcpyBatchAsync (12.8 or later).
+  std::string probe_error;  // Empty: a probe batch each way at start copied the right bytes.
+};
+// Whether large-block copies go through cudaMemcpyBatchAsync (else one
+// cudaMemcpyAsync per copy), and a sentence saying why, for the log.
+struct BatchedMemcpyChoice {
+  bool batched = false;
+  std::string why;
+};
+BatchedMemcpyChoice ChooseBatchedMemcpy(const BatchedMemcpySupport& support);
 
 // REQUIRES: slot_bytes > 0; max_copies_per_submission > 0. Ops may come in any
 // order; the plan orders copies by source slot (a batch has no internal order).
