@@ -97,7 +97,7 @@ class ServiceTest : public ::testing::Test {
     auto committed = Call(c, commit);
     ASSERT_TRUE(std::holds_alternative<wire::CommitResponse>(committed))
         << wire::ToStatus(std::get<wire::ErrorResponse>(committed)).ToString();
-    auto released = Call(c, wire::ReleaseRequest{lease->lease_id});
+    auto released = Call(c, wire::ReleaseRequest{lease->lease_id, std::nullopt});
     ASSERT_TRUE(std::holds_alternative<wire::OkResponse>(released));
   }
 
@@ -176,7 +176,7 @@ TEST_F(ServiceTest, AGpuEventOnTheHostBackendIsRefusedAndTheLeaseStays) {
   st = wire::ToStatus(std::get<wire::ErrorResponse>(release));
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
   EXPECT_NE(st.message().find("release: backend host"), std::string::npos) << st.message();
-  EXPECT_TRUE(std::holds_alternative<wire::OkResponse>(Call(*c, wire::ReleaseRequest{lease->lease_id})));
+  EXPECT_TRUE(std::holds_alternative<wire::OkResponse>(Call(*c, wire::ReleaseRequest{lease->lease_id, std::nullopt})));
 }
 
 TEST_F(ServiceTest, ATenantLabelIsShortAndPrintable) {

@@ -96,7 +96,7 @@ class Raw {
     c.tokens = tokens;
     c.slots = lease->slots;
     auto r = Expect<wire::CommitResponse>(c);
-    (void)Expect<wire::OkResponse>(wire::ReleaseRequest{lease->lease_id});
+    (void)Expect<wire::OkResponse>(wire::ReleaseRequest{lease->lease_id, std::nullopt});
     return r.ok() ? Status::Ok() : r.status();
   }
   // Acquires `keys` under `session` and releases what it leased; how many matched.
@@ -108,7 +108,8 @@ class Raw {
     a.tokens = tokens;
     auto r = Expect<wire::AcquireResponse>(a);
     if (!r.ok()) return r.status();
-    if (r->lease_id != 0) KVTIER_RETURN_IF_ERROR(Expect<wire::OkResponse>(wire::ReleaseRequest{r->lease_id}).status());
+    if (r->lease_id != 0)
+      KVTIER_RETURN_IF_ERROR(Expect<wire::OkResponse>(wire::ReleaseRequest{r->lease_id, std::nullopt}).status());
     return r->matched;
   }
 

@@ -366,14 +366,14 @@ TEST_F(LeaseAttack, ARawClientThatNeverLetsGoLosesItsPinsAndSlotsAfterTheTimeout
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->code, StatusCode::kFailedPrecondition);
   EXPECT_NE(e->message.find("expired"), std::string::npos) << e->message;
-  const auto unpin = Ask(*raw, 5, wire::ReleaseRequest{read->lease_id});
+  const auto unpin = Ask(*raw, 5, wire::ReleaseRequest{read->lease_id, std::nullopt});
   e = ErrorOf(unpin);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->code, StatusCode::kNotFound);
   EXPECT_NE(e->message.find("read lease " + std::to_string(read->lease_id) + " expired after"), std::string::npos)
       << e->message;
   EXPECT_NE(e->message.find("may be another block's"), std::string::npos) << e->message;
-  const auto unpin_again = Ask(*raw, 6, wire::ReleaseRequest{read->lease_id});
+  const auto unpin_again = Ask(*raw, 6, wire::ReleaseRequest{read->lease_id, std::nullopt});
   e = ErrorOf(unpin_again);
   ASSERT_NE(e, nullptr);
   EXPECT_NE(e->message.find("is not yours"), std::string::npos) << "released: forgotten";
@@ -395,7 +395,7 @@ TEST_F(LeaseAttack, ARawClientThatNeverLetsGoLosesItsPinsAndSlotsAfterTheTimeout
     ++held;
   }
   EXPECT_EQ(held, 8u);
-  const auto unlease = Ask(*raw, 100, wire::ReleaseRequest{write->lease_id});
+  const auto unlease = Ask(*raw, 100, wire::ReleaseRequest{write->lease_id, std::nullopt});
   e = ErrorOf(unlease);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->code, StatusCode::kNotFound);

@@ -10,7 +10,8 @@
 namespace kvtier::tiering {
 
 // The batch travels as the kernel's parameter (up to 32 KiB on sm_70+ since
-// CUDA 12.1): nothing to allocate, stage or keep alive until the launch completes.
+// CUDA 12.1), sized to the batch (8, 64 or 1024 copies): nothing to allocate,
+// stage or keep alive until the launch completes.
 inline constexpr uint32_t kGatherMaxCopies = 1024;
 
 struct GatherCopy {
@@ -19,14 +20,14 @@ struct GatherCopy {
   uint64_t bytes;
 };
 
+// Host-side scratch a batch is gathered into before its launch.
 struct GatherCopyBatch {
   uint32_t count;                       // 1..kGatherMaxCopies
   GatherCopy copies[kGatherMaxCopies];  // [count] used
 };
-static_assert(sizeof(GatherCopyBatch) <= 32764, "kernel parameter limit");
 
 // Queues the copies on `stream` (one CTA per copy, 16-byte accesses where src, dst
-// and bytes are 16-byte aligned). kInvalidArgument for a bad batch; kInternal
+// and bytes are 16-byte aligned, four in flight per thread). kInvalidArgument for a bad batch; kInternal
 // if the launch fails. Returns once queued, not once copied.
 Status LaunchGatherCopy(const GatherCopyBatch& batch, cudaStream_t stream);
 

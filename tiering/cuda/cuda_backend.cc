@@ -8,14 +8,17 @@
 #include <atomic>
 #include <chrono>
 #include <compare>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -121,16 +124,27 @@ class PinnedHostPool final : public Pool {
   std::vector<std::byte*> chunks_;  // Registered ranges, unregistered on destruction.
 };
 
-class CudaBackendImpl;
-
-// What a batch's host function needs; owned by it.
+// A batch submitted on a stream, and the event recorded after its copies.
 struct BatchDone {
-  CudaBackendImpl* backend;
-  int stream;
+  cudaEvent_t event;
   uint64_t seq;
   uint64_t blocks;
   uint64_t bytes;
   Clock::time_point submitted;
+};
+
+// Completes one stream's fences: a thread waits, in submission order, on the
+// event recorded after each batch (a blocking-sync event: it sleeps, not
+// spins) and advances the fence board. Unlike a host function at the end of
+// each batch, this never holds the stream: back-to-back batches run back to
+// back on the copy engines.
+struct Completer {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<BatchDone> queue;     // GUARDED_BY(mu)
+  std::vector<cudaEvent_t> spare;  // GUARDED_BY(mu): events whose batch completed.
+  bool stop = false;               // GUARDED_BY(mu)
+  std::thread thread;
 };
 
 class CudaBackendImpl final : public CudaBackend {
@@ -139,9 +153,19 @@ class CudaBackendImpl final : public CudaBackend {
 
   ~CudaBackendImpl() override {
     cudaSetDevice(options_.device);
-    // No host function may run once this object is gone.
     for (cudaStream_t s : streams_) {
       if (s != nullptr) cudaStreamSynchronize(s);
+    }
+    // Every batch has completed: the threads finish their queues and stop.
+    for (Completer& c : completers_) {
+      {
+        std::lock_guard lock(c.mu);
+        c.stop = true;
+      }
+      c.cv.notify_all();
+      if (c.thread.joinable()) c.thread.join();
+      for (const BatchDone& b : c.queue) cudaEventDestroy(b.event);
+      for (cudaEvent_t e : c.spare) cudaEventDestroy(e);
     }
     for (cudaEvent_t e : fence_events_) {
       if (e != nullptr) cudaEventDestroy(e);
@@ -173,6 +197,7 @@ class CudaBackendImpl final : public CudaBackend {
       KVTIER_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithPriority(&streams_[s], cudaStreamNonBlocking, priority_[s]),
                                         "cudaStreamCreateWithPriority"));
     }
+    for (int s = 0; s < kCopyStreams; ++s) completers_[s].thread = std::thread([this, s] { CompleteBatches(s); });
     // Loaded now, not at the first batch: under lazy module loading a first
     // launch may synchronize the context, which must not happen while copies
     // are queued on the streams.
@@ -308,17 +333,23 @@ class CudaBackendImpl final : public CudaBackend {
       KVTIER_RETURN_IF_ERROR(
           CudaStatus(cudaEventRecord(fence_events_[seq % kFenceEventRing], streams_[s]), "cudaEventRecord"));
     }
-    auto* done = new BatchDone{this, s, seq, ops.size(), ops.size() * src.slot_bytes(), now};
-    const cudaError_t err = cudaLaunchHostFunc(streams_[s], &OnBatchDone, done);
-    if (err != cudaSuccess) {
-      delete done;
-      return CudaStatus(err, "cudaLaunchHostFunc");
+    auto done_event = CompletionEvent(s);
+    if (!done_event.ok()) return done_event.status();
+    if (const cudaError_t err = cudaEventRecord(*done_event, streams_[s]); err != cudaSuccess) {
+      std::lock_guard lock(completers_[s].mu);
+      completers_[s].spare.push_back(*done_event);
+      return CudaStatus(err, "cudaEventRecord (batch completion)");
     }
     {
       std::lock_guard lock(mu_);
       submitted_[s] = seq;
     }
     board_->Submitted(s, seq);
+    {
+      std::lock_guard lock(completers_[s].mu);
+      completers_[s].queue.push_back(BatchDone{*done_event, seq, ops.size(), ops.size() * src.slot_bytes(), now});
+    }
+    completers_[s].cv.notify_one();
     return Fence{seq, dir};
   }
 
@@ -524,24 +555,58 @@ class CudaBackendImpl final : public CudaBackend {
     return Status::Ok();
   }
 
-  static void CUDART_CB OnBatchDone(void* arg) {
-    std::unique_ptr<BatchDone> done(static_cast<BatchDone*>(arg));
-    done->backend->Complete(*done);
+  // An event to record after a batch on stream `s`: a spare one, or a new one.
+  Result<cudaEvent_t> CompletionEvent(int s) {
+    {
+      std::lock_guard lock(completers_[s].mu);
+      if (!completers_[s].spare.empty()) {
+        const cudaEvent_t e = completers_[s].spare.back();
+        completers_[s].spare.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    KVTIER_RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming),
+                                      "cudaEventCreateWithFlags (batch completion)"));
+    return e;
   }
 
-  // Runs on a CUDA runtime thread: no CUDA calls here.
-  void Complete(const BatchDone& done) {
+  // Stream `s`'s completion thread.
+  void CompleteBatches(int s) {
+    Completer& c = completers_[s];
+    cudaSetDevice(options_.device);
+    std::unique_lock lock(c.mu);
+    for (;;) {
+      c.cv.wait(lock, [&] { return c.stop || !c.queue.empty(); });
+      if (c.queue.empty()) return;  // Stopping, and nothing left.
+      const BatchDone done = c.queue.front();
+      lock.unlock();
+      const cudaError_t err = cudaEventSynchronize(done.event);
+      if (err != cudaSuccess) {
+        // The context failed: no batch completes any more (Health says so and
+        // kvtierd exits). Wait for the destructor.
+        lock.lock();
+        c.cv.wait(lock, [&] { return c.stop; });
+        return;
+      }
+      Complete(s, done);
+      lock.lock();
+      c.queue.pop_front();
+      c.spare.push_back(done.event);
+    }
+  }
+
+  void Complete(int stream, const BatchDone& done) {
     const Clock::time_point now = Clock::now();
     Clock::time_point start;
     {
       std::lock_guard lock(mu_);
       // Busy time starts when the batch could start: at submission, or when the
       // stream's previous batch finished, whichever is later.
-      start = std::max(done.submitted, last_done_[done.stream]);
-      last_done_[done.stream] = now;
+      start = std::max(done.submitted, last_done_[stream]);
+      last_done_[stream] = now;
     }
-    board_->Completed(done.stream, done.seq, done.blocks, done.bytes,
-                      std::chrono::duration<double>(now - start).count());
+    board_->Completed(stream, done.seq, done.blocks, done.bytes, std::chrono::duration<double>(now - start).count());
   }
 
   CudaBackendOptions options_;
@@ -579,6 +644,8 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;
+
+  Completer completers_[kCopyStreams];
 
   std::mutex mu_;
   uint64_t submitted_[kCopyStreams] = {0, 0};       // GUARDED_BY(mu_)

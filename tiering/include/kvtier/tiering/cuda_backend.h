@@ -6,9 +6,11 @@
 // The host tier is a shared-memory segment, as on the host backend, pinned in
 // place with cudaHostRegister so the copy engines reach it and clients still map
 // it by name. Copies run on two streams: promotions (host->gpu) at the highest
-// stream priority, demotions at the lowest. Fences are the host backend's:
-// after each batch a host function advances the stream's completed counter in
-// the shared fence segment, so clients poll fences the same way on both backends.
+// stream priority, demotions at the lowest. Fences are the host backend's: an
+// event recorded after each batch is waited on by a completion thread per
+// stream, which advances the stream's completed counter in the shared fence
+// segment, so clients poll fences the same way on both backends (no host
+// function holds a stream between batches).
 // GPU-side fences: the promotion stream records one of kFenceEventRing
 // interprocess events per batch (PromotionFenceEvents). Clients' events (the
 // work that writes or reads GPU-tier blocks) are opened once per (client,
