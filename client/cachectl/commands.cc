@@ -191,18 +191,20 @@ json SessionJson(const SessionSummary& s) {
               {"moving", s.moving},
               {"tokens", s.tokens},
               {"idle_ms", s.last_use_ms_ago},
-              {"priority", s.priority}};
+              {"priority", s.priority},
+              {"model", s.model.IsNull() ? json(nullptr) : json(s.model.ToHex())}};
 }
 
-const char* kSessionHeader = "%-24s %-12s %7s %6s %6s %9s %8s %4s\n";
+const char* kSessionHeader = "%-24s %-12s %-8s %7s %6s %6s %9s %8s %4s\n";
 
 void PrintSessionHeader() {
-  std::printf(kSessionHeader, "SESSION", "TENANT", "BLOCKS", "GPU", "HOST", "TOKENS", "IDLE", "PRIO");
+  std::printf(kSessionHeader, "SESSION", "TENANT", "MODEL", "BLOCKS", "GPU", "HOST", "TOKENS", "IDLE", "PRIO");
 }
 
 void PrintSessionLine(const SessionSummary& s) {
   const std::string tenant = s.tenant.empty() ? "-" : s.tenant;
-  std::printf(kSessionHeader, s.id.c_str(), tenant.c_str(), std::to_string(s.blocks).c_str(),
+  const std::string model = s.model.IsNull() ? "-" : s.model.ToHex().substr(0, 8);  // Enough to tell models apart.
+  std::printf(kSessionHeader, s.id.c_str(), tenant.c_str(), model.c_str(), std::to_string(s.blocks).c_str(),
               std::to_string(s.gpu_blocks).c_str(), std::to_string(s.host_blocks).c_str(),
               std::to_string(s.tokens).c_str(), FormatDuration(static_cast<double>(s.last_use_ms_ago) / 1000).c_str(),
               std::to_string(s.priority).c_str());
@@ -329,6 +331,7 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
   const SessionSummary& s = info.summary;
   std::printf("session:  %s\n", s.id.c_str());
   std::printf("tenant:   %s\n", s.tenant.empty() ? "-" : s.tenant.c_str());
+  std::printf("model:    %s\n", s.model.IsNull() ? "- (no identity given)" : s.model.ToHex().c_str());
   std::printf("blocks:   %u (gpu %u, host %u, moving %u)\n", s.blocks, s.gpu_blocks, s.host_blocks, s.moving);
   std::printf("tokens:   %" PRIu64 "\n", s.tokens);
   std::printf("idle:     %s\n", FormatDuration(static_cast<double>(s.last_use_ms_ago) / 1000).c_str());

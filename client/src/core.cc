@@ -39,6 +39,7 @@ Status Core::ConnectLocked() {
   hello.pid = static_cast<uint32_t>(::getpid());
   hello.tenant = options_.tenant;
   hello.profile = options_.profile;
+  hello.model = options_.model;
   // The Welcome's segments come as descriptors; once mapped (or not) they are
   // closed: the mappings are what the attachment keeps.
   std::vector<int> passed;

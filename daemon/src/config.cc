@@ -143,7 +143,7 @@ Status ParseProfile(const YAML::Node& node, const std::string& path, const std::
   if (!node.IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
   Section s(node, path, source);
   KVTIER_RETURN_IF_ERROR(s.Known({"name", "layers", "kv_heads", "head_dim", "block_tokens", "dtype", "gpu_bytes",
-                                  "gpu_blocks", "host_bytes", "host_blocks"}));
+                                  "gpu_blocks", "host_bytes", "host_blocks", "models"}));
   ModelProfile& p = out->profile;
   KVTIER_RETURN_IF_ERROR(s.ReadString("name", &p.name));
   if (p.name.empty()) return s.Error("name", "is required");
@@ -181,6 +181,20 @@ Status ParseProfile(const YAML::Node& node, const std::string& path, const std::
                                     " bytes, more than the 2^28 slots a tier may have");
     }
     (tier[0] == 'g' ? out->gpu_blocks : out->host_blocks) = static_cast<uint32_t>(blocks);
+  }
+  if (YAML::Node models = s.Get("models"); models && !models.IsNull()) {
+    if (!models.IsSequence()) return s.Error("models", "expected a list of model identities (32 hex digits each)");
+    for (const auto& m : models) {
+      const std::string text = m.IsScalar() ? m.Scalar() : std::string();
+      const std::optional<ModelId> id = ModelId::FromHex(text);
+      if (!id || id->IsNull()) {
+        return s.Error("models", "'" + text.substr(0, 64) + "' is not a model identity (32 hex digits, not all zero)");
+      }
+      if (std::find(out->models.begin(), out->models.end(), *id) != out->models.end()) {
+        return s.Error("models", "'" + text + "' appears twice");
+      }
+      out->models.push_back(*id);
+    }
   }
   return s.CheckUnknown();
 }

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvtier/block_key.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
 
@@ -29,6 +30,9 @@ struct ProfileConfig {
   ModelProfile profile;
   uint32_t gpu_blocks = 0;   // Slots in the GPU tier.
   uint32_t host_blocks = 0;  // Slots in the host tier.
+  // Model identities (32 hex digits each) a client of this profile may say
+  // it runs; empty: any, or none. With a list, a Hello must carry one of them.
+  std::vector<ModelId> models;
 
   friend bool operator==(const ProfileConfig&, const ProfileConfig&) = default;
 };

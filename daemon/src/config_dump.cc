@@ -73,6 +73,10 @@ std::string DumpConfig(const DaemonConfig& c) {
       << "    block_tokens: " << p.profile.block_tokens << "\n"
       << "    gpu_blocks: " << p.gpu_blocks << "    # " << p.gpu_blocks * p.profile.BlockBytes() / 1048576.0 << " MiB\n"
       << "    host_blocks: " << p.host_blocks << "    # " << p.host_blocks * p.profile.BlockBytes() / 1048576.0 << " MiB\n";
+    if (!p.models.empty()) {
+      o << "    models:\n";
+      for (const ModelId& m : p.models) o << "      - \"" << m.ToHex() << "\"\n";
+    }
   }
   o << "tiering:\n"
     << "  gpu_high_watermark: " << FmtDouble(c.gpu_high_watermark) << "\n"
@@ -151,6 +155,9 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     add(k + "block_tokens", std::to_string(p.profile.block_tokens), false);
     add(k + "gpu_blocks", std::to_string(p.gpu_blocks), false);
     add(k + "host_blocks", std::to_string(p.host_blocks), false);
+    std::string models;
+    for (const ModelId& m : p.models) models += (models.empty() ? "" : ",") + m.ToHex();
+    add(k + "models", models.empty() ? "any" : models, false);
   }
   add("tiering.gpu_high_watermark", FmtDouble(c.gpu_high_watermark), true);
   add("tiering.gpu_low_watermark", FmtDouble(c.gpu_low_watermark), true);

@@ -146,7 +146,7 @@ void Service::Disconnect(ClientState& c) {
   c.welcomed = false;
 }
 
-tiering::Tenant Service::TenantOf(const ClientState& c) { return tiering::Tenant{c.ns, c.tenant}; }
+tiering::Tenant Service::TenantOf(const ClientState& c) { return tiering::Tenant{c.ns, c.tenant, c.model}; }
 
 Result<tiering::GpuWork> Service::WatchClientWork(const ClientState& c,
                                                   const std::optional<wire::IpcEventHandle>& event,
@@ -270,6 +270,15 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
       return NotFound("no model profile named '" + m.profile + "' (see cachectl config)");
     }
   }
+  if (const std::vector<ModelId>& accepted = config_.profiles[static_cast<size_t>(profile)].models;
+      !accepted.empty() && std::find(accepted.begin(), accepted.end(), m.model) == accepted.end()) {
+    std::string list;
+    for (const ModelId& id : accepted) list += (list.empty() ? "" : ", ") + id.ToHex();
+    return Status(StatusCode::kPermissionDenied,
+                  "profile '" + config_.profiles[static_cast<size_t>(profile)].profile.name + "' accepts only models " +
+                      list + " (profiles[].models); this client " +
+                      (m.model.IsNull() ? std::string("gave no model identity") : "runs " + m.model.ToHex()));
+  }
   if (counters_.clients >= config_.max_clients) {
     return ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients");
   }
@@ -295,6 +304,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   c.engine = member;
   // The namespace salt is the authenticated tenant, never a name the client chose.
   c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
+  c.model = m.model;
   ++counters_.clients;
   ++counters_.connections;
 
@@ -303,7 +313,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.instance_id = instance_id_;
   w.client_id = c.id;
   w.profile = e.profile();
-  w.ns = c.ns;
+  w.ns = KeyNamespace(c.ns, c.model);  // What the client chains its keys in.
   w.backend = WireBackendKind(backend_->kind());
   // The segments travel as descriptors with the Welcome (wire.h: the pools
   // without an IPC handle in tier order, the index, the fences); their names
@@ -322,8 +332,8 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) + ", " +
-          c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") + ", " +
-          engines_.Describe(member) + ")");
+          c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") +
+          (c.model.IsNull() ? std::string() : ", model " + c.model.ToHex()) + ", " + engines_.Describe(member) + ")");
   Reply reply{std::move(w)};
   reply.fds = std::move(fds);
   return reply;
@@ -374,7 +384,7 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   Engine& e = EngineOf(c);
-  if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens)) {
+  if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens, c.model)) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are
     // readable there) rather than wait for room on this thread.
@@ -480,6 +490,7 @@ wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
   out.host_blocks = s.blocks_in[Tier::kHost];
   out.moving = s.moving;
   out.tokens = s.tokens;
+  out.model = s.model;
   return out;
 }
 

@@ -44,7 +44,8 @@ struct ClientState {
   bool admin = false;    // May act on other tenants, evict all, read the configuration.
   int profile = -1;  // Index into the profiles; valid once welcomed.
   size_t engine = 0;  // The EngineSet member serving its tenant and profile; valid once welcomed.
-  Namespace ns;
+  Namespace ns;       // Its tenant's (accounts, sessions).
+  ModelId model;      // The identity its Hello gave (null: none); keys are chained in KeyNamespace(ns, model).
   std::unordered_set<uint64_t> leases;
   // Set while an Allocate or Acquire of this client waits for GPU room (the
   // reply is deferred); when it was first deferred.

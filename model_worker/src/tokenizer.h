@@ -13,6 +13,9 @@ namespace kvtier::model {
 
 inline constexpr TokenId kBos = 256;      // Start of a conversation.
 inline constexpr TokenId kEndTurn = 257;  // Ends a user or assistant message.
+// What the model identity (kvtier/model_identity.h) says of this tokenizer.
+inline constexpr std::string_view kTokenizerDescription =
+    "kvtier byte-level tokenizer v1: token = byte value 0-255, 256 = bos, 257 = end of turn";
 
 inline std::vector<TokenId> Encode(std::string_view text) {
   std::vector<TokenId> out;

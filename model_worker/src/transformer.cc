@@ -2,10 +2,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "kvtier/model_identity.h"
 #include "safetensors.h"
+#include "tokenizer.h"
 
 namespace kvtier::model {
 namespace {
@@ -183,6 +186,19 @@ Status Transformer::SaveWeights(const std::string& path) const {
                    {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}});
   }
   return WriteSafetensors(path, out, {{"format", "pt"}, {"source", "kvtier-worker"}});
+}
+
+Result<ModelId> Transformer::Identity() const {
+  auto named = const_cast<Transformer*>(this)->Named();
+  std::sort(named.begin(), named.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  ModelIdentity id;
+  for (auto& [name, t] : named) {
+    const at::Tensor c = t->contiguous().cpu();
+    KVTIER_RETURN_IF_ERROR(id.AddTensor(name, StDTypeName(ToStDType(c.scalar_type())), c.sizes().vec(),
+                                        {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}));
+  }
+  KVTIER_RETURN_IF_ERROR(id.AddTokenizer(kTokenizerDescription));
+  return id.Finish();
 }
 
 at::Tensor Transformer::Forward(std::span<const TokenId> tokens, KvBuffer& kv) const {

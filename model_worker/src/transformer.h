@@ -48,6 +48,10 @@ class Transformer {
   // Writes every weight under its Hugging Face name.
   Status SaveWeights(const std::string& path) const;
 
+  // The model's identity (kvtier/model_identity.h): its weights under their
+  // Hugging Face names, and the byte-level tokenizer.
+  Result<ModelId> Identity() const;
+
  private:
   struct Layer {
     at::Tensor input_norm, q, k, v, o, post_norm, gate, up, down;

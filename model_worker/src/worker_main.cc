@@ -28,6 +28,7 @@ namespace {
 
 struct Args {
   std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant, name;
+  std::string model_id = "auto";  // "auto": of the weights and tokenizer; "none"; or 32 hex digits.
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
   bool local_token_granular = false, json = false, show_text = false, keep_memory = true;
@@ -101,6 +102,13 @@ int main(int argc, char** argv) {
   app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")->envname("KVTIER_SOCKET")->capture_default_str();
   app.add_option("--tenant", a.tenant, "Tenant whose blocks this worker shares");
   app.add_option("--name", a.name, "Client name shown by cachectl (default worker-<index>)");
+  app.add_option("--model-id", a.model_id,
+                 "Model identity sent to kvtierd: auto (a digest of the weights and tokenizer), none, or 32 hex "
+                 "digits; only workers with equal identities share blocks")
+      ->check([](const std::string& v) {
+        return v == "auto" || v == "none" || ModelId::FromHex(v) ? std::string() : "not auto, none or 32 hex digits";
+      })
+      ->capture_default_str();
   app.add_option("--block-tokens", a.block_tokens, "Block size of the local cache (kvtier uses the daemon's)")
       ->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_flag("--local-token-granular", a.local_token_granular,
@@ -175,11 +183,20 @@ int main(int argc, char** argv) {
   const std::vector<std::string> mode_names = SplitModes(a.cache);
   const std::string name = a.name.empty() ? "worker-" + std::to_string(w.worker_index) : a.name;
   std::unique_ptr<Client> client;
+  ModelId model_id;
   if (std::find(mode_names.begin(), mode_names.end(), "kvtier") != mode_names.end()) {
     ClientOptions opts;
     opts.socket_path = a.socket;
     opts.client_name = name;
     opts.tenant = a.tenant;
+    if (a.model_id == "auto") {
+      auto id = (*model)->Identity();
+      if (!id.ok()) return Fail("model identity", id.status());
+      opts.model = *id;
+    } else if (a.model_id != "none") {
+      opts.model = *ModelId::FromHex(a.model_id);
+    }
+    model_id = opts.model;
     auto c = Client::Connect(opts);
     if (!c.ok()) return Fail("connect to " + a.socket, c.status());
     client = std::move(*c);
@@ -198,6 +215,11 @@ int main(int argc, char** argv) {
   if (!a.json) {
     std::printf("[%s] %s, cache %s, %u-token blocks, %u thread(s)%s\n", name.c_str(), mc.Describe().c_str(),
                 a.cache.c_str(), runners[0]->block_tokens(), a.threads, blas.empty() ? "" : (" (" + blas + " too)").c_str());
+    if (client) {
+      std::printf("[%s] model identity %s\n", name.c_str(),
+                  model_id.IsNull() ? "none (--model-id none: shares blocks with any model of this geometry)"
+                                    : model_id.ToHex().c_str());
+    }
   }
 
   struct Totals {

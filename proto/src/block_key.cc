@@ -27,6 +27,35 @@ Namespace Namespace::Make(uint64_t profile_fingerprint, std::string_view tenant_
   return Namespace{BlockKey{h.low64, h.high64}};
 }
 
+std::string ModelId::ToHex() const { return IsNull() ? std::string() : id.ToHex(); }
+
+std::optional<ModelId> ModelId::FromHex(std::string_view hex) {
+  if (hex.size() != 32) return std::nullopt;
+  uint64_t words[2] = {0, 0};  // hi, lo
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = hex[i];
+    int v = 0;
+    if (c >= '0' && c <= '9') {
+      v = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      v = c - 'a' + 10;
+    } else if (c >= 'A' && c <= 'F') {
+      v = c - 'A' + 10;
+    } else {
+      return std::nullopt;
+    }
+    words[i / 16] = (words[i / 16] << 4) | static_cast<uint64_t>(v);
+  }
+  return ModelId{BlockKey{words[1], words[0]}};
+}
+
+Namespace KeyNamespace(const Namespace& tenant, const ModelId& model) {
+  if (model.IsNull()) return tenant;
+  const uint64_t words[4] = {tenant.id.lo, tenant.id.hi, model.id.lo, model.id.hi};
+  const XXH128_hash_t h = XXH3_128bits(words, sizeof(words));
+  return Namespace{BlockKey{h.low64, h.high64}};
+}
+
 namespace {
 
 // Hashing one block: XXH3 of [parent key (16 bytes) | namespace id (16 bytes) |

@@ -38,7 +38,7 @@ uint64_t StatusCodeEnd() {
 constexpr size_t kBlockKeyBytes = 16;
 constexpr size_t kBlockLocMinBytes = 1 + 4;
 constexpr size_t kPoolDescMinBytes = 1 + 8 + 4 + 4 + 4;
-constexpr size_t kSessionSummaryMinBytes = 4 + 4 + 4 + 8 + 4 * 4 + 8;
+constexpr size_t kSessionSummaryMinBytes = 4 + 4 + 4 + 8 + 4 * 4 + 8 + 16;
 constexpr size_t kStatMinBytes = 4 + 8;
 
 template <typename IO, Is<BlockKey> M>
@@ -83,6 +83,8 @@ void Fields(IO& io, M& s) {
   io.U32("host_blocks", s.host_blocks);
   io.U32("moving", s.moving);
   io.U64("tokens", s.tokens);
+  io.U64("model.lo", s.model.id.lo);
+  io.U64("model.hi", s.model.id.hi);
 }
 
 // Welcome.backend: the kind's name as a string.
@@ -134,6 +136,24 @@ inline void OneEvent(Reader& r, const char* name, std::optional<IpcEventHandle>&
   std::memcpy(event->data(), bytes.data(), kIpcEventHandleBytes);
 }
 
+// Hello.model: an extension byte string of 16 bytes (lo, hi little-endian).
+inline void ModelIdentity(Writer& w, const ModelId& model) {
+  if (model.IsNull()) return;
+  std::vector<uint8_t> bytes(16);
+  std::memcpy(bytes.data(), &model.id.lo, 8);
+  std::memcpy(bytes.data() + 8, &model.id.hi, 8);
+  w.ExtensionBytes("model", bytes, 16);
+}
+inline void ModelIdentity(Reader& r, ModelId& model) {
+  std::vector<uint8_t> bytes;
+  model = ModelId{};
+  if (!r.ExtensionBytes("model", bytes, 16) || bytes.empty()) return;
+  if (!r.Require(bytes.size() == 16, "model", "is not a 16-byte model identity")) return;
+  std::memcpy(&model.id.lo, bytes.data(), 8);
+  std::memcpy(&model.id.hi, bytes.data() + 8, 8);
+  r.Require(!model.IsNull(), "model", "is the null identity (leave the field out instead)");
+}
+
 template <typename IO, Is<Hello> M>
 void Fields(IO& io, M& m) {
   io.U16("min_version", m.min_version);
@@ -144,6 +164,7 @@ void Fields(IO& io, M& m) {
   io.U32("pid", m.pid);
   io.String("tenant", m.tenant);
   io.String("profile", m.profile);
+  ModelIdentity(io, m.model);
 }
 
 template <typename IO, Is<Welcome> M>

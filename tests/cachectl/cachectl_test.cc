@@ -292,7 +292,8 @@ TEST_F(CachectlTest, SessionShowsItsChain) {
   auto text = Run({"session", "chat-b"});
   ASSERT_EQ(text.rc, 0) << text.err;
   EXPECT_NE(text.out().find("chat-b"), std::string::npos);
-  EXPECT_EQ(text.lines.size(), 7u + 4u) << text.out();  // 6 summary lines + header + 4 blocks
+  EXPECT_EQ(text.lines.size(), 8u + 4u) << text.out();  // 7 summary lines + header + 4 blocks
+  EXPECT_NE(text.out().find("model:    - (no identity given)"), std::string::npos) << text.out();
 
   auto j = Run({"session", "chat-a", "--json"}).Json();
   EXPECT_EQ(j["id"], "chat-a");

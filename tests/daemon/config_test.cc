@@ -78,6 +78,25 @@ TEST(ConfigTest, BadValuesNameTheKeyAndTheProblem) {
             std::string::npos);
 }
 
+// profiles[].models: model identities, 32 hex digits each; the dump carries
+// them back.
+TEST(ConfigTest, AProfileListsTheModelsItAccepts) {
+  const std::string id = "00112233445566778899aabbccddeeff";
+  auto c = ParseConfig(std::string(kMinimal) + "    models: [\"" + id + "\"]\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->profiles[0].models.size(), 1u);
+  EXPECT_EQ(c->profiles[0].models[0].ToHex(), id);
+  auto again = ParseConfig(DumpConfig(*c), "dump.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->profiles[0].models, c->profiles[0].models);
+  for (const std::string& bad :
+       {std::string("    models: [\"abc\"]\n"), std::string("    models: [\"00000000000000000000000000000000\"]\n"),
+        std::string("    models: \"") + id + "\"\n", std::string("    models: [\"") + id + "\", \"" + id + "\"]\n"}) {
+    const std::string e = ErrorOf(std::string(kMinimal) + bad);
+    EXPECT_NE(e.find("profiles[0].models"), std::string::npos) << bad << " -> " << e;
+  }
+}
+
 TEST(ConfigTest, ProfileMistakes) {
   EXPECT_NE(ErrorOf("backend: host\n").find("profiles: is required"), std::string::npos);
   std::string both = kMinimal;

@@ -179,6 +179,38 @@ TEST_F(ServiceTest, AGpuEventOnTheHostBackendIsRefusedAndTheLeaseStays) {
   EXPECT_TRUE(std::holds_alternative<wire::OkResponse>(Call(*c, wire::ReleaseRequest{lease->lease_id, std::nullopt})));
 }
 
+// profiles[].models: a profile that lists model identities welcomes only
+// clients that give one of them; each model chains its keys in a namespace of
+// its own (the Welcome's), so two models of the tenant never share a block.
+TEST_F(ServiceTest, AProfileAcceptsOnlyItsModelsAndEachIsKeyedApart) {
+  const ModelId a{BlockKey{1, 0xa}}, b{BlockKey{2, 0xb}};
+  Start("    models: [\"" + a.ToHex() + "\", \"" + b.ToHex() + "\"]\n");
+  auto hello = [&](const ModelId& model, wire::Welcome* welcome) {
+    auto c = NewClient(false);
+    wire::Hello h;
+    h.client_name = "service_test";
+    h.model = model;
+    const Reply r = svc_->Handle(*c, h);
+    if (const auto* e = std::get_if<wire::ErrorResponse>(&r.message)) return wire::ToStatus(*e);
+    if (welcome != nullptr) *welcome = std::get<wire::Welcome>(r.message);
+    return Status::Ok();
+  };
+  const Status none = hello(ModelId{}, nullptr);
+  EXPECT_EQ(none.code(), StatusCode::kPermissionDenied) << none.ToString();
+  EXPECT_NE(none.message().find("gave no model identity"), std::string::npos) << none.message();
+  EXPECT_NE(none.message().find(a.ToHex()), std::string::npos) << none.message();
+  const ModelId stranger{BlockKey{3, 0xc}};
+  const Status other = hello(stranger, nullptr);
+  EXPECT_EQ(other.code(), StatusCode::kPermissionDenied) << other.ToString();
+  EXPECT_NE(other.message().find("runs " + stranger.ToHex()), std::string::npos) << other.message();
+  wire::Welcome wa, wb, wa2;
+  ASSERT_TRUE(hello(a, &wa).ok());
+  ASSERT_TRUE(hello(b, &wb).ok());
+  ASSERT_TRUE(hello(a, &wa2).ok());
+  EXPECT_NE(wa.ns, wb.ns) << "two models, two key namespaces";
+  EXPECT_EQ(wa.ns, wa2.ns);
+}
+
 TEST_F(ServiceTest, ATenantLabelIsShortAndPrintable) {
   Start();
   for (const std::string& bad :

@@ -420,8 +420,8 @@ TEST_F(IntegrationTest, BadFramesCloseOnlyTheirConnection) {
   {  // A client that says Hello with an unsupported protocol range.
     RawConn c(daemon_.socket());
     wire::Hello h;
-    h.min_version = 3;
-    h.max_version = 4;
+    h.min_version = wire::kProtocolVersion + 1;
+    h.max_version = wire::kProtocolVersion + 2;
     c.Send(wire::EncodeFrame(1, h));
     EXPECT_EQ(ErrorCodeOf(c.Receive()), StatusCode::kVersionMismatch);
   }

@@ -54,9 +54,10 @@ WorkloadOptions Workload() {
 
 double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-std::unique_ptr<Client> Connect(const std::string& socket) {
+std::unique_ptr<Client> Connect(const std::string& socket, const ModelId& model) {
   ClientOptions o;
   o.socket_path = socket;
+  o.model = model;
   o.client_name = "cache-modes-test";
   auto c = Client::Connect(o);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
@@ -80,11 +81,52 @@ class CacheModesTest : public ::testing::Test {
   void SetUp() override {
     daemon_ = std::make_unique<DaemonProcess>(kConfig);
     ASSERT_TRUE(daemon_->Start().ok()) << daemon_->log();
-    client_ = Connect(daemon_->socket());
-    ASSERT_NE(client_, nullptr);
     auto m = Transformer::Create(TinyModel());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     model_ = std::move(*m);
+    auto id = model_->Identity();
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    model_id_ = *id;
+    client_ = Connect(daemon_->socket(), model_id_);  // As kvtier-worker's --model-id auto does.
+    ASSERT_NE(client_, nullptr);
+  }
+
+  // Runs kvtier-worker for session 1's first turn (it commits the system
+  // prompt), with `extra` flags after the model's; returns its last line.
+  std::string RunOtherWorker(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {KVTIER_MODEL_WORKER_PATH,
+                                     "--cache",
+                                     "kvtier",
+                                     "--socket",
+                                     daemon_->socket(),
+                                     "--json",
+                                     "--sessions",
+                                     "2",
+                                     "--workers",
+                                     "2",
+                                     "--worker-index",
+                                     "1",
+                                     "--turns",
+                                     "1",
+                                     "--system-tokens",
+                                     "70",
+                                     "--first-tokens",
+                                     "90",
+                                     "--user-tokens",
+                                     "23",
+                                     "--output-tokens",
+                                     "6"};
+    for (const std::string& f : WorkerFlags()) argv.push_back(f);
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = Process::Spawn(argv);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return "";
+    std::string last;
+    for (auto line = p->ReadLine(60s); line.ok(); line = p->ReadLine(60s)) last = *line;
+    auto rc = p->Wait(10s);
+    EXPECT_TRUE(rc.ok() && *rc == 0) << last;
+    EXPECT_NE(last.find("\"summary\":true"), std::string::npos) << last;
+    return last;
   }
   void TearDown() override {
     if (daemon_ == nullptr) return;
@@ -137,6 +179,7 @@ class CacheModesTest : public ::testing::Test {
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Transformer> model_;
+  ModelId model_id_;
 };
 
 TEST_F(CacheModesTest, ThreeModesAgreeOnEveryTurn) {
@@ -168,27 +211,40 @@ TEST_F(CacheModesTest, AgreeWhenBlocksWereDemotedAndPromotedBack) {
 
 TEST_F(CacheModesTest, SecondWorkerProcessReusesTheSharedSystemPrompt) {
   // Worker process 1 serves session 1's first turn: it commits the system prompt.
-  std::vector<std::string> argv = {KVTIER_MODEL_WORKER_PATH, "--cache", "kvtier", "--socket", daemon_->socket(),
-                                   "--json", "--sessions", "2", "--workers", "2", "--worker-index", "1",
-                                   "--turns", "1", "--system-tokens", "70", "--first-tokens", "90",
-                                   "--user-tokens", "23", "--output-tokens", "6"};
-  for (const std::string& f : WorkerFlags()) argv.push_back(f);
-  auto p = Process::Spawn(argv);
-  ASSERT_TRUE(p.ok()) << p.status().ToString();
-  std::string last;
-  for (auto line = p->ReadLine(60s); line.ok(); line = p->ReadLine(60s)) last = *line;
-  auto rc = p->Wait(10s);
-  ASSERT_TRUE(rc.ok());
-  ASSERT_EQ(*rc, 0) << last;
-  EXPECT_NE(last.find("\"summary\":true"), std::string::npos) << last;
+  RunOtherWorker({});
   auto other = client_->GetSession("chat-1");
   ASSERT_TRUE(other.ok()) << "the worker process did not commit: " << other.status().ToString();
+  EXPECT_EQ(other->summary.model, model_id_) << "the worker computed the same identity from the same weights";
 
   // This process serves session 0: its first turn finds the system prompt cached
   // (71 tokens with the BOS token: 4 full blocks), computed by the other process.
   std::vector<TurnResult> turns;
   ExpectModesAgree(0, [](const std::string&) {}, &turns);
   EXPECT_EQ(turns[0].cached_tokens, 64u);
+}
+
+// A worker of another model with the same KV geometry (other weights: a
+// fine-tune, say) commits the same system prompt: its blocks are never served
+// here, or the answers would be another model's. Its identity differs, and
+// kvtierd keys its blocks apart.
+TEST_F(CacheModesTest, AModelOfEqualGeometryButOtherWeightsNeverHits) {
+  RunOtherWorker({"--set", "seed=" + std::to_string(TinyModel().seed + 1)});
+  auto other = client_->GetSession("chat-1");
+  ASSERT_TRUE(other.ok()) << "the worker process did not commit: " << other.status().ToString();
+  EXPECT_GT(other->summary.blocks, 0u);
+  EXPECT_FALSE(other->summary.model.IsNull());
+  EXPECT_NE(other->summary.model, model_id_);
+  std::vector<TurnResult> turns;
+  ExpectModesAgree(
+      0, [](const std::string&) {}, &turns);
+  EXPECT_EQ(turns[0].cached_tokens, 0u) << "served another model's KV";
+
+  // Told it is this model (--model-id), a worker of those other weights would
+  // be served this model's blocks: the identity is what kvtierd trusts.
+  RunOtherWorker({"--set", "seed=" + std::to_string(TinyModel().seed + 1), "--model-id", model_id_.ToHex()});
+  auto same = client_->GetSession("chat-1");
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->summary.model, model_id_);
 }
 
 TEST_F(CacheModesTest, WorkerRejectsADaemonProfileThatDoesNotFitTheModel) {

@@ -8,6 +8,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kvtier/model_identity.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
 
@@ -304,6 +305,67 @@ TEST(StatusTest, ResultCarriesValueOrStatus) {
   };
   EXPECT_EQ(f(true).code(), StatusCode::kCorrupt);
   EXPECT_EQ(f(false).code(), StatusCode::kInvalidArgument);
+}
+
+// A model identity salts the key namespace: equal tokens under two models (or
+// a model and none) never share a key; the tenant's own namespace is kept
+// when no identity is given.
+TEST(BlockKeyTest, ModelIdentitiesSeparateKeys) {
+  const Namespace tenant = Namespace::Make(7, "t");
+  const ModelId a{BlockKey{1, 2}}, b{BlockKey{1, 3}};
+  EXPECT_EQ(KeyNamespace(tenant, ModelId{}), tenant);
+  EXPECT_NE(KeyNamespace(tenant, a), tenant);
+  EXPECT_NE(KeyNamespace(tenant, a), KeyNamespace(tenant, b));
+  EXPECT_EQ(KeyNamespace(tenant, a), KeyNamespace(tenant, a));
+  EXPECT_NE(KeyNamespace(Namespace::Make(7, "u"), a), KeyNamespace(tenant, a));
+  const std::vector<TokenId> tokens(16, 5);
+  EXPECT_NE(ChainKey({}, KeyNamespace(tenant, a), tokens), ChainKey({}, KeyNamespace(tenant, b), tokens));
+}
+
+TEST(BlockKeyTest, ModelIdHexRoundTripsAndRejectsAnythingElse) {
+  const ModelId id{BlockKey{0x0123456789abcdefULL, 0xfedcba9876543210ULL}};
+  EXPECT_EQ(id.ToHex(), "fedcba98765432100123456789abcdef");
+  EXPECT_EQ(ModelId::FromHex(id.ToHex()), id);
+  EXPECT_EQ(ModelId::FromHex("FEDCBA98765432100123456789ABCDEF"), id);
+  EXPECT_EQ(ModelId{}.ToHex(), "");
+  for (const char* bad : {"", "fedcba9876543210", "fedcba98765432100123456789abcdeg",
+                          "fedcba98765432100123456789abcdef0", " edcba98765432100123456789abcdef"}) {
+    EXPECT_FALSE(ModelId::FromHex(bad).has_value()) << bad;
+  }
+}
+
+// The identity is a function of names, dtypes, shapes, bytes and tokenizer:
+// change any of them and it changes; tensors must come in name order.
+TEST(ModelIdentityTest, DependsOnEveryPartAndWantsNameOrder) {
+  const std::vector<float> w1 = {1, 2, 3, 4}, w2 = {1, 2, 3, 5};
+  const std::vector<int64_t> shape = {2, 2}, flat = {4};
+  auto bytes = [](const std::vector<float>& v) { return std::as_bytes(std::span<const float>(v)); };
+  auto id = [&](const std::string& name, const std::string& dtype, const std::vector<int64_t>& s,
+                const std::vector<float>& w, const std::string& tokenizer) {
+    ModelIdentity m;
+    EXPECT_TRUE(m.AddTensor("a.weight", "F32", shape, bytes(w1)).ok());
+    EXPECT_TRUE(m.AddTensor(name, dtype, s, bytes(w)).ok());
+    EXPECT_TRUE(m.AddTokenizer(tokenizer).ok());
+    auto r = m.Finish();
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : ModelId{};
+  };
+  const ModelId base = id("b.weight", "F32", shape, w1, "tok");
+  EXPECT_FALSE(base.IsNull());
+  EXPECT_EQ(id("b.weight", "F32", shape, w1, "tok"), base) << "deterministic";
+  EXPECT_NE(id("c.weight", "F32", shape, w1, "tok"), base);
+  EXPECT_NE(id("b.weight", "BF16", shape, w1, "tok"), base);
+  EXPECT_NE(id("b.weight", "F32", flat, w1, "tok"), base);
+  EXPECT_NE(id("b.weight", "F32", shape, w2, "tok"), base);
+  EXPECT_NE(id("b.weight", "F32", shape, w1, "tok2"), base);
+
+  ModelIdentity unordered;
+  ASSERT_TRUE(unordered.AddTensor("b", "F32", flat, bytes(w1)).ok());
+  EXPECT_EQ(unordered.AddTensor("a", "F32", flat, bytes(w1)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(unordered.AddTensor("b", "F32", flat, bytes(w1)).code(), StatusCode::kInvalidArgument) << "twice";
+  EXPECT_EQ(unordered.Finish().status().code(), StatusCode::kFailedPrecondition) << "no tokenizer yet";
+  ASSERT_TRUE(unordered.AddTokenizer("tok").ok());
+  EXPECT_EQ(unordered.AddTensor("c", "F32", flat, bytes(w1)).code(), StatusCode::kInvalidArgument) << "after it";
 }
 
 }  // namespace

@@ -2610,6 +2610,46 @@ TEST_F(EngineTest, LeaseExpiryIsBoundedPerCall) {
   EXPECT_INVARIANTS();
 }
 
+// Two models of one tenant (equal geometry): blocks are keyed in each model's
+// namespace and checked against the model, so neither is served the other's,
+// while quotas and sessions stay the tenant's.
+TEST_F(EngineTest, ModelsOfOneTenantNeverShareBlocks) {
+  Start(Options(16, 16));
+  const Tenant a{ns_, tenant_.name, ModelId{BlockKey{1, 1}}};
+  const Tenant b{ns_, tenant_.name, ModelId{BlockKey{2, 2}}};
+  std::vector<TokenId> tokens(3 * kBt);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i + 11);
+  auto keys_of = [&](const Tenant& t) {
+    std::vector<BlockKey> k(3);
+    ComputeKeys(t.KeyNs(), BlockKey{}, tokens, kBt, k);
+    return k;
+  };
+  auto w = engine_->Allocate(a, 3);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(engine_->Commit(w->id, a, "chat-a", BlockKey{}, 0, tokens, w->slots).ok());
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_EQ(engine_->Match(ns_, keys_of(a), tokens, a.model), 3u);
+  EXPECT_EQ(engine_->Match(ns_, keys_of(b), tokens, b.model), 0u) << "another model's keys";
+  EXPECT_EQ(engine_->Match(ns_, keys_of(a), tokens, b.model), 0u) << "a's keys, asked as b";
+  EXPECT_EQ(engine_->Match(ns_, keys_of(a), tokens), 0u) << "a's keys, asked with no model";
+  auto lease = engine_->Acquire(b, "", keys_of(a), tokens);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 0u);
+  // b commits the same tokens: new blocks of its own, not duplicates.
+  auto wb = engine_->Allocate(b, 3);
+  ASSERT_TRUE(wb.ok());
+  auto rb = engine_->Commit(wb->id, b, "chat-b", BlockKey{}, 0, tokens, wb->slots);
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(rb->stored, 3u);
+  EXPECT_EQ(rb->duplicates, 0u);
+  ASSERT_TRUE(engine_->Release(wb->id).ok());
+  EXPECT_EQ(engine_->GetSession(a, "chat-a")->model, a.model);
+  EXPECT_EQ(engine_->GetSession(b, "chat-b")->model, b.model);
+  EXPECT_EQ(engine_->tenant_usage(ns_).blocks[Tier::kGpu], 6u) << "one tenant's account for both models";
+  EXPECT_EQ(engine_->tenant_usage(ns_).sessions, 2u);
+  EXPECT_INVARIANTS();
+}
+
 // --- Clients' GPU work: nothing is reused, served or moved before it is done ------
 
 class EngineGpuWorkTest : public EngineTest {

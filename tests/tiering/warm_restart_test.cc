@@ -83,7 +83,7 @@ TEST(WarmManifestTest, AFormat1ManifestDecodesWithTheTenantSplitOffTheId) {
   WarmManifest m = Sample();
   m.sessions[0].tenant.clear();
   m.sessions[0].id = "acme/chat-1";  // As format 1 wrote it; no tenant bytes.
-  std::vector<std::byte> bytes = EncodeWarmManifest(m);
+  std::vector<std::byte> bytes = EncodeWarmManifest(m, /*format=*/2);  // Format 1's block entries are format 2's.
   uint32_t version = 1;
   std::memcpy(bytes.data() + 8, &version, sizeof(version));
   const uint64_t header_checksum = XXH3_64bits(bytes.data(), 120);  // Everything before the field.
@@ -270,7 +270,7 @@ class WarmAdoptTest : public ::testing::Test {
   }
   std::vector<BlockKey> Keys(const std::vector<TokenId>& tokens) {
     std::vector<BlockKey> k(tokens.size() / kBt);
-    ComputeKeys(ns_, BlockKey{}, tokens, kBt, k);
+    ComputeKeys(tenant_.KeyNs(), BlockKey{}, tokens, kBt, k);
     return k;
   }
 
@@ -494,6 +494,29 @@ TEST_F(WarmAdoptTest, AdoptionNeedsAnEmptyEngine) {
   auto r = engine_->AdoptWarm(Manifest());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+}
+
+// Blocks keyed with a model identity come back keyed with it: the manifest
+// keeps each block's model, and the adopted blocks match that model only.
+TEST_F(WarmAdoptTest, AModelsBlocksComeBackAsThatModels) {
+  Restart();
+  tenant_.model = ModelId{BlockKey{0x5eed, 0x1d}};
+  const auto a = Tokens(1, 4);
+  Put("a", a);
+  DemoteAll();
+  ASSERT_TRUE(engine_->SaveWarm(Manifest(), true).ok());
+  Restart();
+  auto r = engine_->AdoptWarm(Manifest());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->adopted_blocks, 4u) << r->reason;
+  EXPECT_EQ(r->adopted_sessions, 1u);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a")->model, tenant_.model);
+  EXPECT_EQ(engine_->Match(ns_, Keys(a), a, tenant_.model), 4u);
+  EXPECT_EQ(VerifiedHits(a), 4u);
+  const ModelId mine = tenant_.model;
+  tenant_.model = ModelId{};
+  EXPECT_EQ(engine_->Match(ns_, Keys(a), a), 0u) << "not served to a client of no (or another) model";
+  tenant_.model = mine;
 }
 
 }  // namespace

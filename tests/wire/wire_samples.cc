@@ -26,7 +26,7 @@ SessionSummary Summary(const std::string& id, int32_t priority) {
 std::vector<Message> SampleMessages() {
   std::vector<Message> out;
 
-  out.push_back(Hello{1, 3, "model_worker/0", 31337, "tenant-a", "llama-8b"});
+  out.push_back(Hello{1, 3, "model_worker/0", 31337, "tenant-a", "llama-8b", ModelId{BlockKey{0x1234, 0xfedc}}});
 
   Welcome w;
   w.version = 2;
@@ -115,6 +115,7 @@ Message WithoutExtensions(const Message& m) {
   if (auto* w = std::get_if<Welcome>(&out)) w->fence_events.clear();
   if (auto* c = std::get_if<CommitRequest>(&out)) c->writer_event.reset();
   if (auto* r = std::get_if<ReleaseRequest>(&out)) r->after_event.reset();
+  if (auto* h = std::get_if<Hello>(&out)) h->model = ModelId{};
   if (auto* p = std::get_if<SetPriorityRequest>(&out)) p->ttl_ms = 0;
   if (auto* l = std::get_if<ListSessionsRequest>(&out)) l->page.reset();
   if (auto* l = std::get_if<ListSessionsResponse>(&out)) l->more = false;

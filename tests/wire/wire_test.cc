@@ -125,7 +125,7 @@ TEST(WireTest, HeaderIsLittleEndianByteForByte) {
   const Bytes frame = EncodeFrame(0x0102030405060708ULL, Ping{0x1122334455667788ULL});
   const Bytes expected = {
       0x4B, 0x56, 0x54, 0x31,                          // magic "KVT1"
-      0x02, 0x00,                                      // version 2
+      0x03, 0x00,                                      // version 3
       0x03, 0x00,                                      // type Ping
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // request id
       0x08, 0x00, 0x00, 0x00,                          // payload length
@@ -199,12 +199,12 @@ TEST(WireTest, HeaderErrors) {
   ExpectProtocolError(bad, "magic");
 
   bad = good;
-  StoreLE<uint16_t>(bad.data() + 4, 1);  // Version 1 named its segments: not spoken any more.
+  StoreLE<uint16_t>(bad.data() + 4, 2);  // Version 2 had no model identities: not spoken any more.
   auto r = DecodeFrame(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kVersionMismatch);
-  EXPECT_NE(r.status().message().find("peer speaks 1"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("this side speaks 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("peer speaks 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("this side speaks 3"), std::string::npos) << r.status().message();
 
   for (uint16_t t : {0, 8, 15, 44, 0x7fff, 0xffff}) {
     bad = good;

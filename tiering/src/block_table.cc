@@ -12,7 +12,7 @@ BlockTable::BlockTable(BlockIndex index, uint32_t gpu_slots, uint32_t host_slots
 }
 
 uint32_t BlockTable::Publish(const BlockKey& key, const BlockKey& parent, std::span<const TokenId> tokens,
-                             TenantAccount& tenant, Tier tier, uint32_t slot) {
+                             TenantAccount& tenant, const ModelId& model, Tier tier, uint32_t slot) {
   const uint32_t r = free_.back();
   free_.pop_back();
   Record& rec = records_[r];
@@ -22,8 +22,9 @@ uint32_t BlockTable::Publish(const BlockKey& key, const BlockKey& parent, std::s
   rec.tier = tier;
   rec.state = BlockState::kReady;
   rec.tenant = &tenant;
+  rec.model = model;
   index_.WriteRow(r, parent, tokens);
-  index_.Insert(key, r, NamespaceTag(tenant.tenant.ns), tier);
+  index_.Insert(key, r, NamespaceTag(rec.key_ns()), tier);
   tenant.Published(tier);
   return r;
 }

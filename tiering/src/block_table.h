@@ -44,7 +44,8 @@ struct Record {
   bool writing = false;      // A client's GPU is still writing it: not served, not moved (pinned).
   bool checksummed = false;  // `checksum` holds the host-tier payload's XXH3 (warm restart).
   uint64_t checksum = 0;
-  TenantAccount* tenant = nullptr;  // Its namespace recomputes the key (warm restart).
+  TenantAccount* tenant = nullptr;  // Its namespace and `model` recompute the key (warm restart).
+  ModelId model;                    // The identity it was keyed with.
 
   bool moving() const { return state == BlockState::kDemoting || state == BlockState::kPromoting; }
   // Readable in `tier` and not moving.
@@ -53,6 +54,7 @@ struct Record {
   bool IdleIn(Tier t) const { return ReadyIn(t) && readers == 0; }
   bool held() const { return refs != 0 || readers != 0; }
   const Namespace& ns() const { return tenant->tenant.ns; }
+  Namespace key_ns() const { return KeyNamespace(tenant->tenant.ns, model); }
 };
 
 class BlockTable {
@@ -74,8 +76,8 @@ class BlockTable {
   // Publishes a new block of `tenant` whose bytes are in `slot` of `tier`: a
   // record, its row (parent and tokens) and its index entry. Returns its id.
   // REQUIRES: `key` not indexed, a free record, `slot` allocated to the caller.
-  uint32_t Publish(const BlockKey& key, const BlockKey& parent, std::span<const TokenId> tokens,
-                   TenantAccount& tenant, Tier tier, uint32_t slot);
+  uint32_t Publish(const BlockKey& key, const BlockKey& parent, std::span<const TokenId> tokens, TenantAccount& tenant,
+                   const ModelId& model, Tier tier, uint32_t slot);
   // Takes a block out of the index and the tenant's counts. Its slot comes free
   // now, or, if it is moving, both slots when the copy lands (it is doomed).
   // REQUIRES: held by no one, not doomed.

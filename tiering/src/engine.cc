@@ -27,7 +27,7 @@ void Engine::Impl::MaybeFree(uint32_t r, FreeReason why) {
   if (opt.on_free) opt.on_free(key, dropped);
 }
 
-uint32_t Engine::Impl::MatchRecords(const Namespace& ns, std::span<const BlockKey> keys,
+uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
                                     std::span<const TokenId> tokens, std::vector<uint32_t>* out) const {
   const size_t n = std::min(keys.size(), tokens.size() / bt());
   out->resize(n);
@@ -39,11 +39,14 @@ uint32_t Engine::Impl::MatchRecords(const Namespace& ns, std::span<const BlockKe
   // tenant (BlockTable's invariant), so a block whose parent matches the key of
   // this tenant's block before it is this tenant's too.
   const TenantAccount* tenant = tenants.Find(ns);
-  const size_t found = tenant == nullptr ? 0 : blocks.index().FindPrefix(keys.first(n), NamespaceTag(ns), *out);
+  // A model's blocks are the tenant's too, but keyed apart: block 0 must be
+  // of this model as well (its key was chained in the model's namespace).
+  const size_t found =
+      tenant == nullptr ? 0 : blocks.index().FindPrefix(keys.first(n), NamespaceTag(KeyNamespace(ns, model)), *out);
   uint32_t matched = 0;
   for (size_t i = 0; i < found; ++i) {
     const uint32_t r = (*out)[i];
-    if (i == 0 && blocks[r].tenant != tenant) break;
+    if (i == 0 && (blocks[r].tenant != tenant || blocks[r].model != model)) break;
     if (blocks[r].writing) break;  // Its writer's GPU may not have finished it: never served before.
     const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
     if (!blocks.index().RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
@@ -289,6 +292,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     if (start_block == 0 && !parent.IsNull()) return InvalidArgument("a commit at block 0 must have the null parent key");
   }
   KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
+  const Namespace key_ns = tenant.KeyNs();  // Keys are chained in the model's namespace.
   if (account.has_quota(Tier::kGpu)) {
     // New blocks count against the tenant's GPU quota; duplicates do not. The
     // committed slots were counted since Allocate: their charge passes to the
@@ -297,7 +301,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     uint32_t fresh = 0;
     BlockKey prev = parent;
     for (size_t i = 0; i < n; ++i) {
-      prev = ChainKey(prev, tenant.ns, tokens.subspan(i * m.bt(), m.bt()));
+      prev = ChainKey(prev, key_ns, tokens.subspan(i * m.bt(), m.bt()));
       fresh += m.blocks.index().Find(prev) == kNoRecord ? 1 : 0;
     }
     KVTIER_RETURN_IF_ERROR(m.reclaim.MakeQuotaRoom(account, fresh, m.FindSession(tenant, session_id),
@@ -319,17 +323,18 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   BlockKey prev = parent;
   for (size_t i = 0; i < n; ++i) {
     const std::span<const TokenId> block = tokens.subspan(i * m.bt(), m.bt());
-    const BlockKey key = ChainKey(prev, tenant.ns, block);
+    const BlockKey key = ChainKey(prev, key_ns, block);
     uint32_t r = m.blocks.index().Find(key);
     if (r != kNoRecord) {
       duplicate_slots.push_back(slots[i]);  // First copy wins.
       ++result.duplicates;
-      if (!m.blocks.index().RowMatches(r, prev, block) || m.blocks[r].tenant != &account) {
+      if (!m.blocks.index().RowMatches(r, prev, block) || m.blocks[r].tenant != &account ||
+          m.blocks[r].model != tenant.model) {
         prev = key;  // A 128-bit collision: the block cannot be published.
         continue;
       }
     } else {
-      r = m.blocks.Publish(key, prev, block, account, Tier::kGpu, slots[i]);
+      r = m.blocks.Publish(key, prev, block, account, tenant.model, Tier::kGpu, slots[i]);
       ++m.blocks[r].readers;  // Pinned until the writer is done (below).
       written.push_back(r);
       ++result.stored;
@@ -355,19 +360,21 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
 
 // --- Read path ------------------------------------------------------------------------------
 
-uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) const {
+uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                       const ModelId& model) const {
   std::vector<uint32_t> recs;
-  return impl_->MatchRecords(ns, keys, tokens, &recs);
+  return impl_->MatchRecords(ns, model, keys, tokens, &recs);
 }
 
-bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) {
+bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                              const ModelId& model) {
   Impl& m = *impl_;
   if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) return false;
   // Room for every key: nothing to wait for, and no need to match twice.
   if (m.slots(Tier::kGpu).free_count() >= keys.size()) return false;
   m.mover.Poll();
   std::vector<uint32_t> recs;
-  m.MatchRecords(ns, keys, tokens, &recs);
+  m.MatchRecords(ns, model, keys, tokens, &recs);
   const uint32_t to_promote = m.Promotable(recs);
   if (to_promote <= m.slots(Tier::kGpu).free_count()) return false;
   // Pinned while room is made, so the demotion walk and host-tier drops pass
@@ -388,7 +395,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   }
   m.Settle();  // Blocks whose writer finished by now are served.
   std::vector<uint32_t> recs;
-  const uint32_t matched = m.MatchRecords(tenant.ns, keys, tokens, &recs);
+  const uint32_t matched = m.MatchRecords(tenant.ns, tenant.model, keys, tokens, &recs);
   // A session comes into being with its first block: an acquire that matches
   // nothing names none into being (it would cost the table an entry for no
   // block), while an existing session's chain becomes what matched.

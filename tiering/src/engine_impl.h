@@ -134,8 +134,8 @@ struct Engine::Impl {
 
   // --- Lookup and leases -----------------------------------------------------------
   // Longest verified prefix; fills `out` with its record ids.
-  uint32_t MatchRecords(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
-                        std::vector<uint32_t>* out) const;
+  uint32_t MatchRecords(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
+                        std::span<const TokenId> tokens, std::vector<uint32_t>* out) const;
   // Blocks of `recs` in the host tier that a promotion would move now.
   uint32_t Promotable(std::span<const uint32_t> recs) const;
   // An allocation of `count` slots is possible at all (however full the tier).

@@ -141,6 +141,7 @@ SessionInfo Describe(const Session& s, const BlockTable& blocks, uint32_t block_
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - s.used_at).count());
   info.blocks = static_cast<uint32_t>(s.chain.size());
   info.tokens = uint64_t{info.blocks} * block_tokens;
+  if (!s.chain.empty()) info.model = blocks[s.chain.front()].model;  // A chain is keyed in one model's namespace.
   for (uint32_t r : s.chain) {
     const Record& rec = blocks[r];
     ++info.blocks_in[rec.tier];

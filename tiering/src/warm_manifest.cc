@@ -50,6 +50,11 @@ struct WarmBlockEntry {
   uint32_t reserved;
 };
 static_assert(sizeof(WarmBlockEntry) == 64);
+// Follows each WarmBlockEntry from format 3 on.
+struct WarmModelEntry {
+  uint64_t model_lo, model_hi;
+};
+static_assert(sizeof(WarmModelEntry) == 16);
 
 struct WarmSessionEntry {
   uint32_t id_bytes;
@@ -112,7 +117,7 @@ Status Errno(const std::string& what, const std::string& name) {
 
 uint64_t PayloadChecksum(const std::byte* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
-std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m) {
+std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m, uint32_t format) {
   std::vector<std::byte> out(sizeof(WarmHeader));
   Writer w(&out);
   const uint32_t bt = m.geometry.block_tokens;
@@ -120,6 +125,10 @@ std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m) {
     const WarmBlockEntry e{b.key.lo,    b.key.hi, b.parent.lo, b.parent.hi, b.ns.id.lo, b.ns.id.hi, b.checksum,
                            b.host_slot, 0};
     w.Put(&e, sizeof(e));
+    if (format >= 3) {
+      const WarmModelEntry model{b.model.id.lo, b.model.id.hi};
+      w.Put(&model, sizeof(model));
+    }
     std::vector<TokenId> tokens = b.tokens;
     tokens.resize(bt, 0);  // REQUIRES: block_tokens tokens; a short row stays decodable (and fails its key).
     w.Put(tokens.data(), bt * sizeof(TokenId));
@@ -137,7 +146,7 @@ std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m) {
   }
   WarmHeader h{};
   h.magic = kWarmMagic;
-  h.format_version = kWarmFormatVersion;
+  h.format_version = format;
   h.header_bytes = sizeof(WarmHeader);
   h.total_bytes = out.size();
   h.profile_fingerprint = m.geometry.profile_fingerprint;
@@ -196,9 +205,11 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
   m.blocks.resize(h.block_count);
   for (uint32_t i = 0; i < h.block_count; ++i) {
     WarmBlockEntry e;
+    WarmModelEntry model{0, 0};
     WarmBlock& b = m.blocks[i];
     b.tokens.resize(h.block_tokens);
-    if (!r.Get(&e, sizeof(e)) || !r.Get(b.tokens.data(), h.block_tokens * sizeof(TokenId)) || !r.Align()) {
+    if (!r.Get(&e, sizeof(e)) || (h.format_version >= 3 && !r.Get(&model, sizeof(model))) ||
+        !r.Get(b.tokens.data(), h.block_tokens * sizeof(TokenId)) || !r.Align()) {
       return Corrupt("warm manifest truncated in block " + std::to_string(i));
     }
     if (e.host_slot >= h.host_slots)
@@ -208,6 +219,7 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
     b.key = BlockKey{e.key_lo, e.key_hi};
     b.parent = BlockKey{e.parent_lo, e.parent_hi};
     b.ns.id = BlockKey{e.ns_lo, e.ns_hi};
+    b.model.id = BlockKey{model.model_lo, model.model_hi};
     b.checksum = e.checksum;
     b.host_slot = e.host_slot;
   }

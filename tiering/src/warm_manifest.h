@@ -32,7 +32,7 @@ namespace kvtier::tiering {
 inline constexpr uint64_t kWarmMagic = 0x314d5241574b544bULL;  // "KTKWARM1"
 // Format 2 stores each session's tenant apart from its id; format 1 (read
 // still) wrote "<tenant>/<id>" as the id.
-inline constexpr uint32_t kWarmFormatVersion = 2;
+inline constexpr uint32_t kWarmFormatVersion = 3;  // 3: each block's model identity.
 inline constexpr uint32_t kWarmOldestFormatVersion = 1;
 
 // What must be equal between the run that wrote a manifest and the run that adopts it.
@@ -47,7 +47,8 @@ struct WarmGeometry {
 struct WarmBlock {
   BlockKey key;
   BlockKey parent;        // Null for block 0 of a chain.
-  Namespace ns;           // Needed to recompute the key.
+  Namespace ns;           // Its tenant's: with `model`, recomputes the key.
+  ModelId model;          // Null in formats 1 and 2.
   uint64_t checksum = 0;  // XXH3-64 of the slot's bytes when the manifest was written.
   uint32_t host_slot = 0;
   std::vector<TokenId> tokens;  // block_tokens of them.
@@ -71,7 +72,9 @@ struct WarmManifest {
 // XXH3-64 of a block's payload.
 uint64_t PayloadChecksum(const std::byte* data, size_t bytes);
 
-std::vector<std::byte> EncodeWarmManifest(const WarmManifest& manifest);
+// `format`: kWarmFormatVersion, or 2 (no model identities; what an older
+// build wrote, for tests of the decoder).
+std::vector<std::byte> EncodeWarmManifest(const WarmManifest& manifest, uint32_t format = kWarmFormatVersion);
 
 // Decodes and checks structure: kCorrupt for a bad magic, a truncated or
 // oversized segment, a checksum mismatch, an out-of-range slot or chain index, a

@@ -49,6 +49,7 @@ Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, boo
         b.key = rec.key;
         b.parent = index.parent(r);
         b.ns = rec.ns();
+        b.model = rec.model;
         b.checksum = rec.checksum;
         b.host_slot = rec.slot;
         b.tokens.assign(index.tokens(r), index.tokens(r) + m.bt());
@@ -133,12 +134,16 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
     if (!b.parent.IsNull()) {
       // Its parent must be adopted, and its tenant's (BlockTable's invariant).
       auto parent = by_key.find(b.parent);
-      if (parent == by_key.end() || !(m.blocks[parent->second].ns() == b.ns)) continue;
+      if (parent == by_key.end() || !(m.blocks[parent->second].ns() == b.ns) ||
+          m.blocks[parent->second].model != b.model) {
+        continue;
+      }
     }
     if (by_key.find(b.key) != by_key.end()) continue;
-    if (ChainKey(b.parent, b.ns, b.tokens) != b.key) continue;
+    if (ChainKey(b.parent, KeyNamespace(b.ns, b.model), b.tokens) != b.key) continue;
     if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
-    const uint32_t r = m.blocks.Publish(b.key, b.parent, b.tokens, m.tenants.Get(b.ns), Tier::kHost, b.host_slot);
+    const uint32_t r =
+        m.blocks.Publish(b.key, b.parent, b.tokens, m.tenants.Get(b.ns), b.model, Tier::kHost, b.host_slot);
     m.blocks[r].checksum = b.checksum;
     m.blocks[r].checksummed = true;
     by_key.emplace(b.key, r);

@@ -47,6 +47,11 @@ struct ClientOptions {
   std::string client_name;  // Shown by cachectl; default: this program's name.
   std::string tenant;       // Blocks are shared only within a tenant.
   std::string profile;      // Model profile name; empty: the daemon's default.
+  // The model's identity (a digest of its weights and tokenizer; see
+  // ModelIdentity in kvtier/model_identity.h): blocks are shared only between
+  // clients that give the same one. Null: none (keys depend on the profile's
+  // geometry and the tenant alone, so models of equal geometry would share).
+  ModelId model;
   std::chrono::milliseconds connect_timeout{2000};   // Per (re)connect, retries included.
   std::chrono::milliseconds request_timeout{10000};  // Longest wait for one send or reply.
   bool reconnect = true;    // Reconnect at the next call after losing the daemon.

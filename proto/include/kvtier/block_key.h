@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +35,25 @@ struct Namespace {
   static Namespace Make(uint64_t profile_fingerprint, std::string_view tenant_salt);
   friend bool operator==(const Namespace&, const Namespace&) = default;
 };
+
+// What a model is, beyond its KV geometry: a digest its worker supplies (by
+// default of its weights and tokenizer; the first 128 bits). Two models of
+// equal geometry (a base model and its fine-tune, one model under two
+// tokenizers) never share a key unless their identities are equal. Null: no
+// identity given (keys depend on the geometry and tenant alone).
+struct ModelId {
+  BlockKey id;
+
+  bool IsNull() const { return id.IsNull(); }
+  std::string ToHex() const;  // 32 hex digits; "" when null.
+  // 32 hex digits (either case) into an identity; nullopt for anything else.
+  static std::optional<ModelId> FromHex(std::string_view hex);
+  friend bool operator==(const ModelId&, const ModelId&) = default;
+};
+
+// The namespace a tenant's blocks of `model` are keyed in: the tenant's own
+// when the model is null, else both hashed together.
+Namespace KeyNamespace(const Namespace& tenant, const ModelId& model);
 
 // The key of one block. REQUIRES: tokens.size() is the profile's block_tokens.
 BlockKey ChainKey(const BlockKey& parent, const Namespace& ns, std::span<const TokenId> tokens);

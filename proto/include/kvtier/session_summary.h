@@ -18,6 +18,7 @@ struct SessionSummary {
   uint32_t host_blocks = 0;
   uint32_t moving = 0;  // Blocks with a copy in flight.
   uint64_t tokens = 0;
+  ModelId model;  // The identity its blocks were keyed with (null: none).
   friend bool operator==(const SessionSummary&, const SessionSummary&) = default;
 };
 

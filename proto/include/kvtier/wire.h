@@ -65,7 +65,7 @@
 namespace kvtier::wire {
 
 inline constexpr uint32_t kMagic = 0x3154564B;  // "KVT1"
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 24;
 inline constexpr uint32_t kMaxPayload = uint32_t{16} << 20;  // 16 MiB.
 inline constexpr size_t kMaxIpcHandle = 256;                 // PoolDesc.ipc_handle bytes.
@@ -170,6 +170,9 @@ struct Hello {
   uint32_t pid = 0;
   std::string tenant;
   std::string profile;  // Model profile name; empty = the daemon's default.
+  // Extension: the model's identity (ModelId, 16 bytes); absent = none. The
+  // Welcome's `ns` is then the namespace keys are chained in for this model.
+  ModelId model;
   friend bool operator==(const Hello&, const Hello&) = default;
 };
 

@@ -47,6 +47,12 @@ using LeaseId = uint64_t;
 struct Tenant {
   Namespace ns;
   std::string name;
+  // The model of the client acting (Hello's identity; null: none). Accounts,
+  // quotas and sessions are the tenant's whatever the model; block keys are
+  // chained in KeyNs(), so models never share blocks.
+  ModelId model;
+
+  Namespace KeyNs() const { return KeyNamespace(ns, model); }
 
   // Tenant `name` of the profile whose fingerprint is `profile_fingerprint`.
   static Tenant Make(uint64_t profile_fingerprint, std::string name);
@@ -170,6 +176,7 @@ struct SessionInfo {
   PerTier<uint32_t> blocks_in;
   uint32_t moving = 0;
   uint64_t tokens = 0;
+  ModelId model;                // Of its blocks (null: none, or no blocks).
   std::vector<BlockKey> chain;  // Filled by GetSession only.
   std::vector<Tier> tiers;      // Filled by GetSession only.
 };
@@ -314,7 +321,10 @@ class Engine {
   // --- Read path ------------------------------------------------------------
   // Longest cached prefix of `keys` whose stored tokens and parents match
   // (`tokens` holds keys.size() blocks). No side effects.
-  uint32_t Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens) const;
+  // `keys` are chained in KeyNamespace(ns, model): only blocks of that tenant
+  // and model match.
+  uint32_t Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                 const ModelId& model = {}) const;
 
   // Leases the longest cached prefix for reading. With `promote`, blocks in the
   // host tier are copied to the GPU tier and the lease's fence completes when they
@@ -334,7 +344,8 @@ class Engine {
   // host-tier blocks into, which demotions in flight (scheduled here if
   // needed) will free: the caller retries it after Poll applied copies. When
   // false, Acquire does not wait. No effect on sessions or leases.
-  bool AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens);
+  bool AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                        const ModelId& model = {});
 
   // Ends a read or write lease; unreferenced blocks it held are freed. A lease
   // the timeout revoked is forgotten here, with kNotFound saying it expired
