@@ -6,7 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The Python module (python/) builds and is tested with its own environment;
+# not in sanitizer builds (the interpreter is not instrumented).
+python_args=()
 san="${KVTIER_SANITIZE:-}"
+if [ -z "$san" ]; then
+  venv=$(scripts/python_env.sh)
+  python_args=(-DKVTIER_PYTHON="$venv/bin/python")
+fi
 case "$san" in
   "") dir=build ;;
   thread) dir=build-tsan ;;
@@ -14,6 +21,6 @@ case "$san" in
 esac
 launcher=()
 command -v ccache >/dev/null && [ -z "${CI:-}" ] && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$dir" -G Ninja -DKVTIER_SANITIZE="$san" "${launcher[@]}" ${KVTIER_CMAKE_ARGS:-}
+cmake -S . -B "$dir" -G Ninja -DKVTIER_SANITIZE="$san" "${launcher[@]}" "${python_args[@]}" ${KVTIER_CMAKE_ARGS:-}
 cmake --build "$dir"
 ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" ${KVTIER_CTEST_ARGS:-}

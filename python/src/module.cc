@@ -1,0 +1,447 @@
+// kvtier._native: libkvtier for Python (pybind11). The package kvtier
+// (python/kvtier/__init__.py) re-exports it with its exception classes.
+//
+// Every call that may block (a round trip to kvtierd, a fence wait) runs with
+// the GIL released, so one Client serves several Python threads (libkvtier's
+// Client is thread-safe). Errors raise kvtier.<Code>Error with kvtierd's message.
+// Block views are numpy arrays over the mapped pools, valid while the lease's
+// connection lives; they keep the lease object (and so the mapping) alive.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvtier/client.h"
+
+namespace py = pybind11;
+
+namespace kvtier::python {
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+
+std::chrono::milliseconds Ms(double seconds) {
+  if (!(seconds >= 0)) throw py::value_error("a timeout must be >= 0 seconds");
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Seconds(seconds));
+}
+
+// "not_found" -> "NotFoundError": the class kvtier/__init__.py defines.
+std::string ErrorClassName(StatusCode code) {
+  std::string out;
+  bool upper = true;
+  for (char c : StatusCodeName(code)) {
+    if (c == '_') {
+      upper = true;
+      continue;
+    }
+    out.push_back(upper ? static_cast<char>(c - 'a' + 'A') : c);
+    upper = false;
+  }
+  return out + "Error";
+}
+
+// Raises the status as kvtier.<Code>Error. REQUIRES: the GIL held, !st.ok().
+[[noreturn]] void Raise(const Status& st) {
+  py::object cls = py::module_::import("kvtier").attr(ErrorClassName(st.code()).c_str());
+  PyErr_SetString(cls.ptr(), st.message().c_str());
+  throw py::error_already_set();
+}
+
+void Check(const Status& st) {
+  if (!st.ok()) Raise(st);
+}
+
+template <typename T>
+T Take(Result<T>&& r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+std::vector<TokenId> Tokens(const std::vector<int64_t>& tokens) {
+  std::vector<TokenId> out;
+  out.reserve(tokens.size());
+  for (int64_t t : tokens) {
+    if (t < 0 || t > 0xffffffffLL) throw py::value_error("token id " + std::to_string(t) + " is not a uint32");
+    out.push_back(static_cast<TokenId>(t));
+  }
+  return out;
+}
+
+BlockKey KeyFromHex(const std::optional<std::string>& hex) {
+  if (!hex || hex->empty()) return BlockKey{};
+  const std::optional<ModelId> k = ModelId::FromHex(*hex);  // Same 32-hex-digit form.
+  if (!k) throw py::value_error("a block key is 32 hex digits");
+  return k->id;
+}
+
+ModelId ModelFrom(const py::object& model) {
+  if (model.is_none()) return ModelId{};
+  if (py::isinstance<py::bytes>(model)) {
+    const std::string raw = model.cast<std::string>();
+    if (raw.size() < 16) throw py::value_error("a model identity in bytes needs at least 16 bytes (a digest)");
+    ModelId id;
+    std::memcpy(&id.id.lo, raw.data(), 8);  // The first 128 bits, as ModelIdentity::Finish lays them out.
+    std::memcpy(&id.id.hi, raw.data() + 8, 8);
+    if (id.IsNull()) throw py::value_error("the null model identity");
+    return id;
+  }
+  const std::optional<ModelId> id = ModelId::FromHex(model.cast<std::string>());
+  if (!id || id->IsNull()) throw py::value_error("a model identity is 32 hex digits (not all zero) or 16+ bytes");
+  return *id;
+}
+
+py::dtype NumpyDtype(DType d) {
+  switch (d) {
+    case DType::kF16:
+      return py::dtype("float16");
+    case DType::kF32:
+      return py::dtype("float32");
+    case DType::kBF16:
+      return py::dtype("uint16");  // numpy has no bfloat16: the raw bits.
+  }
+  return py::dtype("uint8");
+}
+
+py::dict ProfileDict(const ModelProfile& p) {
+  py::dict d;
+  d["name"] = p.name;
+  d["layers"] = p.layers;
+  d["kv_heads"] = p.kv_heads;
+  d["head_dim"] = p.head_dim;
+  d["dtype"] = std::string(DTypeName(p.dtype));
+  d["block_tokens"] = p.block_tokens;
+  d["block_bytes"] = p.BlockBytes();
+  return d;
+}
+
+py::dict SummaryDict(const SessionSummary& s) {
+  py::dict d;
+  d["id"] = s.id;
+  d["tenant"] = s.tenant;
+  d["model"] = s.model.IsNull() ? py::object(py::none()) : py::object(py::str(s.model.ToHex()));
+  d["blocks"] = s.blocks;
+  d["gpu_blocks"] = s.gpu_blocks;
+  d["host_blocks"] = s.host_blocks;
+  d["moving"] = s.moving;
+  d["tokens"] = s.tokens;
+  d["idle_s"] = static_cast<double>(s.last_use_ms_ago) / 1000.0;
+  d["priority"] = s.priority;
+  return d;
+}
+
+// A block as a numpy array [layers, 2 (K, V), block_tokens, kv_heads, head_dim]
+// over the mapped pool, keeping `owner` alive.
+py::array BlockArray(std::byte* data, const ModelProfile& p, bool writable, py::handle owner) {
+  if (data == nullptr) {
+    Raise(FailedPrecondition(
+        "this block lies in GPU memory (the cuda backend's GPU tier), which numpy cannot view; read it with a "
+        "GPU framework, or acquire with promote=False to lease host-tier copies"));
+  }
+  const py::dtype dt = NumpyDtype(p.dtype);
+  const auto e = static_cast<py::ssize_t>(DTypeSize(p.dtype));
+  const std::vector<py::ssize_t> shape = {p.layers, 2, p.block_tokens, p.kv_heads, p.head_dim};
+  const std::vector<py::ssize_t> strides = {
+      2 * static_cast<py::ssize_t>(p.PlaneBytes()), static_cast<py::ssize_t>(p.PlaneBytes()),
+      static_cast<py::ssize_t>(p.kv_heads) * p.head_dim * e, static_cast<py::ssize_t>(p.head_dim) * e, e};
+  py::array a(dt, shape, strides, data, owner);
+  if (!writable) py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+// A Python-side client: the libkvtier Client and what its views need.
+struct PyClient {
+  std::unique_ptr<Client> client;
+};
+
+struct PyLease {
+  Lease lease;
+  ModelProfile profile;
+};
+
+struct PyWriteLease {
+  WriteLease lease;
+  ModelProfile profile;
+};
+
+}  // namespace
+}  // namespace kvtier::python
+
+using namespace kvtier;          // NOLINT: the module's body names most of the API.
+using namespace kvtier::python;  // NOLINT
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "libkvtier bindings; import kvtier instead";
+  m.attr("PROTOCOL_VERSION") = ProtocolVersion();
+
+  py::class_<PyLease>(m, "Lease", "A read lease on a cached prefix (release it, or use it as a context manager)")
+      .def_property_readonly("id", [](const PyLease& l) { return l.lease.id(); })
+      .def_property_readonly(
+          "matched", [](const PyLease& l) { return l.lease.matched(); }, "Blocks of the prefix found in the cache")
+      .def_property_readonly("promoted", [](const PyLease& l) { return l.lease.promoted(); })
+      .def("__len__", [](const PyLease& l) { return l.lease.size(); })
+      .def_property_readonly(
+          "blocks",
+          [](const PyLease& l) {
+            py::list out;
+            for (const BlockRef& b : l.lease.blocks())
+              out.append(py::make_tuple(std::string(TierName(b.tier)), b.slot));
+            return out;
+          },
+          "(tier, slot) of each leased block")
+      .def(
+          "wait",
+          [](PyLease& l, double timeout) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = l.lease.Wait(Ms(timeout));
+            }
+            Check(st);
+          },
+          py::arg("timeout") = 10.0, "Waits until promoted blocks have landed in the GPU tier")
+      .def(
+          "block",
+          [](py::object self, size_t i) {
+            PyLease& l = self.cast<PyLease&>();
+            if (i >= l.lease.size())
+              throw py::index_error("block " + std::to_string(i) + " of a lease of " + std::to_string(l.lease.size()));
+            return BlockArray(l.lease.block(i).data, l.profile, /*writable=*/false, self);
+          },
+          py::arg("i"),
+          "Block i as a read-only numpy array [layers, 2, block_tokens, kv_heads, head_dim] over the pool "
+          "(bf16 as uint16 bits); wait() first if blocks were promoted")
+      .def("release",
+           [](PyLease& l) {
+             Status st;
+             {
+               py::gil_scoped_release unlocked;
+               st = l.lease.Release();
+             }
+             Check(st);
+           })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyLease& l, py::object, py::object, py::object) {
+        py::gil_scoped_release unlocked;
+        (void)l.lease.Release();  // An error on the way out of a with block is not raised over the body's.
+      });
+
+  py::class_<PyWriteLease>(m, "WriteLease", "GPU-tier slots reserved for writing new blocks")
+      .def_property_readonly("id", [](const PyWriteLease& l) { return l.lease.id(); })
+      .def("__len__", [](const PyWriteLease& l) { return l.lease.size(); })
+      .def_property_readonly("slots", [](const PyWriteLease& l) { return l.lease.slots(); })
+      .def(
+          "block",
+          [](py::object self, size_t i) {
+            PyWriteLease& l = self.cast<PyWriteLease&>();
+            if (i >= l.lease.size())
+              throw py::index_error("slot " + std::to_string(i) + " of a write lease of " +
+                                    std::to_string(l.lease.size()));
+            return BlockArray(l.lease.data(i), l.profile, /*writable=*/true, self);
+          },
+          py::arg("i"), "Slot i as a writable numpy array [layers, 2, block_tokens, kv_heads, head_dim]")
+      .def("release",
+           [](PyWriteLease& l) {
+             Status st;
+             {
+               py::gil_scoped_release unlocked;
+               st = l.lease.Release();
+             }
+             Check(st);
+           })
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyWriteLease& l, py::object, py::object, py::object) {
+        py::gil_scoped_release unlocked;
+        (void)l.lease.Release();
+      });
+
+  py::class_<PyClient>(m, "Client", "A connection to kvtierd")
+      .def(py::init([](const std::string& socket, const std::string& tenant, const std::string& profile,
+                       const py::object& model_id, const std::string& client_name, double connect_timeout,
+                       double request_timeout, bool open_gpu) {
+             ClientOptions o;
+             o.socket_path = socket;
+             o.tenant = tenant;
+             o.profile = profile;
+             o.model = ModelFrom(model_id);
+             o.client_name = client_name.empty() ? "python" : client_name;
+             o.connect_timeout = Ms(connect_timeout);
+             o.request_timeout = Ms(request_timeout);
+             o.open_gpu = open_gpu;
+             Result<std::unique_ptr<Client>> c = Unavailable("not connected");
+             {
+               py::gil_scoped_release unlocked;
+               c = Client::Connect(o);
+             }
+             return std::make_unique<PyClient>(PyClient{Take(std::move(c))});
+           }),
+           py::arg("socket") = "/run/kvtier/kvtierd.sock", py::arg("tenant") = "", py::arg("profile") = "",
+           py::arg("model_id") = py::none(), py::arg("client_name") = "", py::arg("connect_timeout") = 2.0,
+           py::arg("request_timeout") = 10.0, py::arg("open_gpu") = true)
+      .def_property_readonly("profile", [](const PyClient& c) { return ProfileDict(c.client->profile()); })
+      .def_property_readonly("block_tokens", [](const PyClient& c) { return c.client->block_tokens(); })
+      .def_property_readonly("backend", [](const PyClient& c) { return c.client->backend(); })
+      .def_property_readonly("client_id", [](const PyClient& c) { return c.client->client_id(); })
+      .def_property_readonly("instance_id", [](const PyClient& c) { return c.client->instance_id(); })
+      .def_property_readonly("model_id",
+                             [](const PyClient& c) -> py::object {
+                               const ModelId& id = c.client->options().model;
+                               return id.IsNull() ? py::object(py::none()) : py::object(py::str(id.ToHex()));
+                             })
+      .def(
+          "keys",
+          [](const PyClient& c, const std::vector<int64_t>& tokens, const std::optional<std::string>& parent) {
+            std::vector<std::string> out;
+            for (const BlockKey& k : c.client->Keys(Tokens(tokens), KeyFromHex(parent))) out.push_back(k.ToHex());
+            return out;
+          },
+          py::arg("tokens"), py::arg("parent") = py::none(), "Keys (32 hex digits) of the full blocks of tokens")
+      .def(
+          "probe",
+          [](const PyClient& c, const std::vector<int64_t>& tokens) { return c.client->Probe(Tokens(tokens)); },
+          py::arg("tokens"), "Blocks of tokens cached now (reads the shared index; no round trip)")
+      .def(
+          "acquire",
+          [](PyClient& c, const std::vector<int64_t>& tokens, const std::string& session, bool promote) {
+            const std::vector<TokenId> t = Tokens(tokens);
+            Result<Lease> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->Acquire(session, t, promote);
+            }
+            return std::make_unique<PyLease>(PyLease{Take(std::move(r)), c.client->profile()});
+          },
+          py::arg("tokens"), py::arg("session") = "", py::arg("promote") = true,
+          "Leases the longest cached prefix of tokens' full blocks")
+      .def(
+          "allocate",
+          [](PyClient& c, uint32_t blocks) {
+            Result<WriteLease> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->Allocate(blocks);
+            }
+            return std::make_unique<PyWriteLease>(PyWriteLease{Take(std::move(r)), c.client->profile()});
+          },
+          py::arg("blocks"))
+      .def(
+          "commit",
+          [](PyClient& c, PyWriteLease& lease, const std::string& session, const std::vector<int64_t>& tokens,
+             uint32_t start_block, const std::optional<std::string>& parent, const std::vector<uint32_t>& slots) {
+            const std::vector<TokenId> t = Tokens(tokens);
+            const BlockKey p = KeyFromHex(parent);
+            Result<CommitResult> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->Commit(lease.lease, session, p, start_block, t, slots);
+            }
+            const CommitResult done = Take(std::move(r));
+            return py::make_tuple(done.stored, done.duplicates);
+          },
+          py::arg("lease"), py::arg("session"), py::arg("tokens"), py::arg("start_block") = 0,
+          py::arg("parent") = py::none(), py::arg("slots") = std::vector<uint32_t>{},
+          "Publishes the blocks written into the lease's slots; returns (stored, duplicates)")
+      .def(
+          "demote",
+          [](PyClient& c, const std::string& session) {
+            Result<uint32_t> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->Demote(session);
+            }
+            return Take(std::move(r));
+          },
+          py::arg("session"))
+      .def(
+          "prefetch",
+          [](PyClient& c, const std::string& session) {
+            Result<uint32_t> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->Prefetch(session);
+            }
+            return Take(std::move(r));
+          },
+          py::arg("session"))
+      .def(
+          "evict",
+          [](PyClient& c, const std::string& session, const std::string& tenant) {
+            Result<uint32_t> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->Evict(session, tenant);
+            }
+            return Take(std::move(r));
+          },
+          py::arg("session"), py::arg("tenant") = "")
+      .def(
+          "set_priority",
+          [](PyClient& c, const std::string& session, int priority, double ttl) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = c.client->SetPriority(session, priority, Ms(ttl));
+            }
+            Check(st);
+          },
+          py::arg("session"), py::arg("priority"), py::arg("ttl") = 0.0)
+      .def(
+          "sessions",
+          [](PyClient& c, const std::string& tenant) {
+            Result<std::vector<SessionSummary>> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->ListSessions(tenant);
+            }
+            py::list out;
+            for (const SessionSummary& s : Take(std::move(r))) out.append(SummaryDict(s));
+            return out;
+          },
+          py::arg("tenant") = "")
+      .def(
+          "session",
+          [](PyClient& c, const std::string& id) {
+            Result<SessionInfo> r = Unavailable("not run");
+            {
+              py::gil_scoped_release unlocked;
+              r = c.client->GetSession(id);
+            }
+            const SessionInfo info = Take(std::move(r));
+            py::dict d = SummaryDict(info.summary);
+            py::list chain;
+            for (size_t i = 0; i < info.chain.size(); ++i) {
+              const uint8_t t = i < info.tiers.size() ? info.tiers[i] : 0xff;
+              chain.append(py::make_tuple(info.chain[i].ToHex(), t < kTierCount
+                                                                     ? std::string(TierName(static_cast<Tier>(t)))
+                                                                     : "tier" + std::to_string(t)));
+            }
+            d["chain"] = chain;
+            return d;
+          },
+          py::arg("id"))
+      .def("stats",
+           [](PyClient& c) {
+             Result<std::vector<std::pair<std::string, double>>> r = Unavailable("not run");
+             {
+               py::gil_scoped_release unlocked;
+               r = c.client->Stats();
+             }
+             py::dict out;
+             for (const auto& [k, v] : Take(std::move(r))) out[py::str(k)] = v;
+             return out;
+           })
+      .def("ping", [](PyClient& c) {
+        Result<std::chrono::nanoseconds> r = Unavailable("not run");
+        {
+          py::gil_scoped_release unlocked;
+          r = c.client->Ping();
+        }
+        return std::chrono::duration<double>(Take(std::move(r))).count();
+      });
+}

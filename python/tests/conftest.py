@@ -1,0 +1,86 @@
+"""A real kvtierd per test (host backend, its own socket and shared-memory names)."""
+
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import kvtier
+
+# 2 layers x 2 KV heads x 8 dims, fp32, 4-token blocks: 512-byte blocks.
+CONFIG = """\
+instance: {instance}
+socket: {socket}
+backend: host
+log_level: info
+profiles:
+  - name: py
+    layers: 2
+    kv_heads: 2
+    head_dim: 8
+    dtype: fp32
+    block_tokens: 4
+    gpu_blocks: 64
+    host_blocks: 256
+{extra}"""
+
+
+class Daemon:
+    def __init__(self, tmp_path, extra=""):
+        self.socket = str(tmp_path / "kvtierd.sock")
+        self.config = tmp_path / "kvtierd.yaml"
+        instance = "pytest-" + uuid.uuid4().hex[:12]
+        self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra))
+        self.log = tmp_path / "kvtierd.log"
+        self._log_file = open(self.log, "w")
+        self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],
+                                     stdout=self._log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvtierd exited at start:\n" + self.log.read_text())
+            try:
+                kvtier.Client(socket=self.socket, connect_timeout=0.2).ping()
+                return
+            except kvtier.PermissionDeniedError:
+                return  # It answered: a profile that lists models refuses a client without one.
+            except kvtier.UnavailableError:
+                time.sleep(0.05)
+        raise RuntimeError("kvtierd did not start:\n" + self.log.read_text())
+
+    def client(self, **kw):
+        return kvtier.Client(socket=self.socket, **kw)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    yield d
+    d.stop()
+    assert "AddressSanitizer" not in d.log.read_text()
+
+
+@pytest.fixture
+def make_daemon(tmp_path):
+    made = []
+
+    def make(extra=""):
+        d = Daemon(tmp_path, extra)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.stop()

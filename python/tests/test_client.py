@@ -1,0 +1,150 @@
+"""kvtier.Client against a real kvtierd: the write and read paths through numpy
+views of the pools, sessions, errors as exceptions, model identities, threads."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import kvtier
+
+BT = 4  # block_tokens of the test profile (conftest.CONFIG)
+
+
+def tokens(seed, blocks):
+    return [seed * 1000 + i for i in range(blocks * BT)]
+
+
+def pattern(seed, block, shape):
+    rng = np.random.default_rng(seed * 7919 + block)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def put(client, session, toks, seed):
+    """Writes blocks whose K/V are a function of (seed, block) and commits them."""
+    n = len(toks) // BT
+    with client.allocate(n) as w:
+        for i in range(n):
+            view = w.block(i)
+            view[...] = pattern(seed, i, view.shape)
+        return client.commit(w, session, toks)
+
+
+def test_write_then_read_through_views_of_the_pools(daemon):
+    c = daemon.client()
+    assert c.block_tokens == BT
+    assert c.profile["layers"] == 2 and c.profile["dtype"] == "fp32"
+    assert c.backend == "host"
+    t = tokens(1, 3)
+    assert len(c.keys(t)) == 3 and all(len(k) == 32 for k in c.keys(t))
+    assert c.probe(t) == 0
+    assert put(c, "chat-1", t, seed=1) == (3, 0)
+    assert c.probe(t) == 3
+    assert c.probe(t + [5] * BT) == 3, "an uncached tail block"
+    with c.acquire(t + tokens(2, 1), session="chat-1") as lease:
+        lease.wait()
+        assert lease.matched == 3 and len(lease) == 3
+        assert [tier for tier, _ in lease.blocks] == ["gpu"] * 3
+        for i in range(3):
+            block = lease.block(i)
+            assert block.shape == (2, 2, BT, 2, 8)
+            assert not block.flags.writeable
+            np.testing.assert_array_equal(block, pattern(1, i, block.shape))
+        with pytest.raises(IndexError):
+            lease.block(3)
+    s = c.session("chat-1")
+    assert s["blocks"] == 3 and s["tokens"] == 3 * BT and s["model"] is None
+    assert [tier for _, tier in s["chain"]] == ["gpu"] * 3
+    assert [key for key, _ in s["chain"]] == c.keys(t)
+    assert [x["id"] for x in c.sessions()] == ["chat-1"]
+    stats = c.stats()
+    assert stats["committed_blocks"] == 3 and stats["hit_blocks"] == 3
+
+
+def test_blocks_demoted_to_the_host_tier_read_back_the_same(daemon):
+    c = daemon.client()
+    t = tokens(3, 4)
+    put(c, "s", t, seed=3)
+    assert c.demote("s") == 4
+    for _ in range(500):
+        if c.session("s")["host_blocks"] == 4:
+            break
+    assert c.session("s")["host_blocks"] == 4
+    with c.acquire(t, promote=False) as lease:
+        assert [tier for tier, _ in lease.blocks] == ["host"] * 4
+        for i in range(4):
+            np.testing.assert_array_equal(lease.block(i), pattern(3, i, lease.block(i).shape))
+    with c.acquire(t, promote=True) as lease:
+        lease.wait(timeout=10)
+        assert lease.promoted == 4
+        np.testing.assert_array_equal(lease.block(2), pattern(3, 2, lease.block(2).shape))
+
+
+def test_errors_are_exceptions_named_after_their_status(daemon):
+    c = daemon.client()
+    with pytest.raises(kvtier.NotFoundError) as e:
+        c.session("nope")
+    assert e.value.code == "not_found" and "nope" in str(e.value)
+    assert isinstance(e.value, kvtier.Error)
+    with pytest.raises(kvtier.InvalidArgumentError):
+        c.allocate(0)
+    with pytest.raises(ValueError):
+        c.probe([-1])
+    with pytest.raises(ValueError):
+        kvtier.Client(socket=daemon.socket, model_id="xyz")
+    with pytest.raises(kvtier.UnavailableError):
+        kvtier.Client(socket=daemon.socket + ".absent", connect_timeout=0.1)
+    w = c.allocate(1)
+    w.release()
+    with pytest.raises(kvtier.FailedPreconditionError):
+        c.commit(w, "s", tokens(4, 1))
+    lease = c.acquire(tokens(4, 1))
+    lease.release()
+    lease.release()  # Idempotent.
+
+
+def test_models_of_equal_geometry_never_share_blocks(daemon):
+    a = daemon.client(model_id="11" * 16)
+    a_again = daemon.client(model_id=bytes.fromhex("11" * 16) + b"rest of a longer digest")
+    b = daemon.client(model_id="22" * 16)
+    none = daemon.client()
+    assert a.model_id == "11" * 16 and none.model_id is None
+    t = tokens(5, 2)
+    put(a, "chat", t, seed=5)
+    assert a.probe(t) == 2 and a_again.probe(t) == 2
+    assert b.probe(t) == 0 and none.probe(t) == 0
+    assert b.acquire(t).matched == 0
+    assert a.keys(t) != b.keys(t)
+    assert a.session("chat")["model"] == "11" * 16
+
+
+def test_a_profile_that_lists_models_refuses_others(make_daemon):
+    d = make_daemon("    models: [\"" + "33" * 16 + "\"]\n")
+    assert d.client(model_id="33" * 16).probe(tokens(1, 1)) == 0
+    with pytest.raises(kvtier.PermissionDeniedError) as e:
+        d.client(model_id="44" * 16)
+    assert "33" * 16 in str(e.value)
+
+
+def test_one_client_serves_several_threads(daemon):
+    c = daemon.client()
+    errors = []
+
+    def work(k):
+        try:
+            for r in range(10):
+                t = tokens(100 + k * 10 + r, 2)
+                assert put(c, f"t{k}-{r}", t, seed=k) == (2, 0)
+                with c.acquire(t) as lease:
+                    assert lease.matched == 2
+                    np.testing.assert_array_equal(lease.block(1), pattern(k, 1, lease.block(1).shape))
+        except Exception as ex:  # noqa: BLE001 - reported below
+            errors.append(ex)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert len(c.sessions()) == 40

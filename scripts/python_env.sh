@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Makes (once per machine) the virtual environment the Python module builds and
+# tests with, from python/requirements.txt, and prints its directory.
+#   KVTIER_VENV=DIR   use DIR instead of ~/.cache/kvtier/venv-<hash of requirements>
+# The environment lives outside the clone, keyed by the requirements' hash, so
+# every clone (and CI's fresh one) reuses it and nothing is downloaded twice.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+req=python/requirements.txt
+python="${KVTIER_SYSTEM_PYTHON:-python3}"
+hash=$(sha256sum "$req" | cut -c1-12)
+venv="${KVTIER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/venv-$hash}"
+if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.kvtier-ready" ]; then
+  echo "python_env: creating $venv from $req" >&2
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req" >&2
+  touch "$venv/.kvtier-ready"
+fi
+echo "$venv"
