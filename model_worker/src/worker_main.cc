@@ -31,7 +31,7 @@ struct Args {
   std::string model_id = "auto";  // "auto": of the weights and tokenizer; "none"; or 32 hex digits.
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
-  bool local_token_granular = false, json = false, show_text = false, keep_memory = true;
+  bool local_token_granular = false, json = false, show_text = false, keep_memory = true, print_model_id = false;
   WorkloadOptions workload;
 };
 
@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
         return "";
       })
       ->capture_default_str();
+  app.add_flag("--print-model-id", a.print_model_id, "Print the model's identity (of its weights and tokenizer) and exit");
   app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")->envname("KVTIER_SOCKET")->capture_default_str();
   app.add_option("--tenant", a.tenant, "Tenant whose blocks this worker shares");
   app.add_option("--name", a.name, "Client name shown by cachectl (default worker-<index>)");
@@ -164,6 +165,12 @@ int main(int argc, char** argv) {
   const at::Device device = a.device == "cuda" || (a.device == "auto" && at::hasCUDA()) ? at::kCUDA : at::kCPU;
   auto model = Transformer::Create(mc, device);
   if (!model.ok()) return Fail("model", model.status());
+  if (a.print_model_id) {
+    auto id = (*model)->Identity();
+    if (!id.ok()) return Fail("model identity", id.status());
+    std::printf("%s\n", id->ToHex().c_str());
+    return 0;
+  }
   if (!a.save_weights.empty()) {
     if (Status s = (*model)->SaveWeights(a.save_weights); !s.ok()) return Fail("save weights", s);
     std::printf("wrote %s (%s)\n", a.save_weights.c_str(), mc.Describe().c_str());

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvtier/client.h"
+#include "kvtier/model_identity.h"
 
 namespace py = pybind11;
 
@@ -179,6 +180,36 @@ using namespace kvtier::python;  // NOLINT
 PYBIND11_MODULE(_native, m) {
   m.doc() = "libkvtier bindings; import kvtier instead";
   m.attr("PROTOCOL_VERSION") = ProtocolVersion();
+
+  py::class_<ModelIdentity>(m, "ModelIdentity",
+                            "The model identity of kvtier/model_identity.h: add every tensor in ascending name "
+                            "order, then the tokenizer's description, then finish() gives 32 hex digits")
+      .def(py::init<>())
+      .def(
+          "add_tensor",
+          [](ModelIdentity& id, const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+             const py::buffer& data) {
+            const py::buffer_info info = data.request();
+            if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("tensor bytes must be C-contiguous");
+            const auto* bytes = static_cast<const std::byte*>(info.ptr);
+            const auto n = static_cast<size_t>(info.size * info.itemsize);
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = id.AddTensor(name, dtype, shape, {bytes, n});
+            }
+            Check(st);
+          },
+          py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("data"),
+          "dtype as safetensors names it (F32, BF16, F16, ...); data: the raw little-endian bytes")
+      .def(
+          "add_tokenizer",
+          [](ModelIdentity& id, const py::bytes& description) {
+            const std::string d = description;
+            Check(id.AddTokenizer(std::string_view(d)));
+          },
+          py::arg("description"))
+      .def("finish", [](ModelIdentity& id) { return Take(id.Finish()).ToHex(); });
 
   py::class_<PyLease>(m, "Lease", "A read lease on a cached prefix (release it, or use it as a context manager)")
       .def_property_readonly("id", [](const PyLease& l) { return l.lease.id(); })

@@ -1,0 +1,163 @@
+"""kvtier.hf: a prefix cache for Hugging Face transformers causal LMs.
+
+    cache = kvtier.hf.PrefixCache(client, model, tokenizer)
+    past, cached = cache.load("chat-1", input_ids)        # a DynamicCache of the longest cached prefix
+    out = model(input_ids[:, cached:], past_key_values=past, use_cache=True)
+    cache.store("chat-1", input_ids, out.past_key_values)  # commits the new full blocks
+
+It works with a plain forward loop and with model.generate(..., past_key_values=past).
+The model's KV geometry must be the daemon profile's (checked at construction,
+with an error naming both), and the client must carry the model's identity
+(model_identity(model, tokenizer) computes it, as every kvtier worker does).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import torch
+
+from . import FailedPreconditionError, InvalidArgumentError
+from ._native import ModelIdentity
+
+_DTYPES = {torch.float32: ("fp32", "F32"), torch.float16: ("fp16", "F16"), torch.bfloat16: ("bf16", "BF16")}
+
+
+def _geometry(model) -> dict:
+    c = model.config
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    dtype = model.dtype
+    if dtype not in _DTYPES:
+        raise InvalidArgumentError(f"model dtype {dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
+    return {
+        "layers": c.num_hidden_layers,
+        "kv_heads": getattr(c, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim,
+        "dtype": _DTYPES[dtype][0],
+    }
+
+
+def tokenizer_description(tokenizer) -> bytes:
+    """What the model identity says of a tokenizer: its tokenizer.json, or its vocabulary."""
+    if tokenizer is None:
+        return b"none"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return backend.to_str().encode()
+    return json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()
+
+
+def model_identity(model, tokenizer=None) -> str:
+    """The model's identity (kvtier/model_identity.h): its weights, in name
+    order, and its tokenizer. 32 hex digits; equal for equal weights and
+    tokenizer whichever kvtier worker computes it."""
+    ident = ModelIdentity()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().contiguous().cpu()
+        dtype = _DTYPES.get(t.dtype, (None, str(t.dtype).replace("torch.", "").upper()))[1]
+        ident.add_tensor(name, dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy())
+    ident.add_tokenizer(tokenizer_description(tokenizer))
+    return ident.finish()
+
+
+def _tokens(input_ids) -> list[int]:
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.size(0) != 1:
+                raise InvalidArgumentError("kvtier.hf caches one sequence at a time (batch size 1)")
+            input_ids = input_ids[0]
+        return [int(t) for t in input_ids.tolist()]
+    return [int(t) for t in input_ids]
+
+
+def _layer_kv(cache, layer: int):
+    layers = getattr(cache, "layers", None)
+    if layers is not None:  # transformers >= 4.56: one object per layer
+        return layers[layer].keys, layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]
+
+
+class PrefixCache:
+    def __init__(self, client, model, tokenizer=None):
+        self.client = client
+        self.model = model
+        profile = client.profile
+        want = _geometry(model)
+        have = {k: profile[k] for k in ("layers", "kv_heads", "head_dim", "dtype")}
+        if want != have:
+            raise FailedPreconditionError(
+                f"model {model.config.model_type} has KV geometry {want}, but kvtierd's profile "
+                f"'{profile['name']}' is {have}: connect to a profile that fits the model")
+        self.block_tokens = client.block_tokens
+        self.dtype = model.dtype
+
+    def load(self, session: str, input_ids):
+        """A DynamicCache holding the longest cached prefix of input_ids (whole
+        blocks, leaving at least one token to compute), and its length in tokens.
+        The session then holds that prefix."""
+        from transformers import DynamicCache
+
+        tokens = _tokens(input_ids)
+        usable = (len(tokens) - 1) // self.block_tokens * self.block_tokens
+        cache = DynamicCache()
+        if usable <= 0:
+            return cache, 0
+        with self.client.acquire(tokens[:usable], session=session) as lease:
+            lease.wait()
+            n = len(lease)
+            if n == 0:
+                return cache, 0
+            with warnings.catch_warnings():  # Read-only views: only read below.
+                warnings.simplefilter("ignore", UserWarning)
+                blocks = [torch.from_numpy(lease.block(i)) for i in range(n)]  # Views of the pool.
+            if self.dtype == torch.bfloat16:
+                blocks = [b.view(torch.bfloat16) for b in blocks]
+            # [blocks, layers, 2, bt, kv_heads, hd] -> one copy per plane, in the HF layout
+            # [batch, kv_heads, seq, head_dim], made before the lease ends.
+            stacked = torch.stack(blocks)
+            for layer in range(stacked.size(1)):
+                k = stacked[:, layer, 0].reshape(n * self.block_tokens, *stacked.shape[-2:])
+                v = stacked[:, layer, 1].reshape(n * self.block_tokens, *stacked.shape[-2:])
+                cache.update(k.permute(1, 0, 2).unsqueeze(0).contiguous(),
+                             v.permute(1, 0, 2).unsqueeze(0).contiguous(), layer)
+        return cache, n * self.block_tokens
+
+    def store(self, session: str, input_ids, cache) -> int:
+        """Commits the full blocks of input_ids whose K/V `cache` holds and the
+        session does not yet: the session then holds them all. Returns how many
+        blocks were committed."""
+        tokens = _tokens(input_ids)
+        k0, _ = _layer_kv(cache, 0)
+        known = min(len(tokens), k0.size(-2))
+        full = known // self.block_tokens
+        if full == 0:
+            return 0
+        keys = self.client.keys(tokens[: full * self.block_tokens])
+        try:
+            chain = [key for key, _ in self.client.session(session)["chain"]]
+        except Exception:  # noqa: BLE001 - a new session holds nothing
+            chain = []
+        start = 0
+        while start < min(len(chain), full) and chain[start] == keys[start]:
+            start += 1
+        if start == full:
+            return 0
+        n = full - start
+        bt = self.block_tokens
+        with self.client.allocate(n) as w:
+            for layer in range(self.model.config.num_hidden_layers):
+                k, v = _layer_kv(cache, layer)
+                # [1, kv_heads, seq, hd] -> [seq, kv_heads, hd] for the blocks to write.
+                k = k[0, :, start * bt: full * bt].permute(1, 0, 2).to(self.dtype).contiguous().cpu()
+                v = v[0, :, start * bt: full * bt].permute(1, 0, 2).to(self.dtype).contiguous().cpu()
+                for i in range(n):
+                    slot = torch.from_numpy(w.block(i))
+                    if self.dtype == torch.bfloat16:
+                        slot = slot.view(torch.bfloat16)
+                    slot[layer, 0].copy_(k[i * bt:(i + 1) * bt])
+                    slot[layer, 1].copy_(v[i * bt:(i + 1) * bt])
+            self.client.commit(w, session, tokens[start * bt: full * bt], start_block=start,
+                               parent=keys[start - 1] if start > 0 else None)
+        return n
