@@ -79,6 +79,26 @@ def _layer_kv(cache, layer: int):
     return cache.key_cache[layer], cache.value_cache[layer]
 
 
+_TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
+
+
+class _CudaBlock:
+    """A GPU-tier block (the cuda backend's pool, mapped through CUDA IPC) as
+    torch.as_tensor reads it: [layers, 2, block_tokens, kv_heads, head_dim]."""
+
+    def __init__(self, address: int, profile: dict):
+        e = {"fp32": 4, "fp16": 2, "bf16": 2}[profile["dtype"]]
+        bt, kvh, hd = profile["block_tokens"], profile["kv_heads"], profile["head_dim"]
+        plane = bt * kvh * hd * e
+        self.__cuda_array_interface__ = {
+            "shape": (profile["layers"], 2, bt, kvh, hd),
+            "typestr": _TYPESTR[profile["dtype"]],
+            "data": (address, False),
+            "strides": (2 * plane, plane, kvh * hd * e, hd * e, e),
+            "version": 3,
+        }
+
+
 class PrefixCache:
     def __init__(self, client, model, tokenizer=None):
         self.client = client
@@ -92,6 +112,25 @@ class PrefixCache:
                 f"'{profile['name']}' is {have}: connect to a profile that fits the model")
         self.block_tokens = client.block_tokens
         self.dtype = model.dtype
+        self.profile = profile
+        self.device = next(model.parameters()).device
+        # On the cuda backend the GPU tier is device memory this process maps:
+        # blocks are read and written there, ordered on the current stream.
+        self.gpu = client.backend == "cuda"
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+
+    def _block(self, lease, i: int, writable: bool) -> torch.Tensor:
+        if self.gpu:
+            tier, address = lease.address(i) if not writable else ("gpu", lease.address(i))
+            if tier == "gpu" and address:
+                t = torch.as_tensor(_CudaBlock(address, self.profile), device=self.device)
+                return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
+        with warnings.catch_warnings():  # A read lease's view is read-only: only read.
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(lease.block(i))
+        return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
 
     def load(self, session: str, input_ids):
         """A DynamicCache holding the longest cached prefix of input_ids (whole
@@ -104,24 +143,33 @@ class PrefixCache:
         cache = DynamicCache()
         if usable <= 0:
             return cache, 0
-        with self.client.acquire(tokens[:usable], session=session) as lease:
-            lease.wait()
+        lease = self.client.acquire(tokens[:usable], session=session)
+        try:
             n = len(lease)
             if n == 0:
                 return cache, 0
-            with warnings.catch_warnings():  # Read-only views: only read below.
-                warnings.simplefilter("ignore", UserWarning)
-                blocks = [torch.from_numpy(lease.block(i)) for i in range(n)]  # Views of the pool.
-            if self.dtype == torch.bfloat16:
-                blocks = [b.view(torch.bfloat16) for b in blocks]
-            # [blocks, layers, 2, bt, kv_heads, hd] -> one copy per plane, in the HF layout
-            # [batch, kv_heads, seq, head_dim], made before the lease ends.
-            stacked = torch.stack(blocks)
-            for layer in range(stacked.size(1)):
-                k = stacked[:, layer, 0].reshape(n * self.block_tokens, *stacked.shape[-2:])
-                v = stacked[:, layer, 1].reshape(n * self.block_tokens, *stacked.shape[-2:])
-                cache.update(k.permute(1, 0, 2).unsqueeze(0).contiguous(),
-                             v.permute(1, 0, 2).unsqueeze(0).contiguous(), layer)
+            stream = self._stream()
+            if stream:
+                lease.wait_on_stream(stream)  # Promotions land before the copies below run.
+            else:
+                lease.wait()
+            blocks = [self._block(lease, i, writable=False) for i in range(n)]  # Views of the pool.
+            bt = self.block_tokens
+            kvh, hd = self.profile["kv_heads"], self.profile["head_dim"]
+            # One copy per plane, straight into the HF layout [batch, kv_heads, seq, head_dim].
+            for layer in range(self.profile["layers"]):
+                k = torch.empty(1, kvh, n * bt, hd, dtype=self.dtype, device=self.device)
+                v = torch.empty_like(k)
+                for i, b in enumerate(blocks):
+                    k[0, :, i * bt:(i + 1) * bt].copy_(b[layer, 0].permute(1, 0, 2), non_blocking=True)
+                    v[0, :, i * bt:(i + 1) * bt].copy_(b[layer, 1].permute(1, 0, 2), non_blocking=True)
+                cache.update(k, v, layer)
+        finally:
+            stream = self._stream()
+            if stream:
+                lease.release_after(stream)  # Pinned until the copies above are done.
+            else:
+                lease.release()
         return cache, n * self.block_tokens
 
     def store(self, session: str, input_ids, cache) -> int:
@@ -146,18 +194,26 @@ class PrefixCache:
             return 0
         n = full - start
         bt = self.block_tokens
-        with self.client.allocate(n) as w:
-            for layer in range(self.model.config.num_hidden_layers):
+        w = self.client.allocate(n)
+        stream = self._stream()
+        try:
+            slots = [self._block(w, i, writable=True) for i in range(n)]
+            for layer in range(self.profile["layers"]):
                 k, v = _layer_kv(cache, layer)
-                # [1, kv_heads, seq, hd] -> [seq, kv_heads, hd] for the blocks to write.
-                k = k[0, :, start * bt: full * bt].permute(1, 0, 2).to(self.dtype).contiguous().cpu()
-                v = v[0, :, start * bt: full * bt].permute(1, 0, 2).to(self.dtype).contiguous().cpu()
-                for i in range(n):
-                    slot = torch.from_numpy(w.block(i))
-                    if self.dtype == torch.bfloat16:
-                        slot = slot.view(torch.bfloat16)
-                    slot[layer, 0].copy_(k[i * bt:(i + 1) * bt])
-                    slot[layer, 1].copy_(v[i * bt:(i + 1) * bt])
+                # [1, kv_heads, seq, hd] rows of the new blocks -> each slot's [bt, kv_heads, hd] planes.
+                for i, slot in enumerate(slots):
+                    lo, hi = (start + i) * bt, (start + i + 1) * bt
+                    slot[layer, 0].copy_(k[0, :, lo:hi].permute(1, 0, 2), non_blocking=True)
+                    slot[layer, 1].copy_(v[0, :, lo:hi].permute(1, 0, 2), non_blocking=True)
+            if self.gpu and stream:
+                w.record_written(stream)  # kvtierd serves the blocks once these copies are done.
+            elif stream:
+                torch.cuda.current_stream(self.device).synchronize()  # Device -> host copies into the pool.
             self.client.commit(w, session, tokens[start * bt: full * bt], start_block=start,
                                parent=keys[start - 1] if start > 0 else None)
+        finally:
+            if self.gpu and stream:
+                w.release_after(stream)
+            else:
+                w.release()
         return n

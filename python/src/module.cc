@@ -156,6 +156,18 @@ py::array BlockArray(std::byte* data, const ModelProfile& p, bool writable, py::
   return a;
 }
 
+// Ends a lease's use from Python: a view asked for after it is an error (the
+// arrays already made stay valid memory, mapped while the client lives, but
+// may show another block by then).
+void CheckHeld(uint64_t id, const char* what) {
+  if (id == 0) Raise(FailedPrecondition(std::string(what) + " was released: its blocks may be another's now"));
+}
+
+uint64_t Address(std::byte* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+// A cudaStream_t / CUstream passed from Python as an int (torch: stream.cuda_stream).
+void* Stream(uint64_t s) { return reinterpret_cast<void*>(static_cast<uintptr_t>(s)); }
+
 // A Python-side client: the libkvtier Client and what its views need.
 struct PyClient {
   std::unique_ptr<Client> client;
@@ -241,6 +253,7 @@ PYBIND11_MODULE(_native, m) {
           "block",
           [](py::object self, size_t i) {
             PyLease& l = self.cast<PyLease&>();
+            CheckHeld(l.lease.id(), "the lease");
             if (i >= l.lease.size())
               throw py::index_error("block " + std::to_string(i) + " of a lease of " + std::to_string(l.lease.size()));
             return BlockArray(l.lease.block(i).data, l.profile, /*writable=*/false, self);
@@ -248,6 +261,40 @@ PYBIND11_MODULE(_native, m) {
           py::arg("i"),
           "Block i as a read-only numpy array [layers, 2, block_tokens, kv_heads, head_dim] over the pool "
           "(bf16 as uint16 bits); wait() first if blocks were promoted")
+      .def(
+          "address",
+          [](PyLease& l, size_t i) {
+            CheckHeld(l.lease.id(), "the lease");
+            if (i >= l.lease.size()) throw py::index_error("block index out of range");
+            const BlockRef& b = l.lease.block(i);
+            return py::make_tuple(std::string(TierName(b.tier)), Address(b.data));
+          },
+          py::arg("i"),
+          "(tier, address) of block i in this process: a device address for a GPU-tier block on the cuda "
+          "backend (0 if the client did not open the GPU)")
+      .def(
+          "wait_on_stream",
+          [](PyLease& l, uint64_t stream, double host_timeout) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = l.lease.WaitOnStream(Stream(stream), Ms(host_timeout));
+            }
+            Check(st);
+          },
+          py::arg("stream"), py::arg("host_timeout") = 10.0,
+          "Makes work queued on a CUDA stream (an int: torch's stream.cuda_stream) wait for promotions")
+      .def(
+          "release_after",
+          [](PyLease& l, uint64_t stream) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = l.lease.ReleaseAfter(Stream(stream));
+            }
+            Check(st);
+          },
+          py::arg("stream"), "Ends the lease once the work queued on the CUDA stream so far is done")
       .def("release",
            [](PyLease& l) {
              Status st;
@@ -271,12 +318,43 @@ PYBIND11_MODULE(_native, m) {
           "block",
           [](py::object self, size_t i) {
             PyWriteLease& l = self.cast<PyWriteLease&>();
+            CheckHeld(l.lease.id(), "the write lease");
             if (i >= l.lease.size())
               throw py::index_error("slot " + std::to_string(i) + " of a write lease of " +
                                     std::to_string(l.lease.size()));
             return BlockArray(l.lease.data(i), l.profile, /*writable=*/true, self);
           },
           py::arg("i"), "Slot i as a writable numpy array [layers, 2, block_tokens, kv_heads, head_dim]")
+      .def(
+          "address",
+          [](PyWriteLease& l, size_t i) {
+            CheckHeld(l.lease.id(), "the write lease");
+            if (i >= l.lease.size()) throw py::index_error("slot index out of range");
+            return Address(l.lease.data(i));
+          },
+          py::arg("i"), "Address of slot i in this process (a device address on the cuda backend)")
+      .def(
+          "record_written",
+          [](PyWriteLease& l, uint64_t stream) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = l.lease.RecordWritten(Stream(stream));
+            }
+            Check(st);
+          },
+          py::arg("stream"), "Records, on a CUDA stream, the event the next commit sends (cuda backend)")
+      .def(
+          "release_after",
+          [](PyWriteLease& l, uint64_t stream) {
+            Status st;
+            {
+              py::gil_scoped_release unlocked;
+              st = l.lease.ReleaseAfter(Stream(stream));
+            }
+            Check(st);
+          },
+          py::arg("stream"))
       .def("release",
            [](PyWriteLease& l) {
              Status st;

@@ -103,6 +103,28 @@ def test_errors_are_exceptions_named_after_their_status(daemon):
     lease.release()  # Idempotent.
 
 
+def test_a_view_asked_for_after_release_is_an_error_and_old_views_stay_readable(daemon):
+    c = daemon.client()
+    t = tokens(6, 2)
+    put(c, "s", t, seed=6)
+    lease = c.acquire(t)
+    view = lease.block(1)
+    assert lease.address(1)[0] == "gpu" and lease.address(1)[1] != 0
+    lease.release()
+    with pytest.raises(kvtier.FailedPreconditionError) as e:
+        lease.block(0)
+    assert "released" in str(e.value)
+    assert view.shape == (2, 2, BT, 2, 8)
+    float(view.sum())  # Still mapped: reading it is no crash (the bytes may be another block's by now).
+    with c.allocate(1) as w:
+        assert w.address(0) != 0
+    with pytest.raises(kvtier.FailedPreconditionError):
+        w.block(0)
+    with pytest.raises(kvtier.FailedPreconditionError) as e:
+        w.record_written(0)
+    assert "released" in str(e.value) or "CPU" in str(e.value)
+
+
 def test_models_of_equal_geometry_never_share_blocks(daemon):
     a = daemon.client(model_id="11" * 16)
     a_again = daemon.client(model_id=bytes.fromhex("11" * 16) + b"rest of a longer digest")
