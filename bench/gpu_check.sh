@@ -12,6 +12,11 @@
 #      CUDA IPC: reads, promotion fences on a worker's stream, demotions after
 #      writer events, a worker killed mid-lease)
 #   3. kvtier-bench gpu (copy bandwidth per direction and block size)
+#   4. the Python module, built here against the bundle's static libkvtier with
+#      this machine's Python, pybind11 and torch, then python/tests with pytest
+#      (test_gpu.py: a transformers model on the GPU reading and writing kvtierd's
+#      GPU tier in place through CUDA IPC); skipped (not failed) where the
+#      machine has no Python with pybind11, pytest and torch
 # Results go to OUT (default $OUT, else ./gpu-results): one log per step,
 # junit XML per test program, nvidia-smi.txt, MANIFEST, bench-gpu.json, and
 # summary.txt (a line per step: PASS, FAIL or SKIP, and its time).
@@ -28,6 +33,7 @@ export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVTIERD="$bundle/bin/kvtierd"
 export KVTIER_GPU_WORKER="$bundle/bin/kvtier-gpu-test-worker"
 export TMPDIR="${TMPDIR:-/tmp}"
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 cp "$bundle/MANIFEST" "$out/MANIFEST" 2> /dev/null || true
 need=$(sed -n 's/^glibc: //p' "$bundle/MANIFEST" 2> /dev/null)
@@ -70,6 +76,26 @@ gtest backend_test 30
 gtest gpu_integration_test 120
 step bench-gpu 140 "$bundle/bin/kvtier-bench" gpu
 tail -n 1 "$out/bench-gpu.log" > "$out/bench-gpu.json"
+
+# The Python module: compiled here (its ABI is this Python's), then its tests.
+python_module() {
+  local py=${PYTHON:-python3} pkg=$out/python/kvtier
+  mkdir -p "$pkg" && cp "$root"/python/kvtier/*.py "$pkg/"
+  local suffix
+  suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') || return 1
+  # shellcheck disable=SC2046  # pybind11's include flags are several words.
+  c++ -O2 -std=c++20 -shared -fPIC $("$py" -m pybind11 --includes) -I"$root/client/include" -I"$root/proto/include" \
+    "$root/python/src/module.cc" "$bundle/static/libkvtier.a" "$bundle/static/libkvtier_proto.a" -ldl -pthread \
+    -o "$pkg/_native$suffix" || return 1
+  PYTHONPATH="$out/python" "$py" -m pytest -q -p no:cacheprovider -rs "$root/python/tests"
+}
+if ${PYTHON:-python3} -c 'import pybind11, pytest, torch' 2> /dev/null; then
+  export root out bundle
+  step python 180 bash -c "$(declare -f python_module); python_module"
+else
+  log "python: no Python with pybind11, pytest and torch here: skipped"
+  printf '%-24s %-40s %4ds\n' python "SKIP (no Python with pybind11, pytest, torch)" 0 | tee -a "$out/summary.txt"
+fi
 
 log "done, results in $out (status $status)"
 cat "$out/summary.txt"

@@ -5,6 +5,8 @@
 # GTest, hiredis, libsystemd):
 #   bin/       kvtierd, cachectl, kvtier-bench, the gpu tests and their worker, stripped
 #   lib/       every shared library they load but glibc and the NVIDIA driver
+#   static/    libkvtier.a and libkvtier_proto.a: the GPU machine builds the Python
+#              module (python/src/module.cc) against them with its own Python
 #   MANIFEST   the commit, the toolkit, and each file's size
 # Defaults: BUILD_DIR build-gpu/ (CUDA on, Release, no model worker), BUNDLE_DIR
 # BUILD_DIR/bundle. The CUDA runtime is linked statically; the driver is the GPU
@@ -23,6 +25,7 @@ command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] ||
 
 targets=(kvtierd cachectl kvtier-bench cuda_backend_test cuda_planner_test backend_select_test gpu_integration_test
   kvtier-gpu-test-worker backend_test)
+static_libs=(kvtier_client kvtier_proto)
 log "configuring $build"
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_CUDA=ON \
@@ -31,10 +34,12 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVTIER_WITH_C
 grep -q '^KVTIER_WITH_CUDA:BOOL=ON' "$build/CMakeCache.txt" ||
   { echo "gpu_bundle: CMake did not enable the CUDA backend (see $build/configure.log)" >&2; exit 1; }
 log "building ${targets[*]}"
-cmake --build "$build" --target "${targets[@]}"
+cmake --build "$build" --target "${targets[@]}" "${static_libs[@]}"
 
 rm -rf "$bundle"
-mkdir -p "$bundle/bin" "$bundle/lib"
+mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/static"
+cp "$build/client/libkvtier.a" "$build/proto/libkvtier_proto.a" "$bundle/static/"
+strip --strip-debug "$bundle"/static/*.a
 for t in "${targets[@]}"; do
   path=$(find "$build" -path "$bundle" -prune -o -type f -name "$t" -perm -u+x -print | head -n 1)
   [[ -n $path ]] || { echo "gpu_bundle: built $t but cannot find it under $build" >&2; exit 1; }
@@ -63,7 +68,7 @@ missing=$(for f in "$bundle"/bin/*; do LD_LIBRARY_PATH="$bundle/lib" ldd "$f" | 
   echo "glibc: $(for f in "$bundle"/bin/* "$bundle"/lib/*; do objdump -T "$f" 2> /dev/null | grep -o 'GLIBC_[0-9.]*'; done |
     sort -uV | tail -n 1 | cut -d_ -f2)"
   echo "files:"
-  (cd "$bundle" && find bin lib -type f -printf '  %p %s\n' | sort)
+  (cd "$bundle" && find bin lib static -type f -printf '  %p %s\n' | sort)
 } > "$bundle/MANIFEST"
 
 size=$(du -sb "$bundle" | cut -f1)

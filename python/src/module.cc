@@ -156,6 +156,13 @@ py::array BlockArray(std::byte* data, const ModelProfile& p, bool writable, py::
   return a;
 }
 
+// Runs `f` (a libkvtier call that may block) with the GIL released.
+template <typename F>
+auto Unlocked(F&& f) {
+  py::gil_scoped_release unlocked;
+  return f();
+}
+
 // Ends a lease's use from Python: a view asked for after it is an error (the
 // arrays already made stay valid memory, mapped while the client lives, but
 // may show another block by then).
@@ -205,12 +212,7 @@ PYBIND11_MODULE(_native, m) {
             if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("tensor bytes must be C-contiguous");
             const auto* bytes = static_cast<const std::byte*>(info.ptr);
             const auto n = static_cast<size_t>(info.size * info.itemsize);
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = id.AddTensor(name, dtype, shape, {bytes, n});
-            }
-            Check(st);
+            Check(Unlocked([&] { return id.AddTensor(name, dtype, shape, {bytes, n}); }));
           },
           py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("data"),
           "dtype as safetensors names it (F32, BF16, F16, ...); data: the raw little-endian bytes")
@@ -239,15 +241,7 @@ PYBIND11_MODULE(_native, m) {
           },
           "(tier, slot) of each leased block")
       .def(
-          "wait",
-          [](PyLease& l, double timeout) {
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = l.lease.Wait(Ms(timeout));
-            }
-            Check(st);
-          },
+          "wait", [](PyLease& l, double timeout) { Check(Unlocked([&] { return l.lease.Wait(Ms(timeout)); })); },
           py::arg("timeout") = 10.0, "Waits until promoted blocks have landed in the GPU tier")
       .def(
           "block",
@@ -275,35 +269,15 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "wait_on_stream",
           [](PyLease& l, uint64_t stream, double host_timeout) {
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = l.lease.WaitOnStream(Stream(stream), Ms(host_timeout));
-            }
-            Check(st);
+            Check(Unlocked([&] { return l.lease.WaitOnStream(Stream(stream), Ms(host_timeout)); }));
           },
           py::arg("stream"), py::arg("host_timeout") = 10.0,
           "Makes work queued on a CUDA stream (an int: torch's stream.cuda_stream) wait for promotions")
       .def(
           "release_after",
-          [](PyLease& l, uint64_t stream) {
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = l.lease.ReleaseAfter(Stream(stream));
-            }
-            Check(st);
-          },
+          [](PyLease& l, uint64_t stream) { Check(Unlocked([&] { return l.lease.ReleaseAfter(Stream(stream)); })); },
           py::arg("stream"), "Ends the lease once the work queued on the CUDA stream so far is done")
-      .def("release",
-           [](PyLease& l) {
-             Status st;
-             {
-               py::gil_scoped_release unlocked;
-               st = l.lease.Release();
-             }
-             Check(st);
-           })
+      .def("release", [](PyLease& l) { Check(Unlocked([&] { return l.lease.Release(); })); })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyLease& l, py::object, py::object, py::object) {
         py::gil_scoped_release unlocked;
@@ -336,34 +310,16 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "record_written",
           [](PyWriteLease& l, uint64_t stream) {
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = l.lease.RecordWritten(Stream(stream));
-            }
-            Check(st);
+            Check(Unlocked([&] { return l.lease.RecordWritten(Stream(stream)); }));
           },
           py::arg("stream"), "Records, on a CUDA stream, the event the next commit sends (cuda backend)")
       .def(
           "release_after",
           [](PyWriteLease& l, uint64_t stream) {
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = l.lease.ReleaseAfter(Stream(stream));
-            }
-            Check(st);
+            Check(Unlocked([&] { return l.lease.ReleaseAfter(Stream(stream)); }));
           },
           py::arg("stream"))
-      .def("release",
-           [](PyWriteLease& l) {
-             Status st;
-             {
-               py::gil_scoped_release unlocked;
-               st = l.lease.Release();
-             }
-             Check(st);
-           })
+      .def("release", [](PyWriteLease& l) { Check(Unlocked([&] { return l.lease.Release(); })); })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PyWriteLease& l, py::object, py::object, py::object) {
         py::gil_scoped_release unlocked;
@@ -383,11 +339,7 @@ PYBIND11_MODULE(_native, m) {
              o.connect_timeout = Ms(connect_timeout);
              o.request_timeout = Ms(request_timeout);
              o.open_gpu = open_gpu;
-             Result<std::unique_ptr<Client>> c = Unavailable("not connected");
-             {
-               py::gil_scoped_release unlocked;
-               c = Client::Connect(o);
-             }
+             auto c = Unlocked([&] { return Client::Connect(o); });
              return std::make_unique<PyClient>(PyClient{Take(std::move(c))});
            }),
            py::arg("socket") = "/run/kvtier/kvtierd.sock", py::arg("tenant") = "", py::arg("profile") = "",
@@ -419,11 +371,7 @@ PYBIND11_MODULE(_native, m) {
           "acquire",
           [](PyClient& c, const std::vector<int64_t>& tokens, const std::string& session, bool promote) {
             const std::vector<TokenId> t = Tokens(tokens);
-            Result<Lease> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->Acquire(session, t, promote);
-            }
+            auto r = Unlocked([&] { return c.client->Acquire(session, t, promote); });
             return std::make_unique<PyLease>(PyLease{Take(std::move(r)), c.client->profile()});
           },
           py::arg("tokens"), py::arg("session") = "", py::arg("promote") = true,
@@ -431,11 +379,7 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "allocate",
           [](PyClient& c, uint32_t blocks) {
-            Result<WriteLease> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->Allocate(blocks);
-            }
+            auto r = Unlocked([&] { return c.client->Allocate(blocks); });
             return std::make_unique<PyWriteLease>(PyWriteLease{Take(std::move(r)), c.client->profile()});
           },
           py::arg("blocks"))
@@ -445,11 +389,7 @@ PYBIND11_MODULE(_native, m) {
              uint32_t start_block, const std::optional<std::string>& parent, const std::vector<uint32_t>& slots) {
             const std::vector<TokenId> t = Tokens(tokens);
             const BlockKey p = KeyFromHex(parent);
-            Result<CommitResult> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->Commit(lease.lease, session, p, start_block, t, slots);
-            }
+            auto r = Unlocked([&] { return c.client->Commit(lease.lease, session, p, start_block, t, slots); });
             const CommitResult done = Take(std::move(r));
             return py::make_tuple(done.stored, done.duplicates);
           },
@@ -459,55 +399,34 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "demote",
           [](PyClient& c, const std::string& session) {
-            Result<uint32_t> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->Demote(session);
-            }
+            auto r = Unlocked([&] { return c.client->Demote(session); });
             return Take(std::move(r));
           },
           py::arg("session"))
       .def(
           "prefetch",
           [](PyClient& c, const std::string& session) {
-            Result<uint32_t> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->Prefetch(session);
-            }
+            auto r = Unlocked([&] { return c.client->Prefetch(session); });
             return Take(std::move(r));
           },
           py::arg("session"))
       .def(
           "evict",
           [](PyClient& c, const std::string& session, const std::string& tenant) {
-            Result<uint32_t> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->Evict(session, tenant);
-            }
+            auto r = Unlocked([&] { return c.client->Evict(session, tenant); });
             return Take(std::move(r));
           },
           py::arg("session"), py::arg("tenant") = "")
       .def(
           "set_priority",
           [](PyClient& c, const std::string& session, int priority, double ttl) {
-            Status st;
-            {
-              py::gil_scoped_release unlocked;
-              st = c.client->SetPriority(session, priority, Ms(ttl));
-            }
-            Check(st);
+            Check(Unlocked([&] { return c.client->SetPriority(session, priority, Ms(ttl)); }));
           },
           py::arg("session"), py::arg("priority"), py::arg("ttl") = 0.0)
       .def(
           "sessions",
           [](PyClient& c, const std::string& tenant) {
-            Result<std::vector<SessionSummary>> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->ListSessions(tenant);
-            }
+            auto r = Unlocked([&] { return c.client->ListSessions(tenant); });
             py::list out;
             for (const SessionSummary& s : Take(std::move(r))) out.append(SummaryDict(s));
             return out;
@@ -516,11 +435,7 @@ PYBIND11_MODULE(_native, m) {
       .def(
           "session",
           [](PyClient& c, const std::string& id) {
-            Result<SessionInfo> r = Unavailable("not run");
-            {
-              py::gil_scoped_release unlocked;
-              r = c.client->GetSession(id);
-            }
+            auto r = Unlocked([&] { return c.client->GetSession(id); });
             const SessionInfo info = Take(std::move(r));
             py::dict d = SummaryDict(info.summary);
             py::list chain;
@@ -536,21 +451,13 @@ PYBIND11_MODULE(_native, m) {
           py::arg("id"))
       .def("stats",
            [](PyClient& c) {
-             Result<std::vector<std::pair<std::string, double>>> r = Unavailable("not run");
-             {
-               py::gil_scoped_release unlocked;
-               r = c.client->Stats();
-             }
+             auto r = Unlocked([&] { return c.client->Stats(); });
              py::dict out;
              for (const auto& [k, v] : Take(std::move(r))) out[py::str(k)] = v;
              return out;
            })
       .def("ping", [](PyClient& c) {
-        Result<std::chrono::nanoseconds> r = Unavailable("not run");
-        {
-          py::gil_scoped_release unlocked;
-          r = c.client->Ping();
-        }
+        auto r = Unlocked([&] { return c.client->Ping(); });
         return std::chrono::duration<double>(Take(std::move(r))).count();
       });
 }

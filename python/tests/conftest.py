@@ -13,7 +13,7 @@ import kvtier
 CONFIG = """\
 instance: {instance}
 socket: {socket}
-backend: host
+backend: {backend}
 log_level: info
 profiles:
   - name: py
@@ -28,11 +28,11 @@ profiles:
 
 
 class Daemon:
-    def __init__(self, tmp_path, extra=""):
+    def __init__(self, tmp_path, extra="", backend="host"):
         self.socket = str(tmp_path / "kvtierd.sock")
         self.config = tmp_path / "kvtierd.yaml"
         instance = "pytest-" + uuid.uuid4().hex[:12]
-        self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra))
+        self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra, backend=backend))
         self.log = tmp_path / "kvtierd.log"
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],
@@ -76,8 +76,8 @@ def daemon(tmp_path):
 def make_daemon(tmp_path):
     made = []
 
-    def make(extra=""):
-        d = Daemon(tmp_path, extra)
+    def make(extra="", backend="host"):
+        d = Daemon(tmp_path, extra, backend)
         made.append(d)
         return d
 

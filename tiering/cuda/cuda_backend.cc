@@ -430,18 +430,7 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  void ForgetClient(uint64_t client) override {
-    for (auto it = client_events_.lower_bound(ClientEventKey{client, {}});
-         it != client_events_.end() && it->first.client == client;) {
-      if (it->second.watches == 0) {
-        cudaEventDestroy(it->second.event);
-        it = client_events_.erase(it);
-      } else {
-        it->second.forgotten = true;  // Closed with its last watch.
-        ++it;
-      }
-    }
-  }
+  void ForgetClient(uint64_t client) override { CloseIdleEvents(client, /*forget=*/true); }
 
   bool batched_memcpy() const override { return batched_; }
 
@@ -499,8 +488,9 @@ class CudaBackendImpl final : public CudaBackend {
   }
 #endif
 
-  // Closes the events of `client` no watch uses. Returns how many stay open.
-  size_t CloseIdleEvents(uint64_t client) {
+  // Closes the events of `client` no watch uses; with `forget`, the others
+  // close with their last watch. Returns how many stay open.
+  size_t CloseIdleEvents(uint64_t client, bool forget = false) {
     size_t open = 0;
     for (auto it = client_events_.lower_bound(ClientEventKey{client, {}});
          it != client_events_.end() && it->first.client == client;) {
@@ -508,6 +498,7 @@ class CudaBackendImpl final : public CudaBackend {
         cudaEventDestroy(it->second.event);
         it = client_events_.erase(it);
       } else {
+        it->second.forgotten = it->second.forgotten || forget;
         ++open;
         ++it;
       }
