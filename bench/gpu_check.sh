@@ -56,7 +56,7 @@ step() {
   if ((rc != 0)); then
     outcome="FAIL (exit $rc$( ((rc == 124)) && echo ', timed out'))"
     status=1
-  elif grep -q '^\[  SKIPPED \]' "$out/$name.log"; then
+  elif grep -q -e '^\[  SKIPPED \]' -e '^SKIPPED .*test_gpu' "$out/$name.log"; then
     outcome="SKIP (counted as a failure: the device was not usable; see $name.log)"
     status=1
   fi
