@@ -6,6 +6,9 @@
     cache.store("chat-1", input_ids, out.past_key_values)  # commits the new full blocks
 
 It works with a plain forward loop and with model.generate(..., past_key_values=past).
+kvtierd going away (stopped, restarting) never fails a turn: load then returns
+an empty cache (the turn recomputes) and store commits nothing, each with a
+warning; the next call after kvtierd is back reconnects.
 The model's KV geometry must be the daemon profile's (checked at construction,
 with an error naming both), and the client must carry the model's identity
 (model_identity(model, tokenizer) computes it, as every kvtier worker does).
@@ -14,12 +17,15 @@ with an error naming both), and the client must carry the model's identity
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 
 import torch
 
-from . import FailedPreconditionError, InvalidArgumentError
+from . import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
 from ._native import ModelIdentity
+
+_log = logging.getLogger("kvtier.hf")
 
 _DTYPES = {torch.float32: ("fp32", "F32"), torch.float16: ("fp16", "F16"), torch.bfloat16: ("bf16", "BF16")}
 
@@ -135,7 +141,26 @@ class PrefixCache:
     def load(self, session: str, input_ids):
         """A DynamicCache holding the longest cached prefix of input_ids (whole
         blocks, leaving at least one token to compute), and its length in tokens.
-        The session then holds that prefix."""
+        The session then holds that prefix. With kvtierd away: an empty cache."""
+        from transformers import DynamicCache
+
+        try:
+            return self._load(session, input_ids)
+        except UnavailableError as e:
+            _log.warning("kvtier: kvtierd is unavailable, recomputing this turn: %s", e)
+            return DynamicCache(), 0
+
+    def store(self, session: str, input_ids, cache) -> int:
+        """Commits the full blocks of input_ids whose K/V `cache` holds and the
+        session does not yet: the session then holds them all. Returns how many
+        blocks were committed (0 with kvtierd away)."""
+        try:
+            return self._store(session, input_ids, cache)
+        except UnavailableError as e:
+            _log.warning("kvtier: kvtierd is unavailable, this turn is not cached: %s", e)
+            return 0
+
+    def _load(self, session: str, input_ids):
         from transformers import DynamicCache
 
         tokens = _tokens(input_ids)
@@ -172,10 +197,7 @@ class PrefixCache:
                 lease.release()
         return cache, n * self.block_tokens
 
-    def store(self, session: str, input_ids, cache) -> int:
-        """Commits the full blocks of input_ids whose K/V `cache` holds and the
-        session does not yet: the session then holds them all. Returns how many
-        blocks were committed."""
+    def _store(self, session: str, input_ids, cache) -> int:
         tokens = _tokens(input_ids)
         k0, _ = _layer_kv(cache, 0)
         known = min(len(tokens), k0.size(-2))
@@ -185,7 +207,7 @@ class PrefixCache:
         keys = self.client.keys(tokens[: full * self.block_tokens])
         try:
             chain = [key for key, _ in self.client.session(session)["chain"]]
-        except Exception:  # noqa: BLE001 - a new session holds nothing
+        except NotFoundError:  # A new session holds nothing.
             chain = []
         start = 0
         while start < min(len(chain), full) and chain[start] == keys[start]:

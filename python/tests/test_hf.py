@@ -123,3 +123,108 @@ def test_the_cpp_worker_and_python_compute_one_identity_for_one_model(daemon, tm
     client = daemon.client(model_id=printed)
     sessions = client.sessions()
     assert sessions and all(s["model"] == printed for s in sessions), sessions
+
+
+@torch.no_grad()
+def test_logits_agree_with_an_in_process_cache_and_after_a_round_trip_through_the_host_tier(daemon):
+    """Every turn's last logits: no cache, an in-process DynamicCache (the
+    starting design), and kvtier, also after the session went to the host tier."""
+    model = tiny_llama(seed=11)
+    client = daemon.client(model_id=kvtier.hf.model_identity(model))
+    cache = kvtier.hf.PrefixCache(client, model)
+    local = None
+    ids = prompt(30, 9)
+    for turn in range(4):
+        if turn:
+            ids = torch.cat([ids, prompt(30 + turn, 7)], dim=1)
+        full = model(ids).logits[0, -1]
+        seen = 0 if local is None else local.get_seq_length()
+        local_out = model(ids[:, seen:], past_key_values=local, use_cache=True)
+        local = local_out.past_key_values
+        if turn == 2:
+            assert client.demote("chat") > 0
+            for _ in range(1000):
+                if client.session("chat")["gpu_blocks"] == 0:
+                    break
+            assert client.session("chat")["gpu_blocks"] == 0
+        past, cached = cache.load("chat", ids)
+        if turn:
+            assert cached > 0
+        out = model(ids[:, cached:], past_key_values=past, use_cache=True)
+        torch.testing.assert_close(local_out.logits[0, -1], full, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.logits[0, -1], full, rtol=1e-4, atol=1e-4)
+        cache.store("chat", ids, out.past_key_values)
+
+
+@torch.no_grad()
+def test_a_qwen2_model_works_too(daemon):
+    torch.manual_seed(12)
+    config = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    cache = kvtier.hf.PrefixCache(daemon.client(model_id=kvtier.hf.model_identity(model)), model)
+    ids = prompt(40, 14)
+    cache.store("q", ids, model(ids, use_cache=True).past_key_values)
+    longer = torch.cat([ids, prompt(41, 3)], dim=1)
+    past, cached = cache.load("q", longer)
+    assert cached == 12
+    torch.testing.assert_close(model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1],
+                               model(longer).logits[0, -1], rtol=1e-4, atol=1e-4)
+
+
+@torch.no_grad()
+def test_a_daemon_that_goes_away_mid_chat_means_recomputing_not_failing(tmp_path):
+    from conftest import Daemon
+
+    model = tiny_llama(seed=13)
+    d = Daemon(tmp_path)
+    try:
+        client = d.client(model_id=kvtier.hf.model_identity(model), connect_timeout=0.5)
+        cache = kvtier.hf.PrefixCache(client, model)
+        ids = prompt(50, 13)
+        cache.store("c", ids, model(ids, use_cache=True).past_key_values)
+        assert cache.load("c", ids)[1] == 12
+        d.stop()
+        longer = torch.cat([ids, prompt(51, 4)], dim=1)
+        past, cached = cache.load("c", longer)  # Warns; no exception.
+        assert cached == 0
+        out = model(longer, past_key_values=past, use_cache=True)
+        assert cache.store("c", longer, out.past_key_values) == 0
+        torch.testing.assert_close(out.logits[0, -1], model(longer).logits[0, -1])
+        d = Daemon(tmp_path)  # A fresh kvtierd on the same socket: the client reconnects.
+        assert cache.store("c", longer, out.past_key_values) == 4
+        assert cache.load("c", longer)[1] == 16
+    finally:
+        d.stop()
+
+
+WORKER_SCRIPT = """
+import sys, torch, kvtier, kvtier.hf
+sys.path.insert(0, {tests!r})
+from test_hf import prompt, tiny_llama
+model = tiny_llama(seed=14)
+cache = kvtier.hf.PrefixCache(kvtier.Client(socket={socket!r}, model_id=kvtier.hf.model_identity(model)), model)
+ids = torch.cat([prompt(60, 18), prompt(61, 5)], dim=1)  # The shared system prompt, then its own user turn.
+with torch.no_grad():
+    past, cached = cache.load("worker-1", ids)
+    out = model(ids[:, cached:], past_key_values=past, use_cache=True)
+print(cached, cache.store("worker-1", ids, out.past_key_values))
+"""
+
+
+@torch.no_grad()
+def test_a_second_worker_process_hits_the_system_prompt_the_first_computed(daemon):
+    import os
+    import subprocess
+    import sys
+
+    script = WORKER_SCRIPT.format(tests=os.path.dirname(__file__), socket=daemon.socket)
+    first = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    assert first.stdout.split() == ["0", "5"], first.stdout + first.stderr  # 23 tokens: 5 full blocks
+    model = tiny_llama(seed=14)
+    cache = kvtier.hf.PrefixCache(daemon.client(model_id=kvtier.hf.model_identity(model)), model)
+    ids = torch.cat([prompt(60, 18), prompt(62, 6)], dim=1)  # Same system prompt, another user.
+    past, cached = cache.load("worker-2", ids)
+    assert cached == 16, "the system prompt's 4 full blocks, computed by the other process"
+    torch.testing.assert_close(model(ids[:, cached:], past_key_values=past, use_cache=True).logits[0, -1],
+                               model(ids).logits[0, -1], rtol=1e-4, atol=1e-4)
