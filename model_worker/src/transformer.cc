@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "kvtier/model_identity.h"
@@ -197,6 +198,11 @@ Result<ModelId> Transformer::Identity() const {
     KVTIER_RETURN_IF_ERROR(id.AddTensor(name, StDTypeName(ToStDType(c.scalar_type())), c.sizes().vec(),
                                         {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}));
   }
+  char settings[256];
+  std::snprintf(settings, sizeof(settings),
+                "model_type=llama\nhidden_act=silu\nrms_norm_eps=%.9g\nrope_theta=%.9g\nrope_type=default\n",
+                config_.rms_eps, config_.rope_theta);
+  KVTIER_RETURN_IF_ERROR(id.AddConfig(settings));
   KVTIER_RETURN_IF_ERROR(id.AddTokenizer(kTokenizerDescription));
   return id.Finish();
 }

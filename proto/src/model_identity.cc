@@ -12,6 +12,7 @@ struct ModelIdentity::State {
   XXH3_state_t hash;
   std::string last_name;
   bool any_tensor = false;
+  bool config = false;
   bool tokenizer = false;
 
   void Put(const void* data, size_t n) { XXH3_128bits_update(&hash, data, n); }
@@ -33,7 +34,9 @@ ModelIdentity::~ModelIdentity() = default;
 Status ModelIdentity::AddTensor(std::string_view name, std::string_view dtype, std::span<const int64_t> shape,
                                 std::span<const std::byte> data) {
   State& s = *state_;
-  if (s.tokenizer) return InvalidArgument("model identity: tensor '" + std::string(name) + "' after the tokenizer");
+  if (s.config || s.tokenizer) {
+    return InvalidArgument("model identity: tensor '" + std::string(name) + "' after the config or tokenizer");
+  }
   if (name.empty() || name.find('\0') != std::string_view::npos || dtype.empty()) {
     return InvalidArgument("model identity: a tensor needs a name and a dtype");
   }
@@ -52,8 +55,19 @@ Status ModelIdentity::AddTensor(std::string_view name, std::string_view dtype, s
   return Status::Ok();
 }
 
+Status ModelIdentity::AddConfig(std::string_view settings) {
+  State& s = *state_;
+  if (s.config || s.tokenizer) return InvalidArgument("model identity: the config comes once, before the tokenizer");
+  s.PutText("config");
+  s.PutU64(settings.size());
+  s.Put(settings.data(), settings.size());
+  s.config = true;
+  return Status::Ok();
+}
+
 Status ModelIdentity::AddTokenizer(std::span<const std::byte> description) {
   State& s = *state_;
+  if (!s.config) return FailedPrecondition("model identity: add the config before the tokenizer");
   if (s.tokenizer) return InvalidArgument("model identity: the tokenizer was added already");
   s.PutText("tokenizer");
   s.PutU64(description.size());
@@ -63,7 +77,7 @@ Status ModelIdentity::AddTokenizer(std::span<const std::byte> description) {
 }
 
 Result<ModelId> ModelIdentity::Finish() {
-  if (!state_->tokenizer) return FailedPrecondition("model identity: add the tokenizer before Finish");
+  if (!state_->tokenizer) return FailedPrecondition("model identity: add the config and tokenizer before Finish");
   const XXH128_hash_t h = XXH3_128bits_digest(&state_->hash);
   ModelId id{BlockKey{h.low64, h.high64}};
   if (id.IsNull()) id.id.lo = 1;

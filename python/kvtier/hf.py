@@ -55,15 +55,33 @@ def tokenizer_description(tokenizer) -> bytes:
     return json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()
 
 
+def config_settings(config) -> str:
+    """The architecture settings the model identity covers (kvtier/model_identity.h)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    theta = getattr(config, "rope_theta", None) or rope.get("rope_theta", 10000.0)
+    lines = [
+        f"model_type={config.model_type}",
+        f"hidden_act={getattr(config, 'hidden_act', 'silu')}",
+        f"rms_norm_eps={format(float(config.rms_norm_eps), '.9g')}",
+        f"rope_theta={format(float(theta), '.9g')}",
+        f"rope_type={rope.get('rope_type', rope.get('type', 'default'))}",
+    ]
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        lines.append(f"sliding_window={config.sliding_window}")
+    return "".join(line + "\n" for line in lines)
+
+
 def model_identity(model, tokenizer=None) -> str:
     """The model's identity (kvtier/model_identity.h): its weights, in name
-    order, and its tokenizer. 32 hex digits; equal for equal weights and
-    tokenizer whichever kvtier worker computes it."""
+    order, the architecture settings that change its outputs, and its
+    tokenizer. 32 hex digits; equal for an equal model whichever kvtier worker
+    computes it."""
     ident = ModelIdentity()
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().contiguous().cpu()
         dtype = _DTYPES.get(t.dtype, (None, str(t.dtype).replace("torch.", "").upper()))[1]
         ident.add_tensor(name, dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy())
+    ident.add_config(config_settings(model.config))
     ident.add_tokenizer(tokenizer_description(tokenizer))
     return ident.finish()
 

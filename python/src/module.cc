@@ -217,6 +217,9 @@ PYBIND11_MODULE(_native, m) {
           py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("data"),
           "dtype as safetensors names it (F32, BF16, F16, ...); data: the raw little-endian bytes")
       .def(
+          "add_config", [](ModelIdentity& id, const std::string& settings) { Check(id.AddConfig(settings)); },
+          py::arg("settings"), "The architecture's settings, as kvtier/model_identity.h spells them")
+      .def(
           "add_tokenizer",
           [](ModelIdentity& id, const py::bytes& description) {
             const std::string d = description;

@@ -72,6 +72,10 @@ def test_another_models_blocks_are_never_loaded(daemon):
     a, b = tiny_llama(seed=3), tiny_llama(seed=4)
     ida, idb = kvtier.hf.model_identity(a), kvtier.hf.model_identity(b)
     assert ida != idb and ida == kvtier.hf.model_identity(tiny_llama(seed=3))
+    # Same weights, another norm epsilon: other outputs, so another identity.
+    a2 = tiny_llama(seed=3)
+    a2.config.rms_norm_eps = 1e-5
+    assert kvtier.hf.model_identity(a2) != ida
     ca = kvtier.hf.PrefixCache(daemon.client(model_id=ida), a)
     cb = kvtier.hf.PrefixCache(daemon.client(model_id=idb), b)
     ids = prompt(5, 17)
@@ -113,6 +117,7 @@ def test_the_cpp_worker_and_python_compute_one_identity_for_one_model(daemon, tm
     ident = kvtier._native.ModelIdentity()
     for name, t in sorted(load_file(str(weights)).items()):
         ident.add_tensor(name, "F32", list(t.shape), t.contiguous().reshape(-1).view(torch.uint8).numpy())
+    ident.add_config("model_type=llama\nhidden_act=silu\nrms_norm_eps=1e-05\nrope_theta=10000\nrope_type=default\n")
     ident.add_tokenizer(WORKER_TOKENIZER)
     assert ident.finish() == printed
 

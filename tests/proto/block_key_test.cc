@@ -341,10 +341,11 @@ TEST(ModelIdentityTest, DependsOnEveryPartAndWantsNameOrder) {
   const std::vector<int64_t> shape = {2, 2}, flat = {4};
   auto bytes = [](const std::vector<float>& v) { return std::as_bytes(std::span<const float>(v)); };
   auto id = [&](const std::string& name, const std::string& dtype, const std::vector<int64_t>& s,
-                const std::vector<float>& w, const std::string& tokenizer) {
+                const std::vector<float>& w, const std::string& tokenizer, const std::string& config = "cfg") {
     ModelIdentity m;
     EXPECT_TRUE(m.AddTensor("a.weight", "F32", shape, bytes(w1)).ok());
     EXPECT_TRUE(m.AddTensor(name, dtype, s, bytes(w)).ok());
+    EXPECT_TRUE(m.AddConfig(config).ok());
     EXPECT_TRUE(m.AddTokenizer(tokenizer).ok());
     auto r = m.Finish();
     EXPECT_TRUE(r.ok());
@@ -358,12 +359,15 @@ TEST(ModelIdentityTest, DependsOnEveryPartAndWantsNameOrder) {
   EXPECT_NE(id("b.weight", "F32", flat, w1, "tok"), base);
   EXPECT_NE(id("b.weight", "F32", shape, w2, "tok"), base);
   EXPECT_NE(id("b.weight", "F32", shape, w1, "tok2"), base);
+  EXPECT_NE(id("b.weight", "F32", shape, w1, "tok", "cfg2"), base);
 
   ModelIdentity unordered;
   ASSERT_TRUE(unordered.AddTensor("b", "F32", flat, bytes(w1)).ok());
   EXPECT_EQ(unordered.AddTensor("a", "F32", flat, bytes(w1)).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unordered.AddTensor("b", "F32", flat, bytes(w1)).code(), StatusCode::kInvalidArgument) << "twice";
   EXPECT_EQ(unordered.Finish().status().code(), StatusCode::kFailedPrecondition) << "no tokenizer yet";
+  EXPECT_EQ(unordered.AddTokenizer("tok").code(), StatusCode::kFailedPrecondition) << "the config comes first";
+  ASSERT_TRUE(unordered.AddConfig("cfg").ok());
   ASSERT_TRUE(unordered.AddTokenizer("tok").ok());
   EXPECT_EQ(unordered.AddTensor("c", "F32", flat, bytes(w1)).code(), StatusCode::kInvalidArgument) << "after it";
 }

@@ -6,6 +6,12 @@
 //     "kvtier-model-identity-v1\0"
 //     per tensor, in ascending (byte-wise) name order:
 //       name "\0" dtype "\0" u32 rank, u64 dims..., u64 byte count, raw bytes
+//     "config\0" u64 byte count, the architecture's settings that change its
+//       outputs beyond the weights, one "key=value\n" line each in this order:
+//       model_type, hidden_act, rms_norm_eps, rope_theta, rope_type, then
+//       sliding_window only where the model uses one (numbers as printf
+//       "%.9g" writes them: "1e-05", "10000"; names as Hugging Face's config
+//       spells them: "llama", "silu", "default")
 //     "tokenizer\0" u64 byte count, the tokenizer's description bytes
 //   (integers little-endian; dtype as the safetensors names it: "F32", "BF16",
 //   "F16", ...; raw bytes in C order, little-endian; the tokenizer's
@@ -36,12 +42,14 @@ class ModelIdentity {
   // AddTokenizer. kInvalidArgument otherwise (nothing is added).
   Status AddTensor(std::string_view name, std::string_view dtype, std::span<const int64_t> shape,
                    std::span<const std::byte> data);
-  // Once, after every tensor.
+  // Once, after every tensor and before the tokenizer (the text above).
+  Status AddConfig(std::string_view settings);
+  // Once, after the config.
   Status AddTokenizer(std::span<const std::byte> description);
   Status AddTokenizer(std::string_view description) {
     return AddTokenizer(std::as_bytes(std::span<const char>(description.data(), description.size())));
   }
-  // kFailedPrecondition before AddTokenizer.
+  // kFailedPrecondition before AddConfig and AddTokenizer.
   Result<ModelId> Finish();
 
  private:
