@@ -196,17 +196,28 @@ class PrefixCache:
                 lease.wait_on_stream(stream)  # Promotions land before the copies below run.
             else:
                 lease.wait()
-            blocks = [self._block(lease, i, writable=False) for i in range(n)]  # Views of the pool.
             bt = self.block_tokens
-            kvh, hd = self.profile["kv_heads"], self.profile["head_dim"]
-            # One copy per plane, straight into the HF layout [batch, kv_heads, seq, head_dim].
-            for layer in range(self.profile["layers"]):
-                k = torch.empty(1, kvh, n * bt, hd, dtype=self.dtype, device=self.device)
-                v = torch.empty_like(k)
-                for i, b in enumerate(blocks):
-                    k[0, :, i * bt:(i + 1) * bt].copy_(b[layer, 0].permute(1, 0, 2), non_blocking=True)
-                    v[0, :, i * bt:(i + 1) * bt].copy_(b[layer, 1].permute(1, 0, 2), non_blocking=True)
-                cache.update(k, v, layer)
+            layers, kvh, hd = self.profile["layers"], self.profile["kv_heads"], self.profile["head_dim"]
+            on_gpu = self.gpu and any(tier == "gpu" for tier, _ in lease.blocks)
+            if not on_gpu:
+                # Host memory: one native pass copies every plane into the HF layout
+                # [kv_heads, seq, head_dim], then to the model's device if it is not the CPU.
+                planes = torch.empty(layers, 2, kvh, n * bt, hd, dtype=self.dtype)
+                lease.gather(planes.view(torch.uint8).numpy() if self.dtype == torch.bfloat16 else planes.numpy())
+                planes = planes.to(self.device, non_blocking=True)
+                for layer in range(layers):
+                    cache.update(planes[layer, 0].unsqueeze(0), planes[layer, 1].unsqueeze(0), layer)
+            else:
+                # GPU-tier blocks, read in place on torch's stream: one copy per plane
+                # straight into the HF layout [batch, kv_heads, seq, head_dim].
+                blocks = [self._block(lease, i, writable=False) for i in range(n)]
+                for layer in range(layers):
+                    k = torch.empty(1, kvh, n * bt, hd, dtype=self.dtype, device=self.device)
+                    v = torch.empty_like(k)
+                    for i, b in enumerate(blocks):
+                        k[0, :, i * bt:(i + 1) * bt].copy_(b[layer, 0].permute(1, 0, 2), non_blocking=True)
+                        v[0, :, i * bt:(i + 1) * bt].copy_(b[layer, 1].permute(1, 0, 2), non_blocking=True)
+                    cache.update(k, v, layer)
         finally:
             stream = self._stream()
             if stream:

@@ -175,6 +175,28 @@ uint64_t Address(std::byte* p) { return static_cast<uint64_t>(reinterpret_cast<u
 // A cudaStream_t / CUstream passed from Python as an int (torch: stream.cuda_stream).
 void* Stream(uint64_t s) { return reinterpret_cast<void*>(static_cast<uintptr_t>(s)); }
 
+// Copies the lease's blocks (in host memory) into `dst`, laid out as
+// [layers, 2 (K, V), kv_heads, blocks * block_tokens, head_dim]: Hugging
+// Face's [kv_heads, seq, head_dim] per plane, in one pass over the bytes.
+void GatherBlocks(const Lease& lease, const ModelProfile& p, std::byte* dst) {
+  const size_t n = lease.size(), bt = p.block_tokens, kvh = p.kv_heads;
+  const size_t row = size_t{p.head_dim} * DTypeSize(p.dtype);  // One head of one token.
+  const size_t seq = n * bt;
+  for (uint32_t layer = 0; layer < p.layers; ++layer) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      std::byte* plane = dst + (size_t{layer} * 2 + kv) * kvh * seq * row;
+      for (size_t i = 0; i < n; ++i) {
+        const std::byte* src = lease.block(i).data + p.PlaneOffset(layer, kv);
+        for (size_t t = 0; t < bt; ++t) {
+          for (size_t h = 0; h < kvh; ++h) {
+            std::memcpy(plane + (h * seq + i * bt + t) * row, src + (t * kvh + h) * row, row);
+          }
+        }
+      }
+    }
+  }
+}
+
 // A Python-side client: the libkvtier Client and what its views need.
 struct PyClient {
   std::unique_ptr<Client> client;
@@ -183,6 +205,7 @@ struct PyClient {
 struct PyLease {
   Lease lease;
   ModelProfile profile;
+  bool lease_backend_cuda = false;  // GPU-tier blocks are device memory.
 };
 
 struct PyWriteLease {
@@ -269,6 +292,33 @@ PYBIND11_MODULE(_native, m) {
           py::arg("i"),
           "(tier, address) of block i in this process: a device address for a GPU-tier block on the cuda "
           "backend (0 if the client did not open the GPU)")
+      .def(
+          "gather",
+          [](PyLease& l, const py::buffer& dst) {
+            CheckHeld(l.lease.id(), "the lease");
+            const py::buffer_info info = dst.request(/*writable=*/true);
+            const ModelProfile& p = l.profile;
+            const size_t want =
+                2 * size_t{p.layers} * l.lease.size() * p.block_tokens * p.kv_heads * p.head_dim * DTypeSize(p.dtype);
+            if (!PyBuffer_IsContiguous(info.view(), 'C') || static_cast<size_t>(info.size * info.itemsize) != want) {
+              throw py::value_error("gather needs a C-contiguous buffer of " + std::to_string(want) +
+                                    " bytes: [layers, 2, kv_heads, blocks * block_tokens, head_dim]");
+            }
+            for (const BlockRef& b : l.lease.blocks()) {
+              if (b.data == nullptr || (b.tier == Tier::kGpu && l.lease_backend_cuda)) {
+                Raise(
+                    FailedPrecondition("gather reads host memory; this lease holds GPU-tier blocks of the cuda "
+                                       "backend (read them on the GPU)"));
+              }
+            }
+            Unlocked([&] {
+              GatherBlocks(l.lease, p, static_cast<std::byte*>(info.ptr));
+              return 0;
+            });
+          },
+          py::arg("dst"),
+          "Copies every leased block into dst, a writable C-contiguous buffer laid out as "
+          "[layers, 2, kv_heads, blocks * block_tokens, head_dim] (Hugging Face's layout per plane), in one pass")
       .def(
           "wait_on_stream",
           [](PyLease& l, uint64_t stream, double host_timeout) {
@@ -375,7 +425,8 @@ PYBIND11_MODULE(_native, m) {
           [](PyClient& c, const std::vector<int64_t>& tokens, const std::string& session, bool promote) {
             const std::vector<TokenId> t = Tokens(tokens);
             auto r = Unlocked([&] { return c.client->Acquire(session, t, promote); });
-            return std::make_unique<PyLease>(PyLease{Take(std::move(r)), c.client->profile()});
+            return std::make_unique<PyLease>(
+                PyLease{Take(std::move(r)), c.client->profile(), c.client->backend() == "cuda"});
           },
           py::arg("tokens"), py::arg("session") = "", py::arg("promote") = true,
           "Leases the longest cached prefix of tokens' full blocks")
