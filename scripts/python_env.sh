@@ -15,7 +15,10 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.kvtier-ready" ]; then
   rm -rf "$venv"
   mkdir -p "$(dirname "$venv")"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req" >&2
+  # pip's cache beside the environments: where the package index allows
+  # caching, a new environment after a requirements change reuses the wheels.
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/pip" -r "$req" >&2
   touch "$venv/.kvtier-ready"
 fi
 echo "$venv"
