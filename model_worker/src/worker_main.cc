@@ -27,8 +27,11 @@ using namespace kvtier::model;
 namespace {
 
 struct Args {
-  std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant, name;
-  std::string model_id = "auto";  // "auto": of the weights and tokenizer; "none"; or 32 hex digits.
+  std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant,
+                                        name;
+  std::string model_id = "auto";        // "auto": of the weights and tokenizer; "none"; or 32 hex digits.
+  std::vector<uint32_t> prompt_tokens;  // --prompt-tokens: one turn of exactly these, then exit.
+  std::string prompt_session = "prompt";
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
   bool local_token_granular = false, json = false, show_text = false, keep_memory = true, print_model_id = false;
@@ -99,8 +102,16 @@ int main(int argc, char** argv) {
         return "";
       })
       ->capture_default_str();
-  app.add_flag("--print-model-id", a.print_model_id, "Print the model's identity (of its weights and tokenizer) and exit");
-  app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")->envname("KVTIER_SOCKET")->capture_default_str();
+  app.add_option("--prompt-tokens", a.prompt_tokens,
+                 "Serve one turn of exactly these token ids (comma-separated) as session --prompt-session in the "
+                 "first cache mode, print it as JSON, and exit (another program can then read the same prefix)")
+      ->delimiter(',');
+  app.add_option("--prompt-session", a.prompt_session, "Session of --prompt-tokens")->capture_default_str();
+  app.add_flag("--print-model-id", a.print_model_id,
+               "Print the model's identity (of its weights and tokenizer) and exit");
+  app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")
+      ->envname("KVTIER_SOCKET")
+      ->capture_default_str();
   app.add_option("--tenant", a.tenant, "Tenant whose blocks this worker shares");
   app.add_option("--name", a.name, "Client name shown by cachectl (default worker-<index>)");
   app.add_option("--model-id", a.model_id,
@@ -111,24 +122,38 @@ int main(int argc, char** argv) {
       })
       ->capture_default_str();
   app.add_option("--block-tokens", a.block_tokens, "Block size of the local cache (kvtier uses the daemon's)")
-      ->check(CLI::Range(1, 1024))->capture_default_str();
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_flag("--local-token-granular", a.local_token_granular,
                "Local cache reuses every cached token, not only full blocks");
   app.add_option("--device", a.device, "Where the model runs: auto (CUDA when libtorch has it), cpu, cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--threads", a.threads, "Threads for the model (ATen's intra-op pool and the BLAS library's)")
-      ->check(CLI::Range(1, 256))->capture_default_str();
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app.add_flag("!--no-keep-memory", a.keep_memory,
                "Let glibc return freed memory to the kernel between turns (the default keeps it)");
   WorkloadOptions& w = a.workload;
-  app.add_option("--sessions", w.sessions, "Sessions in total (across workers)")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--sessions", w.sessions, "Sessions in total (across workers)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--turns", w.turns, "Turns per session")->check(CLI::Range(1, 10000))->capture_default_str();
-  app.add_option("--workers", w.workers, "Worker processes sharing the sessions")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--worker-index", w.worker_index, "This worker's index; serves sessions s % workers == index")->capture_default_str();
+  app.add_option("--workers", w.workers, "Worker processes sharing the sessions")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--worker-index", w.worker_index, "This worker's index; serves sessions s % workers == index")
+      ->capture_default_str();
   app.add_option("--system-tokens", w.system_tokens, "Shared system prompt length")->capture_default_str();
-  app.add_option("--first-tokens", w.first_tokens, "First user message length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--user-tokens", w.user_tokens, "Later user message length")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--output-tokens", w.output_tokens, "Reply length (greedy)")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--first-tokens", w.first_tokens, "First user message length")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--user-tokens", w.user_tokens, "Later user message length")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--output-tokens", w.output_tokens, "Reply length (greedy)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   app.add_flag("--unique", w.unique, "Sessions share nothing (the zero-reuse workload)");
   app.add_option("--seed", w.seed, "Workload seed")->capture_default_str();
   app.add_option("--session-prefix", w.session_prefix, "Session ids are this prefix + a number")->capture_default_str();
@@ -221,12 +246,28 @@ int main(int argc, char** argv) {
   }
   if (!a.json) {
     std::printf("[%s] %s, cache %s, %u-token blocks, %u thread(s)%s\n", name.c_str(), mc.Describe().c_str(),
-                a.cache.c_str(), runners[0]->block_tokens(), a.threads, blas.empty() ? "" : (" (" + blas + " too)").c_str());
+                a.cache.c_str(), runners[0]->block_tokens(), a.threads,
+                blas.empty() ? "" : (" (" + blas + " too)").c_str());
     if (client) {
       std::printf("[%s] model identity %s\n", name.c_str(),
                   model_id.IsNull() ? "none (--model-id none: shares blocks with any model of this geometry)"
                                     : model_id.ToHex().c_str());
     }
+  }
+
+  if (!a.prompt_tokens.empty()) {
+    const std::vector<TokenId> prompt(a.prompt_tokens.begin(), a.prompt_tokens.end());
+    auto r = runners[0]->Turn(a.prompt_session, prompt, w.output_tokens);
+    if (!r.ok()) return Fail("--prompt-tokens", r.status());
+    const nlohmann::ordered_json j = {{"session", a.prompt_session},
+                                      {"mode", mode_names[0]},
+                                      {"prompt_tokens", r->prompt_tokens},
+                                      {"cached_tokens", r->cached_tokens},
+                                      {"committed_blocks", r->committed_blocks},
+                                      {"output", r->output},
+                                      {"cache_error", r->cache_error}};
+    std::printf("%s\n", j.dump().c_str());
+    return r->cache_error.empty() ? 0 : 1;
   }
 
   struct Totals {
@@ -255,17 +296,29 @@ int main(int argc, char** argv) {
         t.output += r->output.size();
         t.errors += r->cache_error.empty() ? 0 : 1;
         if (a.json) {
-          nlohmann::ordered_json j = {
-              {"worker", w.worker_index}, {"mode", mode_names[m]}, {"session", chat.id()}, {"turn", turn},
-              {"pair", pair}, {"order", k},
-              {"prompt_tokens", r->prompt_tokens}, {"cached_tokens", r->cached_tokens},
-              {"computed_tokens", r->computed_tokens}, {"promoted_blocks", r->promoted_blocks},
-              {"committed_blocks", r->committed_blocks}, {"duplicate_blocks", r->duplicate_blocks},
-              {"output_tokens", r->output.size()},
-              {"acquired", r->acquired}, {"lookup_ms", r->lookup_ms}, {"acquire_ms", r->acquire_ms},
-              {"wait_ms", r->wait_ms}, {"gather_ms", r->gather_ms}, {"ttft_ms", r->ttft_ms},
-              {"commit_ms", r->commit_ms}, {"turn_ms", r->turn_ms}, {"ttft_cpu_ms", r->ttft_cpu_ms},
-              {"turn_cpu_ms", r->turn_cpu_ms}};
+          nlohmann::ordered_json j = {{"worker", w.worker_index},
+                                      {"mode", mode_names[m]},
+                                      {"session", chat.id()},
+                                      {"turn", turn},
+                                      {"pair", pair},
+                                      {"order", k},
+                                      {"prompt_tokens", r->prompt_tokens},
+                                      {"cached_tokens", r->cached_tokens},
+                                      {"computed_tokens", r->computed_tokens},
+                                      {"promoted_blocks", r->promoted_blocks},
+                                      {"committed_blocks", r->committed_blocks},
+                                      {"duplicate_blocks", r->duplicate_blocks},
+                                      {"output_tokens", r->output.size()},
+                                      {"acquired", r->acquired},
+                                      {"lookup_ms", r->lookup_ms},
+                                      {"acquire_ms", r->acquire_ms},
+                                      {"wait_ms", r->wait_ms},
+                                      {"gather_ms", r->gather_ms},
+                                      {"ttft_ms", r->ttft_ms},
+                                      {"commit_ms", r->commit_ms},
+                                      {"turn_ms", r->turn_ms},
+                                      {"ttft_cpu_ms", r->ttft_cpu_ms},
+                                      {"turn_cpu_ms", r->turn_cpu_ms}};
           if (!r->cache_error.empty()) j["cache_error"] = r->cache_error;
           std::printf("%s\n", j.dump().c_str());
         } else {
@@ -290,19 +343,26 @@ int main(int argc, char** argv) {
   for (size_t m = 0; m < runners.size(); ++m) {
     const Totals& t = totals[m];
     if (a.json) {
-      nlohmann::ordered_json j = {{"summary", true},       {"worker", w.worker_index}, {"mode", mode_names[m]},
-                                  {"turns", chats.size() * w.turns}, {"prompt_tokens", t.prompt},
-                                  {"cached_tokens", t.cached}, {"computed_tokens", t.computed},
-                                  {"output_tokens", t.output}, {"cache_errors", t.errors},
-                                  {"reply_mismatches", mismatches}, {"seconds", secs}};
+      nlohmann::ordered_json j = {{"summary", true},
+                                  {"worker", w.worker_index},
+                                  {"mode", mode_names[m]},
+                                  {"turns", chats.size() * w.turns},
+                                  {"prompt_tokens", t.prompt},
+                                  {"cached_tokens", t.cached},
+                                  {"computed_tokens", t.computed},
+                                  {"output_tokens", t.output},
+                                  {"cache_errors", t.errors},
+                                  {"reply_mismatches", mismatches},
+                                  {"seconds", secs}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("[%s] %s done: %zu sessions x %u turns, %llu prompt tokens, %llu from cache (%.1f%%), %llu "
-                  "computed, %.1f s%s\n",
-                  name.c_str(), mode_names[m].c_str(), chats.size(), w.turns, (unsigned long long)t.prompt,
-                  (unsigned long long)t.cached, t.prompt ? 100.0 * double(t.cached) / double(t.prompt) : 0.0,
-                  (unsigned long long)t.computed, secs,
-                  t.errors ? (", " + std::to_string(t.errors) + " cache errors").c_str() : "");
+      std::printf(
+          "[%s] %s done: %zu sessions x %u turns, %llu prompt tokens, %llu from cache (%.1f%%), %llu "
+          "computed, %.1f s%s\n",
+          name.c_str(), mode_names[m].c_str(), chats.size(), w.turns, (unsigned long long)t.prompt,
+          (unsigned long long)t.cached, t.prompt ? 100.0 * double(t.cached) / double(t.prompt) : 0.0,
+          (unsigned long long)t.computed, secs,
+          t.errors ? (", " + std::to_string(t.errors) + " cache errors").c_str() : "");
     }
   }
   if (mismatches > 0) {

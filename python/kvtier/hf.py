@@ -123,6 +123,25 @@ class _CudaBlock:
         }
 
 
+def block_tensor(client, lease, i: int, writable: bool = False, device=None) -> torch.Tensor:
+    """Block i of a lease (or slot i of a write lease) as a torch tensor viewing
+    the pool in place: [layers, 2 (K, V), block_tokens, kv_heads, head_dim] of
+    the profile's dtype. A GPU-tier block of a cuda-backend kvtierd is a CUDA
+    tensor on `device` (default: the current one); others are CPU tensors over
+    the shared memory. Valid while the lease is held."""
+    profile = client.profile
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[profile["dtype"]]
+    if client.backend == "cuda":
+        tier, address = ("gpu", lease.address(i)) if writable else lease.address(i)
+        if tier == "gpu" and address:
+            t = torch.as_tensor(_CudaBlock(address, profile), device=device or torch.device("cuda"))
+            return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+    with warnings.catch_warnings():  # A read lease's view is read-only: torch warns, the caller only reads.
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(lease.block(i))
+    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+
+
 class PrefixCache:
     def __init__(self, client, model, tokenizer=None):
         self.client = client
@@ -146,15 +165,8 @@ class PrefixCache:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
     def _block(self, lease, i: int, writable: bool) -> torch.Tensor:
-        if self.gpu:
-            tier, address = lease.address(i) if not writable else ("gpu", lease.address(i))
-            if tier == "gpu" and address:
-                t = torch.as_tensor(_CudaBlock(address, self.profile), device=self.device)
-                return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
-        with warnings.catch_warnings():  # A read lease's view is read-only: only read.
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.from_numpy(lease.block(i))
-        return t.view(torch.bfloat16) if self.dtype == torch.bfloat16 else t
+        device = self.device if self.device.type == "cuda" else None
+        return block_tensor(self.client, lease, i, writable=writable, device=device)
 
     def load(self, session: str, input_ids):
         """A DynamicCache holding the longest cached prefix of input_ids (whole

@@ -170,3 +170,20 @@ def test_one_client_serves_several_threads(daemon):
         th.join()
     assert not errors, errors
     assert len(c.sessions()) == 40
+
+
+def test_blocks_as_torch_tensors_view_the_pool(daemon):
+    torch = pytest.importorskip("torch")
+    import kvtier.hf
+
+    c = daemon.client()
+    t = tokens(7, 1)
+    with c.allocate(1) as w:
+        slot = kvtier.hf.block_tensor(c, w, 0, writable=True)
+        assert slot.shape == (2, 2, BT, 2, 8) and slot.dtype == torch.float32
+        slot.fill_(3.5)  # Written in place: the commit publishes these bytes.
+        c.commit(w, "t", t)
+    with c.acquire(t) as lease:
+        view = kvtier.hf.block_tensor(c, lease, 0)
+        assert float(view.min()) == 3.5 and float(view.max()) == 3.5
+        assert view.data_ptr() == lease.block(0).ctypes.data, "a view, not a copy"

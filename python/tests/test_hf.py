@@ -233,3 +233,56 @@ def test_a_second_worker_process_hits_the_system_prompt_the_first_computed(daemo
     assert cached == 16, "the system prompt's 4 full blocks, computed by the other process"
     torch.testing.assert_close(model(ids[:, cached:], past_key_values=past, use_cache=True).logits[0, -1],
                                model(ids).logits[0, -1], rtol=1e-4, atol=1e-4)
+
+
+def _worker_as_hf(weights):
+    """kvtier-worker's model (WORKER_MODEL) as a transformers Llama, from the weights it saved."""
+    from safetensors.torch import load_file
+
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
+                                      tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    return model
+
+
+@torch.no_grad()
+def test_a_prefix_the_cpp_worker_committed_is_read_from_python(daemon, tmp_path):
+    """kvtier-worker computes and commits a prompt's K/V; a transformers model of
+    the same weights (and identity) loads that prefix and gets the logits of its
+    own full pass: the C++ worker's cache is the Hugging Face model's. Under
+    another identity the prefix is a miss."""
+    import os
+    import subprocess
+
+    worker = os.environ.get("KVTIER_WORKER")
+    if not worker:
+        pytest.skip("built without the C++ model worker")
+    weights = tmp_path / "w.safetensors"
+    subprocess.run([worker, *WORKER_MODEL, "--save-weights", str(weights)], check=True, capture_output=True)
+    identity = subprocess.run([worker, *WORKER_MODEL, "--print-model-id"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    tokens = [256] + list(b"kvtier shares one GPU tier between worker processes.")  # BOS + bytes: 53 tokens
+    served = subprocess.run([worker, *WORKER_MODEL, "--cache", "kvtier", "--socket", daemon.socket,
+                             "--prompt-tokens", ",".join(map(str, tokens)), "--prompt-session", "from-cpp",
+                             "--output-tokens", "1"], check=True, capture_output=True, text=True)
+    assert '"committed_blocks":13' in served.stdout, served.stdout  # 53 tokens: 13 full 4-token blocks
+
+    model = _worker_as_hf(weights)
+    ids = torch.tensor([tokens + [101, 102, 103]])
+    cache = kvtier.hf.PrefixCache(daemon.client(model_id=identity), model)
+    past, cached = cache.load("from-python", ids)
+    assert cached == 52
+    step = model(ids[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(step, model(ids).logits[0, -1], rtol=1e-4, atol=1e-4)
+    # The K/V themselves: what the worker wrote is what transformers computes.
+    reference = model(ids[:, :cached], use_cache=True).past_key_values
+    for layer in range(2):
+        for mine, theirs in zip(kvtier.hf._layer_kv(past, layer), kvtier.hf._layer_kv(reference, layer)):
+            torch.testing.assert_close(mine[..., :cached, :], theirs, rtol=1e-4, atol=1e-4)
+
+    other = kvtier.hf.PrefixCache(daemon.client(model_id="ab" * 16), model)
+    assert other.load("elsewhere", ids)[1] == 0
