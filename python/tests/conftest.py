@@ -37,6 +37,13 @@ class Daemon:
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],
                                      stdout=self._log_file, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # Never leave a daemon running behind a failed start.
+            raise
+
+    def _wait_ready(self):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
