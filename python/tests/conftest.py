@@ -19,7 +19,7 @@ profiles:
   - name: py
     layers: 2
     kv_heads: 2
-    head_dim: 8
+    head_dim: {head_dim}
     dtype: fp32
     block_tokens: 4
     gpu_blocks: 64
@@ -28,11 +28,12 @@ profiles:
 
 
 class Daemon:
-    def __init__(self, tmp_path, extra="", backend="host"):
+    def __init__(self, tmp_path, extra="", backend="host", head_dim=8):
         self.socket = str(tmp_path / "kvtierd.sock")
         self.config = tmp_path / "kvtierd.yaml"
         instance = "pytest-" + uuid.uuid4().hex[:12]
-        self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra, backend=backend))
+        self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra, backend=backend,
+                                             head_dim=head_dim))
         self.log = tmp_path / "kvtierd.log"
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],
@@ -83,8 +84,8 @@ def daemon(tmp_path):
 def make_daemon(tmp_path):
     made = []
 
-    def make(extra="", backend="host"):
-        d = Daemon(tmp_path, extra, backend)
+    def make(extra="", backend="host", head_dim=8):
+        d = Daemon(tmp_path, extra, backend, head_dim)
         made.append(d)
         return d
 

@@ -1,0 +1,191 @@
+"""kvtier.serve with the official openai client: a real service process on a
+small seeded model (scripts/make_tiny_model.py, no download) over a real
+kvtierd, against a service running without kvtier."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model") / "tiny-chat"
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_model.py"), str(d)], check=True,
+                   capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return str(d)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    def __init__(self, model_dir, tmp_path, name, *args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / f"serve-{name}.log"
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvtier.serve", "--model", model_dir, "--port",
+                                      str(self.port), "--threads", "1", "--log-level", "warning", *args],
+                                     stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("kvtier.serve exited:\n" + self.log.read_text())
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        else:
+            self.stop()
+            raise RuntimeError("kvtier.serve did not start:\n" + self.log.read_text())
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def post(self, body: bytes):
+        req = urllib.request.Request(self.url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+@pytest.fixture
+def services(make_daemon, model_dir, tmp_path):
+    d = make_daemon(head_dim=16)
+    made = []
+
+    def make(name, *args):
+        s = Service(model_dir, tmp_path, name, "--socket", d.socket, *args)
+        made.append(s)
+        return s
+
+    yield d, make
+    for s in made:
+        s.stop()
+
+
+def chat(service, messages, **kw):
+    r = service.client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=6, temperature=0,
+                                               **kw)
+    return r.choices[0].message.content, r.usage
+
+
+def test_follow_up_turns_come_from_the_cache_and_reply_as_without_it(services):
+    _, make = services
+    kv, plain = make("kvtier"), make("plain", "--no-kvtier")
+    assert [m.id for m in kv.client.models.list().data] == ["tiny-chat"]
+    messages = [{"role": "system", "content": "you are a small model that answers every question"},
+                {"role": "user", "content": "hello, what is a kv cache and why is it fast?"}]
+    for turn in range(3):
+        reply, usage = chat(kv, messages)
+        reference, ref_usage = chat(plain, messages)
+        assert reply == reference, f"turn {turn}"
+        assert usage.prompt_tokens == ref_usage.prompt_tokens
+        assert ref_usage.prompt_tokens_details.cached_tokens == 0
+        if turn == 0:
+            assert usage.prompt_tokens_details.cached_tokens == 0
+        else:
+            # The whole conversation before this turn (its prompt and reply), in full 4-token blocks.
+            before = previous.prompt_tokens + previous.completion_tokens
+            assert usage.prompt_tokens_details.cached_tokens == before // 4 * 4, (turn, usage, previous)
+        previous = usage
+        messages += [{"role": "assistant", "content": reply},
+                     {"role": "user", "content": f"tell me more about turn {turn} please"}]
+    metrics = urllib.request.urlopen(kv.url + "/metrics").read().decode()
+    assert 'kvtier_serve_requests_total{outcome="ok"} 3' in metrics
+    assert "kvtier_serve_cache_connected 1" in metrics
+
+
+def test_streaming_gives_the_same_reply_with_usage(services):
+    _, make = services
+    kv = make("kvtier")
+    messages = [{"role": "user", "content": "what is a token?"}]
+    whole, _ = chat(kv, messages)
+    stream = kv.client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=6, temperature=0,
+                                               stream=True)
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if getattr(chunk, "usage", None):
+            usage = chunk.usage
+    assert "".join(parts) == whole
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_a_second_service_process_continues_a_conversation_the_first_started(services):
+    _, make = services
+    a, b = make("a"), make("b")
+    messages = [{"role": "user", "content": "the first service starts this chat about memory tiers"}]
+    reply, _ = chat(a, messages)
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and the second goes on"}]
+    _, usage = chat(b, messages)
+    assert usage.prompt_tokens_details.cached_tokens > 0, "served from the blocks the first process committed"
+
+
+def test_bad_requests_get_openai_style_errors(services):
+    _, make = services
+    kv = make("kvtier", "--max-context", "64")
+    status, body = kv.post(b"{not json")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, body = kv.post(json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}).encode())
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    status, body = kv.post(json.dumps({"model": "tiny-chat", "messages": []}).encode())
+    assert status == 400 and body["error"]["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(kv, [{"role": "user", "content": "word " * 80}])
+    assert e.value.code == "context_length_exceeded"
+    # Still serving.
+    assert chat(kv, [{"role": "user", "content": "hi"}])[0] is not None
+
+
+def test_an_overlong_conversation_keeps_the_system_prompt_and_the_latest_turns(services):
+    _, make = services
+    kv = make("kvtier", "--max-context", "64", "--context-policy", "truncate")
+    messages = [{"role": "system", "content": "be brief"}]
+    for i in range(6):
+        messages += [{"role": "user", "content": f"question {i} about the cache"},
+                     {"role": "assistant", "content": "an answer about the gpu tier"}]
+    messages.append({"role": "user", "content": "and the last one?"})
+    _, usage = chat(kv, messages)
+    assert usage.prompt_tokens + 6 <= 64
+
+
+def test_kvtierd_killed_mid_conversation_means_recomputing_not_failing(services):
+    d, make = services
+    kv = make("kvtier")
+    messages = [{"role": "user", "content": "a chat that outlives its cache"}]
+    reply, _ = chat(kv, messages)
+    d.proc.kill()
+    d.proc.wait()
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "still there?"}]
+    reply2, usage = chat(kv, messages)
+    assert usage.prompt_tokens_details.cached_tokens == 0
+    assert reply2 is not None
