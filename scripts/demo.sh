@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
-# The main job: build kvtier, start kvtierd on its default configuration, serve a
-# multi-turn chat workload with two model-worker processes (a libtorch transformer)
-# in each cache mode -- kvtier, an in-process cache, no cache -- report time to first
-# token, hit rate and where the blocks are, then stop the daemon.
+# The main job: build kvtier, start kvtierd on its default configuration, then
+#  1. the system as a user meets it: two OpenAI-style chat service processes
+#     (python -m kvtier.serve, a small seeded model) sharing kvtierd, and a client
+#     holding several multi-turn chats through the openai package, each turn sent
+#     to the other service: time to first token and the prompt tokens that came
+#     from the cache, per turn;
+#  2. the C++ worker comparison: two model-worker processes (a libtorch
+#     transformer) serving chats in each cache mode -- kvtier, an in-process
+#     cache, no cache -- with time to first token, hit rate and promotions;
+# then cachectl's view of it, and stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cmake -S . -B build -G Ninja >/dev/null
-cmake --build build --target kvtierd kvtier-worker kvtier-bench cachectl
+venv=$(scripts/python_env.sh)
+py="$venv/bin/python"
+cmake -S . -B build -G Ninja -DKVTIER_PYTHON="$py" >/dev/null
+cmake --build build --target kvtierd kvtier-worker kvtier-bench cachectl kvtier_native
 run=$(mktemp -d /tmp/kvtier-demo.XXXXXX)
 sock="$run/kvtierd.sock"
 ./build/daemon/kvtierd --config configs/kvtierd.yaml --socket "$sock" --instance "kvtier-demo-$$" 2>"$run/kvtierd.log" &
 daemon=$!
-# The daemon is normally stopped (and reaped) before the script ends; under set -e
+services=()
+# Everything is normally stopped (and reaped) before the script ends; under set -e
 # a failing kill or wait in the trap would become the script's exit status.
 cleanup() {
   local rc=$?
-  kill -TERM "$daemon" 2>/dev/null || true
-  wait "$daemon" 2>/dev/null || true
+  for pid in "${services[@]}" "$daemon"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${services[@]}" "$daemon"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$run"
   rm -f /dev/shm/kvtier-demo-$$.*
   exit "$rc"
@@ -25,8 +34,29 @@ cleanup() {
 trap cleanup EXIT
 for _ in $(seq 100); do grep -q "ready:" "$run/kvtierd.log" && break; sleep 0.05; done
 grep "ready:" "$run/kvtierd.log" || { cat "$run/kvtierd.log"; exit 1; }
-echo "== two workers, eight chats of four turns sharing a system prompt; every turn is served"
-echo "   in each cache mode back to back (histories of 1.3k-1.5k tokens: the chats need more"
+
+echo "== part 1: two chat service processes on one kvtierd, used through the openai package"
+HF_HUB_OFFLINE=1 "$py" scripts/make_tiny_model.py "$run/tiny-chat" --layers 4 --hidden 256 --heads 4 \
+  --kv-heads 4 --head-dim 64 2>/dev/null | tail -1
+urls=()
+for _ in 1 2; do
+  port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  HF_HUB_OFFLINE=1 PYTHONPATH=build/python "$py" -m kvtier.serve --model "$run/tiny-chat" --socket "$sock" \
+    --port "$port" --threads 1 --log-level warning >"$run/serve-$port.log" 2>&1 &
+  services+=($!)
+  urls+=("http://127.0.0.1:$port")
+done
+for url in "${urls[@]}"; do
+  for _ in $(seq 300); do "$py" -c "import urllib.request; urllib.request.urlopen('$url/health')" 2>/dev/null && break; sleep 0.1; done
+  "$py" -c "import urllib.request; urllib.request.urlopen('$url/health')" ||
+    { cat "$run"/serve-*.log; exit 1; }
+done
+"$py" scripts/demo_chat.py "$(IFS=,; echo "${urls[*]}")" --chats 4 --turns 4
+for pid in "${services[@]}"; do kill -TERM "$pid"; wait "$pid" || true; done
+services=()
+
+echo "== part 2: two C++ workers, eight chats of four turns sharing a system prompt; every turn is"
+echo "   served in each cache mode back to back (histories of 1.3k-1.5k tokens: the chats need more"
 echo "   blocks than the GPU tier holds, so each revisit promotes its demoted blocks back)"
 ./build/bench/kvtier-bench e2e --socket "$sock" --workers 2 --sessions 8 --turns 4 \
   --system-tokens 256 --first-tokens 1024 --user-tokens 40 --output-tokens 16 \

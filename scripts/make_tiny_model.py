@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""make_tiny_model.py DIR [--seed N] [--layers L]: writes a small Hugging Face
+"""make_tiny_model.py DIR [--seed N] [--layers L] [--hidden H --heads Q --kv-heads K --head-dim D]: writes a small Hugging Face
 model directory (config.json, model.safetensors, tokenizer files with a chat
 template) that transformers loads offline. Nothing is downloaded: the weights
 are drawn from the seed and the tokenizer is a word-level one built from a
@@ -7,8 +7,10 @@ vocabulary this script writes (the words of a few hundred lines of text it
 generates, plus bytes for anything else), so the same arguments give the same
 directory everywhere.
 
-The model is a Llama of 2 layers, hidden 64, 4 heads (2 KV heads) of 16: its KV
-geometry is kvtierd's profile `layers: 2, kv_heads: 2, head_dim: 16, dtype: fp32`.
+By default the model is a Llama of 2 layers, hidden 64, 4 heads (2 KV heads) of
+16: its KV geometry is kvtierd's profile `layers: 2, kv_heads: 2, head_dim: 16,
+dtype: fp32`. `--layers 4 --hidden 256 --heads 4 --kv-heads 4 --head-dim 64`
+fits the default profile of configs/kvtierd.yaml (what scripts/demo.sh uses).
 """
 
 import argparse
@@ -66,12 +68,17 @@ def main():
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=16)
     a = p.parse_args()
     tokenizer = build_tokenizer(a.seed)
     torch.manual_seed(a.seed)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2,
-                                      head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5,
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=a.hidden, intermediate_size=2 * a.hidden,
+                                      num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                      num_key_value_heads=a.kv_heads, head_dim=a.head_dim,
+                                      max_position_embeddings=4096, rms_norm_eps=1e-5,
                                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                                       pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(config).eval()
@@ -79,8 +86,9 @@ def main():
     model.save_pretrained(a.dir, safe_serialization=True)
     tokenizer.save_pretrained(a.dir)
     with open(os.path.join(a.dir, "kvtier.json"), "w") as f:
-        json.dump({"made_by": "scripts/make_tiny_model.py", "seed": a.seed, "layers": a.layers,
-                   "profile": {"layers": a.layers, "kv_heads": 2, "head_dim": 16, "dtype": "fp32"}}, f, indent=2)
+        json.dump({"made_by": "scripts/make_tiny_model.py", "seed": a.seed,
+                   "profile": {"layers": a.layers, "kv_heads": a.kv_heads, "head_dim": a.head_dim, "dtype": "fp32"}},
+                  f, indent=2)
     print(f"wrote {a.dir}: llama {a.layers} layers, vocab {len(tokenizer)}, seed {a.seed}")
 
 
