@@ -68,6 +68,8 @@ echo "== cachectl status"
 ./build/client/cachectl --socket "$sock" status
 echo "== cachectl sessions --sort blocks (the ten largest)"
 ./build/client/cachectl --socket "$sock" sessions --sort blocks | head -11 || true
+echo "== cachectl stats (hits, moves between the tiers)"
+./build/client/cachectl --socket "$sock" stats | head -12 || true
 kill -TERM $daemon
 wait $daemon || true
 echo "== kvtierd log (last lines)"
