@@ -103,12 +103,15 @@ class Service:
         self.inflight_lock = threading.Lock()
         self.cache = None
         self.next_connect = 0.0
+        # --cache local: each conversation's DynamicCache kept in this process
+        # (the design kvtier replaces; for comparison), the coldest dropped first.
+        self.local = collections.OrderedDict()
         self.created = int(time.time())
 
     # --- kvtierd ---------------------------------------------------------------------
     def prefix_cache(self):
         """The PrefixCache, connecting (again) at most every 2 s while kvtierd is away."""
-        if self.args.no_kvtier:
+        if self.args.cache != "kvtier":
             return None
         if self.cache is None and time.monotonic() >= self.next_connect:
             self.next_connect = time.monotonic() + 2.0
@@ -154,6 +157,21 @@ class Service:
                             f"take {len(ids)} and max_tokens asks {max_tokens} more.",
                        code="context_length_exceeded", param="messages")
 
+    def local_load(self, session, ids):
+        """--cache local: the conversation's own DynamicCache, cut to the prefix it shares with ids."""
+        entry = self.local.get(session)
+        if entry is None:
+            return None, 0
+        seen, past = entry
+        n = 0
+        limit = min(len(seen), len(ids) - 1, past.get_seq_length())
+        while n < limit and seen[n] == ids[n]:
+            n += 1
+        if n == 0:
+            return None, 0
+        past.crop(n)
+        return past, n
+
     def generate(self, session, ids, max_tokens, temperature, seed, emit):
         """Runs one completion (on a worker thread); emit(token_text) per token.
         Returns (completion token ids, cached tokens, ttft seconds)."""
@@ -163,7 +181,10 @@ class Service:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         with self.model_lock, torch.no_grad():
             cache = self.prefix_cache()
-            past, cached = (cache.load(session, input_ids) if cache else (None, 0))
+            if self.args.cache == "local":
+                past, cached = self.local_load(session, ids)
+            else:
+                past, cached = (cache.load(session, input_ids) if cache else (None, 0))
             out = self.model(input_ids[:, cached:], past_key_values=past, use_cache=True)
             past = out.past_key_values
             tokens, ttft, text = [], None, ""
@@ -189,6 +210,11 @@ class Service:
             if cache is not None:
                 # The prompt and the reply are cached for the conversation's next turn.
                 cache.store(session, ids + tokens, past)
+            elif self.args.cache == "local":
+                self.local[session] = (ids + tokens, past)
+                self.local.move_to_end(session)
+                while len(self.local) > self.args.local_sessions:
+                    self.local.popitem(last=False)
         return tokens, cached, ttft if ttft is not None else time.perf_counter() - start
 
 
@@ -242,7 +268,7 @@ def build_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": service.name, "kvtier": service.cache is not None}
+        return {"status": "ok", "model": service.name, "kvtier": service.cache is not None, "cache": service.args.cache}
 
     @app.get("/v1/models")
     async def models():
@@ -351,7 +377,11 @@ def main(argv=None):
     p.add_argument("--socket", default="/run/kvtier/kvtierd.sock", help="kvtierd's socket")
     p.add_argument("--tenant", default="")
     p.add_argument("--profile", default="", help="kvtierd's profile (default: its first)")
-    p.add_argument("--no-kvtier", action="store_true", help="serve without kvtierd (recompute every turn)")
+    p.add_argument("--cache", choices=("kvtier", "local", "none"), default="kvtier",
+                   help="where a conversation's K/V is kept between turns: kvtierd (shared by every process), "
+                        "this process alone (for comparison), or nowhere (recompute every turn)")
+    p.add_argument("--no-kvtier", dest="cache", action="store_const", const="none", help="--cache none")
+    p.add_argument("--local-sessions", type=int, default=64, help="--cache local: conversations kept")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-context", type=int, default=0, help="tokens (default: the model's maximum)")

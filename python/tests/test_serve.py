@@ -99,14 +99,15 @@ def chat(service, messages, **kw):
 
 def test_follow_up_turns_come_from_the_cache_and_reply_as_without_it(services):
     _, make = services
-    kv, plain = make("kvtier"), make("plain", "--no-kvtier")
+    kv, plain, local = make("kvtier"), make("plain", "--no-kvtier"), make("local", "--cache", "local")
     assert [m.id for m in kv.client.models.list().data] == ["tiny-chat"]
     messages = [{"role": "system", "content": "you are a small model that answers every question"},
                 {"role": "user", "content": "hello, what is a kv cache and why is it fast?"}]
     for turn in range(3):
         reply, usage = chat(kv, messages)
         reference, ref_usage = chat(plain, messages)
-        assert reply == reference, f"turn {turn}"
+        in_process, local_usage = chat(local, messages)
+        assert reply == reference == in_process, f"turn {turn}"
         assert usage.prompt_tokens == ref_usage.prompt_tokens
         assert ref_usage.prompt_tokens_details.cached_tokens == 0
         if turn == 0:
@@ -115,6 +116,7 @@ def test_follow_up_turns_come_from_the_cache_and_reply_as_without_it(services):
             # The whole conversation before this turn (its prompt and reply), in full 4-token blocks.
             before = previous.prompt_tokens + previous.completion_tokens
             assert usage.prompt_tokens_details.cached_tokens == before // 4 * 4, (turn, usage, previous)
+            assert local_usage.prompt_tokens_details.cached_tokens == before, "in-process: token-granular"
         previous = usage
         messages += [{"role": "assistant", "content": reply},
                      {"role": "user", "content": f"tell me more about turn {turn} please"}]
