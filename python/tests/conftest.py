@@ -27,6 +27,17 @@ profiles:
 {extra}"""
 
 
+def stop_process(proc):
+    """Ends a child process: SIGTERM, then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Daemon:
     def __init__(self, tmp_path, extra="", backend="host", head_dim=8):
         self.socket = str(tmp_path / "kvtierd.sock")
@@ -62,13 +73,7 @@ class Daemon:
         return kvtier.Client(socket=self.socket, **kw)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log_file.close()
 
 

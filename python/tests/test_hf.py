@@ -99,21 +99,29 @@ WORKER_MODEL = ["--set", "layers=2", "--set", "hidden=32", "--set", "heads=4", "
                 "--set", "head_dim=8", "--set", "intermediate=64", "--set", "seed=5"]
 
 
-def test_the_cpp_worker_and_python_compute_one_identity_for_one_model(daemon, tmp_path):
-    """The same weights give the same identity in the C++ worker and in Python,
-    so a Python worker and a C++ worker of one model share blocks."""
+def _worker_model(tmp_path):
+    """kvtier-worker (skips without it), the weights it saves for WORKER_MODEL, and its identity."""
     import os
     import subprocess
-
-    from safetensors.torch import load_file
 
     worker = os.environ.get("KVTIER_WORKER")
     if not worker:
         pytest.skip("built without the C++ model worker")
     weights = tmp_path / "w.safetensors"
     subprocess.run([worker, *WORKER_MODEL, "--save-weights", str(weights)], check=True, capture_output=True)
-    printed = subprocess.run([worker, *WORKER_MODEL, "--print-model-id"], check=True, capture_output=True,
-                             text=True).stdout.strip()
+    identity = subprocess.run([worker, *WORKER_MODEL, "--print-model-id"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    return worker, weights, identity
+
+
+def test_the_cpp_worker_and_python_compute_one_identity_for_one_model(daemon, tmp_path):
+    """The same weights give the same identity in the C++ worker and in Python,
+    so a Python worker and a C++ worker of one model share blocks."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    worker, weights, printed = _worker_model(tmp_path)
     ident = kvtier._native.ModelIdentity()
     for name, t in sorted(load_file(str(weights)).items()):
         ident.add_tensor(name, "F32", list(t.shape), t.contiguous().reshape(-1).view(torch.uint8).numpy())
@@ -255,16 +263,9 @@ def test_a_prefix_the_cpp_worker_committed_is_read_from_python(daemon, tmp_path)
     the same weights (and identity) loads that prefix and gets the logits of its
     own full pass: the C++ worker's cache is the Hugging Face model's. Under
     another identity the prefix is a miss."""
-    import os
     import subprocess
 
-    worker = os.environ.get("KVTIER_WORKER")
-    if not worker:
-        pytest.skip("built without the C++ model worker")
-    weights = tmp_path / "w.safetensors"
-    subprocess.run([worker, *WORKER_MODEL, "--save-weights", str(weights)], check=True, capture_output=True)
-    identity = subprocess.run([worker, *WORKER_MODEL, "--print-model-id"], check=True, capture_output=True,
-                              text=True).stdout.strip()
+    worker, weights, identity = _worker_model(tmp_path)
     tokens = [256] + list(b"kvtier shares one GPU tier between worker processes.")  # BOS + bytes: 53 tokens
     served = subprocess.run([worker, *WORKER_MODEL, "--cache", "kvtier", "--socket", daemon.socket,
                              "--prompt-tokens", ",".join(map(str, tokens)), "--prompt-session", "from-cpp",

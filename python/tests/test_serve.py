@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from conftest import stop_process
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -67,12 +68,7 @@ class Service:
             return e.code, json.loads(e.read())
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         self._log.close()
 
 
