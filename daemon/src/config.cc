@@ -461,6 +461,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients", &c.max_clients, 1, 1u << 20));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions", &c.max_sessions, 1, 1u << 28));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions_per_tenant", &c.max_sessions_per_tenant, 0, 1u << 28));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_session_blocks", &c.max_session_blocks, 0, 1u << 28));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_tenants", &c.max_tenants, 1, kMaxTenants));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_leases_per_client", &c.max_leases_per_client, 1, 1u << 24));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_blocks_per_request", &c.max_blocks_per_request, 1, 1u << 20));

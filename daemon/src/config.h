@@ -98,6 +98,7 @@ struct DaemonConfig {
   // Sessions per tenant and profile; a new one past it is refused. 0 (the
   // default): derived, see SessionsPerTenant.
   uint32_t max_sessions_per_tenant = 0;
+  uint32_t max_session_blocks = 0;  // Blocks one session may hold; 0 = no limit.
   // Tenant labels kvtierd remembers (each has its stats and metrics) when no
   // tenants: are configured and a Hello names its tenant freely: a Hello with
   // a new label past it is refused (resource_exhausted) unless a label with no

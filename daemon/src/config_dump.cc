@@ -91,6 +91,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  max_clients: " << c.max_clients << "\n"
     << "  max_sessions: " << c.max_sessions << "\n"
     << "  max_sessions_per_tenant: " << c.max_sessions_per_tenant << "\n"
+    << "  max_session_blocks: " << c.max_session_blocks << "\n"
     << "  max_tenants: " << c.max_tenants << "\n"
     << "  max_leases_per_client: " << c.max_leases_per_client << "\n"
     << "  max_blocks_per_request: " << c.max_blocks_per_request << "\n"
@@ -170,6 +171,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("limits.max_clients", std::to_string(c.max_clients), true);
   add("limits.max_sessions", std::to_string(c.max_sessions), false);
   add("limits.max_sessions_per_tenant", std::to_string(c.max_sessions_per_tenant), false);
+  add("limits.max_session_blocks", std::to_string(c.max_session_blocks), false);
   add("limits.max_tenants", std::to_string(c.max_tenants), true);
   add("limits.max_leases_per_client", std::to_string(c.max_leases_per_client), true);
   add("limits.max_blocks_per_request", std::to_string(c.max_blocks_per_request), false);

@@ -33,6 +33,7 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profi
   o.max_copy_batch = config.max_copy_batch;
   o.max_sessions = config.max_sessions;
   o.max_sessions_per_tenant = SessionsPerTenant(config);
+  o.max_session_blocks = config.max_session_blocks;
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.lease_timeout = std::chrono::milliseconds(config.lease_timeout_ms);
   o.name = shm_names::Domain(p.profile.name, tenant != nullptr ? tenant->name : std::string());

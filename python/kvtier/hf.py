@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from . import FailedPreconditionError, InvalidArgumentError, NotFoundError, UnavailableError
+from . import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError
 from ._native import ModelIdentity
 
 _log = logging.getLogger("kvtier.hf")
@@ -188,6 +188,9 @@ class PrefixCache:
             return self._store(session, input_ids, cache)
         except UnavailableError as e:
             _log.warning("kvtier: kvtierd is unavailable, this turn is not cached: %s", e)
+            return 0
+        except ResourceExhaustedError as e:  # A full tier or quota, or the session's length limit.
+            _log.warning("kvtier: this turn is not cached: %s", e)
             return 0
 
     def _load(self, session: str, input_ids):

@@ -287,3 +287,16 @@ def test_a_prefix_the_cpp_worker_committed_is_read_from_python(daemon, tmp_path)
 
     other = kvtier.hf.PrefixCache(daemon.client(model_id="ab" * 16), model)
     assert other.load("elsewhere", ids)[1] == 0
+
+
+@torch.no_grad()
+def test_a_session_past_the_daemons_length_limit_is_served_not_cached(make_daemon):
+    d = make_daemon("limits:\n  max_session_blocks: 2\n")
+    model = tiny_llama(seed=15)
+    cache = kvtier.hf.PrefixCache(d.client(model_id=kvtier.hf.model_identity(model)), model)
+    ids = prompt(70, 17)
+    out = model(ids, use_cache=True)
+    assert cache.store("long", ids, out.past_key_values) == 0  # 4 blocks > 2: refused, warned, no exception
+    assert cache.load("long", ids)[1] == 0
+    short = ids[:, :9]
+    assert cache.store("short", short, model(short, use_cache=True).past_key_values) == 2

@@ -187,3 +187,27 @@ def test_kvtierd_killed_mid_conversation_means_recomputing_not_failing(services)
     reply2, usage = chat(kv, messages)
     assert usage.prompt_tokens_details.cached_tokens == 0
     assert reply2 is not None
+
+
+def test_a_full_queue_answers_503_and_the_service_goes_on(services):
+    import threading
+
+    _, make = services
+    kv = make("kvtier", "--queue-limit", "1")
+    long_reply = {}
+
+    def long_request():
+        long_reply["status"] = kv.post(json.dumps({"model": "tiny-chat", "max_tokens": 1000, "temperature": 0,
+                                                   "messages": [{"role": "user", "content": "talk"}]}).encode())[0]
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.5)
+    if not t.is_alive():
+        pytest.skip("the long request ended (end of sequence) before the second was sent")
+    status, body = kv.post(json.dumps({"model": "tiny-chat", "max_tokens": 2,
+                                       "messages": [{"role": "user", "content": "me too"}]}).encode())
+    t.join()
+    assert status == 503 and body["error"]["code"] == "overloaded", body
+    assert long_reply["status"] == 200
+    assert chat(kv, [{"role": "user", "content": "and now?"}])[1].completion_tokens > 0

@@ -2650,6 +2650,35 @@ TEST_F(EngineTest, ModelsOfOneTenantNeverShareBlocks) {
   EXPECT_INVARIANTS();
 }
 
+// limits.max_session_blocks: a commit that would make a session longer is
+// refused whole (nothing of it published); up to the cap works as before.
+TEST_F(EngineTest, ASessionHoldsAtMostMaxSessionBlocks) {
+  EngineOptions o = Options(16, 16);
+  o.max_session_blocks = 3;
+  Start(o);
+  const Chain c = MakeChain(1, 4);
+  auto w = engine_->Allocate(tenant_, 4);
+  ASSERT_TRUE(w.ok());
+  auto r = engine_->Commit(w->id, tenant_, "long", BlockKey{}, 0, c.tokens, w->slots);
+  ASSERT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("limits.max_session_blocks (3)"), std::string::npos) << r.status().message();
+  EXPECT_EQ(Matched(c), 0u) << "nothing of it was published";
+  auto ok = engine_->Commit(w->id, tenant_, "long", BlockKey{}, 0, c.tokens_from(0).first(3 * kBt),
+                            std::span<const uint32_t>(w->slots).first(3));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->stored, 3u);
+  auto more = engine_->Commit(w->id, tenant_, "long", c.keys[2], 3, c.block(3),
+                              std::span<const uint32_t>(w->slots).subspan(3, 1));
+  EXPECT_EQ(more.status().code(), StatusCode::kResourceExhausted) << "the fourth block, on its own";
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  auto lease = Get("long", c);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 3u);
+  EXPECT_EQ(engine_->GetSession(tenant_, "long")->blocks, 3u);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_INVARIANTS();
+}
+
 // --- Clients' GPU work: nothing is reused, served or moved before it is done ------
 
 class EngineGpuWorkTest : public EngineTest {

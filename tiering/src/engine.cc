@@ -292,6 +292,11 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     if (start_block == 0 && !parent.IsNull()) return InvalidArgument("a commit at block 0 must have the null parent key");
   }
   KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
+  if (m.opt.max_session_blocks != 0 && start_block + n > m.opt.max_session_blocks) {
+    return ResourceExhausted("session '" + std::string(session_id) + "' would hold " + std::to_string(start_block + n) +
+                             " blocks, past limits.max_session_blocks (" + std::to_string(m.opt.max_session_blocks) +
+                             "): commit fewer, or start a new session");
+  }
   const Namespace key_ns = tenant.KeyNs();  // Keys are chained in the model's namespace.
   if (account.has_quota(Tier::kGpu)) {
     // New blocks count against the tenant's GPU quota; duplicates do not. The
@@ -395,7 +400,11 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   }
   m.Settle();  // Blocks whose writer finished by now are served.
   std::vector<uint32_t> recs;
-  const uint32_t matched = m.MatchRecords(tenant.ns, tenant.model, keys, tokens, &recs);
+  // A session never holds more than max_session_blocks, however long the prefix cached.
+  const size_t asked =
+      m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
+  const uint32_t matched =
+      m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
   // A session comes into being with its first block: an acquire that matches
   // nothing names none into being (it would cost the table an entry for no
   // block), while an existing session's chain becomes what matched.

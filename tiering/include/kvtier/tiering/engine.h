@@ -94,6 +94,10 @@ struct EngineOptions {
   // Sessions one tenant (namespace) may hold; 0 = no limit. A new session past
   // it is refused (kResourceExhausted), never made room for.
   uint32_t max_sessions_per_tenant = 0;
+  // Blocks one session's chain may hold; 0 = no limit. A commit past it is
+  // refused (kResourceExhausted), and an acquire leases (and names into the
+  // session) at most that many: one endless conversation cannot take a tier.
+  uint32_t max_session_blocks = 0;
   uint32_t max_blocks_per_request = 1 << 16;
   std::string name = "default";      // The profile's name: pool objects are shm_names::PoolObject(name, tier).
   // The index's segment label (shm_names::Index: "/<instance>.<profile>.index");
