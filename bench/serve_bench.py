@@ -34,9 +34,9 @@ backend: host
 log_level: warn
 profiles:
   - name: bench
-    layers: 4
-    kv_heads: 4
-    head_dim: 64
+    layers: {layers}
+    kv_heads: {kv_heads}
+    head_dim: {head_dim}
     dtype: fp32
     block_tokens: 16
     gpu_blocks: {blocks}
@@ -78,18 +78,26 @@ def main():
     p.add_argument("--user-words", type=int, default=40)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seed", type=int, default=int(time.time()) % 100000)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per service")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvtier-servebench-")
     model = os.path.join(tmp, "model")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_model.py"), model, "--layers", "4",
-                    "--hidden", "256", "--heads", "4", "--kv-heads", "4", "--head-dim", "64"], check=True,
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_model.py"), model,
+                    "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads", str(a.heads),
+                    "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim)], check=True,
                    capture_output=True, env=env)
     sock = os.path.join(tmp, "kvtierd.sock")
     cfg = os.path.join(tmp, "kvtierd.yaml")
     blocks = a.chats * (a.system_words + a.turns * (a.user_words + a.max_tokens + 16)) // 16 + 256
     with open(cfg, "w") as f:
-        f.write(CONFIG.format(instance="servebench-" + uuid.uuid4().hex[:8], socket=sock, blocks=blocks))
+        f.write(CONFIG.format(instance="servebench-" + uuid.uuid4().hex[:8], socket=sock, blocks=blocks,
+                              layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim))
     procs = [subprocess.Popen([a.kvtierd, "--config", cfg], stderr=open(os.path.join(tmp, "kvtierd.log"), "w"))]
     try:
         for _ in range(200):
@@ -101,7 +109,7 @@ def main():
         for mode in modes:
             port = free_port()
             proc = subprocess.Popen([sys.executable, "-m", "kvtier.serve", "--model", model, "--socket", sock,
-                                     "--cache", mode, "--port", str(port), "--threads", "1", "--log-level",
+                                     "--cache", mode, "--port", str(port), "--threads", str(a.threads), "--log-level",
                                      "warning"], env=env, stderr=open(os.path.join(tmp, f"serve-{mode}.log"), "w"))
             procs.append(proc)
             wait_http(f"http://127.0.0.1:{port}/health", proc, f"kvtier.serve --cache {mode}")
@@ -155,7 +163,8 @@ def main():
     result = {
         "bench": "serve_ttft", "chats": a.chats, "turns": a.turns, "follow_up_pairs": int(len(ms["kvtier"])),
         "history_words": a.system_words, "seed": a.seed,
-        "model": "llama 4 layers, hidden 256, fp32, CPU (1 thread per service)",
+        "model": f"llama {a.layers} layers, hidden {a.hidden}, {a.heads} heads ({a.kv_heads} kv) x {a.head_dim}, "
+                 f"fp32, CPU ({a.threads} thread(s) per service)",
         "ttft_ms": {m: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99))} for m, v in ms.items()},
         "kvtier_over_local": boot_ci(ms["kvtier"] / ms["local"], boot),
         "none_over_kvtier": boot_ci(ms["none"] / ms["kvtier"], boot),

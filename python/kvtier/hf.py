@@ -215,13 +215,15 @@ class PrefixCache:
             layers, kvh, hd = self.profile["layers"], self.profile["kv_heads"], self.profile["head_dim"]
             on_gpu = self.gpu and any(tier == "gpu" for tier, _ in lease.blocks)
             if not on_gpu:
-                # Host memory: one native pass copies every plane into the HF layout
-                # [kv_heads, seq, head_dim], then to the model's device if it is not the CPU.
-                planes = torch.empty(layers, 2, kvh, n * bt, hd, dtype=self.dtype)
-                lease.gather(planes.view(torch.uint8).numpy() if self.dtype == torch.bfloat16 else planes.numpy())
-                planes = planes.to(self.device, non_blocking=True)
+                # Host memory: a native pass per layer copies its two planes into the HF
+                # layout [kv_heads, seq, head_dim] (a buffer per layer stays small
+                # enough for malloc to reuse), then to the model's device if not the CPU.
                 for layer in range(layers):
-                    cache.update(planes[layer, 0].unsqueeze(0), planes[layer, 1].unsqueeze(0), layer)
+                    planes = torch.empty(2, kvh, n * bt, hd, dtype=self.dtype)
+                    lease.gather(planes.view(torch.uint8).numpy() if self.dtype == torch.bfloat16 else planes.numpy(),
+                                 layer, 1)
+                    planes = planes.to(self.device, non_blocking=True)
+                    cache.update(planes[0].unsqueeze(0), planes[1].unsqueeze(0), layer)
             else:
                 # GPU-tier blocks, read in place on torch's stream: one copy per plane
                 # straight into the HF layout [batch, kv_heads, seq, head_dim].

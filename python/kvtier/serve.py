@@ -370,6 +370,23 @@ def build_app(service: Service) -> FastAPI:
     return app
 
 
+def keep_freed_memory():
+    """As kvtier-worker does: by default glibc hands large freed blocks back to
+    the kernel, and every prefill then takes thousands of page faults to get
+    them back. Blocks past 32 MiB (glibc's ceiling) still come from mmap."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # malloc.h
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 1 << 30)
+        libc.mallopt(m_top_pad, 64 << 20)
+    except (OSError, AttributeError):  # Not glibc: nothing to tune.
+        pass
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kvtier.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a Hugging Face model directory (loaded offline)")
@@ -390,7 +407,11 @@ def main(argv=None):
     p.add_argument("--queue-limit", type=int, default=16, help="requests in progress or waiting before 503")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--log-level", default="info")
+    p.add_argument("--no-keep-memory", dest="keep_memory", action="store_false",
+                   help="let glibc return freed memory to the kernel between requests (the default keeps it)")
     a = p.parse_args(argv)
+    if a.keep_memory:
+        keep_freed_memory()
     logging.basicConfig(level=a.log_level.upper(), format="kvtier.serve: %(levelname)s: %(message)s")
     service = Service(a)
     service.prefix_cache()

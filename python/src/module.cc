@@ -175,16 +175,16 @@ uint64_t Address(std::byte* p) { return static_cast<uint64_t>(reinterpret_cast<u
 // A cudaStream_t / CUstream passed from Python as an int (torch: stream.cuda_stream).
 void* Stream(uint64_t s) { return reinterpret_cast<void*>(static_cast<uintptr_t>(s)); }
 
-// Copies the lease's blocks (in host memory) into `dst`, laid out as
-// [layers, 2 (K, V), kv_heads, blocks * block_tokens, head_dim]: Hugging
-// Face's [kv_heads, seq, head_dim] per plane, in one pass over the bytes.
-void GatherBlocks(const Lease& lease, const ModelProfile& p, std::byte* dst) {
+// Copies layers [first, first + count) of the lease's blocks (in host memory)
+// into `dst`, laid out as [count, 2 (K, V), kv_heads, blocks * block_tokens,
+// head_dim]: Hugging Face's [kv_heads, seq, head_dim] per plane, in one pass.
+void GatherBlocks(const Lease& lease, const ModelProfile& p, uint32_t first, uint32_t count, std::byte* dst) {
   const size_t n = lease.size(), bt = p.block_tokens, kvh = p.kv_heads;
   const size_t row = size_t{p.head_dim} * DTypeSize(p.dtype);  // One head of one token.
   const size_t seq = n * bt;
-  for (uint32_t layer = 0; layer < p.layers; ++layer) {
+  for (uint32_t layer = first; layer < first + count; ++layer) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
-      std::byte* plane = dst + (size_t{layer} * 2 + kv) * kvh * seq * row;
+      std::byte* plane = dst + (size_t{layer - first} * 2 + kv) * kvh * seq * row;
       for (size_t i = 0; i < n; ++i) {
         const std::byte* src = lease.block(i).data + p.PlaneOffset(layer, kv);
         for (size_t t = 0; t < bt; ++t) {
@@ -294,12 +294,17 @@ PYBIND11_MODULE(_native, m) {
           "backend (0 if the client did not open the GPU)")
       .def(
           "gather",
-          [](PyLease& l, const py::buffer& dst) {
+          [](PyLease& l, const py::buffer& dst, uint32_t first_layer, std::optional<uint32_t> layers) {
             CheckHeld(l.lease.id(), "the lease");
             const py::buffer_info info = dst.request(/*writable=*/true);
             const ModelProfile& p = l.profile;
+            const uint32_t count = layers.value_or(p.layers - std::min(first_layer, p.layers));
+            if (first_layer >= p.layers || count == 0 || count > p.layers - first_layer) {
+              throw py::value_error("gather: layers [" + std::to_string(first_layer) + ", +" + std::to_string(count) +
+                                    ") of a profile of " + std::to_string(p.layers));
+            }
             const size_t want =
-                2 * size_t{p.layers} * l.lease.size() * p.block_tokens * p.kv_heads * p.head_dim * DTypeSize(p.dtype);
+                2 * size_t{count} * l.lease.size() * p.block_tokens * p.kv_heads * p.head_dim * DTypeSize(p.dtype);
             if (!PyBuffer_IsContiguous(info.view(), 'C') || static_cast<size_t>(info.size * info.itemsize) != want) {
               throw py::value_error("gather needs a C-contiguous buffer of " + std::to_string(want) +
                                     " bytes: [layers, 2, kv_heads, blocks * block_tokens, head_dim]");
@@ -312,13 +317,14 @@ PYBIND11_MODULE(_native, m) {
               }
             }
             Unlocked([&] {
-              GatherBlocks(l.lease, p, static_cast<std::byte*>(info.ptr));
+              GatherBlocks(l.lease, p, first_layer, count, static_cast<std::byte*>(info.ptr));
               return 0;
             });
           },
-          py::arg("dst"),
-          "Copies every leased block into dst, a writable C-contiguous buffer laid out as "
-          "[layers, 2, kv_heads, blocks * block_tokens, head_dim] (Hugging Face's layout per plane), in one pass")
+          py::arg("dst"), py::arg("first_layer") = 0, py::arg("layers") = py::none(),
+          "Copies layers [first_layer, first_layer + layers) (default: all) of every leased block into dst, a "
+          "writable C-contiguous buffer laid out as [layers, 2, kv_heads, blocks * block_tokens, head_dim] "
+          "(Hugging Face's layout per plane), in one pass")
       .def(
           "wait_on_stream",
           [](PyLease& l, uint64_t stream, double host_timeout) {
