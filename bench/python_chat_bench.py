@@ -18,11 +18,9 @@ paired ratios with 95% bootstrap intervals; the last line is one JSON object.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 import numpy as np
 import torch
@@ -30,22 +28,8 @@ import transformers
 
 import kvtier
 import kvtier.hf
+from bench_kvtierd import start_kvtierd
 
-CONFIG = """\
-instance: {instance}
-socket: {socket}
-backend: host
-log_level: warn
-profiles:
-  - name: bench
-    layers: {layers}
-    kv_heads: {kv_heads}
-    head_dim: {head_dim}
-    dtype: fp32
-    block_tokens: 16
-    gpu_blocks: {gpu_blocks}
-    host_blocks: {host_blocks}
-"""
 
 
 def parse_args():
@@ -62,26 +46,6 @@ def parse_args():
     p.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="prompts' seed (default: from the clock)")
     p.add_argument("--warmup", type=int, default=1, help="turns per session left out of the figures")
     return p.parse_args()
-
-
-def start_daemon(binary, config_text, tmp):
-    sock = os.path.join(tmp, "kvtierd.sock")
-    path = os.path.join(tmp, "kvtierd.yaml")
-    with open(path, "w") as f:
-        f.write(config_text.replace("{socket}", sock))
-    log = open(os.path.join(tmp, "kvtierd.log"), "w")
-    proc = subprocess.Popen([binary, "--config", path], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            kvtier.Client(socket=sock, connect_timeout=0.2).ping()
-            return proc, sock
-        except kvtier.UnavailableError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("kvtierd did not start; see " + log.name)
 
 
 def bootstrap_median_ci(x, rng, n=2000):
@@ -104,9 +68,7 @@ def main():
     per_session_blocks = (a.history + a.turns * (a.user_tokens + a.reply_tokens)) // 16 + 2
     blocks = per_session_blocks * a.sessions + 64
     tmp = tempfile.mkdtemp(prefix="kvtier-pybench-")
-    text = CONFIG.format(instance="pybench-" + uuid.uuid4().hex[:10], socket="{socket}", layers=a.layers,
-                         kv_heads=heads, head_dim=64, gpu_blocks=blocks, host_blocks=blocks)
-    proc, sock = start_daemon(a.kvtierd, text, tmp)
+    proc, sock = start_kvtierd(a.kvtierd, tmp, a.layers, heads, 64, blocks)
     try:
         client = kvtier.Client(socket=sock, model_id=kvtier.hf.model_identity(model), client_name="python-bench")
         prefix = kvtier.hf.PrefixCache(client, model)

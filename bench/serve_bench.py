@@ -21,27 +21,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 
 import numpy as np
 import openai
+from bench_kvtierd import start_kvtierd
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-CONFIG = """\
-instance: {instance}
-socket: {socket}
-backend: host
-log_level: warn
-profiles:
-  - name: bench
-    layers: {layers}
-    kv_heads: {kv_heads}
-    head_dim: {head_dim}
-    dtype: fp32
-    block_tokens: 16
-    gpu_blocks: {blocks}
-    host_blocks: {blocks}
-"""
 
 
 def free_port():
@@ -92,18 +77,10 @@ def main():
                     "--layers", str(a.layers), "--hidden", str(a.hidden), "--heads", str(a.heads),
                     "--kv-heads", str(a.kv_heads), "--head-dim", str(a.head_dim)], check=True,
                    capture_output=True, env=env)
-    sock = os.path.join(tmp, "kvtierd.sock")
-    cfg = os.path.join(tmp, "kvtierd.yaml")
     blocks = a.chats * (a.system_words + a.turns * (a.user_words + a.max_tokens + 16)) // 16 + 256
-    with open(cfg, "w") as f:
-        f.write(CONFIG.format(instance="servebench-" + uuid.uuid4().hex[:8], socket=sock, blocks=blocks,
-                              layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim))
-    procs = [subprocess.Popen([a.kvtierd, "--config", cfg], stderr=open(os.path.join(tmp, "kvtierd.log"), "w"))]
+    daemon, sock = start_kvtierd(a.kvtierd, tmp, a.layers, a.kv_heads, a.head_dim, blocks)
+    procs = [daemon]
     try:
-        for _ in range(200):
-            if os.path.exists(sock):
-                break
-            time.sleep(0.05)
         modes = ["kvtier", "local", "none"]
         clients = {}
         for mode in modes:

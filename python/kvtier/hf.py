@@ -1,6 +1,6 @@
 """kvtier.hf: a prefix cache for Hugging Face transformers causal LMs.
 
-    cache = kvtier.hf.PrefixCache(client, model, tokenizer)
+    cache = kvtier.hf.PrefixCache(client, model)
     past, cached = cache.load("chat-1", input_ids)        # a DynamicCache of the longest cached prefix
     out = model(input_ids[:, cached:], past_key_values=past, use_cache=True)
     cache.store("chat-1", input_ids, out.past_key_values)  # commits the new full blocks
@@ -103,6 +103,8 @@ def _layer_kv(cache, layer: int):
     return cache.key_cache[layer], cache.value_cache[layer]
 
 
+# A profile dtype's torch dtype, and how __cuda_array_interface__ spells its elements (bf16 as its bits).
+_TORCH_DTYPE = {name: dtype for dtype, (name, _) in _DTYPES.items()}
 _TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
 
 
@@ -111,7 +113,7 @@ class _CudaBlock:
     torch.as_tensor reads it: [layers, 2, block_tokens, kv_heads, head_dim]."""
 
     def __init__(self, address: int, profile: dict):
-        e = {"fp32": 4, "fp16": 2, "bf16": 2}[profile["dtype"]]
+        e = _TORCH_DTYPE[profile["dtype"]].itemsize
         bt, kvh, hd = profile["block_tokens"], profile["kv_heads"], profile["head_dim"]
         plane = bt * kvh * hd * e
         self.__cuda_array_interface__ = {
@@ -129,9 +131,12 @@ def block_tensor(client, lease, i: int, writable: bool = False, device=None) -> 
     the profile's dtype. A GPU-tier block of a cuda-backend kvtierd is a CUDA
     tensor on `device` (default: the current one); others are CPU tensors over
     the shared memory. Valid while the lease is held."""
-    profile = client.profile
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[profile["dtype"]]
-    if client.backend == "cuda":
+    return _view(lease, i, writable, client.profile, client.backend == "cuda", device)
+
+
+def _view(lease, i, writable, profile, gpu, device):
+    dtype = _TORCH_DTYPE[profile["dtype"]]
+    if gpu:
         tier, address = ("gpu", lease.address(i)) if writable else lease.address(i)
         if tier == "gpu" and address:
             t = torch.as_tensor(_CudaBlock(address, profile), device=device or torch.device("cuda"))
@@ -143,7 +148,7 @@ def block_tensor(client, lease, i: int, writable: bool = False, device=None) -> 
 
 
 class PrefixCache:
-    def __init__(self, client, model, tokenizer=None):
+    def __init__(self, client, model):
         self.client = client
         self.model = model
         profile = client.profile
@@ -165,8 +170,9 @@ class PrefixCache:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
     def _block(self, lease, i: int, writable: bool) -> torch.Tensor:
+        # The profile and backend are this object's: no round of native calls per block.
         device = self.device if self.device.type == "cuda" else None
-        return block_tensor(self.client, lease, i, writable=writable, device=device)
+        return _view(lease, i, writable, self.profile, self.gpu, device)
 
     def load(self, session: str, input_ids):
         """A DynamicCache holding the longest cached prefix of input_ids (whole

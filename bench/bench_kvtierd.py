@@ -1,0 +1,47 @@
+"""The Python benchmarks' kvtierd: a host-backend daemon on one fp32 profile
+(16-token blocks), configured and started in a scratch directory."""
+
+import os
+import subprocess
+import time
+import uuid
+
+import kvtier
+
+CONFIG = """\
+instance: {instance}
+socket: {socket}
+backend: host
+log_level: warn
+profiles:
+  - name: bench
+    layers: {layers}
+    kv_heads: {kv_heads}
+    head_dim: {head_dim}
+    dtype: fp32
+    block_tokens: 16
+    gpu_blocks: {blocks}
+    host_blocks: {blocks}
+"""
+
+
+def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks):
+    """Starts kvtierd with `blocks` slots per tier; returns (process, socket) once it answers."""
+    sock = os.path.join(tmp, "kvtierd.sock")
+    path = os.path.join(tmp, "kvtierd.yaml")
+    with open(path, "w") as f:
+        f.write(CONFIG.format(instance="bench-" + uuid.uuid4().hex[:10], socket=sock, layers=layers,
+                              kv_heads=kv_heads, head_dim=head_dim, blocks=blocks))
+    log = open(os.path.join(tmp, "kvtierd.log"), "w")
+    proc = subprocess.Popen([binary, "--config", path], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            kvtier.Client(socket=sock, connect_timeout=0.2).ping()
+            return proc, sock
+        except kvtier.UnavailableError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("kvtierd did not start; see " + log.name)
