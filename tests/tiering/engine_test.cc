@@ -2871,3 +2871,169 @@ TEST_F(EngineGpuWorkTest, WorkThatNeverEndsExpiresWithTheLeaseTimeout) {
 
 }  // namespace
 }  // namespace kvtier::tiering
+
+// --- The stores below the host tier: blocks offered to them, blocks imported ----------
+
+namespace kvtier::tiering {
+namespace {
+
+struct Spilled {
+  BlockKey key, parent;
+  Namespace key_ns;
+  std::vector<TokenId> tokens;
+  std::vector<std::byte> payload;
+  bool dropped;
+};
+
+class EngineStoreTest : public EngineTest {
+ protected:
+  EngineOptions SpillOptions(uint32_t gpu_slots, uint32_t host_slots) {
+    EngineOptions o = Options(gpu_slots, host_slots);
+    o.on_spill = [this](const HostBlock& b) {
+      spilled_.push_back(Spilled{b.key,
+                                 b.parent,
+                                 b.key_ns,
+                                 {b.tokens.begin(), b.tokens.end()},
+                                 {b.payload.begin(), b.payload.end()},
+                                 b.dropped});
+    };
+    return o;
+  }
+  // The bytes of block `i` of `c`, as a store would hand them back.
+  std::vector<std::byte> Payload(const Chain& c, uint32_t i) const {
+    std::vector<std::byte> p(engine_->profile().BlockBytes());
+    FillBlock(p.data(), c.keys[i]);
+    return p;
+  }
+  void ExpectSpilledIs(const Spilled& s, const Chain& c, uint32_t i) const {
+    EXPECT_EQ(s.key, c.keys[i]);
+    EXPECT_EQ(s.parent, i == 0 ? BlockKey{} : c.keys[i - 1]);
+    EXPECT_EQ(s.key_ns, ns_);
+    EXPECT_EQ(s.tokens, std::vector<TokenId>(c.block(i).begin(), c.block(i).end()));
+    EXPECT_EQ(s.payload, Payload(c, i));
+  }
+  std::vector<Spilled> spilled_;
+};
+
+TEST_F(EngineStoreTest, BlocksLandingInTheHostTierAreOfferedOnceWithTheirBytes) {
+  Start(SpillOptions(8, 8));
+  const Chain c = MakeChain(1, 3);
+  Put("s", c);
+  EXPECT_TRUE(spilled_.empty()) << "blocks in the GPU tier are not offered";
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 3u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_EQ(spilled_.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(spilled_[i].dropped);
+    ExpectSpilledIs(spilled_[i], c, i);
+  }
+  // Promoted and demoted again: the stores have it already.
+  auto lease = Get("s", c);
+  ASSERT_TRUE(lease.ok());
+  ExpectLeaseHolds(*lease, c);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 3u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(spilled_.size(), 3u);
+  EXPECT_EQ(engine_->stats().spilled_blocks, 3u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineStoreTest, BlocksPressureDropsFromTheHostTierAreOfferedBeforeTheirSlotIsReused) {
+  Start(SpillOptions(4, 2));
+  const Chain a = MakeChain(1, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  spilled_.clear();
+  // b's demotion needs the host tier's two slots: a's blocks are dropped, tail first.
+  const Chain b = MakeChain(2, 2);
+  Put("b", b);
+  ASSERT_EQ(*engine_->Demote(tenant_, "b"), 2u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  std::vector<const Spilled*> dropped;
+  for (const Spilled& s : spilled_) {
+    if (s.dropped) dropped.push_back(&s);
+  }
+  ASSERT_EQ(dropped.size(), 2u);
+  ExpectSpilledIs(*dropped[0], a, 1);
+  ExpectSpilledIs(*dropped[1], a, 0);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineStoreTest, FetchedBlocksAreServedAndPromotedByTheAcquireThatBroughtThem) {
+  Start(SpillOptions(8, 8));
+  const Chain c = MakeChain(3, 4);
+  std::vector<std::vector<std::byte>> bytes;
+  for (uint32_t i = 0; i < 4; ++i) bytes.push_back(Payload(c, i));
+  FetchedBlocks fetched{0, {bytes.begin(), bytes.end()}};
+  auto lease = engine_->Acquire(tenant_, "s", c.keys, c.tokens, true, &fetched);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 4u);
+  EXPECT_EQ(lease->imported, 4u);
+  EXPECT_EQ(lease->promoted, 4u);
+  ExpectLeaseHolds(*lease, c);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 4));
+  EXPECT_EQ(engine_->stats().imported_blocks, 4u);
+  EXPECT_EQ(engine_->stats().hit_blocks, 0u) << "imported blocks are no cache hits";
+  // They came from a store: demoting them does not offer them back.
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_TRUE(spilled_.empty());
+  ExpectConsistent();
+}
+
+TEST_F(EngineStoreTest, FetchedBlocksContinueTheCachedPrefixUntilTheHostTierIsFull) {
+  Start(SpillOptions(8, 2));
+  const Chain c = MakeChain(4, 5);
+  Chain head = c;
+  head.tokens.resize(2 * kBt);
+  head.keys.resize(2);
+  Put("s", head);  // Blocks 0 and 1, in the GPU tier.
+  std::vector<std::vector<std::byte>> bytes;
+  for (uint32_t i = 1; i < 5; ++i) bytes.push_back(Payload(c, i));
+  // A fetch that started when only block 0 was cached: block 1 is skipped,
+  // and the host tier's two slots take blocks 2 and 3.
+  FetchedBlocks fetched{1, {bytes.begin(), bytes.end()}};
+  auto lease = engine_->Acquire(tenant_, "s", c.keys, c.tokens, /*promote=*/false, &fetched);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 4u);
+  EXPECT_EQ(lease->imported, 2u);
+  ExpectLeaseHolds(*lease, c);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(Tiers("s"), (std::vector<Tier>{Tier::kGpu, Tier::kGpu, Tier::kHost, Tier::kHost}));
+  ExpectConsistent();
+}
+
+TEST_F(EngineStoreTest, FetchedBlocksThatDoNotFitTheRequestOrThePoolAreLeftOut) {
+  Start(SpillOptions(8, 8));
+  const Chain c = MakeChain(5, 3);
+  std::vector<std::vector<std::byte>> bytes{Payload(c, 0), Payload(c, 1), Payload(c, 2)};
+  // Fetched for a longer prefix than is cached: they do not continue it.
+  FetchedBlocks late{1, {bytes.begin(), bytes.end()}};
+  auto lease = engine_->Acquire(tenant_, "s", c.keys, c.tokens, true, &late);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 0u);
+  // Blocks of another size than the pool's slots.
+  std::vector<std::byte> short_block(10);
+  FetchedBlocks wrong{0, {std::span<const std::byte>(short_block)}};
+  lease = engine_->Acquire(tenant_, "s", c.keys, c.tokens, true, &wrong);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 0u);
+  // Bytes for other tokens than the request's are published under the keys
+  // their tokens give, which are not the requested ones: nothing is served.
+  const Chain other = MakeChain(6, 3);
+  FetchedBlocks forged{0, {bytes.begin(), bytes.end()}};
+  lease = engine_->Acquire(tenant_, "s", c.keys, other.tokens, true, &forged);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched, 0u);
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
+  EXPECT_EQ(engine_->stats().imported_blocks, 0u);
+  ExpectConsistent();
+}
+
+}  // namespace
+}  // namespace kvtier::tiering

@@ -42,6 +42,7 @@ struct Record {
   BlockState state = BlockState::kFree;
   bool doomed = false;       // Out of the index; freed when its copy completes or its last reader goes.
   bool writing = false;      // A client's GPU is still writing it: not served, not moved (pinned).
+  bool spilled = false;      // Offered to the stores as landed (or imported from one): not offered again.
   bool checksummed = false;  // `checksum` holds the host-tier payload's XXH3 (warm restart).
   uint64_t checksum = 0;
   TenantAccount* tenant = nullptr;  // Its namespace and `model` recompute the key (warm restart).

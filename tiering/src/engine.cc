@@ -20,6 +20,7 @@ void Engine::Impl::MaybeFree(uint32_t r, FreeReason why) {
   const Record& rec = blocks[r];
   if (rec.held() || rec.doomed) return;
   const BlockKey key = rec.key;
+  if (why == FreeReason::kPressure && opt.on_spill && rec.ReadyIn(Tier::kHost)) Spill(r, /*dropped=*/true);
   blocks.Unpublish(r);
   ++changes;
   const bool dropped = why == FreeReason::kPressure;
@@ -391,7 +392,7 @@ bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> key
 }
 
 Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session_id, std::span<const BlockKey> keys,
-                                  std::span<const TokenId> tokens, bool promote) {
+                                  std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched) {
   Impl& m = *impl_;
   if (keys.size() > m.opt.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
   if (tokens.size() != keys.size() * m.bt()) {
@@ -403,16 +404,22 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   // A session never holds more than max_session_blocks, however long the prefix cached.
   const size_t asked =
       m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
-  const uint32_t matched =
-      m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
+  uint32_t matched = m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
+
   // A session comes into being with its first block: an acquire that matches
   // nothing names none into being (it would cost the table an entry for no
   // block), while an existing session's chain becomes what matched.
   const bool existing = !session_id.empty() && m.FindSession(tenant, session_id) != nullptr;
+  uint32_t imported = 0;
+  if (fetched != nullptr && (existing || session_id.empty() || m.CheckNewSession(tenant, session_id).ok())) {
+    // Published unheld: the session's references or the lease below take them.
+    imported = m.ImportFetched(tenant, keys.first(asked), tokens.first(asked * m.bt()), *fetched, recs);
+    matched += imported;
+  }
   const bool into_session = existing || (!session_id.empty() && matched > 0);
   if (into_session && !existing) KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
   ++m.clock;
-  m.st.hit_blocks += matched;
+  m.st.hit_blocks += matched - imported;
   m.st.miss_blocks += keys.size() - matched;
   if (into_session) {
     // Take the new references before making the session (making one may evict
@@ -464,6 +471,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   // were cancelled and those blocks are leased where they are.
   ReadLease out;
   out.matched = matched;
+  out.imported = imported;
   uint64_t wait_seq = 0;
   for (uint32_t r : lease.records) {
     const Record& rec = m.blocks[r];

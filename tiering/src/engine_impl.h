@@ -7,6 +7,7 @@
 //   session_table.h  sessions by (tenant, id), the eviction order, priorities
 //   reclaim.h        making room: demote coldest, drop, watermarks, quota room
 //   gpu_work.cc      what waits for clients' GPU work: released leases, commits
+//   store_io.cc      the stores below the host tier: blocks offered to them, blocks imported
 //   warm_restart.cc  saving and adopting the host tier across restarts
 //   engine_check.h   the invariant checker (tests)
 //   engine.cc        creation and the request API
@@ -79,8 +80,14 @@ struct Settling {
 
 struct Engine::Impl {
   Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
-      : opt(o), backend(b), blocks(std::move(index), o.gpu_slots, o.host_slots), sessions(std::move(policy)),
-        mover(b, pools, blocks), reclaim(*this) {}
+      : opt(o),
+        backend(b),
+        blocks(std::move(index), o.gpu_slots, o.host_slots),
+        sessions(std::move(policy)),
+        mover(b, pools, blocks),
+        reclaim(*this) {
+    if (opt.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
+  }
 
   EngineOptions opt;
   Backend& backend;
@@ -152,6 +159,16 @@ struct Engine::Impl {
   void EndLease(Lease& lease);
   // Counts a lease as ended (read_leases / write_leases).
   void CountEnded(const Lease& lease);
+
+  // --- The stores below the host tier (store_io.cc) ----------------------------------
+  // Offers host-tier block `r` to on_spill: landed (once per stay: `spilled`)
+  // or dropped. REQUIRES: r ready in the host tier.
+  void Spill(uint32_t r, bool dropped);
+  // Publishes in the host tier the fetched blocks that continue `recs` (the
+  // verified prefix of `keys` that is cached) and appends them to `recs`,
+  // unheld: the caller holds or frees each in the same call. Returns how many.
+  uint32_t ImportFetched(const Tenant& tenant, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                         const FetchedBlocks& fetched, std::vector<uint32_t>& recs);
 
   // --- Clients' GPU work (gpu_work.cc) ---------------------------------------------
   // Frees `slots` (off `tenant`'s leased count) and unpins `records` now, or,

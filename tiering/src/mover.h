@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -52,6 +53,9 @@ class Mover {
   uint32_t copies_in_flight() const;  // Blocks in submitted batches.
   uint64_t demoted() const { return demoted_; }    // Copies gpu->host applied.
   uint64_t promoted() const { return promoted_; }  // Copies host->gpu applied.
+  // Called with each block a completed demotion left in the host tier (not
+  // doomed, not cancelled), as Poll applies it.
+  void OnLanded(std::function<void(uint32_t r)> landed) { landed_ = std::move(landed); }
 
  private:
   struct Batch {
@@ -70,6 +74,7 @@ class Mover {
   uint32_t demoting_ = 0;
   uint64_t demoted_ = 0;
   uint64_t promoted_ = 0;
+  std::function<void(uint32_t r)> landed_;
 };
 
 }  // namespace kvtier::tiering

@@ -73,6 +73,21 @@ struct TenantUsage {
   uint32_t sessions = 0;
 };
 
+// A block whose bytes sit in the host tier, offered to the stores below it
+// (EngineOptions::on_spill). The spans point into the engine's index and host
+// pool: valid during the call only.
+struct HostBlock {
+  BlockKey key;
+  BlockKey parent;
+  Namespace key_ns;  // The namespace its key is chained in (its tenant's and model's).
+  std::span<const TokenId> tokens;
+  std::span<const std::byte> payload;
+  // False: it has just landed in the host tier (a demotion completed), the
+  // first time since it was committed or imported. True: pressure is dropping
+  // it from the host tier; its slot is reused once the call returns.
+  bool dropped = false;
+};
+
 struct EngineOptions {
   ModelProfile profile;
   uint32_t gpu_slots = 0;
@@ -110,6 +125,11 @@ struct EngineOptions {
   // Called whenever a block leaves the cache: `dropped` is true when pressure
   // (watermarks, a full tier) pushed it out, false when its last holder let go.
   std::function<void(const BlockKey& key, bool dropped)> on_free;
+  // Called on the engine's thread with each block that lands in the host tier
+  // and each block that pressure drops from it (HostBlock::dropped): what a
+  // tier of stores below the host tier writes through or back. It must not
+  // call the engine, nor keep the spans.
+  std::function<void(const HostBlock& block)> on_spill;
   // Per-tenant quotas. The GPU quota counts a tenant's GPU blocks and the slots
   // of its write leases. A tenant at its GPU quota that allocates (or commits
   // new blocks) has its own coldest GPU blocks demoted (or, failing that,
@@ -142,6 +162,7 @@ struct ReadLease {
   std::vector<BlockLocation> blocks;    // The leased prefix (<= matched), in order.
   Fence fence;                          // Completes when every promoted block has landed.
   uint32_t promoted = 0;                // Blocks whose host->gpu copy this lease waits for.
+  uint32_t imported = 0;                // Of `matched`: placed from FetchedBlocks.
 };
 
 // What one ExpireLeases call revoked.
@@ -162,6 +183,14 @@ struct GpuWork {
   uint64_t watch = 0;   // 0: no GPU work to wait for (host backend, or done).
   uint64_t client = 0;  // Whose event it is (ClientGone).
   bool none() const { return watch == 0; }
+};
+
+// Blocks a store below the host tier returned for an Acquire (their records
+// verified by the caller): payloads[i] holds the bytes of block start + i of
+// the acquired keys (each the host pool's slot size).
+struct FetchedBlocks {
+  uint32_t start = 0;  // The cached prefix the fetch continued (what Match said).
+  std::vector<std::span<const std::byte>> payloads;
 };
 
 struct CommitResult {
@@ -234,6 +263,8 @@ struct EngineStats {
   uint32_t gpu_work_pending = 0;           // Released leases and commits waiting for a client's GPU work.
   uint64_t expired_gpu_work = 0;           // Given back unfinished after the lease timeout.
   uint64_t unfinished_writes_dropped = 0;  // Blocks dropped: their writer went away (or failed) mid-write.
+  uint64_t imported_blocks = 0;            // Placed in the host tier from a store (Acquire's FetchedBlocks).
+  uint64_t spilled_blocks = 0;             // Offered to on_spill (landed or dropped).
   uint64_t warm_adopted_blocks = 0;  // Host blocks taken over from the previous run.
   uint64_t warm_dropped_blocks = 0;  // Blocks the previous run's manifest listed that failed a check.
   uint64_t warm_adopted_sessions = 0;
@@ -342,8 +373,15 @@ class Engine {
   // blocks and waits (up to 200 ms per copy batch) for them to land; a daemon
   // asks AcquireNeedsRoom first and retries later instead, so that it never
   // waits here.
+  // With `fetched`, the blocks a store holds after the cached prefix are
+  // placed in the host tier first (where the prefix still reaches their
+  // start; those cached by now are skipped), and then served as if they had
+  // been cached: keys recomputed from the prefix in the tenant's key
+  // namespace, host-tier room made as for a demotion (the coldest host blocks
+  // go; within the tenant's host quota), the rest left out when none can be made.
   Result<ReadLease> Acquire(const Tenant& tenant, std::string_view session, std::span<const BlockKey> keys,
-                            std::span<const TokenId> tokens, bool promote = true);
+                            std::span<const TokenId> tokens, bool promote = true,
+                            const FetchedBlocks* fetched = nullptr);
   // True if an Acquire of `keys` now would wait for GPU slots to promote its
   // host-tier blocks into, which demotions in flight (scheduled here if
   // needed) will free: the caller retries it after Poll applied copies. When

@@ -1,0 +1,80 @@
+// The engine's side of the stores below the host tier: host-tier blocks
+// offered to them (on_spill) and blocks fetched from them placed in the host
+// tier (Import). The stores themselves (tiering/stores) know nothing of the engine.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "engine_impl.h"
+
+namespace kvtier::tiering {
+
+void Engine::Impl::Spill(uint32_t r, bool dropped) {
+  Record& rec = blocks[r];
+  if (!dropped && rec.spilled) return;
+  rec.spilled = true;
+  const Pool& host = *pools[Tier::kHost];
+  HostBlock b;
+  b.key = rec.key;
+  b.parent = blocks.index().parent(r);
+  b.key_ns = rec.key_ns();
+  b.tokens = std::span<const TokenId>(blocks.index().tokens(r), bt());
+  b.payload = std::span<const std::byte>(host.slot_data(rec.slot), host.slot_bytes());
+  b.dropped = dropped;
+  ++st.spilled_blocks;
+  opt.on_spill(b);
+}
+
+uint32_t Engine::Impl::ImportFetched(const Tenant& tenant, std::span<const BlockKey> keys,
+                                     std::span<const TokenId> tokens, const FetchedBlocks& fetched,
+                                     std::vector<uint32_t>& recs) {
+  const auto cached = static_cast<uint32_t>(recs.size());
+  // The cached prefix must reach the fetch's start; blocks cached since are skipped.
+  if (cached < fetched.start || cached >= fetched.start + fetched.payloads.size()) return 0;
+  const Pool& host = *pools[Tier::kHost];
+  const size_t n = std::min(keys.size() - cached, fetched.payloads.size() - (cached - fetched.start));
+  const std::span<const std::span<const std::byte>> payloads =
+      std::span(fetched.payloads).subspan(cached - fetched.start, n);
+  for (const auto& p : payloads) {
+    if (p.size() != host.slot_bytes()) return 0;  // Not this pool's blocks.
+  }
+  TenantAccount& account = tenants.Get(tenant);
+  // Host-tier room, as for a demotion: the tenant's own coldest host blocks
+  // under its host quota, else anyone's coldest. The prefix is pinned meanwhile.
+  for (uint32_t r : recs) ++blocks[r].readers;
+  if (const uint32_t room = account.Room(Tier::kHost); n > room) {
+    reclaim.DropFromTier(Tier::kHost, static_cast<uint32_t>(n) - room, &account);
+  }
+  if (const uint32_t free = slots(Tier::kHost).free_count(); n > free) {
+    reclaim.DropFromTier(Tier::kHost, static_cast<uint32_t>(n) - free);
+  }
+  for (uint32_t r : recs) --blocks[r].readers;
+
+  // Keys are the tenant's own, recomputed: a fetched block is published under
+  // the key its parent and tokens give, whatever the request said.
+  std::vector<BlockKey> computed(n);
+  const BlockKey parent = cached == 0 ? BlockKey{} : keys[cached - 1];
+  ComputeKeys(tenant.KeyNs(), parent, tokens.subspan(size_t{cached} * bt(), n * bt()), bt(), computed);
+  const uint32_t tag = NamespaceTag(tenant.KeyNs());
+  uint32_t imported = 0;
+  BlockKey prev = parent;
+  std::vector<uint32_t> found(1);
+  for (size_t i = 0; i < n; ++i) {
+    if (computed[i] != keys[cached + i]) break;
+    if (blocks.index().FindPrefix(std::span<const BlockKey>(&computed[i], 1), tag, found) != 0) break;
+    if (slots(Tier::kHost).free_count() == 0 || account.Room(Tier::kHost) == 0) break;
+    const uint32_t slot = slots(Tier::kHost).Allocate();
+    std::memcpy(host.slot_data(slot), payloads[i].data(), host.slot_bytes());
+    const std::span<const TokenId> block_tokens = tokens.subspan((cached + i) * bt(), bt());
+    const uint32_t r = blocks.Publish(computed[i], prev, block_tokens, account, tenant.model, Tier::kHost, slot);
+    blocks[r].spilled = true;  // It came from a store: not offered back as landed.
+    recs.push_back(r);
+    prev = computed[i];
+    ++imported;
+  }
+  st.imported_blocks += imported;
+  if (imported > 0) ++changes;
+  return imported;
+}
+
+}  // namespace kvtier::tiering
