@@ -73,6 +73,8 @@ size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId
   return att->index.LongestPrefix(BlockKey{}, keys, NamespaceTag(att->welcome.ns), tokens, tiers);
 }
 
+bool Client::StoresBelow() const { return (core_->attachment()->index.header().flags & kIndexFlagStoresBelow) != 0; }
+
 Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote) {
   const auto att = core_->attachment();
   const std::vector<BlockKey> keys = KeysOn(*att, tokens, BlockKey{});

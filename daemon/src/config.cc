@@ -17,127 +17,10 @@
 #include <set>
 #include <sstream>
 
+#include "config_section.h"
+
 namespace kvtier::daemon {
 namespace {
-
-// Walks a YAML mapping, remembering which keys were read, so unknown ones are errors.
-class Section {
- public:
-  Section(const YAML::Node& node, std::string path, std::string source)
-      : node_(node), path_(std::move(path)), source_(std::move(source)) {}
-
-  Status Error(std::string_view key, const std::string& what) const {
-    return InvalidArgument(source_ + ": " + Join(key) + ": " + what);
-  }
-  std::string Join(std::string_view key) const {
-    return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
-  }
-
-  YAML::Node Get(const char* key) {
-    seen_.insert(key);
-    return node_[key];
-  }
-
-  template <typename T>
-  Status Read(const char* key, T* out, T lo, T hi) {
-    YAML::Node n = Get(key);
-    if (!n) return Status::Ok();
-    try {
-      if constexpr (std::is_same_v<T, double>) {
-        const double v = n.as<double>();
-        if (!(v >= lo && v <= hi)) return Error(key, "must be in [" + Fmt(lo) + ", " + Fmt(hi) + "], got " + n.Scalar());
-        *out = v;
-      } else {
-        const auto v = n.as<long long>();
-        if (v < static_cast<long long>(lo) || v > static_cast<long long>(hi)) {
-          return Error(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + n.Scalar());
-        }
-        *out = static_cast<T>(v);
-      }
-    } catch (const YAML::Exception&) {
-      return Error(key, "expected a number, got '" + (n.IsScalar() ? n.Scalar() : std::string("a ") + Kind(n)) + "'");
-    }
-    return Status::Ok();
-  }
-
-  Status ReadString(const char* key, std::string* out, std::initializer_list<const char*> allowed = {}) {
-    YAML::Node n = Get(key);
-    if (!n) return Status::Ok();
-    if (!n.IsScalar()) return Error(key, std::string("expected a string, got a ") + Kind(n));
-    const std::string v = n.Scalar();
-    if (allowed.size() != 0) {
-      bool ok = false;
-      std::string list;
-      for (const char* a : allowed) {
-        ok = ok || v == a;
-        list += (list.empty() ? "" : ", ") + std::string(a);
-      }
-      if (!ok) return Error(key, "'" + v + "' is not one of " + list);
-    }
-    *out = v;
-    return Status::Ok();
-  }
-
-  Status ReadBool(const char* key, bool* out) {
-    YAML::Node n = Get(key);
-    if (!n) return Status::Ok();
-    const std::string v = n.IsScalar() ? n.Scalar() : std::string();
-    if (v == "true") {
-      *out = true;
-    } else if (v == "false") {
-      *out = false;
-    } else {
-      return Error(key, "expected true or false, got '" + (n.IsScalar() ? v : std::string("a ") + Kind(n)) + "'");
-    }
-    return Status::Ok();
-  }
-
-  Status ReadBytes(const char* key, uint64_t* out) {
-    YAML::Node n = Get(key);
-    if (!n) return Status::Ok();
-    if (!n.IsScalar()) return Error(key, "expected a size such as 512MiB");
-    auto v = ParseByteSize(n.Scalar());
-    if (!v.ok()) return Error(key, v.status().message());
-    *out = *v;
-    return Status::Ok();
-  }
-
-  // Declares the keys this section may hold and fails on any other, first, so a
-  // typo is reported as itself rather than as the key it was meant to be.
-  Status Known(std::initializer_list<const char*> keys) {
-    for (const char* k : keys) seen_.insert(k);
-    return CheckUnknown();
-  }
-
-  Status CheckUnknown() const {
-    if (!node_.IsMap()) return Status::Ok();
-    for (const auto& kv : node_) {
-      const std::string k = kv.first.Scalar();
-      if (!seen_.count(k)) {
-        std::string known;
-        for (const auto& s : seen_) known += (known.empty() ? "" : ", ") + s;
-        return Error(k, "unknown key (known here: " + known + ")");
-      }
-    }
-    return Status::Ok();
-  }
-
-  static const char* Kind(const YAML::Node& n) {
-    return n.IsMap() ? "mapping" : n.IsSequence() ? "sequence" : n.IsNull() ? "null" : "scalar";
-  }
-
- private:
-  static std::string Fmt(double v) {
-    std::ostringstream o;
-    o << v;
-    return o.str();
-  }
-
-  YAML::Node node_;
-  std::string path_;
-  std::string source_;
-  std::set<std::string> seen_;
-};
 
 Status ParseProfile(const YAML::Node& node, const std::string& path, const std::string& source, ProfileConfig* out) {
   if (!node.IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
@@ -497,6 +380,9 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
     if (YAML::Node a = top.Get("access")) KVTIER_RETURN_IF_ERROR(ParseAccess(a, source, &c.access));
     if (YAML::Node t = top.Get("tenants")) {
       if (!t.IsNull()) KVTIER_RETURN_IF_ERROR(ParseTenants(t, source, &c.tenants));
+    }
+    if (YAML::Node st = top.Get("stores")) {
+      if (!st.IsNull()) KVTIER_RETURN_IF_ERROR(ParseStores(st, source, &c.stores));
     }
     KVTIER_RETURN_IF_ERROR(CheckIsolatedPools(c, source));
     KVTIER_RETURN_IF_ERROR(top.CheckUnknown());

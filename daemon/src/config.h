@@ -67,6 +67,37 @@ struct TenantConfig {
   friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
 };
 
+// One store below the host tier (stores.tiers[i]); fetches ask them in order.
+struct StoreTierConfig {
+  std::string kind;            // disk | redis
+  bool write_through = false;  // write: through (blocks landing in the host tier) | back (blocks dropped from it)
+  // kind: disk
+  std::string path;
+  uint64_t max_bytes = 0;
+  bool direct_io = true;
+  // kind: redis
+  std::vector<std::string> nodes;  // "host:port"; a cluster's seed nodes
+  bool cluster = false;
+  std::string user;           // ACL user; empty: the default user
+  std::string password_file;  // The password is read from it at start: the YAML never holds it.
+  uint32_t ttl_s = 0;         // 0: values never expire
+  uint32_t connect_timeout_ms = 200;
+  uint32_t timeout_ms = 500;
+  friend bool operator==(const StoreTierConfig&, const StoreTierConfig&) = default;
+};
+
+// The stores below the host tier (stores:). Not reloadable.
+struct StoresConfig {
+  std::vector<StoreTierConfig> tiers;
+  // An Acquire whose prefix goes on past the local tiers waits at most this
+  // long for the stores (its connection's later requests wait behind it;
+  // every other client is served meanwhile), then is answered from the local tiers.
+  uint32_t fetch_budget_ms = 100;
+  std::string key_prefix = "kvtier:";          // Of every key kvtierd writes to a store.
+  uint64_t queue_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most; past it they are skipped.
+  friend bool operator==(const StoresConfig&, const StoresConfig&) = default;
+};
+
 struct DaemonConfig {
   std::string instance = "kvtier";  // Shared-memory names: /<instance>.<profile>.{gpu,host,index}, /<instance>.fences
   std::string socket_path = "/run/kvtier/kvtierd.sock";
@@ -127,6 +158,8 @@ struct DaemonConfig {
   // box where every allowed peer is trusted alike). Otherwise peers map to the
   // tenant listing their uid or a gid, else to "default".
   std::vector<TenantConfig> tenants;
+
+  StoresConfig stores;
 
   // Field by field; DumpConfig then ParseConfig gives back an equal config.
   friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;

@@ -122,6 +122,29 @@ std::string DumpConfig(const DaemonConfig& c) {
       << "    host_blocks: " << t.host_blocks << "\n"
       << "    isolated: " << (t.isolated ? "true" : "false") << "\n";
   }
+  const StoresConfig& st = c.stores;
+  o << "stores:\n"
+    << "  fetch_budget_ms: " << st.fetch_budget_ms << "\n"
+    << "  key_prefix: " << (st.key_prefix.empty() ? "\"\"" : YamlString(st.key_prefix)) << "\n"
+    << "  queue_bytes: " << st.queue_bytes << "\n"
+    << "  tiers:" << (st.tiers.empty() ? " []" : "") << "\n";
+  for (const StoreTierConfig& t : st.tiers) {
+    o << "    - kind: " << t.kind << "\n"
+      << "      write: " << (t.write_through ? "through" : "back") << "\n";
+    if (t.kind == "disk") {
+      o << "      path: " << YamlString(t.path) << "\n"
+        << "      max_bytes: " << t.max_bytes << "\n"
+        << "      direct_io: " << (t.direct_io ? "true" : "false") << "\n";
+    } else {
+      o << "      nodes: " << IdList(t.nodes) << "\n"
+        << "      cluster: " << (t.cluster ? "true" : "false") << "\n"
+        << "      user: " << (t.user.empty() ? "\"\"" : YamlString(t.user)) << "\n"
+        << "      password_file: " << (t.password_file.empty() ? "\"\"" : YamlString(t.password_file)) << "\n"
+        << "      ttl_s: " << t.ttl_s << "\n"
+        << "      connect_timeout_ms: " << t.connect_timeout_ms << "\n"
+        << "      timeout_ms: " << t.timeout_ms << "\n";
+    }
+  }
   return o.str();
 }
 
@@ -198,6 +221,25 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     add(k + "gpu_blocks", std::to_string(t.gpu_blocks), false);
     add(k + "host_blocks", std::to_string(t.host_blocks), false);
     add(k + "isolated", t.isolated ? "true" : "false", false);
+  }
+  add("stores.fetch_budget_ms", std::to_string(c.stores.fetch_budget_ms), false);
+  add("stores.key_prefix", "\"" + c.stores.key_prefix + "\"", false);
+  add("stores.queue_bytes", std::to_string(c.stores.queue_bytes), false);
+  for (size_t i = 0; i < c.stores.tiers.size(); ++i) {
+    const StoreTierConfig& t = c.stores.tiers[i];
+    const std::string k = "stores.tiers[" + std::to_string(i) + "].";
+    add(k + "kind", t.kind, false);
+    add(k + "write", t.write_through ? "through" : "back", false);
+    add(k + "path", t.path, false);
+    add(k + "max_bytes", std::to_string(t.max_bytes), false);
+    add(k + "direct_io", t.direct_io ? "true" : "false", false);
+    add(k + "nodes", IdList(t.nodes), false);
+    add(k + "cluster", t.cluster ? "true" : "false", false);
+    add(k + "user", t.user, false);
+    add(k + "password_file", t.password_file, false);
+    add(k + "ttl_s", std::to_string(t.ttl_s), false);
+    add(k + "connect_timeout_ms", std::to_string(t.connect_timeout_ms), false);
+    add(k + "timeout_ms", std::to_string(t.timeout_ms), false);
   }
   return out;
 }

@@ -717,8 +717,9 @@ Status Server::Start() {
     if (!loopback) LogWarn("metrics: " + bound + " is not a loopback address; /metrics has no authentication");
   }
 
-  // Copy completions arrive on the backend's thread: hand them to the loop, once.
-  m.service.backend().SetCompletionNotifier([&m] {
+  // Copy completions arrive on the backend's thread, and fetches from the
+  // stores on theirs: hand them to the loop, once.
+  auto wake = [&m] {
     if (!m.poll_posted.exchange(true)) {
       asio::post(m.io, [&m] {
         m.poll_posted.store(false);
@@ -726,7 +727,9 @@ Status Server::Start() {
         m.ResumeParked();
       });
     }
-  });
+  };
+  m.service.backend().SetCompletionNotifier(wake);
+  m.service.SetWakeup(wake);
   return Status::Ok();
 }
 
@@ -748,6 +751,7 @@ int Server::Run() {
   notify::Ready(m.status);
   RunLoop(m.io, m.config.busy_poll_us, [&m] { return m.service.CopiesInFlight(); });
   m.service.backend().SetCompletionNotifier(nullptr);
+  m.service.SetWakeup(nullptr);
   LogInfo("stopped");
   return 0;
 }

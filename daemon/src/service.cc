@@ -10,6 +10,7 @@
 
 #include "backend_factory.h"
 #include "log.h"
+#include "store_factory.h"
 
 namespace kvtier::daemon {
 
@@ -20,6 +21,13 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   auto backend = CreateBackend(config);
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
+  Service* raw = svc.get();
+  auto chain = OpenStores(config.stores, [raw] {
+    std::lock_guard<std::mutex> lock(raw->wake_mu_);
+    if (raw->wake_) raw->wake_();
+  });
+  if (!chain.ok()) return chain.status();
+  svc->stores_ = std::move(chain).value();
   for (size_t p = 0; p < config.profiles.size(); ++p) {
     // The shared engine first, then one per isolated tenant (engine_set.h).
     std::vector<std::string> domains{""};
@@ -30,6 +38,15 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
       tiering::EngineOptions options = EngineOptionsFor(config, p, tenant);
       svc->warm_.BeforeEngine(config, options.name);
       options.warm_restart = svc->warm_.enabled();
+      if (stores::StoreChain* chain = svc->stores_.get()) {
+        // Blocks landing in the host tier and dropped from it go to the stores.
+        options.stores_below = true;
+        const uint64_t fingerprint = options.profile.Fingerprint();
+        options.on_spill = [chain, fingerprint](const tiering::HostBlock& b) {
+          chain->Offer(stores::BlockRecordHeader{fingerprint, b.key, b.parent, b.key_ns}, b.tokens, b.payload,
+                       b.dropped);
+        };
+      }
       const std::string who = DescribeEngine(config.profiles[p].profile.name, tenant);
       auto engine = Engine::Create(options, *svc->backend_);
       if (!engine.ok()) return Status(engine.status().code(), who + ": " + engine.status().message());
@@ -51,8 +68,18 @@ Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
 }
 
 Service::~Service() {
-  engines_.Clear();  // Engines before the backend they use.
+  engines_.Clear();  // Engines before the backend they use, and the stores they offer blocks to.
+  stores_.reset();   // Writes what is queued (for a bounded time).
   backend_.reset();
+}
+
+void Service::SetWakeup(std::function<void()> wake) {
+  std::lock_guard<std::mutex> lock(wake_mu_);
+  wake_ = std::move(wake);
+}
+
+std::vector<stores::StoreStats> Service::StoreStatsNow() const {
+  return stores_ != nullptr ? stores_->stats() : std::vector<stores::StoreStats>{};
 }
 
 std::string Service::Describe() const {
@@ -142,6 +169,8 @@ void Service::Disconnect(ClientState& c) {
     tenants_.Disconnect(c.tenant);
     backend_->ForgetClient(c.id);  // Its events, each closed with its last watch.
   }
+  if (c.fetch && stores_ != nullptr) stores_->CancelFetch(c.fetch->id);
+  c.fetch.reset();
   c.leases.clear();
   c.welcomed = false;
 }
@@ -384,13 +413,21 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   Engine& e = EngineOf(c);
+  if (stores_ != nullptr && WaitForStores(c, m, e)) return Reply::Deferred();
   if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens, c.model)) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are
     // readable there) rather than wait for room on this thread.
     promote = false;
   }
-  auto r = e.Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote);
+  tiering::FetchedBlocks fetched;
+  std::optional<ClientState::StoreFetch> fetch = std::move(c.fetch);
+  c.fetch.reset();
+  if (fetch && fetch->result && fetch->result->blocks() > 0) {
+    fetched.start = fetch->start;
+    fetched.payloads = fetch->result->payloads;
+  }
+  auto r = e.Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote, fetched.payloads.empty() ? nullptr : &fetched);
   if (!r.ok()) return r.status();
   if (r->id != 0) c.leases.insert(r->id);
   wire::AcquireResponse out;
@@ -401,6 +438,46 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   out.blocks.reserve(r->blocks.size());
   for (const auto& b : r->blocks) out.blocks.push_back(wire::BlockLoc{b.tier, b.slot});
   return Reply{std::move(out)};
+}
+
+bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engine& e) {
+  const auto now = std::chrono::steady_clock::now();
+  if (c.fetch) {
+    if (c.fetch->result) return false;  // Came already; the Acquire waited for GPU room since.
+    if (auto result = stores_->TakeFetch(c.fetch->id)) {
+      c.fetch->result = std::move(result);
+      counters_.store_fetched_blocks += c.fetch->result->blocks();
+      return false;
+    }
+    if (now < c.fetch->deadline) return true;
+    // Past stores.fetch_budget_ms: served from the local tiers, the late result discarded.
+    stores_->CancelFetch(c.fetch->id);
+    c.fetch.reset();
+    ++counters_.store_fetch_timeouts;
+    LogLimited(LogLevel::kWarn, "store fetch timeout",
+               "a fetch from the stores took longer than stores.fetch_budget_ms (" +
+                   std::to_string(config_.stores.fetch_budget_ms) + " ms): answered from the local tiers");
+    return false;
+  }
+  const ModelProfile& profile = e.profile();
+  const uint32_t bt = profile.block_tokens;
+  if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
+  size_t want = m.keys.size();
+  if (config_.max_session_blocks != 0) want = std::min<size_t>(want, config_.max_session_blocks);
+  const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model);
+  if (matched >= want) return false;
+  stores::FetchRequest r;
+  r.profile_fingerprint = profile.Fingerprint();
+  r.payload_bytes = profile.BlockBytes();
+  r.block_tokens = bt;
+  r.key_ns = KeyNamespace(c.ns, c.model);
+  r.parent = matched == 0 ? BlockKey{} : m.keys[matched - 1];
+  r.keys.assign(m.keys.begin() + matched, m.keys.begin() + static_cast<std::ptrdiff_t>(want));
+  r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
+  c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)), matched,
+                                    now + std::chrono::milliseconds(config_.stores.fetch_budget_ms), std::nullopt};
+  ++counters_.store_fetches;
+  return true;
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
@@ -620,7 +697,7 @@ std::string Service::StatusLine() const {
 }
 
 StatsView Service::View(std::vector<std::string> tenants) const {
-  return StatsView(counters_, *backend_, engines_, std::move(tenants), access_);
+  return StatsView(counters_, *backend_, engines_, std::move(tenants), access_, StoreStatsNow());
 }
 
 std::string Service::RenderMetrics() const { return RenderPrometheus(View(KnownTenants())); }

@@ -13,8 +13,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -24,6 +26,7 @@
 #include "access.h"
 #include "config.h"
 #include "engine_set.h"
+#include "kvtier/stores/store_chain.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
@@ -52,6 +55,17 @@ struct ClientState {
   std::optional<std::chrono::steady_clock::time_point> waiting_for_room;
   // It used a lease the lease timeout had revoked, and the log said so.
   bool told_lease_expired = false;
+  // The Acquire it waits on asked the stores below the host tier for the
+  // blocks after its cached prefix (`start` of them): fetch `id`, wanted until
+  // `deadline` (stores.fetch_budget_ms). `result` holds it once it came, while
+  // the Acquire still waits for GPU room.
+  struct StoreFetch {
+    uint64_t id = 0;
+    uint32_t start = 0;
+    std::chrono::steady_clock::time_point deadline;
+    std::optional<stores::FetchResult> result;
+  };
+  std::optional<StoreFetch> fetch;
 };
 
 // What a request gets.
@@ -107,6 +121,10 @@ class Service {
   // expires priorities and enforces watermarks on every engine.
   void Tick();
   void Poll();
+  // `wake` is called (from another thread) when something a deferred request
+  // waits for came (a store's fetch): the caller then handles deferred
+  // requests again. Set it before serving; nullptr before the Service goes.
+  void SetWakeup(std::function<void()> wake);
   // Copies are running on some engine (the host backend's copy thread then
   // needs the CPU more than a busy-polling event loop does).
   bool CopiesInFlight() const;
@@ -205,11 +223,24 @@ class Service {
   // What the figures are read from, reporting the tenants in `tenants`.
   StatsView View(std::vector<std::string> tenants) const;
 
+  // For an Acquire with stores below the host tier: the fetch it waits for,
+  // started if its prefix goes on past the local tiers. Returns true while the
+  // Acquire should wait for it (deferred); false when it is answered now, with
+  // whatever came (c.fetch->result) or without (none started, or the budget ran out).
+  bool WaitForStores(ClientState& c, const wire::AcquireRequest& m, tiering::Engine& e);
+  // The stores' figures (empty without stores).
+  std::vector<stores::StoreStats> StoreStatsNow() const;
+
   // The engine serving client `c` (its tenant's, in its profile).
   tiering::Engine& EngineOf(const ClientState& c) { return *engines_[c.engine].engine; }
 
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
+  // Before the engines, whose on_spill offers it blocks; after them at
+  // destruction (~Service), so that it writes what they offered last.
+  std::unique_ptr<stores::StoreChain> stores_;
+  std::mutex wake_mu_;
+  std::function<void()> wake_;  // Guarded by wake_mu_.
   EngineSet engines_;
   WarmRestart warm_;
   uint64_t instance_id_ = 0;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "store_factory.h"
+
 namespace kvtier::daemon {
 namespace {
 
@@ -49,6 +51,8 @@ void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
   sum.gpu_work_pending += s.gpu_work_pending;
   sum.expired_gpu_work += s.expired_gpu_work;
   sum.unfinished_writes_dropped += s.unfinished_writes_dropped;
+  sum.imported_blocks += s.imported_blocks;
+  sum.spilled_blocks += s.spilled_blocks;
   sum.warm_adopted_blocks += s.warm_adopted_blocks;
   sum.warm_dropped_blocks += s.warm_dropped_blocks;
   sum.warm_adopted_sessions += s.warm_adopted_sessions;
@@ -88,6 +92,15 @@ Value Copied(const StatsView& v, const StatPoint& at) {
 }
 
 Value One(const StatsView&, const StatPoint&) { return 1; }
+
+template <auto Field>
+Value Store(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.stores[at.store].*Field);
+}
+template <auto Field>
+Value StoreSeconds(const StatsView& v, const StatPoint& at) {
+  return static_cast<double>(v.stores[at.store].*Field) / 1e6;
+}
 
 Value Uptime(const StatsView& v, const StatPoint&) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - v.counters.started).count();
@@ -157,6 +170,14 @@ constexpr StatRow kStats[] = {
   {"room_wait_timeouts", "kvtier_room_wait_timeouts_total", Type::kCounter,
    "Of those, answered after the wait limit without the room (Allocate failed or dropped; Acquire leased "
    "host-tier blocks in place)", S::kDaemon, kNoLabel, &Counter<&C::room_wait_timeouts>},
+  {"store_fetches", "kvtier_store_fetches_total", Type::kCounter,
+   "Acquires whose prefix went on past the local tiers and asked the stores below them", S::kDaemon, kNoLabel,
+   &Counter<&C::store_fetches>},
+  {"store_fetch_timeouts", "kvtier_store_fetch_timeouts_total", Type::kCounter,
+   "Of those, answered from the local tiers after stores.fetch_budget_ms without the stores' answer", S::kDaemon,
+   kNoLabel, &Counter<&C::store_fetch_timeouts>},
+  {"store_fetched_blocks", "kvtier_store_fetched_blocks_total", Type::kCounter,
+   "Verified blocks the stores returned to those fetches", S::kDaemon, kNoLabel, &Counter<&C::store_fetched_blocks>},
   {"errors", nullptr, Type::kCounter, "Requests answered with an error", S::kDaemon, kNoLabel, &Counter<&C::errors>},
   {"gpu_commits_without_writer_event", "kvtier_gpu_commits_without_writer_event_total", Type::kCounter,
    "Commits on the cuda backend that carried no writer event (WriteLease::RecordWritten): nothing orders their "
@@ -220,6 +241,12 @@ constexpr StatRow kStats[] = {
   {"allocation_failures", "kvtier_allocation_failures_total", Type::kCounter,
    "Allocate requests refused for want of GPU slots (in the tier, or under the tenant's gpu quota)", S::kProfile,
    kNoLabel, &Engine<&E::allocation_failures>},
+  {"imported_blocks", "kvtier_imported_blocks_total", Type::kCounter,
+   "Blocks fetched from a store below the host tier and placed in it", S::kProfile, kNoLabel,
+   &Engine<&E::imported_blocks>},
+  {"spilled_blocks", "kvtier_spilled_blocks_total", Type::kCounter,
+   "Host-tier blocks offered to the stores (landed there, or dropped from there)", S::kProfile, kNoLabel,
+   &Engine<&E::spilled_blocks>},
   {"warm_adopted_blocks", "kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
    S::kProfile, kNoLabel, &Engine<&E::warm_adopted_blocks>},
   {"warm_dropped_blocks", "kvtier_warm_dropped_blocks", Type::kGauge,
@@ -250,6 +277,43 @@ constexpr StatRow kStats[] = {
    &Copied<&tiering::CopyStats::busy_seconds>},
   {nullptr, "kvtier_copy_batches_total", Type::kCounter, "Copy batches the copy engine completed, by direction",
    S::kDirection, kNoLabel, &Copied<&tiering::CopyStats::batches>},
+
+  // The stores below the host tier (stores.tiers), each once for the daemon.
+  {"store.{store}.hit_blocks", "kvtier_store_blocks_total", Type::kCounter,
+   "Blocks asked of a store below the host tier, by result (hit: fetched and verified)", S::kStore,
+   {"result", "hit"}, &Store<&stores::StoreStats::hit_blocks>},
+  {"store.{store}.miss_blocks", "kvtier_store_blocks_total", Type::kCounter, nullptr, S::kStore, {"result", "miss"},
+   &Store<&stores::StoreStats::miss_blocks>},
+  {"store.{store}.corrupt_records", "kvtier_store_verify_failures_total", Type::kCounter,
+   "Records a store returned that failed verification (never served), by reason", S::kStore,
+   {"reason", "corrupt"}, &Store<&stores::StoreStats::corrupt>},
+  {"store.{store}.foreign_records", "kvtier_store_verify_failures_total", Type::kCounter, nullptr, S::kStore,
+   {"reason", "foreign"}, &Store<&stores::StoreStats::foreign>},
+  {"store.{store}.fetched_bytes", "kvtier_store_bytes_total", Type::kCounter,
+   "Bytes read from and written to a store, by direction", S::kStore, {"direction", "fetch"},
+   &Store<&stores::StoreStats::fetched_bytes>},
+  {"store.{store}.put_bytes", "kvtier_store_bytes_total", Type::kCounter, nullptr, S::kStore, {"direction", "put"},
+   &Store<&stores::StoreStats::put_bytes>},
+  {"store.{store}.put_blocks", "kvtier_store_put_blocks_total", Type::kCounter, "Blocks written to a store",
+   S::kStore, kNoLabel, &Store<&stores::StoreStats::put_blocks>},
+  {"store.{store}.fetches", "kvtier_store_calls_total", Type::kCounter,
+   "Fetches that asked a store, and Put calls (batches) written to it, by direction", S::kStore,
+   {"direction", "fetch"}, &Store<&stores::StoreStats::fetches>},
+  {"store.{store}.puts", "kvtier_store_calls_total", Type::kCounter, nullptr, S::kStore, {"direction", "put"},
+   &Store<&stores::StoreStats::puts>},
+  {"store.{store}.fetch_seconds", "kvtier_store_seconds_total", Type::kCounter,
+   "Seconds spent in a store's calls, by direction (divide by kvtier_store_calls_total for the mean)", S::kStore,
+   {"direction", "fetch"}, &StoreSeconds<&stores::StoreStats::fetch_us>},
+  {"store.{store}.put_seconds", "kvtier_store_seconds_total", Type::kCounter, nullptr, S::kStore,
+   {"direction", "put"}, &StoreSeconds<&stores::StoreStats::put_us>},
+  {"store.{store}.errors", "kvtier_store_errors_total", Type::kCounter,
+   "A store's calls that failed (unreachable, timed out, refused); the daemon went on without it", S::kStore,
+   kNoLabel, &Store<&stores::StoreStats::errors>},
+  {"store.{store}.put_dropped", "kvtier_store_put_dropped_total", Type::kCounter,
+   "Blocks not written to a store: stores.queue_bytes were waiting already", S::kStore, kNoLabel,
+   &Store<&stores::StoreStats::put_dropped>},
+  {"store.{store}.queued_bytes", "kvtier_store_queued_bytes", Type::kGauge, "Bytes waiting to be written to a store",
+   S::kStore, kNoLabel, &Store<&stores::StoreStats::queued_bytes>},
 
   {nullptr, "kvtier_rpc_duration_seconds", Type::kHistogram,
    "Time from a request's decoded frame to its reply queued for sending, by request type", S::kRequestType, kNoLabel,
@@ -335,6 +399,12 @@ std::vector<StatPoint> Points(const StatsView& v, StatScope scope, size_t profil
         out.push_back(at);
       }
       break;
+    case S::kStore:
+      for (size_t i = 0; i < v.stores.size(); ++i) {
+        at.store = i;
+        out.push_back(at);
+      }
+      break;
   }
   return out;
 }
@@ -345,11 +415,12 @@ void Replace(std::string& s, std::string_view placeholder, std::string_view valu
 }
 
 // A row's cachectl name at `at`: "{tier}_slots" -> "gpu_slots".
-std::string NameAt(const StatRow& row, const StatPoint& at) {
+std::string NameAt(const StatsView& v, const StatRow& row, const StatPoint& at) {
   std::string name = row.name;
   Replace(name, "{tier}", TierName(at.tier));
   if (at.tenant != nullptr) Replace(name, "{tenant}", at.tenant->empty() ? "-" : *at.tenant);
   Replace(name, "{direction}", DirectionName(at.direction));
+  if (at.store < v.store_names.size()) Replace(name, "{store}", v.store_names[at.store]);
   return name;
 }
 
@@ -386,6 +457,10 @@ Labels LabelsAt(const StatsView& v, const StatRow& row, const StatPoint& at) {
     case S::kRequestType:
       out.emplace_back("type", wire::MessageTypeName(at.type));
       break;
+    case S::kStore:
+      out.emplace_back("store", v.store_names[at.store]);
+      out.emplace_back("kind", v.stores[at.store].kind);
+      break;
   }
   if (row.label.first != nullptr) out.emplace_back(row.label.first, row.label.second);
   return out;
@@ -398,8 +473,9 @@ bool SameFamily(const StatRow& a, const StatRow& b) {
 }  // namespace
 
 StatsView::StatsView(const ServiceCounters& c, const tiering::Backend& b, const EngineSet& e,
-                     std::vector<std::string> t, const AccessPolicy& a)
-    : counters(c), backend(b), engines(e), tenants(std::move(t)), access(a) {
+                     std::vector<std::string> t, const AccessPolicy& a, std::vector<stores::StoreStats> s)
+    : counters(c), backend(b), engines(e), tenants(std::move(t)), access(a), stores(std::move(s)) {
+  store_names = StoreNames(stores);
   engine_stats.resize(engines.profiles());
   for (const EngineMember& m : engines) Accumulate(engine_stats[m.profile], m.engine->stats());
 }
@@ -416,7 +492,7 @@ std::vector<std::pair<std::string, double>> StatsList(const StatsView& view, siz
       for (size_t i = begin; i < end; ++i) {
         const StatRow& row = rows[i];
         if (row.name == nullptr || row.value == nullptr) continue;
-        if (const Value v = row.value(view, at)) out.emplace_back(NameAt(row, at), *v);
+        if (const Value v = row.value(view, at)) out.emplace_back(NameAt(view, row, at), *v);
       }
     }
   }

@@ -30,6 +30,7 @@
 
 #include "access.h"
 #include "engine_set.h"
+#include "kvtier/stores/store_chain.h"
 #include "kvtier/tier.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
@@ -54,6 +55,9 @@ struct ServiceCounters {
   uint64_t errors = 0;               // Of those, answered with an ErrorResponse.
   uint64_t room_waits = 0;           // Requests deferred for GPU room.
   uint64_t room_wait_timeouts = 0;   // Of those, answered after kRoomWaitLimit without it.
+  uint64_t store_fetches = 0;        // Acquires that asked the stores below the host tier.
+  uint64_t store_fetch_timeouts = 0;  // Of those, answered without them after stores.fetch_budget_ms.
+  uint64_t store_fetched_blocks = 0;  // Verified blocks the fetches brought (the engines imported those that fit).
   // Commits on the cuda backend without a writer event: nothing orders their
   // blocks' demotions after the worker's GPU writes.
   uint64_t gpu_commits_without_writer_event = 0;
@@ -69,7 +73,7 @@ struct ServiceCounters {
 struct StatsView {
   // Reads every engine's stats() once. REQUIRES: the references outlive the view.
   StatsView(const ServiceCounters& counters, const tiering::Backend& backend, const EngineSet& engines,
-            std::vector<std::string> tenants, const AccessPolicy& access);
+            std::vector<std::string> tenants, const AccessPolicy& access, std::vector<stores::StoreStats> stores = {});
 
   const ServiceCounters& counters;
   const tiering::Backend& backend;
@@ -80,6 +84,8 @@ struct StatsView {
   std::vector<tiering::EngineStats> engine_stats;
   std::vector<std::string> tenants;                // The tenants whose figures are reported.
   const AccessPolicy& access;                      // Their quotas.
+  std::vector<stores::StoreStats> stores;          // The stores below the host tier, in chain order.
+  std::vector<std::string> store_names;            // Theirs in names and labels (StoreNames).
 };
 
 // What a row is reported over: one figure, or one per point of these dimensions.
@@ -92,6 +98,7 @@ enum class StatScope : uint8_t {
   kTenant,       // Per profile and tenant (profile, tenant); the name holds "{tenant}". Its engine's.
   kDirection,    // Per copy direction, for the backend's copy engine (direction); "{direction}".
   kRequestType,  // Per request type answered so far (type).
+  kStore,        // Per store below the host tier (store); the name holds "{store}".
 };
 
 // Where one figure is read: which profile, tier, tenant, direction or request
@@ -102,6 +109,7 @@ struct StatPoint {
   const std::string* tenant = nullptr;
   CopyDirection direction = CopyDirection::kGpuToHost;
   wire::MessageType type{};
+  size_t store = 0;
 };
 
 struct StatRow {

@@ -102,8 +102,10 @@ Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const
   // Nothing cached (the shared index says so without a round trip): skip the
   // Acquire. The commit after decoding starts the session's chain at block 0.
   // A probe racing a writer can miss a block Acquire would find; that costs a
-  // recomputation, never a wrong byte.
-  if (keys.empty() || c.ProbeKeys(std::span<const BlockKey>(keys).first(1), full.first(block_tokens_)) == 0) {
+  // recomputation, never a wrong byte. With stores below the host tier the
+  // index does not know all kvtierd can find: the Acquire is made.
+  if (keys.empty() ||
+      (!c.StoresBelow() && c.ProbeKeys(std::span<const BlockKey>(keys).first(1), full.first(block_tokens_)) == 0)) {
     matched_blocks = 0;
     kv.length = 0;
     return Lease{};

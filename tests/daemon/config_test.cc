@@ -154,6 +154,59 @@ TEST(ConfigTest, SessionsPerTenantIsDerivedWhenZero) {
   EXPECT_EQ(SessionsPerTenant(c), 1u) << "never 0 (which would mean none)";
 }
 
+TEST(ConfigTest, StoresBelowTheHostTierParseDumpAndNameTheirMistakes) {
+  const std::string stores = R"(stores:
+  fetch_budget_ms: 80
+  key_prefix: "team-a:"
+  queue_bytes: 64MiB
+  tiers:
+    - kind: disk
+      path: /var/cache/kvtier
+      max_bytes: 8GiB
+    - kind: redis
+      nodes: [10.0.0.1:7000, 10.0.0.2:7000]
+      cluster: true
+      user: kvtier
+      password_file: /etc/kvtier/redis.password
+      ttl_s: 3600
+)";
+  auto c = ParseConfig(std::string(kMinimal) + stores, "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->stores.tiers.size(), 2u);
+  EXPECT_EQ(c->stores.fetch_budget_ms, 80u);
+  EXPECT_EQ(c->stores.key_prefix, "team-a:");
+  EXPECT_EQ(c->stores.queue_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(c->stores.tiers[0].kind, "disk");
+  EXPECT_FALSE(c->stores.tiers[0].write_through) << "a disk store writes back by default";
+  EXPECT_EQ(c->stores.tiers[0].max_bytes, uint64_t{8} << 30);
+  EXPECT_TRUE(c->stores.tiers[1].write_through) << "a remote store writes through by default";
+  EXPECT_EQ(c->stores.tiers[1].nodes, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7000"}));
+  EXPECT_TRUE(c->stores.tiers[1].cluster);
+  auto again = ParseConfig(DumpConfig(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << DumpConfig(*c);
+  EXPECT_EQ(*again, *c);
+  EXPECT_TRUE(PlanReload(*c, *ParseConfig(kMinimal, "t")).applied.empty()) << "stores are not reloadable";
+
+  auto err = [&](const std::string& tiers) { return ErrorOf(std::string(kMinimal) + "stores:\n  tiers:\n" + tiers); };
+  EXPECT_NE(err("    - kind: tape\n").find("stores.tiers[0].kind: 'tape' is not one of disk, redis"),
+            std::string::npos);
+  EXPECT_NE(err("    - kind: disk\n      max_bytes: 1GiB\n").find("stores.tiers[0].path: is required"),
+            std::string::npos);
+  EXPECT_NE(err("    - kind: disk\n      path: /x\n").find("stores.tiers[0].max_bytes: is required"),
+            std::string::npos);
+  EXPECT_NE(err("    - kind: redis\n      nodes: [localhost]\n").find("'localhost' is not host:port"),
+            std::string::npos);
+  EXPECT_NE(err("    - kind: redis\n      nodes: [a:1]\n      password: hunter2\n").find("password: unknown key"),
+            std::string::npos)
+      << "the secret never sits in the YAML";
+  EXPECT_NE(err("    - kind: disk\n      path: /x\n      max_bytes: 1GiB\n    - kind: disk\n      path: /x\n"
+                "      max_bytes: 1GiB\n")
+                .find("another disk store's"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "stores:\n  fetch_budget: 5\n").find("stores.fetch_budget: unknown key"),
+            std::string::npos);
+}
+
 TEST(ConfigTest, SyntaxErrorsGiveALine) {
   const std::string e = ErrorOf("profiles: [\n  - {name: p\n");
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;

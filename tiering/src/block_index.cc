@@ -187,4 +187,6 @@ void BlockIndex::WriteRow(uint32_t record, const BlockKey& parent_key, std::span
   for (size_t i = 0; i < toks.size(); ++i) StoreRelaxed(r[kRowHeaderWords + i], toks[i]);
 }
 
+void BlockIndex::SetFlags(uint32_t flags) { header_->flags = flags; }
+
 }  // namespace kvtier::tiering

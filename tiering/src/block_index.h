@@ -42,6 +42,8 @@ class BlockIndex {
   // the caller needs no per-record tag check); returns how many were found. Each
   // hit's row is prefetched as soon as it is found, for the caller's RowMatches.
   size_t FindPrefix(std::span<const BlockKey> keys, uint32_t ns_tag, std::span<uint32_t> records) const;
+  // Sets IndexHeader::flags (kIndexFlag*). Before clients map the index.
+  void SetFlags(uint32_t flags);
   // Starts loading the home slot of `key` into cache.
   void Prefetch(const BlockKey& key) const { __builtin_prefetch(&table_[HomeSlot(key, geometry_.table_slots)]); }
 

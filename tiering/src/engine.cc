@@ -180,6 +180,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   const uint32_t max_records = o.gpu_slots + o.host_slots;
   auto index = BlockIndex::Create(o.index_segment, o.profile.block_tokens, max_records, o.profile.Fingerprint());
   if (!index.ok()) return index.status();
+  if (o.stores_below) index->SetFlags(kIndexFlagStoresBelow);
   auto impl = std::make_unique<Impl>(o, backend, std::move(index).value(), policy ? std::move(policy) : MakeLruPolicy());
   KVTIER_RETURN_IF_ERROR(impl->tenants.SetQuotas(o.quotas));
   const size_t bytes = o.profile.BlockBytes();
@@ -445,7 +446,11 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     for (uint32_t r : recs) ++m.blocks[r].readers;
     if (to_promote > m.slots(Tier::kGpu).free_count()) {
       m.reclaim.MakeGpuRoom(to_promote);
-      m.reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
+      // Blocks a store brought are never waited for: without room for every
+      // promotion, the prefix is leased where it is (the demotions just
+      // scheduled make room for the next turn).
+      if (fetched == nullptr) m.reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
+      if (fetched != nullptr && to_promote > m.slots(Tier::kGpu).free_count()) promote = false;
     }
     // Under a GPU quota, the tenant's colder GPU blocks make way.
     TenantAccount& account = m.tenants.Get(tenant);

@@ -286,6 +286,9 @@ class Client {
   // round trip, pins nothing). Fills `tiers` per cached block when non-empty.
   size_t Probe(std::span<const TokenId> tokens, std::span<Tier> tiers = {}) const;
   size_t ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId> tokens, std::span<Tier> tiers = {}) const;
+  // True when kvtierd has stores below its host tier (disk, remote): they may
+  // hold blocks a Probe misses, so a miss is no reason to skip Acquire.
+  bool StoresBelow() const;
 
   // Leases the longest cached prefix of the full blocks of `tokens`; with a
   // session name, the session now holds that prefix. `promote`: copy host-tier

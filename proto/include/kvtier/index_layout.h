@@ -33,6 +33,9 @@ inline constexpr uint64_t kIndexMagic = 0x5844494b56544b31ULL;  // "1KTVKIDX"
 inline constexpr uint32_t kShmAbiVersion = 1;
 inline constexpr uint32_t kNoRecord = 0xffffffffu;
 
+// IndexHeader::flags: stores below the host tier may hold blocks this index
+// lacks, so a probe's miss is no reason to skip asking the daemon (Acquire).
+inline constexpr uint32_t kIndexFlagStoresBelow = 1u << 0;
 
 struct IndexHeader {
   uint64_t magic;
@@ -44,7 +47,7 @@ struct IndexHeader {
   uint32_t block_tokens;
   uint32_t table_slots;     // Power of two.
   uint32_t max_records;
-  uint32_t reserved0;
+  uint32_t flags;  // kIndexFlag*; set by the daemon before the first client maps it.
   uint64_t table_offset;
   uint64_t tokens_offset;
   uint64_t entries;         // Written by the daemon (relaxed); informational.

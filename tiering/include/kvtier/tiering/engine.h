@@ -130,6 +130,10 @@ struct EngineOptions {
   // tier of stores below the host tier writes through or back. It must not
   // call the engine, nor keep the spans.
   std::function<void(const HostBlock& block)> on_spill;
+  // Stores below the host tier may hold blocks the index lacks: the index
+  // says so to clients (kIndexFlagStoresBelow), so that a worker whose probe
+  // misses still asks (Acquire) instead of recomputing at once.
+  bool stores_below = false;
   // Per-tenant quotas. The GPU quota counts a tenant's GPU blocks and the slots
   // of its write leases. A tenant at its GPU quota that allocates (or commits
   // new blocks) has its own coldest GPU blocks demoted (or, failing that,
@@ -379,6 +383,8 @@ class Engine {
   // been cached: keys recomputed from the prefix in the tenant's key
   // namespace, host-tier room made as for a demotion (the coldest host blocks
   // go; within the tenant's host quota), the rest left out when none can be made.
+  // Such an Acquire never waits for GPU room: when the GPU tier lacks free
+  // slots for every promotion, it leases the prefix where it is.
   Result<ReadLease> Acquire(const Tenant& tenant, std::string_view session, std::span<const BlockKey> keys,
                             std::span<const TokenId> tokens, bool promote = true,
                             const FetchedBlocks* fetched = nullptr);

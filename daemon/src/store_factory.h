@@ -1,0 +1,27 @@
+// Store creation: the stores below the host tier (stores.tiers), opened from
+// the configuration, in one StoreChain that every engine of kvtierd shares.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "kvtier/status.h"
+#include "kvtier/stores/store_chain.h"
+
+namespace kvtier::daemon {
+
+// The chain of the configured stores (nullptr when none are configured), its
+// fetches reported to `notify` (called on the chain's I/O thread). A store
+// that cannot be opened (a disk directory that cannot be made, a password
+// file that cannot be read, a malformed node) fails the start with an error
+// naming its configuration key; a Redis server that is down is not an error
+// (the store answers as down and reconnects).
+Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify);
+
+// The stores' names in metrics and cachectl, in chain order: their kind
+// ("disk", "remote"), numbered when two are of one kind ("disk0", "disk1").
+std::vector<std::string> StoreNames(const std::vector<stores::StoreStats>& stats);
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,275 @@
+// StoreChain: the order stores are asked in, verification of what they return,
+// write routing and the bound on queued writes. The stores here keep their
+// values in memory (an honest BlockStore: what it is given it returns); the
+// disk and Redis stores have their own tests against real files and servers.
+#include "kvtier/stores/store_chain.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace kvtier::stores {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kFingerprint = 42;
+constexpr uint32_t kBt = 4;
+constexpr size_t kPayload = 256;
+
+// What a MemoryStore holds; shared with the test, so it outlives the chain.
+struct MemoryData {
+  std::mutex mu;
+  std::map<std::string, std::string> values;
+  bool down = false;
+  size_t size() {
+    std::lock_guard<std::mutex> l(mu);
+    return values.size();
+  }
+  std::string at(const std::string& key) {
+    std::lock_guard<std::mutex> l(mu);
+    return values.at(key);
+  }
+};
+
+class MemoryStore final : public BlockStore {
+ public:
+  MemoryStore(std::string kind, std::shared_ptr<MemoryData> data) : kind_(std::move(kind)), d_(std::move(data)) {}
+  std::string_view kind() const override { return kind_; }
+  std::string Describe() const override { return "memory " + kind_; }
+  Result<size_t> Present(std::span<const std::string> keys) override {
+    std::lock_guard<std::mutex> l(d_->mu);
+    if (d_->down) return Unavailable(kind_ + " is down");
+    size_t n = 0;
+    while (n < keys.size() && d_->values.count(keys[n]) != 0) ++n;
+    return n;
+  }
+  Result<std::vector<std::optional<std::string>>> Get(std::span<const std::string> keys) override {
+    std::lock_guard<std::mutex> l(d_->mu);
+    if (d_->down) return Unavailable(kind_ + " is down");
+    std::vector<std::optional<std::string>> out;
+    for (const auto& k : keys) {
+      auto it = d_->values.find(k);
+      out.push_back(it == d_->values.end() ? std::nullopt : std::optional<std::string>(it->second));
+    }
+    return out;
+  }
+  Status Put(std::span<const StoreItem> items) override {
+    std::lock_guard<std::mutex> l(d_->mu);
+    if (d_->down) return Unavailable(kind_ + " is down");
+    for (const auto& i : items) d_->values[i.key] = i.value;
+    return Status::Ok();
+  }
+
+ private:
+  std::string kind_;
+  std::shared_ptr<MemoryData> d_;
+};
+
+struct Chain {
+  Namespace ns = Namespace::Make(kFingerprint, "t");
+  std::vector<TokenId> tokens;
+  std::vector<BlockKey> keys;
+  explicit Chain(uint32_t blocks, uint32_t seed = 1) {
+    for (uint32_t i = 0; i < blocks * kBt; ++i) tokens.push_back(seed * 1000 + i);
+    keys.resize(blocks);
+    ComputeKeys(ns, BlockKey{}, tokens, kBt, keys);
+  }
+  std::vector<std::byte> Payload(size_t i) const {
+    std::vector<std::byte> p(kPayload);
+    for (size_t j = 0; j < kPayload; ++j) p[j] = static_cast<std::byte>(i * 7 + j);
+    return p;
+  }
+  std::span<const TokenId> Block(size_t i) const { return std::span(tokens).subspan(i * kBt, kBt); }
+  BlockKey Parent(size_t i) const { return i == 0 ? BlockKey{} : keys[i - 1]; }
+  std::string Record(size_t i) const {
+    return EncodeBlockRecord({kFingerprint, keys[i], Parent(i), ns}, Block(i), Payload(i));
+  }
+  std::string Key(size_t i) const { return StoreKey("kvtier:", kFingerprint, keys[i]); }
+  FetchRequest Request(size_t from) const {
+    FetchRequest r;
+    r.profile_fingerprint = kFingerprint;
+    r.payload_bytes = kPayload;
+    r.block_tokens = kBt;
+    r.key_ns = ns;
+    r.parent = Parent(from);
+    r.keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(from), keys.end());
+    r.tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from * kBt), tokens.end());
+    return r;
+  }
+};
+
+class StoreChainTest : public ::testing::Test {
+ protected:
+  // Two stores: a "disk" that writes back, a "remote" that writes through.
+  void Start(uint64_t queue_bytes = uint64_t{1} << 30) {
+    auto d = std::make_unique<MemoryStore>("disk", disk_);
+    auto r = std::make_unique<MemoryStore>("remote", remote_);
+    std::vector<ChainedStore> stores;
+    stores.push_back(ChainedStore{std::move(d), false});
+    stores.push_back(ChainedStore{std::move(r), true});
+    StoreChainOptions o;
+    o.max_queued_bytes = queue_bytes;
+    chain_ = std::make_unique<StoreChain>(std::move(stores), o, [this] {
+      std::lock_guard<std::mutex> l(mu_);
+      ++notified_;
+      cv_.notify_all();
+    });
+  }
+  FetchResult Fetch(FetchRequest r) {
+    const uint64_t id = chain_->StartFetch(std::move(r));
+    std::unique_lock<std::mutex> l(mu_);
+    std::optional<FetchResult> out;
+    cv_.wait_for(l, 5s, [&] { return (out = chain_->TakeFetch(id)).has_value(); });
+    EXPECT_TRUE(out.has_value()) << "fetch did not complete";
+    return out ? std::move(*out) : FetchResult{};
+  }
+  // Waits until the chain wrote what it queued.
+  void Drain() {
+    for (int i = 0; i < 500; ++i) {
+      bool idle = true;
+      for (const auto& s : chain_->stats()) idle = idle && s.queued_bytes == 0;
+      if (idle) return;
+      std::this_thread::sleep_for(2ms);
+    }
+    FAIL() << "queued writes were not written";
+  }
+  void ExpectPayloads(const FetchResult& r, const Chain& c, size_t from) {
+    for (size_t i = 0; i < r.blocks(); ++i) {
+      const auto want = c.Payload(from + i);
+      ASSERT_EQ(r.payloads[i].size(), want.size());
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), r.payloads[i].begin())) << "block " << from + i;
+    }
+  }
+
+  std::shared_ptr<MemoryData> disk_ = std::make_shared<MemoryData>();
+  std::shared_ptr<MemoryData> remote_ = std::make_shared<MemoryData>();
+  std::unique_ptr<StoreChain> chain_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int notified_ = 0;
+};
+
+TEST_F(StoreChainTest, LandedBlocksGoToWriteThroughStoresAndDroppedOnesToWriteBackStores) {
+  Start();
+  const Chain c(3);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto p = c.Payload(i);
+    chain_->Offer({kFingerprint, c.keys[i], c.Parent(i), c.ns}, c.Block(i), p, /*dropped=*/false);
+  }
+  const auto p = c.Payload(2);
+  chain_->Offer({kFingerprint, c.keys[2], c.Parent(2), c.ns}, c.Block(2), p, /*dropped=*/true);
+  Drain();
+  EXPECT_EQ(remote_->size(), 2u);
+  EXPECT_EQ(disk_->size(), 1u);
+  EXPECT_EQ(remote_->at(c.Key(0)), c.Record(0));
+  EXPECT_EQ(disk_->at(c.Key(2)), c.Record(2));
+  const auto st = chain_->stats();
+  EXPECT_EQ(st[0].put_blocks, 1u);
+  EXPECT_EQ(st[1].put_blocks, 2u);
+  EXPECT_EQ(st[1].put_bytes, 2 * c.Record(0).size());
+}
+
+TEST_F(StoreChainTest, AFetchTakesTheLongestContinuationAcrossTheStoresInOrder) {
+  Start();
+  const Chain c(5);
+  for (size_t i : {0, 1}) disk_->values[c.Key(i)] = c.Record(i);
+  for (size_t i : {0, 1, 2, 3}) remote_->values[c.Key(i)] = c.Record(i);
+  const FetchResult r = Fetch(c.Request(0));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_EQ(r.blocks(), 4u);
+  EXPECT_EQ(r.store, (std::vector<uint8_t>{0, 0, 1, 1}));
+  ExpectPayloads(r, c, 0);
+  const auto st = chain_->stats();
+  EXPECT_EQ(st[0].hit_blocks, 2u);
+  EXPECT_EQ(st[0].miss_blocks, 3u);
+  EXPECT_EQ(st[1].hit_blocks, 2u);
+  EXPECT_EQ(st[1].miss_blocks, 1u);
+  EXPECT_GE(notified_, 1);
+  // From the middle of the chain: the parent is block 1's key.
+  const FetchResult mid = Fetch(c.Request(2));
+  ASSERT_EQ(mid.blocks(), 2u);
+  ExpectPayloads(mid, c, 2);
+}
+
+TEST_F(StoreChainTest, ARecordThatFailsVerificationIsAMissAndTheNextStoreIsAsked) {
+  Start();
+  const Chain c(3);
+  const Chain other(3, /*seed=*/2);
+  std::string bad = c.Record(1);
+  bad[bad.size() - 1] ^= 1;  // A payload byte.
+  disk_->values[c.Key(0)] = c.Record(0);
+  disk_->values[c.Key(1)] = bad;
+  disk_->values[c.Key(2)] = c.Record(2);
+  remote_->values[c.Key(1)] = other.Record(1);  // Another chain's block under this key.
+  const FetchResult r = Fetch(c.Request(0));
+  EXPECT_EQ(r.blocks(), 1u) << "nothing after a block no store holds intact";
+  const auto st = chain_->stats();
+  EXPECT_EQ(st[0].corrupt, 1u);
+  EXPECT_EQ(st[1].foreign, 1u);
+  // Fixed in the remote store: the fetch goes on there, and on past it in the same store only.
+  remote_->values[c.Key(1)] = c.Record(1);
+  const FetchResult again = Fetch(c.Request(0));
+  EXPECT_EQ(again.blocks(), 2u);
+  EXPECT_EQ(again.store, (std::vector<uint8_t>{0, 1}));
+}
+
+TEST_F(StoreChainTest, AStoreThatIsDownIsSkippedAndCounted) {
+  Start();
+  const Chain c(2);
+  disk_->down = true;
+  for (size_t i : {0, 1}) remote_->values[c.Key(i)] = c.Record(i);
+  const FetchResult r = Fetch(c.Request(0));
+  EXPECT_EQ(r.blocks(), 2u);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(chain_->stats()[0].errors, 1u);
+  remote_->down = true;
+  const auto p = c.Payload(0);
+  chain_->Offer({kFingerprint, c.keys[0], c.Parent(0), c.ns}, c.Block(0), p, false);
+  Drain();
+  EXPECT_EQ(chain_->stats()[1].errors, 1u);
+  EXPECT_EQ(Fetch(c.Request(0)).blocks(), 0u);
+}
+
+TEST_F(StoreChainTest, OffersPastTheQueueBoundAreDroppedAndCountedNeverWaitedFor) {
+  Start(/*queue_bytes=*/1);  // Nothing fits.
+  const Chain c(1);
+  const auto p = c.Payload(0);
+  chain_->Offer({kFingerprint, c.keys[0], c.Parent(0), c.ns}, c.Block(0), p, false);
+  chain_->Offer({kFingerprint, c.keys[0], c.Parent(0), c.ns}, c.Block(0), p, true);
+  Drain();
+  const auto st = chain_->stats();
+  EXPECT_EQ(st[0].put_dropped, 1u);
+  EXPECT_EQ(st[1].put_dropped, 1u);
+  EXPECT_EQ(remote_->size(), 0u);
+}
+
+TEST_F(StoreChainTest, ACancelledFetchIsNeverReturned) {
+  Start();
+  const Chain c(2);
+  for (size_t i : {0, 1}) disk_->values[c.Key(i)] = c.Record(i);
+  const uint64_t id = chain_->StartFetch(c.Request(0));
+  chain_->CancelFetch(id);
+  // A later fetch completes; the cancelled one never shows up.
+  EXPECT_EQ(Fetch(c.Request(0)).blocks(), 2u);
+  EXPECT_FALSE(chain_->TakeFetch(id).has_value());
+}
+
+TEST_F(StoreChainTest, WhatIsQueuedIsWrittenWhenTheChainStops) {
+  Start();
+  const Chain c(8);
+  for (size_t i = 0; i < 8; ++i) {
+    const auto p = c.Payload(i);
+    chain_->Offer({kFingerprint, c.keys[i], c.Parent(i), c.ns}, c.Block(i), p, false);
+  }
+  chain_.reset();
+  EXPECT_EQ(remote_->size(), 8u);
+}
+
+}  // namespace
+}  // namespace kvtier::stores

@@ -1,0 +1,129 @@
+// StoreChain: the ordered stores below the host tier (disk, then remote, as
+// configured) and the one I/O thread that drives them, so that no store call
+// ever runs on the daemon's engine thread.
+//
+// Writes: the engine thread offers each block that lands in the host tier and
+// each block pressure drops from it (Offer); the record is encoded there (one
+// copy of the payload) and queued for every store that takes it: a
+// write-through store the blocks that land, a write-back store the blocks
+// dropped. Queued bytes are bounded (max_queued_bytes): past it an offer is
+// dropped and counted, never waited for.
+//
+// Reads: StartFetch queues a fetch of the blocks after a cached prefix; the I/O
+// thread asks the stores in order for the longest continuation (one batched
+// Present and one batched Get per store), verifies every record
+// (VerifyBlockRecord) and stops at the first block no store holds intact. A
+// record that fails is a miss, counted as corrupt or foreign, never returned.
+// Fetches go before queued writes. When one completes, `notify` is called (on
+// the I/O thread); the engine thread then collects it with TakeFetch.
+//
+// Thread-safety: Offer, StartFetch, TakeFetch and CancelFetch are called from
+// one thread (the engine's); stats() from any.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/status.h"
+#include "kvtier/stores/block_record.h"
+#include "kvtier/stores/block_store.h"
+
+namespace kvtier::stores {
+
+struct ChainedStore {
+  std::unique_ptr<BlockStore> store;
+  // Blocks are written as they land in the host tier (through), or as
+  // pressure drops them from it (back).
+  bool write_through = false;
+};
+
+struct StoreChainOptions {
+  std::string key_prefix = "kvtier:";               // StoreKey's prefix: several deployments may share a store.
+  uint64_t max_queued_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most.
+  uint32_t max_put_batch = 16;                      // Records per Put call.
+};
+
+struct FetchRequest {
+  uint64_t profile_fingerprint = 0;
+  size_t payload_bytes = 0;  // The profile's block bytes (the host pool's slot size).
+  uint32_t block_tokens = 0;
+  Namespace key_ns;  // The asking tenant's key namespace.
+  BlockKey parent;   // The key of the block before the first (null for block 0).
+  std::vector<BlockKey> keys;
+  std::vector<TokenId> tokens;  // keys.size() * block_tokens.
+};
+
+struct FetchResult {
+  // The verified records of the first blocks asked for, in order; payloads[i]
+  // points into records[i].
+  std::vector<std::string> records;
+  std::vector<std::span<const std::byte>> payloads;
+  std::vector<uint8_t> store;  // Which store (index in the chain) served each.
+  Status status;               // The first store error met (the fetch went on without that store).
+  std::chrono::microseconds took{0};
+  uint32_t blocks() const { return static_cast<uint32_t>(records.size()); }
+};
+
+// One store's figures since start.
+struct StoreStats {
+  std::string kind;
+  std::string description;
+  bool write_through = false;
+  uint64_t hit_blocks = 0;   // Fetched and verified.
+  uint64_t miss_blocks = 0;  // Asked of it and not served by it.
+  uint64_t fetched_bytes = 0;
+  uint64_t fetches = 0;   // Fetches that asked it.
+  uint64_t fetch_us = 0;  // Their time in it, in all.
+  uint64_t put_blocks = 0;
+  uint64_t put_bytes = 0;
+  uint64_t puts = 0;  // Put calls.
+  uint64_t put_us = 0;
+  uint64_t put_dropped = 0;            // Offers not queued: past max_queued_bytes.
+  uint64_t errors = 0;                 // Calls that failed (unreachable, timed out, refused).
+  uint64_t corrupt = 0;                // Records that failed their checksums or format.
+  uint64_t foreign = 0;                // Records of another block, tenant, model or profile.
+  uint64_t queued_bytes = 0;           // Waiting to be written now.
+  std::vector<StoreCounter> counters;  // The store's own.
+};
+
+class StoreChain {
+ public:
+  // Starts the I/O thread. `notify` is called from it after each fetch
+  // completes. REQUIRES: at least one store.
+  StoreChain(std::vector<ChainedStore> stores, StoreChainOptions options, std::function<void()> notify);
+  // Writes what is queued for at most `drain` (the rest is lost, counted
+  // nowhere: the stores are caches), then stops the thread.
+  ~StoreChain();
+  StoreChain(const StoreChain&) = delete;
+  StoreChain& operator=(const StoreChain&) = delete;
+
+  // Queues the record of a block for the stores that take it: the
+  // write-through ones when `dropped` is false, the write-back ones when true.
+  void Offer(const BlockRecordHeader& header, std::span<const TokenId> tokens, std::span<const std::byte> payload,
+             bool dropped);
+  // Queues a fetch; returns its id.
+  uint64_t StartFetch(FetchRequest request);
+  // The result of fetch `id` once it completed (then forgotten), else nullopt.
+  std::optional<FetchResult> TakeFetch(uint64_t id);
+  // The caller no longer wants fetch `id`: its result is discarded.
+  void CancelFetch(uint64_t id);
+
+  size_t size() const;
+  // Every store's figures, in chain order. Thread-safe.
+  std::vector<StoreStats> stats() const;
+  // How long the destructor writes queued records for.
+  void set_drain(std::chrono::milliseconds drain);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::stores

@@ -1,0 +1,122 @@
+// BlockRecord encoding and verification (block_record.h), and StoreKey (block_store.h).
+#include "kvtier/stores/block_record.h"
+
+#include <bit>
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "kvtier/stores/block_store.h"
+
+namespace kvtier::stores {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "records are little-endian");
+
+template <typename T>
+void PutAt(std::string& out, size_t at, const T& v) {
+  std::memcpy(out.data() + at, &v, sizeof v);
+}
+template <typename T>
+T GetAt(std::string_view in, size_t at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof v);
+  return v;
+}
+
+void PutKey(std::string& out, size_t at, const BlockKey& k) {
+  PutAt(out, at, k.lo);
+  PutAt(out, at + 8, k.hi);
+}
+BlockKey GetKey(std::string_view in, size_t at) {
+  return BlockKey{GetAt<uint64_t>(in, at), GetAt<uint64_t>(in, at + 8)};
+}
+
+// XXH3-64 of the header's first 88 bytes and the token ids that follow it.
+uint64_t HeaderChecksum(std::string_view record, size_t tokens) {
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  XXH3_64bits_update(&st, record.data(), 88);
+  XXH3_64bits_update(&st, record.data() + kRecordHeaderBytes, tokens * sizeof(TokenId));
+  return XXH3_64bits_digest(&st);
+}
+
+RecordCheck Fault(RecordFault f, std::string why) { return RecordCheck{f, std::move(why), {}}; }
+
+}  // namespace
+
+std::string StoreKey(std::string_view prefix, uint64_t profile_fingerprint, const BlockKey& key) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(prefix);
+  out.reserve(prefix.size() + 16 + 1 + 32);
+  for (int i = 15; i >= 0; --i) out.push_back(kDigits[(profile_fingerprint >> (4 * i)) & 0xf]);
+  out.push_back(':');
+  out += key.ToHex();
+  return out;
+}
+
+std::string EncodeBlockRecord(const BlockRecordHeader& h, std::span<const TokenId> tokens,
+                              std::span<const std::byte> payload) {
+  std::string out(BlockRecordBytes(tokens.size(), payload.size()), '\0');
+  PutAt(out, 0, kRecordMagic);
+  PutAt(out, 8, kRecordVersion);
+  PutAt(out, 12, static_cast<uint32_t>(tokens.size()));
+  PutAt(out, 16, h.profile_fingerprint);
+  PutKey(out, 24, h.key);
+  PutKey(out, 40, h.parent);
+  PutKey(out, 56, h.key_ns.id);
+  PutAt(out, 72, static_cast<uint64_t>(payload.size()));
+  PutAt(out, 80, static_cast<uint64_t>(XXH3_64bits(payload.data(), payload.size())));
+  if (!tokens.empty()) std::memcpy(out.data() + kRecordHeaderBytes, tokens.data(), tokens.size_bytes());
+  if (!payload.empty()) {
+    std::memcpy(out.data() + kRecordHeaderBytes + tokens.size_bytes(), payload.data(), payload.size());
+  }
+  PutAt(out, 88, static_cast<uint64_t>(HeaderChecksum(out, tokens.size())));
+  return out;
+}
+
+RecordCheck VerifyBlockRecord(std::string_view rec, const RecordExpectation& want) {
+  if (rec.size() < kRecordHeaderBytes) {
+    return Fault(RecordFault::kCorrupt,
+                 "record of " + std::to_string(rec.size()) + " bytes is shorter than its header");
+  }
+  if (GetAt<uint64_t>(rec, 0) != kRecordMagic) return Fault(RecordFault::kCorrupt, "bad record magic");
+  if (const auto v = GetAt<uint32_t>(rec, 8); v != kRecordVersion) {
+    return Fault(RecordFault::kCorrupt,
+                 "record format " + std::to_string(v) + ", this build reads " + std::to_string(kRecordVersion));
+  }
+  const uint32_t n = GetAt<uint32_t>(rec, 12);
+  const uint64_t payload_bytes = GetAt<uint64_t>(rec, 72);
+  if (n != want.tokens.size() || payload_bytes != want.payload_bytes) {
+    return Fault(RecordFault::kForeign, "record of " + std::to_string(n) + " tokens and " +
+                                            std::to_string(payload_bytes) + " payload bytes, the profile's are " +
+                                            std::to_string(want.tokens.size()) + " and " +
+                                            std::to_string(want.payload_bytes));
+  }
+  if (rec.size() != BlockRecordBytes(n, payload_bytes)) {
+    return Fault(RecordFault::kCorrupt, "record of " + std::to_string(rec.size()) + " bytes, its header says " +
+                                            std::to_string(BlockRecordBytes(n, payload_bytes)));
+  }
+  if (GetAt<uint64_t>(rec, 88) != HeaderChecksum(rec, n)) return Fault(RecordFault::kCorrupt, "header checksum");
+  if (GetAt<uint64_t>(rec, 16) != want.profile_fingerprint) {
+    return Fault(RecordFault::kForeign, "record of another profile");
+  }
+  if (GetKey(rec, 56) != want.key_ns.id) return Fault(RecordFault::kForeign, "record of another tenant or model");
+  if (GetKey(rec, 24) != want.key) return Fault(RecordFault::kForeign, "record of another key");
+  if (GetKey(rec, 40) != want.parent) return Fault(RecordFault::kForeign, "record of another parent");
+  const char* tokens = rec.data() + kRecordHeaderBytes;
+  if (std::memcmp(tokens, want.tokens.data(), want.tokens.size_bytes()) != 0) {
+    return Fault(RecordFault::kForeign, "record of other tokens");
+  }
+  if (ChainKey(want.parent, want.key_ns, want.tokens) != want.key) {
+    return Fault(RecordFault::kForeign, "key not chained in the asker's namespace");
+  }
+  const auto* payload = reinterpret_cast<const std::byte*>(tokens + want.tokens.size_bytes());
+  if (XXH3_64bits(payload, payload_bytes) != GetAt<uint64_t>(rec, 80)) {
+    return Fault(RecordFault::kCorrupt, "payload checksum");
+  }
+  return RecordCheck{RecordFault::kNone, {}, std::span<const std::byte>(payload, payload_bytes)};
+}
+
+}  // namespace kvtier::stores

@@ -1,0 +1,302 @@
+// StoreChain: the stores below the host tier and their I/O thread (store_chain.h).
+#include "kvtier/stores/store_chain.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace kvtier::stores {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t MicrosSince(Clock::time_point t) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
+}
+
+// The counters of one store, written by the I/O thread (and Offer), read by stats().
+struct Counters {
+  std::atomic<uint64_t> hit_blocks{0}, miss_blocks{0}, fetched_bytes{0}, fetches{0}, fetch_us{0};
+  std::atomic<uint64_t> put_blocks{0}, put_bytes{0}, puts{0}, put_us{0}, put_dropped{0};
+  std::atomic<uint64_t> errors{0}, corrupt{0}, foreign{0}, queued_bytes{0};
+};
+
+}  // namespace
+
+struct StoreChain::Impl {
+  struct Member {
+    ChainedStore chained;
+    Counters counters;
+    std::deque<StoreItem> queue;  // Guarded by mu.
+  };
+  struct Fetch {
+    uint64_t id;
+    FetchRequest request;
+  };
+
+  StoreChainOptions options;
+  std::function<void()> notify;
+  std::vector<std::unique_ptr<Member>> members;
+
+  mutable std::mutex mu;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::chrono::milliseconds drain{2000};
+  std::deque<Fetch> fetches;                       // Waiting, oldest first.
+  std::unordered_set<uint64_t> cancelled;          // Of those waiting or running.
+  std::unordered_map<uint64_t, FetchResult> done;  // Completed, not taken yet.
+  uint64_t next_fetch = 1;
+  std::atomic<uint64_t> queued_total{0};
+  std::thread io;
+
+  void Run();
+  FetchResult DoFetch(const FetchRequest& r);
+  // Writes one batch of some store's queue; false if every queue was empty.
+  bool PutOneBatch(std::unique_lock<std::mutex>& lock);
+};
+
+StoreChain::StoreChain(std::vector<ChainedStore> stores, StoreChainOptions options, std::function<void()> notify)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->options = std::move(options);
+  impl_->notify = std::move(notify);
+  for (ChainedStore& s : stores) {
+    auto m = std::make_unique<Impl::Member>();
+    m->chained = std::move(s);
+    impl_->members.push_back(std::move(m));
+  }
+  impl_->io = std::thread([this] { impl_->Run(); });
+}
+
+StoreChain::~StoreChain() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->wake.notify_all();
+  impl_->io.join();
+}
+
+void StoreChain::set_drain(std::chrono::milliseconds drain) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->drain = drain;
+}
+
+size_t StoreChain::size() const { return impl_->members.size(); }
+
+void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId> tokens,
+                       std::span<const std::byte> payload, bool dropped) {
+  Impl& m = *impl_;
+  std::vector<Impl::Member*> takers;
+  for (auto& s : m.members) {
+    if (s->chained.write_through != dropped) takers.push_back(s.get());
+  }
+  if (takers.empty()) return;
+  const uint64_t bytes = BlockRecordBytes(tokens.size(), payload.size());
+  if (m.queued_total.load(std::memory_order_relaxed) + bytes * takers.size() > m.options.max_queued_bytes) {
+    for (Impl::Member* s : takers) s->counters.put_dropped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  std::string record = EncodeBlockRecord(header, tokens, payload);
+  const std::string key = StoreKey(m.options.key_prefix, header.profile_fingerprint, header.key);
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (size_t i = 0; i < takers.size(); ++i) {
+      // The last taker gets the record itself, the others a copy.
+      takers[i]->queue.push_back(StoreItem{key, i + 1 == takers.size() ? std::move(record) : record});
+      takers[i]->counters.queued_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      m.queued_total.fetch_add(bytes, std::memory_order_relaxed);
+    }
+  }
+  m.wake.notify_one();
+}
+
+uint64_t StoreChain::StartFetch(FetchRequest request) {
+  Impl& m = *impl_;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    id = m.next_fetch++;
+    m.fetches.push_back(Impl::Fetch{id, std::move(request)});
+  }
+  m.wake.notify_one();
+  return id;
+}
+
+std::optional<FetchResult> StoreChain::TakeFetch(uint64_t id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->done.find(id);
+  if (it == impl_->done.end()) return std::nullopt;
+  FetchResult r = std::move(it->second);
+  impl_->done.erase(it);
+  return r;
+}
+
+void StoreChain::CancelFetch(uint64_t id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->done.erase(id) == 0) impl_->cancelled.insert(id);
+}
+
+std::vector<StoreStats> StoreChain::stats() const {
+  std::vector<StoreStats> out;
+  for (const auto& s : impl_->members) {
+    const Counters& c = s->counters;
+    StoreStats st;
+    st.kind = std::string(s->chained.store->kind());
+    st.description = s->chained.store->Describe();
+    st.write_through = s->chained.write_through;
+    st.hit_blocks = c.hit_blocks.load();
+    st.miss_blocks = c.miss_blocks.load();
+    st.fetched_bytes = c.fetched_bytes.load();
+    st.fetches = c.fetches.load();
+    st.fetch_us = c.fetch_us.load();
+    st.put_blocks = c.put_blocks.load();
+    st.put_bytes = c.put_bytes.load();
+    st.puts = c.puts.load();
+    st.put_us = c.put_us.load();
+    st.put_dropped = c.put_dropped.load();
+    st.errors = c.errors.load();
+    st.corrupt = c.corrupt.load();
+    st.foreign = c.foreign.load();
+    st.queued_bytes = c.queued_bytes.load();
+    st.counters = s->chained.store->Counters();
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+void StoreChain::Impl::Run() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    wake.wait(lock, [&] {
+      if (stopping || !fetches.empty()) return true;
+      for (const auto& s : members) {
+        if (!s->queue.empty()) return true;
+      }
+      return false;
+    });
+    if (stopping) break;
+    if (!fetches.empty()) {
+      Fetch f = std::move(fetches.front());
+      fetches.pop_front();
+      if (cancelled.erase(f.id) != 0) continue;
+      lock.unlock();
+      FetchResult result = DoFetch(f.request);
+      lock.lock();
+      if (cancelled.erase(f.id) != 0) continue;
+      done.emplace(f.id, std::move(result));
+      lock.unlock();
+      if (notify) notify();
+      lock.lock();
+      continue;
+    }
+    PutOneBatch(lock);
+  }
+  // Stopping: what is queued is written while the drain time lasts.
+  const auto until = Clock::now() + drain;
+  while (Clock::now() < until && PutOneBatch(lock)) {
+  }
+}
+
+bool StoreChain::Impl::PutOneBatch(std::unique_lock<std::mutex>& lock) {
+  for (auto& s : members) {
+    if (s->queue.empty()) continue;
+    std::vector<StoreItem> batch;
+    uint64_t bytes = 0;
+    while (!s->queue.empty() && batch.size() < options.max_put_batch) {
+      bytes += s->queue.front().value.size();
+      batch.push_back(std::move(s->queue.front()));
+      s->queue.pop_front();
+    }
+    lock.unlock();
+    const auto t = Clock::now();
+    const Status st = s->chained.store->Put(batch);
+    Counters& c = s->counters;
+    c.put_us.fetch_add(MicrosSince(t), std::memory_order_relaxed);
+    c.puts.fetch_add(1, std::memory_order_relaxed);
+    if (st.ok()) {
+      c.put_blocks.fetch_add(batch.size(), std::memory_order_relaxed);
+      c.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    } else {
+      c.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    c.queued_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    queued_total.fetch_sub(bytes, std::memory_order_relaxed);
+    lock.lock();
+    return true;
+  }
+  return false;
+}
+
+FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
+  const auto started = Clock::now();
+  FetchResult out;
+  const size_t n = r.keys.size();
+  if (r.tokens.size() != n * r.block_tokens) {
+    out.status =
+        InvalidArgument("fetch: " + std::to_string(n) + " keys and " + std::to_string(r.tokens.size()) + " tokens");
+    return out;
+  }
+  std::vector<std::string> names;
+  names.reserve(n);
+  for (const BlockKey& k : r.keys) names.push_back(StoreKey(options.key_prefix, r.profile_fingerprint, k));
+  size_t have = 0;  // Blocks verified so far, from the first.
+  for (size_t si = 0; si < members.size() && have < n; ++si) {
+    Member& s = *members[si];
+    Counters& c = s.counters;
+    const auto t = Clock::now();
+    const std::span<const std::string> want = std::span<const std::string>(names).subspan(have);
+    const size_t asked = want.size();
+    c.fetches.fetch_add(1, std::memory_order_relaxed);
+    auto present = s.chained.store->Present(want);
+    size_t served = 0;
+    if (!present.ok()) {
+      c.errors.fetch_add(1, std::memory_order_relaxed);
+      if (out.status.ok()) out.status = present.status();
+    } else if (*present > 0) {
+      auto values = s.chained.store->Get(want.first(std::min(*present, asked)));
+      if (!values.ok()) {
+        c.errors.fetch_add(1, std::memory_order_relaxed);
+        if (out.status.ok()) out.status = values.status();
+      } else {
+        for (auto& v : *values) {
+          if (!v) break;
+          const size_t i = have + served;
+          RecordExpectation e;
+          e.profile_fingerprint = r.profile_fingerprint;
+          e.key_ns = r.key_ns;
+          e.key = r.keys[i];
+          e.parent = i == 0 ? r.parent : r.keys[i - 1];
+          e.tokens = std::span<const TokenId>(r.tokens).subspan(i * r.block_tokens, r.block_tokens);
+          e.payload_bytes = r.payload_bytes;
+          const RecordCheck check = VerifyBlockRecord(*v, e);
+          if (!check.ok()) {
+            (check.fault == RecordFault::kCorrupt ? c.corrupt : c.foreign).fetch_add(1, std::memory_order_relaxed);
+            break;
+          }
+          c.fetched_bytes.fetch_add(v->size(), std::memory_order_relaxed);
+          out.records.push_back(std::move(*v));
+          out.store.push_back(static_cast<uint8_t>(si));
+          ++served;
+        }
+      }
+    }
+    c.hit_blocks.fetch_add(served, std::memory_order_relaxed);
+    c.miss_blocks.fetch_add(asked - served, std::memory_order_relaxed);
+    c.fetch_us.fetch_add(MicrosSince(t), std::memory_order_relaxed);
+    have += served;
+  }
+  // Payloads point into the records, whose buffers no longer move.
+  for (size_t i = 0; i < out.records.size(); ++i) {
+    const std::string& rec = out.records[i];
+    const size_t at = kRecordHeaderBytes + r.block_tokens * sizeof(TokenId);
+    out.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, rec.size() - at);
+  }
+  out.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  return out;
+}
+
+}  // namespace kvtier::stores
