@@ -14,6 +14,15 @@
 //
 // Values are SET with an optional TTL (EX). AUTH (with an ACL user when one is
 // given) on every connection.
+//
+// Errors: Get and Present fail only when no key got an answer (kUnavailable,
+// kTimeout when every failure was a timeout, kPermissionDenied when AUTH was
+// refused); Put fails when any value was not written, naming the nodes, after
+// writing the others. Messages never hold the password.
+//
+// Counters(): reconnects (connections opened after a node's first),
+// redirects (MOVED and ASK followed), topology_refreshes (slot maps read),
+// node_errors (failed connects, AUTHs, reads and writes).
 #pragma once
 
 #include <chrono>
@@ -37,8 +46,12 @@ struct RedisStoreOptions {
   uint32_t ttl_seconds = 0;        // 0: values do not expire.
 };
 
-// Connects (kInvalidArgument for bad options; a node that cannot be reached
-// now is not an error: the store answers as down and reconnects later).
+// Connects (kInvalidArgument for bad options: no node, a node that is not
+// host:port, several nodes without cluster, a user without a password, a
+// timeout that is not positive, cluster set for a server not in cluster mode;
+// kPermissionDenied when a server refuses AUTH or needs it). A node that cannot
+// be reached now is not an error: the store answers as down and reconnects
+// later.
 Result<std::unique_ptr<BlockStore>> OpenRedisStore(const RedisStoreOptions& options);
 
 }  // namespace kvtier::stores
