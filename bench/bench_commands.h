@@ -17,6 +17,8 @@ int RunIpcClient(int argc, char** argv);
 // kvtier-bench e2e [--quick] [...]: the chat workload through kvtier-worker
 // processes in each cache mode (kvtier, local, none); TTFT, hit rate, zero-reuse cost.
 int RunE2eBench(int argc, char** argv);
+// Fetches from the disk and Redis stores vs plain reads of the same bytes (store_bench.cc).
+int RunStoreBench(int argc, char** argv);
 
 // kvtier-bench gpu [--quick]: the CUDA backend's batch copy speed (2 MiB and 32 KiB
 // blocks), one large pinned memcpy each way, and a 2k-token session promotion.

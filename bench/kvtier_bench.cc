@@ -20,6 +20,8 @@ constexpr Subcommand kSubcommands[] = {
      kvtier::bench::RunIpcBench},
     {"e2e", "chat workload through kvtier-worker processes: TTFT with kvtier vs in-process cache vs recompute",
      kvtier::bench::RunE2eBench},
+    {"stores", "2 MiB blocks fetched from the disk and Redis stores vs plain O_DIRECT reads and pipelined GETs",
+     kvtier::bench::RunStoreBench},
 #ifdef KVTIER_BENCH_GPU
     {"gpu", "CUDA backend: batch copies of 2 MiB and 32 KiB blocks, peak memcpy, 2k-token promotion",
      kvtier::bench::RunGpuBench},

@@ -70,7 +70,7 @@ struct TenantConfig {
 // One store below the host tier (stores.tiers[i]); fetches ask them in order.
 struct StoreTierConfig {
   std::string kind;            // disk | redis
-  bool write_through = false;  // write: through (blocks landing in the host tier) | back (blocks dropped from it)
+  bool write_through = false;  // write: through (blocks as they are committed) | back (as the host tier drops them)
   // kind: disk
   std::string path;
   uint64_t max_bytes = 0;

@@ -41,6 +41,8 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
       if (stores::StoreChain* chain = svc->stores_.get()) {
         // Blocks landing in the host tier and dropped from it go to the stores.
         options.stores_below = true;
+        // A write-through store gets each block as soon as it is committed.
+        for (const StoreTierConfig& t : config.stores.tiers) options.spill_committed |= t.write_through;
         const uint64_t fingerprint = options.profile.Fingerprint();
         options.on_spill = [chain, fingerprint](const tiering::HostBlock& b) {
           chain->Offer(stores::BlockRecordHeader{fingerprint, b.key, b.parent, b.key_ns}, b.tokens, b.payload,

@@ -3035,5 +3035,68 @@ TEST_F(EngineStoreTest, FetchedBlocksThatDoNotFitTheRequestOrThePoolAreLeftOut) 
   ExpectConsistent();
 }
 
+TEST_F(EngineStoreTest, CommittedBlocksAreCopiedAndOfferedOnceTheirWriterIsDone) {
+  EngineOptions o = SpillOptions(8, 8);
+  o.spill_committed = true;
+  Start(o, /*manual=*/true);
+  const Chain c = MakeChain(7, 3);
+  // Written by the client's GPU: nothing is copied before its event completes.
+  auto w = engine_->Allocate(tenant_, 3);
+  ASSERT_TRUE(w.ok());
+  for (uint32_t i = 0; i < 3; ++i) FillBlock(engine_->pool(Tier::kGpu).slot_data(w->slots[i]), c.keys[i]);
+  wire::IpcEventHandle event{};
+  event[0] = 9;
+  auto watch = manual_->WatchClientEvent(1, event);
+  ASSERT_TRUE(watch.ok());
+  ASSERT_TRUE(engine_->Commit(w->id, tenant_, "s", BlockKey{}, 0, c.tokens, w->slots, GpuWork{*watch, 1}).ok());
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  engine_->Poll();
+  manual_->RunAll();
+  engine_->Poll();
+  EXPECT_TRUE(spilled_.empty()) << "a block is copied only once its writer is done";
+  manual_->events[9] = Backend::WorkState::kDone;
+  engine_->Poll();  // The writer is done: the copies are submitted...
+  EXPECT_TRUE(spilled_.empty());
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 3u) << "...each into a host slot of its own";
+  EXPECT_INVARIANTS();
+  manual_->RunAll();
+  engine_->Poll();  // ...and offered when they land.
+  ASSERT_EQ(spilled_.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(spilled_[i].dropped);
+    ExpectSpilledIs(spilled_[i], c, i);
+  }
+  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
+  EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 3)) << "the blocks stay where they are";
+  // Landing in the host tier later offers them no second time.
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 3u);
+  manual_->RunAll();
+  engine_->Poll();
+  EXPECT_EQ(spilled_.size(), 3u);
+  ExpectConsistent();
+}
+
+TEST_F(EngineStoreTest, WithTheHostTierFullCommittedBlocksAreOfferedWhenTheyLandThere) {
+  EngineOptions o = SpillOptions(8, 2);
+  o.spill_committed = true;
+  Start(o);
+  const Chain a = MakeChain(8, 2);
+  Put("a", a);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  for (int i = 0; i < 1000 && spilled_.size() < 2; ++i) {
+    engine_->Poll();
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  ASSERT_EQ(spilled_.size(), 2u);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);  // The host tier is full now.
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  const Chain b = MakeChain(9, 2);
+  Put("b", b);
+  engine_->Poll();
+  EXPECT_EQ(spilled_.size(), 2u) << "no host slot to copy b into: nothing evicted for it";
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 2));
+  ExpectConsistent();
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

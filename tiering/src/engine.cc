@@ -166,6 +166,8 @@ Status CheckTunables(const EngineOptions& o) {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   for (Settling& s : impl_->settling) impl_->EndWatch(s.work);
+  // Copies for the stores target the pools: they land before the pools go.
+  for (const auto& m : impl_->mirrors) (void)impl_->backend.Wait(m.fence, std::chrono::seconds(30));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
@@ -560,7 +562,7 @@ LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
 
 // --- Background and introspection -------------------------------------------------------------
 
-uint32_t Engine::Poll() { return impl_->mover.Poll() + impl_->Settle(); }
+uint32_t Engine::Poll() { return impl_->mover.Poll() + impl_->Settle() + impl_->PollMirrors(); }
 
 void Engine::EnforceWatermarks() { impl_->reclaim.EnforceWatermarks(); }
 

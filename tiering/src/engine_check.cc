@@ -92,6 +92,12 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
       if (s.writes && !blocks[r].writing) return Fail("a block being written is not marked writing");
     }
   }
+  for (const auto& batch : m.mirrors) {
+    for (const auto& [r, slot] : batch.copies) {
+      ++readers[r];
+      KVTIER_RETURN_IF_ERROR(own(Tier::kHost, slot, "a copy for the stores"));
+    }
+  }
   uint32_t write_leases = 0;
   for (const auto& [id, lease] : m.leases) write_leases += lease.write() ? 1 : 0;
   if (write_leases != m.st.write_leases || m.leases.size() - write_leases != m.st.read_leases) {

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <span>
@@ -101,6 +102,13 @@ struct Engine::Impl {
   std::map<LeaseId, Lease> leases;
   std::unordered_map<LeaseId, RevokedLease> revoked;
   std::vector<Settling> settling;  // Oldest first.
+  // Committed blocks being copied to host slots for the stores (spill_committed):
+  // each pins its block and owns its host slot until the fence completes.
+  struct MirrorBatch {
+    Fence fence;
+    std::vector<std::pair<uint32_t, uint32_t>> copies;  // (record, host slot)
+  };
+  std::deque<MirrorBatch> mirrors;  // In submission order.
   LeaseId next_lease = 1;
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
@@ -164,6 +172,15 @@ struct Engine::Impl {
   // Offers host-tier block `r` to on_spill: landed (once per stay: `spilled`)
   // or dropped. REQUIRES: r ready in the host tier.
   void Spill(uint32_t r, bool dropped);
+  // Offers block `r` with the bytes `payload` (its host slot's, or a copy's).
+  void Offer(uint32_t r, std::span<const std::byte> payload, bool dropped);
+  // Copies the committed blocks among `records` that were never offered to
+  // free host slots (spill_committed), pinned until the copy lands
+  // (PollMirrors offers them then). REQUIRES: their writers are done.
+  void Mirror(std::span<const uint32_t> records);
+  // Offers the mirrored blocks whose copy landed, frees their host slots and
+  // unpins them. Returns how many.
+  uint32_t PollMirrors();
   // Publishes in the host tier the fetched blocks that continue `recs` (the
   // verified prefix of `keys` that is cached) and appends them to `recs`,
   // unheld: the caller holds or frees each in the same call. Returns how many.

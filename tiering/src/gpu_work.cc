@@ -35,6 +35,8 @@ void Engine::Impl::GiveBackAfter(GpuWork work, std::vector<uint32_t> slots, Tena
 
 void Engine::Impl::GiveBack(Settling& s) {
   EndWatch(s.work);
+  // Committed blocks are written now: copies of them go to the stores.
+  if (s.writes && opt.spill_committed && opt.on_spill) Mirror(s.records);
   if (!s.slots.empty()) {
     s.tenant->Unleased(static_cast<uint32_t>(s.slots.size()));
     for (uint32_t slot : s.slots) slots(Tier::kGpu).Free(slot);

@@ -12,17 +12,71 @@ namespace kvtier::tiering {
 void Engine::Impl::Spill(uint32_t r, bool dropped) {
   Record& rec = blocks[r];
   if (!dropped && rec.spilled) return;
-  rec.spilled = true;
   const Pool& host = *pools[Tier::kHost];
+  Offer(r, std::span<const std::byte>(host.slot_data(rec.slot), host.slot_bytes()), dropped);
+}
+
+void Engine::Impl::Offer(uint32_t r, std::span<const std::byte> payload, bool dropped) {
+  Record& rec = blocks[r];
+  rec.spilled = true;
   HostBlock b;
   b.key = rec.key;
   b.parent = blocks.index().parent(r);
   b.key_ns = rec.key_ns();
   b.tokens = std::span<const TokenId>(blocks.index().tokens(r), bt());
-  b.payload = std::span<const std::byte>(host.slot_data(rec.slot), host.slot_bytes());
+  b.payload = payload;
   b.dropped = dropped;
   ++st.spilled_blocks;
   opt.on_spill(b);
+}
+
+void Engine::Impl::Mirror(std::span<const uint32_t> records) {
+  MirrorBatch batch;
+  std::vector<CopyOp> ops;
+  auto submit = [&] {
+    if (ops.empty()) return;
+    auto fence = backend.SubmitCopies(CopyDirection::kGpuToHost, *pools[Tier::kGpu], *pools[Tier::kHost], ops);
+    if (fence.ok()) {
+      batch.fence = *fence;
+      mirrors.push_back(std::move(batch));
+    } else {
+      // Refused: offered when they land in the host tier instead.
+      for (const auto& [r, slot] : batch.copies) {
+        slots(Tier::kHost).Free(slot);
+        --blocks[r].readers;
+        MaybeFree(r, FreeReason::kReleased);
+      }
+    }
+    batch = MirrorBatch{};
+    ops.clear();
+  };
+  for (uint32_t r : records) {
+    Record& rec = blocks[r];
+    if (rec.doomed || rec.spilled || !rec.ReadyIn(Tier::kGpu)) continue;
+    if (slots(Tier::kHost).free_count() == 0) break;  // Nothing is evicted for a copy.
+    const uint32_t slot = slots(Tier::kHost).Allocate();
+    ++rec.readers;
+    ops.push_back(CopyOp{rec.slot, slot});
+    batch.copies.emplace_back(r, slot);
+    if (ops.size() >= opt.max_copy_batch) submit();
+  }
+  submit();
+}
+
+uint32_t Engine::Impl::PollMirrors() {
+  uint32_t done = 0;
+  const Pool& host = *pools[Tier::kHost];
+  while (!mirrors.empty() && backend.IsComplete(mirrors.front().fence)) {
+    for (const auto& [r, slot] : mirrors.front().copies) {
+      if (!blocks[r].doomed) Offer(r, std::span<const std::byte>(host.slot_data(slot), host.slot_bytes()), false);
+      slots(Tier::kHost).Free(slot);
+      --blocks[r].readers;
+      if (!blocks.FreeDoomed(r)) MaybeFree(r, FreeReason::kReleased);
+      ++done;
+    }
+    mirrors.pop_front();
+  }
+  return done;
 }
 
 uint32_t Engine::Impl::ImportFetched(const Tenant& tenant, std::span<const BlockKey> keys,

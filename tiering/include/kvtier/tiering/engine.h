@@ -82,8 +82,9 @@ struct HostBlock {
   Namespace key_ns;  // The namespace its key is chained in (its tenant's and model's).
   std::span<const TokenId> tokens;
   std::span<const std::byte> payload;
-  // False: it has just landed in the host tier (a demotion completed), the
-  // first time since it was committed or imported. True: pressure is dropping
+  // False: it has just landed in the host tier (a demotion completed), or was
+  // just committed (spill_committed), the first time since it was committed
+  // or imported. True: pressure is dropping
   // it from the host tier; its slot is reused once the call returns.
   bool dropped = false;
 };
@@ -130,6 +131,12 @@ struct EngineOptions {
   // tier of stores below the host tier writes through or back. It must not
   // call the engine, nor keep the spans.
   std::function<void(const HostBlock& block)> on_spill;
+  // Offer each committed block to on_spill as soon as its writer is done
+  // (what a write-through store needs to share it at once), not only when it
+  // lands in the host tier: its bytes are copied to a free host slot for the
+  // call. Nothing is evicted for that copy: with the host tier full, the
+  // block is offered when it lands there instead.
+  bool spill_committed = false;
   // Stores below the host tier may hold blocks the index lacks: the index
   // says so to clients (kIndexFlagStoresBelow), so that a worker whose probe
   // misses still asks (Acquire) instead of recomputing at once.

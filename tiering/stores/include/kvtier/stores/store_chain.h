@@ -39,8 +39,8 @@ namespace kvtier::stores {
 
 struct ChainedStore {
   std::unique_ptr<BlockStore> store;
-  // Blocks are written as they land in the host tier (through), or as
-  // pressure drops them from it (back).
+  // Blocks are written as they are committed or land in the host tier
+  // (through: Offer's `dropped` false), or as pressure drops them from it (back).
   bool write_through = false;
 };
 

@@ -1,0 +1,339 @@
+// The stores below the host tier with real kvtierd processes: a disk tier that
+// keeps blocks across a crash, and a Redis tier through which a second daemon
+// ("host B") continues a session another ("host A") started. Every hit's bytes
+// are checked; corrupt and foreign records are misses, counted, never served.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "daemon_config.h"
+#include "kvtier/client.h"
+#include "payload.h"
+#include "process.h"
+#include "redis_server.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::vector<TokenId> Tokens(uint32_t seed, uint32_t blocks) {
+  std::vector<TokenId> t;
+  for (uint32_t i = 0; i < blocks * 16; ++i) t.push_back(seed * 7919 + i);
+  return t;
+}
+
+// A daemon with a client, and what a test does through it.
+class Host {
+ public:
+  explicit Host(const std::string& config) : daemon_(config) {}
+  ~Host() {
+    client_.reset();
+    if (!::testing::Test::HasFailure()) return;
+    std::fprintf(stderr, "--- kvtierd log (%s) ---\n%s", daemon_.instance().c_str(), daemon_.log().c_str());
+  }
+  void Start() {
+    ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+    Connect();
+  }
+  void Connect() {
+    ClientOptions o;
+    o.socket_path = daemon_.socket();
+    o.client_name = "stores-test";
+    o.reconnect = false;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(c).value();
+  }
+  void Kill(int signal) {
+    client_.reset();
+    daemon_.Kill(signal);
+    ASSERT_TRUE(daemon_.Wait(15s).ok());
+    daemon_.RemoveSegments();
+  }
+  Client& c() { return *client_; }
+  DaemonProcess& daemon() { return daemon_; }
+
+  std::map<std::string, double> Stats() {
+    std::map<std::string, double> out;
+    auto s = client_->Stats();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) {
+      for (const auto& [k, v] : *s) out[k] = v;
+    }
+    return out;
+  }
+  // Waits until stats()[name] reaches `value`.
+  bool WaitForStat(const std::string& name, double value, std::chrono::milliseconds limit = 10s) {
+    const auto until = Clock::now() + limit;
+    while (Clock::now() < until) {
+      if (Stats()[name] >= value) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+  // Writes payloads (a function of each key) and commits `tokens` as `session`
+  // (write-through stores get its blocks), then demotes it to the host tier
+  // (so do write-back stores, should pressure drop them from there).
+  void PutAndDemote(const std::string& session, const std::vector<TokenId>& tokens, bool demote = true) {
+    const std::vector<BlockKey> keys = client_->Keys(tokens);
+    auto w = client_->Allocate(static_cast<uint32_t>(keys.size()));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (size_t i = 0; i < keys.size(); ++i) FillPayload(keys[i], w->data(i), w->slot_bytes());
+    auto r = client_->Commit(*w, session, BlockKey{}, 0, tokens);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (!demote) return;
+    // Blocks being copied for a write-through store are pinned meanwhile: the
+    // demotion takes them once the copy landed.
+    size_t demoted = 0;
+    for (int i = 0; i < 500 && demoted < keys.size(); ++i) {
+      auto d = client_->Demote(session);
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      demoted += *d;
+      if (demoted < keys.size()) std::this_thread::sleep_for(2ms);
+    }
+    ASSERT_EQ(demoted, keys.size());
+  }
+
+  // Blocks of `tokens` an Acquire leases, each payload checked after promotion.
+  size_t VerifiedHits(const std::string& session, const std::vector<TokenId>& tokens) {
+    const std::vector<BlockKey> keys = client_->Keys(tokens);
+    auto lease = client_->Acquire(session, tokens);
+    EXPECT_TRUE(lease.ok()) << lease.status().ToString();
+    if (!lease.ok()) return 0;
+    EXPECT_TRUE(lease->Wait(10s).ok());
+    for (size_t i = 0; i < lease->size(); ++i) {
+      EXPECT_TRUE(PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) << "block " << i;
+    }
+    return lease->size();
+  }
+
+ private:
+  DaemonProcess daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+std::string DiskConfig(const std::string& dir, const char* write = "through") {
+  return std::string(kSmallDaemonConfig) + "stores:\n  tiers:\n    - kind: disk\n      path: " + dir +
+         "\n      max_bytes: 64MiB\n      write: " + write + "\n";
+}
+
+std::string FreshDir(const char* what) {
+  std::string dir = "/tmp/kvtier-" + std::string(what) + "-" + std::to_string(::getpid()) + "-" +
+                    std::to_string(Clock::now().time_since_epoch().count());
+  return dir;
+}
+
+// The block file whose name holds `key`'s hex.
+std::string FileOf(const std::string& dir, const BlockKey& key) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().find(key.ToHex()) != std::string::npos) return e.path().string();
+  }
+  return "";
+}
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_ = FreshDir("disk");
+};
+
+TEST_F(DiskTierTest, BlocksWrittenToTheDiskTierAreServedAfterTheDaemonIsKilled) {
+  Host h(DiskConfig(dir_));
+  h.Start();
+  const auto tokens = Tokens(1, 6);
+  h.PutAndDemote("chat", tokens);
+  ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 6)) << "the demoted blocks reach the disk tier";
+  h.Kill(SIGKILL);
+
+  h.Start();
+  EXPECT_EQ(h.Stats()["host_used"], 0) << "no warm restart: the host tier starts empty";
+  EXPECT_EQ(h.VerifiedHits("chat", tokens), 6u);
+  const auto st = h.Stats();
+  EXPECT_EQ(st.at("store.disk.hit_blocks"), 6);
+  EXPECT_EQ(st.at("imported_blocks"), 6);
+  EXPECT_EQ(st.at("store_fetches"), 1);
+  // The next turn finds them in the GPU tier: the stores are not asked again.
+  EXPECT_EQ(h.VerifiedHits("chat", tokens), 6u);
+  EXPECT_EQ(h.Stats().at("store_fetches"), 1);
+}
+
+TEST_F(DiskTierTest, ACorruptOrTruncatedBlockFileIsAMissNeverServed) {
+  Host h(DiskConfig(dir_));
+  h.Start();
+  const auto tokens = Tokens(2, 6);
+  const std::vector<BlockKey> keys = h.c().Keys(tokens);
+  h.PutAndDemote("chat", tokens);
+  ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 6));
+  h.Kill(SIGKILL);
+  // Block 2: a payload byte flipped. Block 4: cut short.
+  const std::string flipped = FileOf(dir_, keys[2]), cut = FileOf(dir_, keys[4]);
+  ASSERT_FALSE(flipped.empty());
+  ASSERT_FALSE(cut.empty());
+  {
+    std::fstream f(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    const char b = static_cast<char>(f.get() ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.put(b);
+  }
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) / 2);
+
+  h.Start();
+  EXPECT_EQ(h.VerifiedHits("chat", tokens), 2u) << "blocks 0 and 1, nothing from the corrupt block 2 on";
+  EXPECT_EQ(h.Stats().at("store.disk.corrupt_records"), 1);
+}
+
+TEST_F(DiskTierTest, BlocksPressureDropsFromTheHostTierAreWrittenBack) {
+  // 16 host slots: a second session's demotion drops the first's blocks, which
+  // a write-back disk tier keeps.
+  std::string config = DiskConfig(dir_, "back");
+  config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 16");
+  Host h(config);
+  h.Start();
+  const auto a = Tokens(3, 12), b = Tokens(4, 12);
+  h.PutAndDemote("a", a);
+  h.PutAndDemote("b", b);
+  ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 8)) << "a's dropped blocks";
+  EXPECT_EQ(h.VerifiedHits("a", a), 12u) << "a's prefix from the host tier, its tail from the disk tier";
+  EXPECT_GE(h.Stats().at("store.disk.hit_blocks"), 8);
+}
+
+// --- The remote tier: two daemons ("hosts") sharing one Redis -----------------
+
+std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster) {
+  std::string list;
+  for (const auto& n : nodes) list += (list.empty() ? "" : ", ") + n;
+  return std::string(kSmallDaemonConfig) +
+         "stores:\n  fetch_budget_ms: 2000\n  tiers:\n    - kind: redis\n      nodes: [" + list +
+         "]\n      cluster: " + (cluster ? "true" : "false") + "\n      timeout_ms: 300\n";
+}
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+    auto r = RedisServer::Start();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    redis_ = std::move(r).value();
+  }
+  // The Redis key of block `key` (a record's name holds its key's hex).
+  std::string RedisKey(const BlockKey& key) {
+    auto k = redis_->Command({"--raw", "KEYS", "*" + key.ToHex()});
+    EXPECT_TRUE(k.ok());
+    return k.ok() ? *k : "";
+  }
+  std::unique_ptr<RedisServer> redis_;
+};
+
+TEST_F(RemoteTierTest, ASessionStartedOnHostAContinuesOnHostBWithTheSameBytes) {
+  Host a(RemoteConfig({redis_->address()}, false)), b(RemoteConfig({redis_->address()}, false));
+  a.Start();
+  b.Start();
+  const auto tokens = Tokens(5, 8);
+  a.PutAndDemote("chat", tokens, /*demote=*/false);  // Written through at commit, from the GPU tier.
+  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 8));
+  EXPECT_EQ(a.Stats()["gpu_used"], 8) << "host A keeps its blocks where they are";
+  EXPECT_EQ(b.VerifiedHits("chat", tokens), 8u);
+  const auto st = b.Stats();
+  EXPECT_EQ(st.at("store.remote.hit_blocks"), 8);
+  EXPECT_EQ(st.at("imported_blocks"), 8);
+  EXPECT_EQ(st.at("promoted_blocks"), 8) << "fetched into the host tier, promoted to the GPU tier";
+  // A longer conversation on host B: the remote prefix, then a miss.
+  auto longer = tokens;
+  for (int i = 0; i < 32; ++i) longer.push_back(900000 + i);
+  EXPECT_EQ(b.VerifiedHits("chat", longer), 8u);
+}
+
+TEST_F(RemoteTierTest, AValueCorruptedOrTakenFromAnotherBlockIsAMissNeverServed) {
+  Host a(RemoteConfig({redis_->address()}, false)), b(RemoteConfig({redis_->address()}, false));
+  a.Start();
+  b.Start();
+  const auto x = Tokens(6, 4), y = Tokens(7, 4);
+  const std::vector<BlockKey> xk = a.c().Keys(x), yk = a.c().Keys(y);
+  a.PutAndDemote("x", x);
+  a.PutAndDemote("y", y);
+  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 8));
+  // x's block 1 holds y's block 1 record; y's block 2 has a payload byte changed.
+  ASSERT_TRUE(redis_->Command({"COPY", RedisKey(yk[1]), RedisKey(xk[1]), "REPLACE"}).ok());
+  auto len = redis_->Command({"STRLEN", RedisKey(yk[2])});
+  ASSERT_TRUE(len.ok());
+  ASSERT_TRUE(redis_->Command({"SETRANGE", RedisKey(yk[2]), std::to_string(std::stoll(*len) - 1), "#"}).ok());
+  EXPECT_EQ(b.VerifiedHits("x", x), 1u);
+  EXPECT_EQ(b.VerifiedHits("y", y), 2u);
+  const auto st = b.Stats();
+  EXPECT_EQ(st.at("store.remote.foreign_records"), 1);
+  EXPECT_EQ(st.at("store.remote.corrupt_records"), 1);
+}
+
+TEST_F(RemoteTierTest, RedisDownCostsABoundedWaitAndIsUsedAgainWhenItIsBack) {
+  Host a(RemoteConfig({redis_->address()}, false)), b(RemoteConfig({redis_->address()}, false));
+  a.Start();
+  b.Start();
+  redis_->Kill(SIGKILL);
+  const auto x = Tokens(8, 4);
+  a.PutAndDemote("x", x);  // Its writes fail: counted, nothing else.
+  ASSERT_TRUE(a.WaitForStat("store.remote.errors", 1));
+  const auto t0 = Clock::now();
+  EXPECT_EQ(b.VerifiedHits("x", x), 0u);
+  EXPECT_LT(Clock::now() - t0, 1500ms) << "a Redis that is down costs at most a timeout";
+  EXPECT_GE(b.Stats().at("store.remote.errors"), 1);
+
+  ASSERT_TRUE(redis_->Restart().ok());
+  std::this_thread::sleep_for(1100ms);  // The stores' reconnect interval.
+  const auto y = Tokens(9, 4);
+  a.PutAndDemote("y", y);
+  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 4));
+  EXPECT_EQ(b.VerifiedHits("y", y), 4u);
+}
+
+TEST(RemoteClusterTest, HostBContinuesThroughARedisClusterAndAKilledMasterOnlyCostsItsKeysUntilFailover) {
+  if (!RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+  auto cluster = RedisCluster::Start(3, 1);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  RedisCluster& rc = **cluster;
+  Host a(RemoteConfig(rc.seeds(), true)), b(RemoteConfig(rc.seeds(), true));
+  a.Start();
+  b.Start();
+  const auto x = Tokens(10, 16);
+  a.PutAndDemote("x", x);
+  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 16));
+  EXPECT_EQ(b.VerifiedHits("x", x), 16u);
+
+  ASSERT_TRUE(rc.WaitForReplication().ok());
+  rc.KillMaster(0);
+  // Both hosts go on answering while the master is gone; its keys are misses.
+  const auto y = Tokens(11, 16);
+  a.PutAndDemote("y", y);
+  EXPECT_TRUE(a.WaitForStat("store.remote.errors", 1)) << "the dead master's writes fail, counted";
+  const auto t0 = Clock::now();
+  const size_t partial = b.VerifiedHits("y", y);
+  EXPECT_LE(partial, 16u);
+  EXPECT_LT(Clock::now() - t0, 3s);
+
+  ASSERT_TRUE(rc.WaitForFailover().ok());
+  std::this_thread::sleep_for(1100ms);  // The stores' reconnect interval.
+  const auto z = Tokens(12, 16);
+  a.PutAndDemote("z", z);
+  // x's and z's batches (y's failed on the dead master's keys: counted as an error).
+  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 32));
+  // Every block of z is readable through the cluster once the replica took over.
+  const auto until = Clock::now() + 10s;
+  size_t hits = 0;
+  while ((hits = b.VerifiedHits("z", z)) < 16 && Clock::now() < until) {
+    b.c().Evict("z");
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_EQ(hits, 16u);
+}
+
+}  // namespace
+}  // namespace kvtier::testing
