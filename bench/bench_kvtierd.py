@@ -22,16 +22,17 @@ profiles:
     block_tokens: 16
     gpu_blocks: {blocks}
     host_blocks: {blocks}
-"""
+{extra}"""
 
 
-def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks):
-    """Starts kvtierd with `blocks` slots per tier; returns (process, socket) once it answers."""
+def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks, extra=""):
+    """Starts kvtierd with `blocks` slots per tier (and `extra` configuration
+    text, such as a stores: section); returns (process, socket) once it answers."""
     sock = os.path.join(tmp, "kvtierd.sock")
     path = os.path.join(tmp, "kvtierd.yaml")
     with open(path, "w") as f:
         f.write(CONFIG.format(instance="bench-" + uuid.uuid4().hex[:10], socket=sock, layers=layers,
-                              kv_heads=kv_heads, head_dim=head_dim, blocks=blocks))
+                              kv_heads=kv_heads, head_dim=head_dim, blocks=blocks, extra=extra))
     log = open(os.path.join(tmp, "kvtierd.log"), "w")
     proc = subprocess.Popen([binary, "--config", path], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
