@@ -663,6 +663,7 @@ void Server::Impl::Shutdown(const char* why) {
   const Status st = service.WaitIdle(std::chrono::seconds(10));
   if (!st.ok()) LogWarn("copies still in flight at shutdown: " + st.ToString());
   service.SaveForRestart(std::chrono::seconds(10));
+  service.SpillForRestart(std::chrono::seconds(20));
   io.stop();
 }
 

@@ -139,6 +139,26 @@ void Service::NoteExpiredLease(ClientState& c, uint64_t lease, const char* use) 
 
 void Service::SaveForRestart(std::chrono::milliseconds budget) { warm_.SaveAtShutdown(engines_, config_, budget); }
 
+void Service::SpillForRestart(std::chrono::milliseconds budget) {
+  if (stores_ == nullptr || warm_.enabled()) return;
+  bool write_back = false;
+  for (const StoreTierConfig& t : config_.stores.tiers) write_back |= !t.write_through;
+  if (!write_back) return;
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + budget;
+  for (EngineMember& m : engines_) m.engine->DemoteForShutdown();
+  for (EngineMember& m : engines_) (void)m.engine->WaitIdle(budget / 2);
+  stores_->WaitForRoomUntil(until);
+  uint32_t offered = 0;
+  for (EngineMember& m : engines_) offered += m.engine->SpillHostTier();
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  stores_->set_drain(std::max(left, std::chrono::milliseconds(100)));
+  LogInfo("stores: offered " + std::to_string(offered) + " host-tier blocks to the write-back stores at shutdown (" +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()) +
+          " ms); writing what is queued for at most " + std::to_string(std::max<int64_t>(left.count(), 100)) + " ms");
+}
+
 void Service::Poll() {
   for (EngineMember& m : engines_) m.engine->Poll();
 }

@@ -133,6 +133,11 @@ class Service {
   // waits up to `budget` for the copies, and writes each profile's manifest
   // (clean). Call at shutdown, after the clients are gone.
   void SaveForRestart(std::chrono::milliseconds budget);
+  // Without warm restart, with a write-back store: demotes what fits to the
+  // host tier and offers the host tier's blocks to the write-back stores,
+  // writing them for at most `budget` (what a restart then finds there).
+  // Call at shutdown, after SaveForRestart.
+  void SpillForRestart(std::chrono::milliseconds budget);
 
   // Metrics the server measures: a request of `type` was answered `took` after
   // its frame was decoded (reply encoded and queued); a frame did not decode.

@@ -192,6 +192,20 @@ TEST_F(DiskTierTest, ACorruptOrTruncatedBlockFileIsAMissNeverServed) {
   EXPECT_EQ(h.Stats().at("store.disk.corrupt_records"), 1);
 }
 
+TEST_F(DiskTierTest, ACleanStopWritesTheCachedBlocksBackForTheNextStart) {
+  Host h(DiskConfig(dir_, "back"));
+  h.Start();
+  const auto tokens = Tokens(13, 10);
+  h.PutAndDemote("chat", tokens, /*demote=*/false);  // In the GPU tier when the daemon stops.
+  EXPECT_EQ(h.Stats()["store.disk.put_blocks"], 0) << "a write-back store gets nothing while there is room";
+  h.Kill(SIGTERM);
+  EXPECT_NE(h.daemon().log().find("stores: offered 10 host-tier blocks to the write-back stores at shutdown"),
+            std::string::npos);
+  h.Start();
+  EXPECT_EQ(h.VerifiedHits("chat", tokens), 10u);
+  EXPECT_EQ(h.Stats().at("store.disk.hit_blocks"), 10);
+}
+
 TEST_F(DiskTierTest, BlocksPressureDropsFromTheHostTierAreWrittenBack) {
   // 16 host slots: a second session's demotion drops the first's blocks, which
   // a write-back disk tier keeps.

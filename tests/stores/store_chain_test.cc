@@ -271,5 +271,18 @@ TEST_F(StoreChainTest, WhatIsQueuedIsWrittenWhenTheChainStops) {
   EXPECT_EQ(remote_->size(), 8u);
 }
 
+TEST_F(StoreChainTest, AtShutdownOffersWaitForQueueRoomInsteadOfBeingDropped) {
+  const Chain c(6);
+  Start(/*queue_bytes=*/c.Record(0).size());  // One record at a time.
+  chain_->WaitForRoomUntil(std::chrono::steady_clock::now() + 10s);
+  for (size_t i = 0; i < 6; ++i) {
+    const auto p = c.Payload(i);
+    chain_->Offer({kFingerprint, c.keys[i], c.Parent(i), c.ns}, c.Block(i), p, /*dropped=*/true);
+  }
+  Drain();
+  EXPECT_EQ(disk_->size(), 6u);
+  EXPECT_EQ(chain_->stats()[0].put_dropped, 0u);
+}
+
 }  // namespace
 }  // namespace kvtier::stores

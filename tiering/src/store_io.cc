@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 
 #include "engine_impl.h"
 
@@ -129,6 +130,20 @@ uint32_t Engine::Impl::ImportFetched(const Tenant& tenant, std::span<const Block
   st.imported_blocks += imported;
   if (imported > 0) ++changes;
   return imported;
+}
+
+uint32_t Engine::SpillHostTier() {
+  Impl& m = *impl_;
+  if (!m.opt.on_spill) return 0;
+  m.mover.Poll();
+  const std::vector<Session*> coldest_first = m.sessions.ColdestFirst();
+  std::unordered_set<uint32_t> offered;
+  for (auto it = coldest_first.rbegin(); it != coldest_first.rend(); ++it) {
+    for (uint32_t r : (*it)->chain) {
+      if (m.blocks[r].ReadyIn(Tier::kHost) && offered.insert(r).second) m.Spill(r, /*dropped=*/true);
+    }
+  }
+  return static_cast<uint32_t>(offered.size());
 }
 
 }  // namespace kvtier::tiering

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -44,6 +45,8 @@ struct StoreChain::Impl {
 
   mutable std::mutex mu;
   std::condition_variable wake;
+  std::condition_variable room;  // Queued bytes went down (WaitForRoomUntil).
+  std::optional<Clock::time_point> wait_for_room_until;
   bool stopping = false;
   std::chrono::milliseconds drain{2000};
   std::deque<Fetch> fetches;                       // Waiting, oldest first.
@@ -80,6 +83,11 @@ StoreChain::~StoreChain() {
   impl_->io.join();
 }
 
+void StoreChain::WaitForRoomUntil(std::chrono::steady_clock::time_point until) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->wait_for_room_until = until;
+}
+
 void StoreChain::set_drain(std::chrono::milliseconds drain) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->drain = drain;
@@ -96,7 +104,14 @@ void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId>
   }
   if (takers.empty()) return;
   const uint64_t bytes = BlockRecordBytes(tokens.size(), payload.size());
-  if (m.queued_total.load(std::memory_order_relaxed) + bytes * takers.size() > m.options.max_queued_bytes) {
+  auto full = [&] {
+    return m.queued_total.load(std::memory_order_relaxed) + bytes * takers.size() > m.options.max_queued_bytes;
+  };
+  if (full()) {
+    std::unique_lock<std::mutex> lock(m.mu);
+    if (m.wait_for_room_until) m.room.wait_until(lock, *m.wait_for_room_until, [&] { return !full(); });
+  }
+  if (full()) {
     for (Impl::Member* s : takers) s->counters.put_dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -226,6 +241,7 @@ bool StoreChain::Impl::PutOneBatch(std::unique_lock<std::mutex>& lock) {
     c.queued_bytes.fetch_sub(bytes, std::memory_order_relaxed);
     queued_total.fetch_sub(bytes, std::memory_order_relaxed);
     lock.lock();
+    room.notify_all();
     return true;
   }
   return false;

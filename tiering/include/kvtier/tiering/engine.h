@@ -485,6 +485,10 @@ class Engine {
   // first, while the host tier has free slots (nothing in it is dropped for
   // room). Leased and moving blocks stay. Returns how many; WaitIdle lands them.
   uint32_t DemoteForShutdown();
+  // Offers every session's host-tier blocks to on_spill as dropped (what
+  // write-back stores keep), warmest session first: what a shutdown that
+  // loses the host tier does. Each block once. Returns how many.
+  uint32_t SpillHostTier();
   // Takes over the host tier an earlier run left (REQUIRES: options().warm_restart,
   // and nothing cached or in a session yet). A block is adopted only if its parent is
   // the null key or an adopted block, its key recomputes from parent + namespace

@@ -120,6 +120,9 @@ class StoreChain {
   std::vector<StoreStats> stats() const;
   // How long the destructor writes queued records for.
   void set_drain(std::chrono::milliseconds drain);
+  // Until `until`, an Offer past max_queued_bytes waits for room instead of
+  // being dropped (a shutdown, when nothing else waits on the caller).
+  void WaitForRoomUntil(std::chrono::steady_clock::time_point until);
 
  private:
   struct Impl;
