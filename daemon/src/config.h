@@ -95,6 +95,9 @@ struct StoresConfig {
   uint32_t fetch_budget_ms = 100;
   std::string key_prefix = "kvtier:";          // Of every key kvtierd writes to a store.
   uint64_t queue_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most; past it they are skipped.
+  // One Acquire fetches at most this many bytes of blocks (whole blocks, at
+  // least one): what a fetch holds in memory before the host tier takes it.
+  uint64_t max_fetch_bytes = uint64_t{256} << 20;
   friend bool operator==(const StoresConfig&, const StoresConfig&) = default;
 };
 

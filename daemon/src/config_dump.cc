@@ -127,6 +127,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  fetch_budget_ms: " << st.fetch_budget_ms << "\n"
     << "  key_prefix: " << (st.key_prefix.empty() ? "\"\"" : YamlString(st.key_prefix)) << "\n"
     << "  queue_bytes: " << st.queue_bytes << "\n"
+    << "  max_fetch_bytes: " << st.max_fetch_bytes << "\n"
     << "  tiers:" << (st.tiers.empty() ? " []" : "") << "\n";
   for (const StoreTierConfig& t : st.tiers) {
     o << "    - kind: " << t.kind << "\n"
@@ -225,6 +226,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("stores.fetch_budget_ms", std::to_string(c.stores.fetch_budget_ms), false);
   add("stores.key_prefix", "\"" + c.stores.key_prefix + "\"", false);
   add("stores.queue_bytes", std::to_string(c.stores.queue_bytes), false);
+  add("stores.max_fetch_bytes", std::to_string(c.stores.max_fetch_bytes), false);
   for (size_t i = 0; i < c.stores.tiers.size(); ++i) {
     const StoreTierConfig& t = c.stores.tiers[i];
     const std::string k = "stores.tiers[" + std::to_string(i) + "].";

@@ -57,12 +57,14 @@ Status ParseTier(const YAML::Node& node, const std::string& path, const std::str
 Status ParseStores(const YAML::Node& node, const std::string& source, StoresConfig* out) {
   if (!node.IsMap()) return InvalidArgument(source + ": stores: expected a mapping (fetch_budget_ms, tiers, ...)");
   Section s(node, "stores", source);
-  KVTIER_RETURN_IF_ERROR(s.Known({"tiers", "fetch_budget_ms", "key_prefix", "queue_bytes"}));
+  KVTIER_RETURN_IF_ERROR(s.Known({"tiers", "fetch_budget_ms", "key_prefix", "queue_bytes", "max_fetch_bytes"}));
   KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("fetch_budget_ms", &out->fetch_budget_ms, 1, 60000));
   KVTIER_RETURN_IF_ERROR(s.ReadString("key_prefix", &out->key_prefix));
   if (out->key_prefix.size() > 64) return s.Error("key_prefix", "must be at most 64 bytes");
   KVTIER_RETURN_IF_ERROR(s.ReadBytes("queue_bytes", &out->queue_bytes));
   if (out->queue_bytes < (1u << 20)) return s.Error("queue_bytes", "must be at least 1MiB");
+  KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_fetch_bytes", &out->max_fetch_bytes));
+  if (out->max_fetch_bytes < (1u << 20)) return s.Error("max_fetch_bytes", "must be at least 1MiB");
   YAML::Node tiers = s.Get("tiers");
   if (tiers && !tiers.IsNull()) {
     if (!tiers.IsSequence()) return s.Error("tiers", "expected a list of stores (kind: disk or redis)");

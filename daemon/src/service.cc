@@ -488,6 +488,9 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   if (config_.max_session_blocks != 0) want = std::min<size_t>(want, config_.max_session_blocks);
   const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model);
   if (matched >= want) return false;
+  // At most stores.max_fetch_bytes held in memory per fetch (at least one block).
+  const uint64_t most = std::max<uint64_t>(1, config_.stores.max_fetch_bytes / profile.BlockBytes());
+  want = std::min<size_t>(want, matched + most);
   stores::FetchRequest r;
   r.profile_fingerprint = profile.Fingerprint();
   r.payload_bytes = profile.BlockBytes();

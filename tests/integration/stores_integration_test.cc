@@ -36,6 +36,10 @@ class Host {
   explicit Host(const std::string& config) : daemon_(config) {}
   ~Host() {
     client_.reset();
+    const std::string log = daemon_.log();
+    for (const char* bad : {"ThreadSanitizer", "AddressSanitizer", "LeakSanitizer", "runtime error:"}) {
+      EXPECT_EQ(log.find(bad), std::string::npos) << "kvtierd's log reports " << bad;
+    }
     if (!::testing::Test::HasFailure()) return;
     std::fprintf(stderr, "--- kvtierd log (%s) ---\n%s", daemon_.instance().c_str(), daemon_.log().c_str());
   }

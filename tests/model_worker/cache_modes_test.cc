@@ -1,15 +1,15 @@
 // The three cache modes agree: a real kvtierd, the worker's transformer in this
 // process, and a second worker process that shares a system prompt. Every turn's
 // logits (each decoding step) must match recomputation within 1e-4 (fp32).
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <functional>
 #include <thread>
 
-#include <gtest/gtest.h>
-
 #include "chat.h"
 #include "process.h"
+#include "redis_server.h"
 #include "tiny_model.h"
 #include "transformer.h"
 #include "workload.h"
@@ -78,8 +78,11 @@ bool WaitAllOnHost(Client& c, const std::string& session) {
 
 class CacheModesTest : public ::testing::Test {
  protected:
+  // The daemon's configuration (a derived fixture adds stores).
+  virtual std::string Config() { return kConfig; }
+
   void SetUp() override {
-    daemon_ = std::make_unique<DaemonProcess>(kConfig);
+    daemon_ = std::make_unique<DaemonProcess>(Config());
     ASSERT_TRUE(daemon_->Start().ok()) << daemon_->log();
     auto m = Transformer::Create(TinyModel());
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -93,12 +96,12 @@ class CacheModesTest : public ::testing::Test {
 
   // Runs kvtier-worker for session 1's first turn (it commits the system
   // prompt), with `extra` flags after the model's; returns its last line.
-  std::string RunOtherWorker(const std::vector<std::string>& extra) {
+  std::string RunOtherWorker(const std::vector<std::string>& extra, const std::string& socket = "") {
     std::vector<std::string> argv = {KVTIER_MODEL_WORKER_PATH,
                                      "--cache",
                                      "kvtier",
                                      "--socket",
-                                     daemon_->socket(),
+                                     socket.empty() ? daemon_->socket() : socket,
                                      "--json",
                                      "--sessions",
                                      "2",
@@ -255,6 +258,61 @@ TEST_F(CacheModesTest, WorkerRejectsADaemonProfileThatDoesNotFitTheModel) {
   auto r = ChatRunner::Create(**m, {.mode = CacheMode::kKvtier, .client = client_.get()});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("does not fit"), std::string::npos) << r.status().message();
+}
+
+// Two hosts, each a kvtierd, sharing a Redis: a kvtier-worker process on host A
+// serves session 1's first turn (it commits the system prompt, written through
+// to Redis); this process, on host B, then serves session 0, whose first turn
+// finds the system prompt in Redis, with the logits of recomputing every step.
+class CacheModesAcrossHostsTest : public CacheModesTest {
+ protected:
+  std::string Config() override {
+    return std::string(kConfig) + "stores:\n  fetch_budget_ms: 5000\n  tiers:\n    - kind: redis\n      nodes: [" +
+           redis_->address() + "]\n";
+  }
+  void SetUp() override {
+    if (!kvtier::testing::RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+    auto r = kvtier::testing::RedisServer::Start();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    redis_ = std::move(r).value();
+    host_a_ = std::make_unique<DaemonProcess>(Config());
+    ASSERT_TRUE(host_a_->Start().ok()) << host_a_->log();
+    CacheModesTest::SetUp();  // Host B: daemon_ and client_.
+  }
+  void TearDown() override {
+    CacheModesTest::TearDown();
+    if (host_a_ != nullptr) {
+      host_a_->Kill(SIGTERM);
+      (void)host_a_->Wait(10s);
+    }
+  }
+  std::unique_ptr<kvtier::testing::RedisServer> redis_;
+  std::unique_ptr<DaemonProcess> host_a_;
+};
+
+TEST_F(CacheModesAcrossHostsTest, AWorkerOnHostBGetsTheSystemPromptAWorkerOnHostAComputedWithEqualLogits) {
+  RunOtherWorker({}, host_a_->socket());
+  auto on_a = Connect(host_a_->socket(), model_id_);
+  ASSERT_NE(on_a, nullptr);
+  double written = 0;
+  for (int i = 0; i < 500 && written < 4; ++i) {
+    auto st = on_a->Stats();
+    ASSERT_TRUE(st.ok());
+    for (const auto& [k, v] : *st) written = k == "store.remote.put_blocks" ? v : written;
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(written, 4) << "host A wrote the system prompt's blocks through to Redis";
+  EXPECT_EQ(client_->GetSession("chat-1").status().code(), StatusCode::kNotFound) << "host B never saw chat-1";
+
+  std::vector<TurnResult> turns;
+  ExpectModesAgree(
+      0, [](const std::string&) {}, &turns);
+  EXPECT_EQ(turns[0].cached_tokens, 64u) << "the system prompt's 4 full blocks came from Redis";
+  auto st = client_->Stats();
+  ASSERT_TRUE(st.ok());
+  double hits = 0;
+  for (const auto& [k, v] : *st) hits = k == "store.remote.hit_blocks" ? v : hits;
+  EXPECT_EQ(hits, 4);
 }
 
 }  // namespace

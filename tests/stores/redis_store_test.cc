@@ -575,7 +575,7 @@ TEST(RedisClusterFailoverTest, AKilledMastersKeysFailUntilItsReplicaTakesOverThe
   ASSERT_TRUE(cluster.WaitForFailover().ok());
   // The first call after the failover may still meet the dead master's
   // reconnect_interval; within a second every key is served from the replica.
-  std::optional<std::vector<std::optional<std::string>>> after;
+  std::optional<std::vector<std::optional<StoreValue>>> after;
   const auto deadline = Clock::now() + std::chrono::seconds(3);
   do {
     auto r = store->Get(keys);

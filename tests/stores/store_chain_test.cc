@@ -49,13 +49,13 @@ class MemoryStore final : public BlockStore {
     while (n < keys.size() && d_->values.count(keys[n]) != 0) ++n;
     return n;
   }
-  Result<std::vector<std::optional<std::string>>> Get(std::span<const std::string> keys) override {
+  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) override {
     std::lock_guard<std::mutex> l(d_->mu);
     if (d_->down) return Unavailable(kind_ + " is down");
-    std::vector<std::optional<std::string>> out;
+    std::vector<std::optional<StoreValue>> out;
     for (const auto& k : keys) {
       auto it = d_->values.find(k);
-      out.push_back(it == d_->values.end() ? std::nullopt : std::optional<std::string>(it->second));
+      out.push_back(it == d_->values.end() ? std::nullopt : std::optional<StoreValue>(StoreValue::Copy(it->second)));
     }
     return out;
   }

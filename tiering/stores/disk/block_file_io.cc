@@ -131,7 +131,7 @@ int BlockFileIo::WriteFile(const std::string& temp_name, std::string_view value,
   return err != 0 ? err : close_err;
 }
 
-int BlockFileIo::Read(const std::string& name, uint64_t max_bytes, std::string* out) {
+int BlockFileIo::Read(const std::string& name, uint64_t max_bytes, StoreValue* out) {
   int err = ReadFile(name, max_bytes, out, direct());
   if (err == EINVAL && direct()) {
     direct_.store(false, std::memory_order_relaxed);
@@ -140,7 +140,7 @@ int BlockFileIo::Read(const std::string& name, uint64_t max_bytes, std::string* 
   return err;
 }
 
-int BlockFileIo::ReadFile(const std::string& name, uint64_t max_bytes, std::string* out, bool direct) {
+int BlockFileIo::ReadFile(const std::string& name, uint64_t max_bytes, StoreValue* out, bool direct) {
   UniqueFd fd(::openat(dir_fd_, name.c_str(), O_RDONLY | OpenFlags(direct)));
   if (!fd) return errno == ELOOP ? ENOENT : errno;  // A symbolic link is no block file.
   struct stat st {};
@@ -148,19 +148,15 @@ int BlockFileIo::ReadFile(const std::string& name, uint64_t max_bytes, std::stri
   if (!S_ISREG(st.st_mode)) return ENOENT;
   if (static_cast<uint64_t>(st.st_size) > max_bytes) return EFBIG;
   const auto size = static_cast<size_t>(st.st_size);
-  if (direct) {
-    const size_t padded = RoundUp(size);
-    std::byte* buf = buffer_.Reserve(padded);
-    if (buf == nullptr) return ENOMEM;
-    const ssize_t got = ReadUpTo(fd.get(), buf, padded, true);
-    if (got < 0) return static_cast<int>(-got);
-    out->assign(reinterpret_cast<const char*>(buf), static_cast<size_t>(got));
-  } else {
-    out->resize(size);
-    const ssize_t got = ReadUpTo(fd.get(), reinterpret_cast<std::byte*>(out->data()), size, false);
-    if (got < 0) return static_cast<int>(-got);
-    out->resize(static_cast<size_t>(got));
-  }
+  // Read straight into the buffer handed on: aligned (and padded) for O_DIRECT.
+  const size_t capacity = direct ? RoundUp(size) : size;
+  void* mem = nullptr;
+  if (capacity != 0 && ::posix_memalign(&mem, kDirectIoAlign, capacity) != 0) return ENOMEM;
+  StoreValue buf = StoreValue::Adopt(static_cast<char*>(mem), capacity);
+  const ssize_t got = capacity == 0 ? 0 : ReadUpTo(fd.get(), reinterpret_cast<std::byte*>(mem), capacity, direct);
+  if (got < 0) return static_cast<int>(-got);
+  buf.Shrink(static_cast<size_t>(got));  // The bytes read: the file may have changed size since fstat.
+  *out = std::move(buf);
   const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
   ::futimens(fd.get(), times);  // Best effort: only the next Open's order depends on it.
   return 0;

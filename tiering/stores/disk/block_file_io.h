@@ -21,6 +21,8 @@
 #include <string>
 #include <string_view>
 
+#include "kvtier/stores/block_store.h"
+
 namespace kvtier::stores::disk {
 
 // The alignment (memory, offsets and lengths) of O_DIRECT transfers: a
@@ -84,14 +86,15 @@ class BlockFileIo {
   // under temp_name and whatever was under `name` is untouched.
   int Write(const std::string& temp_name, const std::string& name, std::string_view value);
 
-  // Reads file `name` whole into *out and marks it used (sets its mtime, which
+  // Reads file `name` whole into *out (a buffer of its own, read into
+  // directly: no copy) and marks it used (sets its mtime, which
   // orders the next Open's index). Returns 0 or an errno: ENOENT when there is
   // no regular file of that name, EFBIG when it is over max_bytes long.
-  int Read(const std::string& name, uint64_t max_bytes, std::string* out);
+  int Read(const std::string& name, uint64_t max_bytes, StoreValue* out);
 
  private:
   int WriteFile(const std::string& temp_name, std::string_view value, bool direct);
-  int ReadFile(const std::string& name, uint64_t max_bytes, std::string* out, bool direct);
+  int ReadFile(const std::string& name, uint64_t max_bytes, StoreValue* out, bool direct);
 
   int dir_fd_;
   std::atomic<bool> direct_;

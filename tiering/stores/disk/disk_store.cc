@@ -59,7 +59,7 @@ class DiskStore final : public BlockStore {
   std::string_view kind() const override { return "disk"; }
   std::string Describe() const override;
   Result<size_t> Present(std::span<const std::string> keys) override;
-  Result<std::vector<std::optional<std::string>>> Get(std::span<const std::string> keys) override;
+  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) override;
   Status Put(std::span<const StoreItem> items) override;
   std::vector<StoreCounter> Counters() const override;
 
@@ -145,8 +145,8 @@ Result<size_t> DiskStore::Present(std::span<const std::string> keys) {
   return n;
 }
 
-Result<std::vector<std::optional<std::string>>> DiskStore::Get(std::span<const std::string> keys) {
-  std::vector<std::optional<std::string>> out;
+Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const std::string> keys) {
+  std::vector<std::optional<StoreValue>> out;
   out.reserve(keys.size());
   for (const std::string& key : keys) {
     const std::optional<std::string> name = disk::BlockFileName(key);
@@ -154,7 +154,7 @@ Result<std::vector<std::optional<std::string>>> DiskStore::Get(std::span<const s
       out.emplace_back();
       continue;
     }
-    std::string value;
+    StoreValue value;
     const int err = io_.Read(*name, options_.max_bytes, &value);
     if (err == 0) {
       index_.Put(*name, value.size());  // The size read, should the file have changed.

@@ -126,7 +126,7 @@ class RedisStore final : public BlockStore {
   std::string_view kind() const override { return "remote"; }
   std::string Describe() const override;
   Result<size_t> Present(std::span<const std::string> keys) override;
-  Result<std::vector<std::optional<std::string>>> Get(std::span<const std::string> keys) override;
+  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) override;
   Status Put(std::span<const StoreItem> items) override;
   std::vector<StoreCounter> Counters() const override;
 
@@ -426,7 +426,7 @@ Result<size_t> RedisStore::Present(std::span<const std::string> keys) {
   return held;
 }
 
-Result<std::vector<std::optional<std::string>>> RedisStore::Get(std::span<const std::string> keys) {
+Result<std::vector<std::optional<StoreValue>>> RedisStore::Get(std::span<const std::string> keys) {
   std::vector<Request> requests;
   requests.reserve(keys.size());
   for (const std::string& k : keys) requests.push_back({k, {}});
@@ -434,11 +434,15 @@ Result<std::vector<std::optional<std::string>>> RedisStore::Get(std::span<const 
   if (!out.empty() && std::none_of(out.begin(), out.end(), [](const Outcome& o) { return o.answered(); })) {
     return Summarize("get", out);
   }
-  std::vector<std::optional<std::string>> values(out.size());
+  std::vector<std::optional<StoreValue>> values(out.size());
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].answered() && out[i].reply->type == REDIS_REPLY_STRING) {
-      values[i].emplace(out[i].reply->str, out[i].reply->len);
-      out[i].reply.reset();  // Hold one copy of a value at a time, not two.
+      // The reply's buffer (hiredis allocates it with malloc) is handed on, not copied.
+      redisReply& r = *out[i].reply;
+      values[i].emplace(StoreValue::Adopt(r.str, r.len));
+      r.str = nullptr;
+      r.len = 0;
+      out[i].reply.reset();
     }
   }
   return values;

@@ -2,7 +2,9 @@
 #include "kvtier/stores/block_record.h"
 
 #include <bit>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -45,6 +47,15 @@ uint64_t HeaderChecksum(std::string_view record, size_t tokens) {
 RecordCheck Fault(RecordFault f, std::string why) { return RecordCheck{f, std::move(why), {}}; }
 
 }  // namespace
+
+StoreValue StoreValue::Copy(std::string_view bytes) {
+  char* p = bytes.empty() ? nullptr : static_cast<char*>(std::malloc(bytes.size()));
+  if (p == nullptr && !bytes.empty()) throw std::bad_alloc();
+  if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
+  return Adopt(p, bytes.size());
+}
+
+void StoreValue::Free::operator()(char* p) const { std::free(p); }
 
 std::string StoreKey(std::string_view prefix, uint64_t profile_fingerprint, const BlockKey& key) {
   static constexpr char kDigits[] = "0123456789abcdef";

@@ -288,7 +288,7 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
           e.parent = i == 0 ? r.parent : r.keys[i - 1];
           e.tokens = std::span<const TokenId>(r.tokens).subspan(i * r.block_tokens, r.block_tokens);
           e.payload_bytes = r.payload_bytes;
-          const RecordCheck check = VerifyBlockRecord(*v, e);
+          const RecordCheck check = VerifyBlockRecord(v->view(), e);
           if (!check.ok()) {
             (check.fault == RecordFault::kCorrupt ? c.corrupt : c.foreign).fetch_add(1, std::memory_order_relaxed);
             break;
@@ -307,7 +307,7 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
   }
   // Payloads point into the records, whose buffers no longer move.
   for (size_t i = 0; i < out.records.size(); ++i) {
-    const std::string& rec = out.records[i];
+    const StoreValue& rec = out.records[i];
     const size_t at = kRecordHeaderBytes + r.block_tokens * sizeof(TokenId);
     out.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, rec.size() - at);
   }

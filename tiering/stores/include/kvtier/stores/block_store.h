@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,6 +37,38 @@ std::string StoreKey(std::string_view prefix, uint64_t profile_fingerprint, cons
 struct StoreItem {
   std::string key;
   std::string value;
+};
+
+// Bytes a store returns: one heap buffer it hands over, freed with free(), so
+// that a buffer a library allocated (a hiredis reply's, an aligned O_DIRECT
+// read's) is passed on without a copy.
+class StoreValue {
+ public:
+  StoreValue() = default;
+  // Takes `data` (from malloc, posix_memalign or aligned_alloc; null only
+  // with size 0) to free it.
+  static StoreValue Adopt(char* data, size_t size) {
+    StoreValue v;
+    v.data_.reset(data);
+    v.size_ = size;
+    return v;
+  }
+  static StoreValue Copy(std::string_view bytes);
+
+  std::string_view view() const { return {data_.get(), size_}; }
+  operator std::string_view() const { return view(); }  // NOLINT(google-explicit-constructor): bytes, like std::string.
+  friend bool operator==(const StoreValue& a, std::string_view b) { return a.view() == b; }
+  // Keeps the first `n` bytes. REQUIRES: n <= size().
+  void Shrink(size_t n) { size_ = n; }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(char* p) const;
+  };
+  std::unique_ptr<char, Free> data_;
+  size_t size_ = 0;
 };
 
 // One counter a store keeps beyond what its StoreChain measures
@@ -65,7 +98,7 @@ class BlockStore {
   // (it may have gone since Present). Errors as Present's; a store that can
   // answer some keys and not others (one cluster node down) answers those it
   // can and leaves the others nullopt.
-  virtual Result<std::vector<std::optional<std::string>>> Get(std::span<const std::string> keys) = 0;
+  virtual Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) = 0;
 
   // Stores `items`, replacing the values of keys it holds. Errors as
   // Present's; a store past its byte cap makes room (its least recently used

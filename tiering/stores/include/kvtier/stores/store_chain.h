@@ -63,7 +63,7 @@ struct FetchRequest {
 struct FetchResult {
   // The verified records of the first blocks asked for, in order; payloads[i]
   // points into records[i].
-  std::vector<std::string> records;
+  std::vector<StoreValue> records;
   std::vector<std::span<const std::byte>> payloads;
   std::vector<uint8_t> store;  // Which store (index in the chain) served each.
   Status status;               // The first store error met (the fetch went on without that store).
