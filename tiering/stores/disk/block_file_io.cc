@@ -157,8 +157,15 @@ int BlockFileIo::ReadFile(const std::string& name, uint64_t max_bytes, StoreValu
   if (got < 0) return static_cast<int>(-got);
   buf.Shrink(static_cast<size_t>(got));  // The bytes read: the file may have changed size since fstat.
   *out = std::move(buf);
-  const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
-  ::futimens(fd.get(), times);  // Best effort: only the next Open's order depends on it.
+  // Best effort, and only for a file not marked in the last kMtimeGranularity:
+  // each mark is an inode write (a journal entry), and only the next Open's
+  // order depends on it.
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  if (now.tv_sec - st.st_mtim.tv_sec >= kMtimeGranularity.count()) {
+    const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+    ::futimens(fd.get(), times);
+  }
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -54,6 +55,9 @@ class UniqueFd {
 };
 
 // A growing buffer aligned for O_DIRECT.
+// A read marks its file used (its mtime) at most this often.
+inline constexpr std::chrono::seconds kMtimeGranularity{60};
+
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -87,7 +91,8 @@ class BlockFileIo {
   int Write(const std::string& temp_name, const std::string& name, std::string_view value);
 
   // Reads file `name` whole into *out (a buffer of its own, read into
-  // directly: no copy) and marks it used (sets its mtime, which
+  // directly: no copy) and marks it used (sets its mtime, unless that is
+  // less than kMtimeGranularity old, which
   // orders the next Open's index). Returns 0 or an errno: ENOENT when there is
   // no regular file of that name, EFBIG when it is over max_bytes long.
   int Read(const std::string& name, uint64_t max_bytes, StoreValue* out);

@@ -21,7 +21,8 @@
 //   missing, empty or damaged. Callers verify every record they get (a damaged
 //   one is a miss), so none of these serves a wrong byte.
 // - keeps use order across restarts in the files' mtimes (a put writes it, a
-//   get sets it): Open indexes the oldest mtime as the least recently used.
+//   get sets it unless it is less than a minute old: kMtimeGranularity): Open
+//   indexes the oldest mtime as the least recently used.
 //
 // Present() answers from the index alone (no file is touched); Get() of a
 // file that has gone behind the store's back is a miss, and forgets it.
