@@ -311,9 +311,10 @@ int RunStoreBench(int argc, char** argv) {
   Progress("kvtier-bench stores%s on %s (%u cores): batches of %u blocks of 2 MiB, %d rounds\n",
            quick ? " --quick (smoke-test sizes)" : "", machine.cpu_model.c_str(), machine.cores, z.blocks, z.rounds);
   // As kvtierd does with stores configured (store_factory.cc): fetch buffers
-  // are reused, not handed back to the kernel between fetches.
+  // are reused, not handed back to the kernel between fetches (one arena, no trim).
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  ::mallopt(M_ARENA_MAX, 1);
   char tmpl[] = "/tmp/kvtier-store-bench-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) Die("mkdtemp");
   const std::string dir = tmpl;
