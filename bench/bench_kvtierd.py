@@ -1,5 +1,6 @@
-"""The Python benchmarks' kvtierd: a host-backend daemon on one fp32 profile
-(16-token blocks), configured and started in a scratch directory."""
+"""What the Python benchmarks share: their kvtierd (a host-backend daemon on one
+fp32 profile of 16-token blocks, configured and started in a scratch
+directory), their seeded Llama model, and the bootstrap interval of a median."""
 
 import os
 import subprocess
@@ -46,3 +47,24 @@ def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks, extra=""):
             time.sleep(0.05)
     proc.kill()
     raise SystemExit("kvtierd did not start; see " + log.name)
+
+
+def bench_llama(layers, hidden, max_positions):
+    """A seeded Llama of `layers` layers and width `hidden` (64-wide heads, as
+    many KV heads as query heads), fp32, in eval mode."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    heads = hidden // 64
+    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=hidden * 3,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=heads, head_dim=64, max_position_embeddings=max_positions)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def bootstrap_median_ci(x, rng, n=2000):
+    """The median of `x` and its 95% percentile-bootstrap interval."""
+    import numpy as np
+    x = np.asarray(x)
+    meds = np.median(rng.choice(x, size=(n, len(x)), replace=True), axis=1)
+    return float(np.median(x)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))

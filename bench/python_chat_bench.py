@@ -24,11 +24,10 @@ import time
 
 import numpy as np
 import torch
-import transformers
 
 import kvtier
 import kvtier.hf
-from bench_kvtierd import start_kvtierd
+from bench_kvtierd import bench_llama, bootstrap_median_ci, start_kvtierd
 
 
 
@@ -48,23 +47,12 @@ def parse_args():
     return p.parse_args()
 
 
-def bootstrap_median_ci(x, rng, n=2000):
-    x = np.asarray(x)
-    meds = np.median(rng.choice(x, size=(n, len(x)), replace=True), axis=1)
-    return float(np.median(x)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
-
-
 @torch.no_grad()
 def main():
     a = parse_args()
     torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
     heads = a.hidden // 64
-    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=a.hidden, intermediate_size=a.hidden * 3,
-                                      num_hidden_layers=a.layers, num_attention_heads=heads,
-                                      num_key_value_heads=heads, head_dim=64,
-                                      max_position_embeddings=a.history + a.turns * 128 + 64)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = bench_llama(a.layers, a.hidden, a.history + a.turns * 128 + 64)
     per_session_blocks = (a.history + a.turns * (a.user_tokens + a.reply_tokens)) // 16 + 2
     blocks = per_session_blocks * a.sessions + 64
     tmp = tempfile.mkdtemp(prefix="kvtier-pybench-")
