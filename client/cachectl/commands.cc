@@ -427,6 +427,9 @@ struct StatsArgs {
 struct StatsSummary {
   double hit_rate_blocks = NAN;  // NaN: nothing looked up yet.
   double hit_rate_tokens = NAN;
+  // Of the prompt tokens asked for: found in the GPU tier, in the host tier,
+  // fetched from the stores below it, missed (NaN: nothing asked yet).
+  double from_gpu = NAN, from_host = NAN, from_stores = NAN, missed = NAN;
   double copy_bps[2] = {NAN, NAN};  // gpu->host, host->gpu; NaN: nothing copied yet.
 };
 
@@ -435,6 +438,11 @@ StatsSummary Summarize(const StatMap& s) {
   auto ratio = [](double part, double whole) { return whole > 0 ? part / whole : NAN; };
   out.hit_rate_blocks = ratio(StatValue(s, "hit_blocks"), StatValue(s, "hit_blocks") + StatValue(s, "miss_blocks"));
   out.hit_rate_tokens = ratio(StatValue(s, "hit_tokens"), StatValue(s, "hit_tokens") + StatValue(s, "miss_tokens"));
+  const double asked = StatValue(s, "hit_tokens") + StatValue(s, "miss_tokens") + StatValue(s, "store_hit_tokens");
+  out.from_gpu = ratio(StatValue(s, "hit_tokens_gpu"), asked);
+  out.from_host = ratio(StatValue(s, "hit_tokens_host"), asked);
+  out.from_stores = ratio(StatValue(s, "store_hit_tokens"), asked);
+  out.missed = ratio(StatValue(s, "miss_tokens"), asked);
   out.copy_bps[0] = ratio(StatValue(s, "copy_gpu_to_host_bytes"), StatValue(s, "copy_gpu_to_host_seconds"));
   out.copy_bps[1] = ratio(StatValue(s, "copy_host_to_gpu_bytes"), StatValue(s, "copy_host_to_gpu_seconds"));
   return out;
@@ -455,6 +463,8 @@ void PrintStatsSummary(const StatMap& s) {
   std::printf("hit rate:     blocks %s (%s of %s), tokens %s (%s of %s)\n", percent(d.hit_rate_blocks).c_str(),
               FormatNumber(hits).c_str(), FormatNumber(hits + misses).c_str(), percent(d.hit_rate_tokens).c_str(),
               FormatNumber(hit_tokens).c_str(), FormatNumber(hit_tokens + miss_tokens).c_str());
+  std::printf("tokens from:  gpu %s, host %s, stores %s, missed %s\n", percent(d.from_gpu).c_str(),
+              percent(d.from_host).c_str(), percent(d.from_stores).c_str(), percent(d.missed).c_str());
   std::printf("moved:        gpu->host %s (%s blocks), host->gpu %s (%s blocks)\n",
               FormatBytes(StatValue(s, "demoted_bytes")).c_str(), FormatNumber(StatValue(s, "demoted_blocks")).c_str(),
               FormatBytes(StatValue(s, "promoted_bytes")).c_str(),
@@ -516,6 +526,10 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
       const StatsSummary d = Summarize(*r);
       j["hit_rate_blocks"] = NumberOrNull(d.hit_rate_blocks);
       j["hit_rate_tokens"] = NumberOrNull(d.hit_rate_tokens);
+      j["tokens_from_gpu"] = NumberOrNull(d.from_gpu);
+      j["tokens_from_host"] = NumberOrNull(d.from_host);
+      j["tokens_from_stores"] = NumberOrNull(d.from_stores);
+      j["tokens_missed"] = NumberOrNull(d.missed);
       j["copy_gpu_to_host_bytes_per_s"] = NumberOrNull(d.copy_bps[0]);
       j["copy_host_to_gpu_bytes_per_s"] = NumberOrNull(d.copy_bps[1]);
       PrintJson(j);

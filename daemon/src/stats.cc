@@ -37,6 +37,7 @@ void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
   sum.oldest_lease_ms = std::max(sum.oldest_lease_ms, s.oldest_lease_ms);
   sum.copies_in_flight += s.copies_in_flight;
   sum.hit_blocks += s.hit_blocks;
+  for (Tier t : kTiers) sum.hit_blocks_in[t] += s.hit_blocks_in[t];
   sum.miss_blocks += s.miss_blocks;
   sum.committed_blocks += s.committed_blocks;
   sum.duplicate_blocks += s.duplicate_blocks;
@@ -81,6 +82,10 @@ Value Bytes(const StatsView& v, const StatPoint& at) {
 template <auto Field>
 Value InTier(const StatsView& v, const StatPoint& at) {
   return static_cast<double>((v.engine_stats[at.profile].*Field)[at.tier]);
+}
+template <auto Field>
+Value TierTokens(const StatsView& v, const StatPoint& at) {
+  return *InTier<Field>(v, at) * BlockTokens(v, at.profile);
 }
 template <auto Field>
 Value TierBytes(const StatsView& v, const StatPoint& at) {
@@ -261,6 +266,12 @@ constexpr StatRow kStats[] = {
    &Tokens<&E::hit_blocks>},
   {"miss_tokens", "kvtier_lookup_tokens_total", Type::kCounter, nullptr, S::kProfile, {"result", "miss"},
    &Tokens<&E::miss_blocks>},
+  {"store_hit_tokens", "kvtier_store_hit_tokens_total", Type::kCounter,
+   "Prompt tokens Acquire asked for that were not cached here but fetched from a store below the host tier "
+   "(in whole blocks)", S::kProfile, kNoLabel, &Tokens<&E::imported_blocks>},
+  {"hit_tokens_{tier}", "kvtier_hit_tokens_total", Type::kCounter,
+   "Prompt tokens Acquire found cached, by the tier it found them in (host: then promoted)", S::kProfileTier,
+   kNoLabel, &TierTokens<&E::hit_blocks_in>},
   {"demoted_bytes", "kvtier_moved_bytes_total", Type::kCounter,
    "Bytes of the blocks that moved between tiers, by direction", S::kProfile, {"direction", "gpu_to_host"},
    &Bytes<&E::demoted_blocks>},

@@ -215,6 +215,8 @@ TEST_F(DiskTierTest, BlocksPressureDropsFromTheHostTierAreWrittenBack) {
   // a write-back disk tier keeps.
   std::string config = DiskConfig(dir_, "back");
   config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 16");
+  // No watermark drops on top of the demotion's (their write-back would race the test's reads).
+  config += "tiering:\n  host_high_watermark: 1.0\n  host_low_watermark: 1.0\n";
   Host h(config);
   h.Start();
   const auto a = Tokens(3, 12), b = Tokens(4, 12);
@@ -265,10 +267,16 @@ TEST_F(RemoteTierTest, ASessionStartedOnHostAContinuesOnHostBWithTheSameBytes) {
   EXPECT_EQ(st.at("store.remote.hit_blocks"), 8);
   EXPECT_EQ(st.at("imported_blocks"), 8);
   EXPECT_EQ(st.at("promoted_blocks"), 8) << "fetched into the host tier, promoted to the GPU tier";
+  EXPECT_EQ(st.at("store_hit_tokens"), 128);
+  EXPECT_EQ(st.at("hit_tokens_gpu") + st.at("hit_tokens_host"), 0);
   // A longer conversation on host B: the remote prefix, then a miss.
   auto longer = tokens;
   for (int i = 0; i < 32; ++i) longer.push_back(900000 + i);
   EXPECT_EQ(b.VerifiedHits("chat", longer), 8u);
+  const auto after = b.Stats();
+  EXPECT_EQ(after.at("hit_tokens_gpu"), 128) << "the second turn found them in host B's GPU tier";
+  EXPECT_EQ(after.at("store_hit_tokens"), 128);
+  EXPECT_EQ(after.at("miss_tokens"), 32);
 }
 
 TEST_F(RemoteTierTest, AValueCorruptedOrTakenFromAnotherBlockIsAMissNeverServed) {

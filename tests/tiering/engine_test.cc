@@ -2986,6 +2986,25 @@ TEST_F(EngineStoreTest, FetchedBlocksAreServedAndPromotedByTheAcquireThatBrought
   ExpectConsistent();
 }
 
+TEST_F(EngineStoreTest, HitsAreCountedByTheTierTheyWereFoundIn) {
+  Start(SpillOptions(8, 8));
+  const Chain c = MakeChain(10, 3);
+  Put("s", c);
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 3u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  auto lease = Get("s", c);  // Found in the host tier, promoted.
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  lease = Get("s", c);  // Found in the GPU tier.
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  const EngineStats st = engine_->stats();
+  EXPECT_EQ(st.hit_blocks_in[Tier::kHost], 3u);
+  EXPECT_EQ(st.hit_blocks_in[Tier::kGpu], 3u);
+  EXPECT_EQ(st.hit_blocks, 6u);
+}
+
 TEST_F(EngineStoreTest, FetchedBlocksContinueTheCachedPrefixUntilTheHostTierIsFull) {
   Start(SpillOptions(8, 2));
   const Chain c = MakeChain(4, 5);

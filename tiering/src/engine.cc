@@ -408,6 +408,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   const size_t asked =
       m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
   uint32_t matched = m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
+  for (uint32_t r : recs) ++m.st.hit_blocks_in[m.blocks[r].tier];
 
   // A session comes into being with its first block: an acquire that matches
   // nothing names none into being (it would cost the table an entry for no

@@ -260,6 +260,7 @@ struct EngineStats {
   uint64_t oldest_lease_ms = 0;  // Age of the oldest lease held; 0 when none is.
   uint32_t copies_in_flight = 0;
   uint64_t hit_blocks = 0;
+  PerTier<uint64_t> hit_blocks_in;  // Of hit_blocks, where Acquire found each (a moving block: its source tier).
   uint64_t miss_blocks = 0;
   uint64_t committed_blocks = 0;
   uint64_t duplicate_blocks = 0;
