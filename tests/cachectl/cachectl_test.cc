@@ -407,17 +407,20 @@ TEST_F(CachectlTest, Stats) {
   auto text = Run({"stats"});
   ASSERT_EQ(text.rc, 0) << text.err;
   EXPECT_NE(text.out().find("gpu_slots"), std::string::npos) << text.out();
-  // The summary first: hit rates, bytes moved, copy speed, latency percentiles, evictions.
-  ASSERT_GE(text.lines.size(), 6u);
+  // The summary first: hit rates, where the tokens came from, bytes moved, copy
+  // speed, latency percentiles, evictions.
+  ASSERT_GE(text.lines.size(), 7u);
   EXPECT_EQ(text.lines[0].rfind("hit rate:     blocks ", 0), 0u) << text.out();
   EXPECT_NE(text.lines[0].find(", tokens "), std::string::npos) << text.out();
-  EXPECT_EQ(text.lines[1].rfind("moved:        gpu->host 0 B (0 blocks), host->gpu 0 B (0 blocks)", 0), 0u)
+  EXPECT_EQ(text.lines[1].rfind("tokens from:  gpu ", 0), 0u) << text.out();
+  EXPECT_NE(text.lines[1].find(", stores 0.0%, missed "), std::string::npos) << text.out();
+  EXPECT_EQ(text.lines[2].rfind("moved:        gpu->host 0 B (0 blocks), host->gpu 0 B (0 blocks)", 0), 0u)
       << text.out();
-  EXPECT_EQ(text.lines[2], "copy speed:   gpu->host -, host->gpu -") << text.out();
-  EXPECT_EQ(text.lines[3].rfind("rpc latency:  p50 ", 0), 0u) << text.out();
-  EXPECT_NE(text.lines[3].find(", p99 "), std::string::npos) << text.out();
-  EXPECT_EQ(text.lines[4], "evictions:    0 sessions evicted, 0 blocks dropped under pressure") << text.out();
-  EXPECT_EQ(text.lines[5],
+  EXPECT_EQ(text.lines[3], "copy speed:   gpu->host -, host->gpu -") << text.out();
+  EXPECT_EQ(text.lines[4].rfind("rpc latency:  p50 ", 0), 0u) << text.out();
+  EXPECT_NE(text.lines[4].find(", p99 "), std::string::npos) << text.out();
+  EXPECT_EQ(text.lines[5], "evictions:    0 sessions evicted, 0 blocks dropped under pressure") << text.out();
+  EXPECT_EQ(text.lines[6],
             "leases:       0 held (0 read, 0 write on 0 gpu slots), oldest -; 0 expired (0 write, 0 read)")
       << text.out();
 
@@ -441,6 +444,10 @@ TEST_F(CachectlTest, Stats) {
   EXPECT_EQ(j["hit_rate_blocks"].get<double>(), hits / (hits + misses));
   EXPECT_EQ(j["miss_tokens"], 12 * 16);
   EXPECT_EQ(j["hit_rate_tokens"].get<double>(), j["hit_rate_blocks"].get<double>());
+  // Nothing was cached when these acquires asked: every token missed.
+  EXPECT_EQ(j["tokens_missed"].get<double>() + j["tokens_from_gpu"].get<double>() +
+                j["tokens_from_host"].get<double>() + j["tokens_from_stores"].get<double>(),
+            1.0);
   EXPECT_TRUE(j["copy_gpu_to_host_bytes_per_s"].is_null()) << "nothing copied yet";
   EXPECT_GT(j["rpc_latency_p50_s"].get<double>(), 0);
   EXPECT_GE(j["rpc_latency_p99_s"].get<double>(), j["rpc_latency_p90_s"].get<double>());
@@ -458,8 +465,8 @@ TEST_F(CachectlTest, Stats) {
   EXPECT_EQ(moved["copy_gpu_to_host_bytes"], 8 * 8192);
   EXPECT_GT(moved["copy_gpu_to_host_bytes_per_s"].get<double>(), 0);
   auto after = Run({"stats"});
-  EXPECT_EQ(after.lines[1].rfind("moved:        gpu->host 64.0 KiB (8 blocks)", 0), 0u) << after.out();
-  EXPECT_EQ(after.lines[2].find("gpu->host -"), std::string::npos) << after.out();
+  EXPECT_EQ(after.lines[2].rfind("moved:        gpu->host 64.0 KiB (8 blocks)", 0), 0u) << after.out();
+  EXPECT_EQ(after.lines[3].find("gpu->host -"), std::string::npos) << after.out();
 
   auto w = Run({"stats", "--watch", "0.1", "--count", "2", "--json"});
   ASSERT_EQ(w.rc, 0) << w.err;
