@@ -97,6 +97,13 @@ std::string Service::Describe() const {
   out += "; at most " + std::to_string(config_.max_sessions) + " sessions per profile, " +
          (per_tenant == 0 ? std::string("shared fairly between tenants") : std::to_string(per_tenant) + " per tenant");
   if (config_.tenants.empty()) out += "; at most " + std::to_string(config_.max_tenants) + " tenant labels";
+  if (stores_ != nullptr) {
+    out += "; stores below the host tier:";
+    for (const stores::StoreStats& s : stores_->stats()) {
+      out += " " + s.description + (s.write_through ? " (write-through)," : " (write-back),");
+    }
+    out.pop_back();
+  }
   return out;
 }
 
