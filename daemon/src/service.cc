@@ -160,6 +160,7 @@ void Service::SpillForRestart(std::chrono::milliseconds budget) {
   for (EngineMember& m : engines_) offered += m.engine->SpillHostTier();
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
   stores_->set_drain(std::max(left, std::chrono::milliseconds(100)));
+  if (offered == 0) return;
   LogInfo("stores: offered " + std::to_string(offered) + " host-tier blocks to the write-back stores at shutdown (" +
           std::to_string(
               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count()) +
