@@ -240,7 +240,7 @@ std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster) {
 class RemoteTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+    ASSERT_TRUE(RedisInstalled()) << kRedisRequired;
     auto r = RedisServer::Start();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     redis_ = std::move(r).value();
@@ -322,7 +322,7 @@ TEST_F(RemoteTierTest, RedisDownCostsABoundedWaitAndIsUsedAgainWhenItIsBack) {
 }
 
 TEST(RemoteClusterTest, HostBContinuesThroughARedisClusterAndAKilledMasterOnlyCostsItsKeysUntilFailover) {
-  if (!RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+  ASSERT_TRUE(RedisInstalled()) << kRedisRequired;
   auto cluster = RedisCluster::Start(3, 1);
   ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
   RedisCluster& rc = **cluster;

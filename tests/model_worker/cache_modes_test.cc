@@ -271,7 +271,7 @@ class CacheModesAcrossHostsTest : public CacheModesTest {
            redis_->address() + "]\n";
   }
   void SetUp() override {
-    if (!kvtier::testing::RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+    ASSERT_TRUE(kvtier::testing::RedisInstalled()) << kvtier::testing::kRedisRequired;
     auto r = kvtier::testing::RedisServer::Start();
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     redis_ = std::move(r).value();

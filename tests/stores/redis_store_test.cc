@@ -159,7 +159,7 @@ TEST(RedisStoreOptionsTest, AnUnreachableServerIsNoErrorAtOpenButEveryCallFailsP
 class RedisStandaloneTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+    ASSERT_TRUE(testing::RedisInstalled()) << testing::kRedisRequired;
     server_ = Start({});
   }
 
@@ -426,7 +426,7 @@ class RedisClusterTest : public ::testing::Test {
     start_error_ = nullptr;
   }
   void SetUp() override {
-    if (!testing::RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+    ASSERT_TRUE(testing::RedisInstalled()) << testing::kRedisRequired;
     ASSERT_NE(cluster_, nullptr) << (start_error_ != nullptr ? *start_error_ : "");
   }
 
@@ -532,7 +532,7 @@ TEST_F(RedisClusterTest, AStandaloneStoreNamesAClusterNodeAsSuch) {
 
 // One 3-master cluster with a replica each, whose master 0 is killed.
 TEST(RedisClusterFailoverTest, AKilledMastersKeysFailUntilItsReplicaTakesOverThenEveryKeyIsServed) {
-  if (!testing::RedisInstalled()) GTEST_SKIP() << "redis-server / redis-cli not installed";
+  ASSERT_TRUE(testing::RedisInstalled()) << testing::kRedisRequired;
   auto started = RedisCluster::Start(3, 1);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   RedisCluster& cluster = *started.value();

@@ -8,8 +8,9 @@
 // that crashes or is killed (REQUIRES: the thread that starts a server
 // outlives it; the tests' main thread does).
 //
-// Compile redis_server.cc and process.cc into the test. Tests skip (their
-// choice) when RedisInstalled() is false.
+// Compile redis_server.cc and process.cc into the test. scripts/setup.sh
+// installs Redis, so a test fails without it (kRedisRequired) rather than
+// skip: a skip would hide a missing install step.
 #pragma once
 
 #include <signal.h>
@@ -26,6 +27,8 @@ namespace kvtier::testing {
 
 // Whether redis-server and redis-cli are on PATH.
 bool RedisInstalled();
+inline constexpr const char* kRedisRequired =
+    "redis-server and redis-cli are not on PATH: scripts/setup.sh installs them (Debian: redis-server, redis-tools)";
 
 struct RedisServerOptions {
   std::string password;                 // requirepass: the default user's password. Empty: none.
