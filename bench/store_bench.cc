@@ -13,9 +13,6 @@
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <malloc.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -32,8 +29,8 @@
 #include "disk/disk_store.h"
 #include "kvtier/stores/block_record.h"
 #include "kvtier/stores/store_chain.h"
-#include "process.h"
 #include "redis/redis_store.h"
+#include "redis_server.h"
 
 namespace kvtier::bench {
 namespace {
@@ -55,20 +52,6 @@ constexpr Sizes kQuick{4, 3};
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "kvtier-bench stores: %s\n", what.c_str());
   std::exit(1);
-}
-
-uint16_t FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    Die("no free port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 // A chain of blocks and their records.
@@ -190,21 +173,14 @@ Figures Summarize(const Pair& p, uint64_t bytes, uint64_t seed) {
   return f;
 }
 
-Figures BenchRemote(const Sizes& z, const Blocks& b, const std::string& dir) {
-  const uint16_t port = FreePort();
-  auto redis = testing::Process::Spawn({"/usr/bin/redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                        "--save", "", "--appendonly", "no", "--dir", dir},
-                                       dir + "/redis.log");
+Figures BenchRemote(const Sizes& z, const Blocks& b) {
+  auto redis = testing::RedisServer::Start();
   if (!redis.ok()) Die("redis-server: " + redis.status().ToString());
-  redisContext* rc = nullptr;
-  for (int i = 0; i < 500 && (rc == nullptr || rc->err); ++i) {
-    if (rc) redisFree(rc);
-    std::this_thread::sleep_for(10ms);
-    rc = redisConnect("127.0.0.1", port);
-  }
+  const int port = (*redis)->port();
+  redisContext* rc = redisConnect("127.0.0.1", port);
   if (rc == nullptr || rc->err) Die("cannot connect to redis-server");
   stores::RedisStoreOptions o;
-  o.nodes = {"127.0.0.1:" + std::to_string(port)};
+  o.nodes = {(*redis)->address()};
   o.io_timeout = 10s;
   auto store = stores::OpenRedisStore(o);
   if (!store.ok()) Die("redis store: " + store.status().ToString());
@@ -227,8 +203,6 @@ Figures BenchRemote(const Sizes& z, const Blocks& b, const std::string& dir) {
   const Pair p = Interleave(
       z.rounds, [&] { return kvtier.Fetch(b); }, raw);
   redisFree(rc);
-  redis->Kill(SIGTERM);
-  (void)redis->Wait(5s);
   return Summarize(p, b.bytes, 11);
 }
 
@@ -319,7 +293,7 @@ int RunStoreBench(int argc, char** argv) {
   if (::mkdtemp(tmpl) == nullptr) Die("mkdtemp");
   const std::string dir = tmpl;
   const Blocks b(z.blocks);
-  const Figures remote = BenchRemote(z, b, dir);
+  const Figures remote = BenchRemote(z, b);
   Progress(
       "remote: kvtier %.2f GB/s [%.2f, %.2f], raw GET %.2f GB/s [%.2f, %.2f]: ratio %.3f [%.3f, %.3f] (>= %.1f): %s\n",
       remote.kvtier_gbps, remote.kvtier_gbps_min, remote.kvtier_gbps_max, remote.raw_gbps, remote.raw_gbps_min,

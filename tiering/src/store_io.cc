@@ -110,13 +110,11 @@ uint32_t Engine::Impl::ImportFetched(const Tenant& tenant, std::span<const Block
   std::vector<BlockKey> computed(n);
   const BlockKey parent = cached == 0 ? BlockKey{} : keys[cached - 1];
   ComputeKeys(tenant.KeyNs(), parent, tokens.subspan(size_t{cached} * bt(), n * bt()), bt(), computed);
-  const uint32_t tag = NamespaceTag(tenant.KeyNs());
   uint32_t imported = 0;
   BlockKey prev = parent;
-  std::vector<uint32_t> found(1);
   for (size_t i = 0; i < n; ++i) {
     if (computed[i] != keys[cached + i]) break;
-    if (blocks.index().FindPrefix(std::span<const BlockKey>(&computed[i], 1), tag, found) != 0) break;
+    if (blocks.index().Find(computed[i]) != kNoRecord) break;  // Cached since the fetch began.
     if (slots(Tier::kHost).free_count() == 0 || account.Room(Tier::kHost) == 0) break;
     const uint32_t slot = slots(Tier::kHost).Allocate();
     std::memcpy(host.slot_data(slot), payloads[i].data(), host.slot_bytes());
