@@ -175,13 +175,6 @@ Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
   return std::chrono::milliseconds(total);
 }
 
-std::string TierLabel(uint8_t tier) {
-  for (Tier t : kTiers) {
-    if (TierIndex(t) == tier) return TierName(t);
-  }
-  return "tier" + std::to_string(tier);
-}
-
 json SessionJson(const SessionSummary& s) {
   return json{{"id", s.id},
               {"tenant", s.tenant},
@@ -316,30 +309,44 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
   auto r = c->GetSession(id);
   if (!r.ok()) return Fail("session '" + id + "'", r.status());
   const SessionInfo& info = *r;
+  const SessionSummary& s = info.summary;
+  // Past the session's own blocks: those pressure dropped into the stores below
+  // the host tier, which the stores (or another session) hold.
+  const size_t dropped = info.chain.size() - std::min<size_t>(info.chain.size(), s.blocks);
+  std::vector<std::string> stores;
+  if (dropped > 0) {
+    auto stats = c->Stats();
+    if (stats.ok()) stores = StoreNames(*stats);  // Else they show as "store<i>".
+  }
+  auto place = [&](size_t i) { return i < info.tiers.size() ? PlaceName(info.tiers[i], stores) : std::string("?"); };
   if (g.json) {
     json chain = json::array();
     for (size_t i = 0; i < info.chain.size(); ++i) {
-      chain.push_back(json{{"index", i},
-                           {"key", info.chain[i].ToHex()},
-                           {"tier", i < info.tiers.size() ? TierLabel(info.tiers[i]) : std::string("?")}});
+      chain.push_back(json{{"index", i}, {"key", info.chain[i].ToHex()}, {"tier", place(i)}, {"own", i < s.blocks}});
     }
-    json j = SessionJson(info.summary);
+    json j = SessionJson(s);
+    j["dropped_blocks"] = dropped;
     j["chain"] = chain;
     PrintJson(j);
     return kExitOk;
   }
-  const SessionSummary& s = info.summary;
   std::printf("session:  %s\n", s.id.c_str());
   std::printf("tenant:   %s\n", s.tenant.empty() ? "-" : s.tenant.c_str());
   std::printf("model:    %s\n", s.model.IsNull() ? "- (no identity given)" : s.model.ToHex().c_str());
   std::printf("blocks:   %u (gpu %u, host %u, moving %u)\n", s.blocks, s.gpu_blocks, s.host_blocks, s.moving);
+  if (dropped > 0) {
+    std::map<std::string, size_t> where;
+    for (size_t i = s.blocks; i < info.chain.size(); ++i) ++where[place(i)];
+    std::string list;
+    for (const auto& [name, n] : where) list += (list.empty() ? "" : ", ") + name + " " + std::to_string(n);
+    std::printf("dropped:  %zu more, into the stores (now: %s)\n", dropped, list.c_str());
+  }
   std::printf("tokens:   %" PRIu64 "\n", s.tokens);
   std::printf("idle:     %s\n", FormatDuration(static_cast<double>(s.last_use_ms_ago) / 1000).c_str());
   std::printf("priority: %d\n", s.priority);
   std::printf("%5s  %-32s  %s\n", "INDEX", "KEY", "TIER");
   for (size_t i = 0; i < info.chain.size(); ++i) {
-    std::printf("%5zu  %-32s  %s\n", i, info.chain[i].ToHex().c_str(),
-                i < info.tiers.size() ? TierLabel(info.tiers[i]).c_str() : "?");
+    std::printf("%5zu  %-32s  %s\n", i, info.chain[i].ToHex().c_str(), place(i).c_str());
   }
   return kExitOk;
 }

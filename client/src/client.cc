@@ -267,6 +267,17 @@ Result<std::vector<std::pair<std::string, double>>> Client::Stats() {
   return std::move(r->message.values);
 }
 
+std::vector<std::string> StoreNames(const std::vector<std::pair<std::string, double>>& stats) {
+  std::vector<std::string> names;
+  const std::string_view prefix = "store.", suffix = ".hit_blocks";  // One row per store (kvtierd's stats).
+  for (const auto& [name, value] : stats) {
+    if (name.size() > prefix.size() + suffix.size() && name.starts_with(prefix) && name.ends_with(suffix)) {
+      names.push_back(name.substr(prefix.size(), name.size() - prefix.size() - suffix.size()));
+    }
+  }
+  return names;
+}
+
 Result<std::string> Client::Config() {
   auto r = core_->Call<wire::ConfigResponse>(wire::ConfigRequest{}, Resend::kYes);
   if (!r.ok()) return r.status();

@@ -507,8 +507,11 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   r.parent = matched == 0 ? BlockKey{} : m.keys[matched - 1];
   r.keys.assign(m.keys.begin() + matched, m.keys.begin() + static_cast<std::ptrdiff_t>(want));
   r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
-  c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)), matched,
-                                    now + std::chrono::milliseconds(config_.stores.fetch_budget_ms), std::nullopt};
+  c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)),
+                                    matched,
+                                    now + std::chrono::milliseconds(config_.stores.fetch_budget_ms),
+                                    std::nullopt,
+                                    {}};
   ++counters_.store_fetches;
   return true;
 }
@@ -677,13 +680,60 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
-  auto r = EngineOf(c).GetSession(TenantOf(c), m.session);
-  if (!r.ok()) return r.status();
+  const Engine& e = EngineOf(c);
+  auto r = e.GetSession(TenantOf(c), m.session);
+  if (!r.ok()) {
+    if (c.fetch && stores_ != nullptr) stores_->CancelFetch(c.fetch->id);
+    c.fetch.reset();
+    return r.status();
+  }
+  std::vector<BlockKey> away;  // Dropped into the stores, held by no local tier.
+  for (size_t i = 0; i < r->below.size(); ++i) {
+    if (!r->below_local[i]) away.push_back(r->below[i]);
+  }
+  std::unordered_map<BlockKey, uint8_t, BlockKeyHash> places;  // Of `away`, as the stores said in time.
+  if (!away.empty() && stores_ != nullptr && !LocateInStores(c, e, away, places)) return Reply::Deferred();
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
   out.chain = r->chain;
   for (Tier t : r->tiers) out.tiers.push_back(static_cast<uint8_t>(t));
+  for (size_t i = 0; i < r->below.size(); ++i) {
+    out.chain.push_back(r->below[i]);
+    uint8_t place = kPlaceUnknown;
+    if (r->below_local[i]) {
+      place = static_cast<uint8_t>(*r->below_local[i]);
+    } else if (auto it = places.find(r->below[i]); it != places.end()) {
+      place = it->second;
+    }
+    out.tiers.push_back(place);
+  }
   return Reply{std::move(out)};
+}
+
+bool Service::LocateInStores(ClientState& c, const Engine& e, const std::vector<BlockKey>& away,
+                             std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!c.fetch) {
+    stores::FetchRequest r;
+    r.profile_fingerprint = e.profile().Fingerprint();
+    r.keys = away;
+    r.locate = true;
+    c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)), 0, now + kLocateWaitLimit, std::nullopt, away};
+    return false;
+  }
+  if (!c.fetch->result) c.fetch->result = stores_->TakeFetch(c.fetch->id);
+  if (!c.fetch->result && now < c.fetch->deadline) return false;
+  if (c.fetch->result) {
+    // The keys asked about when the session was read first (one that differs now shows as unknown).
+    const std::vector<uint8_t>& store = c.fetch->result->store;
+    for (size_t i = 0; i < c.fetch->located.size(); ++i) {
+      places[c.fetch->located[i]] = i < store.size() ? static_cast<uint8_t>(kPlaceStoreBase + store[i]) : kPlaceNowhere;
+    }
+  } else {
+    stores_->CancelFetch(c.fetch->id);
+  }
+  c.fetch.reset();
+  return true;
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::StatsRequest&) {

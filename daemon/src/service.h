@@ -59,11 +59,14 @@ struct ClientState {
   // blocks after its cached prefix (`start` of them): fetch `id`, wanted until
   // `deadline` (stores.fetch_budget_ms). `result` holds it once it came, while
   // the Acquire still waits for GPU room.
+  // A SessionInfo waits the same way on the stores saying where the session's
+  // dropped blocks are (`located`: the keys asked about).
   struct StoreFetch {
     uint64_t id = 0;
     uint32_t start = 0;
     std::chrono::steady_clock::time_point deadline;
     std::optional<stores::FetchResult> result;
+    std::vector<BlockKey> located;
   };
   std::optional<StoreFetch> fetch;
 };
@@ -92,6 +95,10 @@ struct Reply {
 // unleased blocks or fails with resource_exhausted; Acquire: leases the prefix
 // without promoting it, its host-tier blocks in the host tier).
 inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
+
+// How long a SessionInfo waits for the stores to say where the session's
+// blocks that pressure dropped into them are (past it they show as unknown).
+inline constexpr std::chrono::milliseconds kLocateWaitLimit{2000};
 
 // Leases revoked by limits.lease_timeout_ms are logged at most this often (in
 // one line with the counts since the last one).
@@ -233,6 +240,13 @@ class Service {
   // Acquire should wait for it (deferred); false when it is answered now, with
   // whatever came (c.fetch->result) or without (none started, or the budget ran out).
   bool WaitForStores(ClientState& c, const wire::AcquireRequest& m, tiering::Engine& e);
+  // For a SessionInfo whose session has blocks dropped into the stores: the
+  // stores' answer of where `away` (those no local tier holds) are, asked for
+  // once. Returns false while the SessionInfo should wait for it (deferred);
+  // true when it is answered now, with `places` filled (a kPlace value per key
+  // asked about) if the stores answered in time.
+  bool LocateInStores(ClientState& c, const tiering::Engine& e, const std::vector<BlockKey>& away,
+                      std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places);
   // The stores' figures (empty without stores).
   std::vector<stores::StoreStats> StoreStatsNow() const;
 

@@ -17,4 +17,15 @@ std::optional<Tier> ParseTier(std::string_view name) {
   return std::nullopt;
 }
 
+std::string PlaceName(uint8_t place, std::span<const std::string> stores) {
+  if (place < kTierCount) return TierName(static_cast<Tier>(place));
+  if (place == kPlaceNowhere) return "nowhere";
+  if (place == kPlaceUnknown) return "unknown";
+  if (place >= kPlaceStoreBase) {
+    const size_t i = place - kPlaceStoreBase;
+    return i < stores.size() ? stores[i] : "store" + std::to_string(i);
+  }
+  return "tier" + std::to_string(place);
+}
+
 }  // namespace kvtier

@@ -498,14 +498,19 @@ PYBIND11_MODULE(_native, m) {
             auto r = Unlocked([&] { return c.client->GetSession(id); });
             const SessionInfo info = Take(std::move(r));
             py::dict d = SummaryDict(info.summary);
+            // Past the session's own blocks: those dropped into the stores, named as the stats name them.
+            std::vector<std::string> stores;
+            if (info.chain.size() > info.summary.blocks) {
+              auto stats = Unlocked([&] { return c.client->Stats(); });
+              if (stats.ok()) stores = StoreNames(*stats);
+            }
             py::list chain;
             for (size_t i = 0; i < info.chain.size(); ++i) {
-              const uint8_t t = i < info.tiers.size() ? info.tiers[i] : 0xff;
-              chain.append(py::make_tuple(info.chain[i].ToHex(), t < kTierCount
-                                                                     ? std::string(TierName(static_cast<Tier>(t)))
-                                                                     : "tier" + std::to_string(t)));
+              const uint8_t t = i < info.tiers.size() ? info.tiers[i] : kPlaceUnknown;
+              chain.append(py::make_tuple(info.chain[i].ToHex(), PlaceName(t, stores)));
             }
             d["chain"] = chain;
+            d["dropped_blocks"] = info.chain.size() - std::min<size_t>(info.chain.size(), info.summary.blocks);
             return d;
           },
           py::arg("id"))

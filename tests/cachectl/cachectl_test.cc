@@ -1,21 +1,22 @@
 // cachectl against a real kvtierd: every command, --json output, exit codes.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include "kvtier/client.h"
 #include "daemon_config.h"
+#include "kvtier/client.h"
 #include "process.h"
 
 namespace kvtier::testing {
@@ -304,6 +305,56 @@ TEST_F(CachectlTest, SessionShowsItsChain) {
     EXPECT_EQ(j["chain"][i]["key"].get<std::string>().size(), 32u);
     EXPECT_EQ(j["chain"][i]["tier"], "gpu");
   }
+}
+
+// A disk tier below a 16-block host tier: chat-b's demotion drops chat-a's
+// tail there, and `session` says where each of its blocks is.
+TEST(CachectlStoresTest, SessionShowsTheBlocksDroppedIntoTheStores) {
+  char dir[] = "/tmp/cachectl-disk-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::string config = kConfig;
+  config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 16");
+  config += "tiering:\n  host_high_watermark: 1.0\n  host_low_watermark: 1.0\n";
+  config += "stores:\n  tiers:\n    - kind: disk\n      path: " + std::string(dir) +
+            "/blocks\n      max_bytes: 64MiB\n      write: back\n";
+  DaemonProcess daemon(config);
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  auto run = [&](const std::vector<std::string>& args) { return Ctl(daemon.socket(), args); };
+  auto demote = [&](const std::string& id, int blocks) {
+    // The copies are asynchronous: poll until every block is in the host tier.
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_EQ(run({"demote", id}).rc, 0);
+      if ((*FindSession(run({"sessions", "--json"}).Json(), id))["host_blocks"] == blocks) return;
+      std::this_thread::sleep_for(20ms);
+    }
+    FAIL() << id << " was not demoted";
+  };
+  ASSERT_TRUE(RunWorker(daemon.socket(), {"commit", "chat-a", "11", "12"}).ok());
+  demote("chat-a", 12);
+  ASSERT_TRUE(RunWorker(daemon.socket(), {"commit", "chat-b", "12", "12"}).ok());
+  demote("chat-b", 12);
+  json j;
+  for (int i = 0; i < 500; ++i) {  // Written back by the stores' thread.
+    j = run({"session", "chat-a", "--json"}).Json();
+    if (j["chain"].size() == 12u && j["chain"][11]["tier"] == "disk") break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(j["blocks"], 4) << j.dump();
+  EXPECT_EQ(j["dropped_blocks"], 8) << j.dump();
+  ASSERT_EQ(j["chain"].size(), 12u) << j.dump();
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(j["chain"][i]["tier"], i < 4 ? "host" : "disk") << i;
+    EXPECT_EQ(j["chain"][i]["own"], i < 4) << i;
+  }
+  auto text = run({"session", "chat-a"});
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out().find("blocks:   4 (gpu 0, host 4, moving 0)"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("dropped:  8 more, into the stores (now: disk 8)"), std::string::npos) << text.out();
+  EXPECT_EQ(text.lines.size(), 9u + 12u) << text.out();  // 8 summary lines + header + 12 blocks
+  if (::testing::Test::HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", daemon.log().c_str());
+  daemon.Kill(SIGTERM);
+  EXPECT_TRUE(daemon.Wait(15s).ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(CachectlTest, UnknownSessionExits4) {

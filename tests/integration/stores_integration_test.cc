@@ -223,8 +223,28 @@ TEST_F(DiskTierTest, BlocksPressureDropsFromTheHostTierAreWrittenBack) {
   h.PutAndDemote("a", a);
   h.PutAndDemote("b", b);
   ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 8)) << "a's dropped blocks";
-  EXPECT_EQ(h.VerifiedHits("a", a), 12u) << "a's prefix from the host tier, its tail from the disk tier";
-  EXPECT_GE(h.Stats().at("store.disk.hit_blocks"), 8);
+  // The session says where each of its blocks went.
+  const std::vector<BlockKey> keys = h.c().Keys(a);
+  auto info = h.c().GetSession("a");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->summary.blocks, 4u);
+  EXPECT_EQ(info->chain, keys);
+  const std::vector<std::string> stores = StoreNames(*h.c().Stats());
+  ASSERT_EQ(stores, std::vector<std::string>{"disk"});
+  std::vector<std::string> places;
+  for (uint8_t t : info->tiers) places.push_back(PlaceName(t, stores));
+  std::vector<std::string> want(4, "host");
+  want.resize(12, "disk");
+  EXPECT_EQ(places, want);
+  // One file lost behind kvtierd's back: the fetch finds it missing, the disk tier forgets it.
+  ASSERT_TRUE(std::filesystem::remove(FileOf(dir_, keys[11])));
+  EXPECT_EQ(h.VerifiedHits("a", a), 11u) << "a's prefix from the host tier, its tail from the disk tier";
+  EXPECT_GE(h.Stats().at("store.disk.hit_blocks"), 7);
+  info = h.c().GetSession("a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->summary.blocks, 11u);
+  ASSERT_EQ(info->chain.size(), 12u) << "the lost block is still below the fetched ones";
+  EXPECT_EQ(PlaceName(info->tiers[11], stores), "nowhere");
 }
 
 // --- The remote tier: two daemons ("hosts") sharing one Redis -----------------

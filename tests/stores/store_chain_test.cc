@@ -197,6 +197,31 @@ TEST_F(StoreChainTest, AFetchTakesTheLongestContinuationAcrossTheStoresInOrder) 
   ExpectPayloads(mid, c, 2);
 }
 
+TEST_F(StoreChainTest, ALocateSaysWhichStoreAFetchWouldReadEachBlockFromAndReadsNone) {
+  Start();
+  const Chain c(5);
+  for (size_t i : {0, 1}) disk_->values[c.Key(i)] = c.Record(i);
+  for (size_t i : {0, 1, 2, 3}) remote_->values[c.Key(i)] = c.Record(i);
+  FetchRequest r;
+  r.profile_fingerprint = kFingerprint;
+  r.keys = c.keys;
+  r.locate = true;
+  const FetchResult where = Fetch(r);
+  ASSERT_TRUE(where.status.ok()) << where.status.ToString();
+  EXPECT_EQ(where.store, (std::vector<uint8_t>{0, 0, 1, 1})) << "block 4 is in no store";
+  EXPECT_EQ(where.blocks(), 0u) << "no record is read";
+  for (const auto& st : chain_->stats()) {
+    EXPECT_EQ(st.fetches, 0u);
+    EXPECT_EQ(st.hit_blocks + st.miss_blocks + st.fetched_bytes, 0u) << "a locate is no fetch";
+  }
+  // A store that is down is passed by, its error counted.
+  disk_->down = true;
+  const FetchResult without = Fetch(r);
+  EXPECT_EQ(without.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(without.store, (std::vector<uint8_t>{1, 1, 1, 1}));
+  EXPECT_EQ(chain_->stats()[0].errors, 1u);
+}
+
 TEST_F(StoreChainTest, ARecordThatFailsVerificationIsAMissAndTheNextStoreIsAsked) {
   Start();
   const Chain c(3);

@@ -3117,5 +3117,85 @@ TEST_F(EngineStoreTest, WithTheHostTierFullCommittedBlocksAreOfferedWhenTheyLand
   ExpectConsistent();
 }
 
+// a's two blocks dropped from the host tier by b's demotion (4 GPU, 2 host slots).
+class EngineStoreBelowTest : public EngineStoreTest {
+ protected:
+  void DropA(const EngineOptions& o) {
+    Start(o);
+    Put("a", a_);
+    ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+    ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+    Put("b", b_);
+    ASSERT_EQ(*engine_->Demote(tenant_, "b"), 2u);
+    ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  }
+  std::vector<std::vector<std::byte>> Payloads(const Chain& c, uint32_t n) const {
+    std::vector<std::vector<std::byte>> out;
+    for (uint32_t i = 0; i < n; ++i) out.push_back(Payload(c, i));
+    return out;
+  }
+  Chain a_ = MakeChain(20, 2), b_ = MakeChain(21, 2);
+};
+
+TEST_F(EngineStoreBelowTest, ASessionKeepsTheKeysOfBlocksDroppedIntoTheStores) {
+  DropA(SpillOptions(4, 2));
+  auto info = engine_->GetSession(tenant_, "a");
+  ASSERT_TRUE(info.ok()) << "a session whose blocks all went into the stores lives on: " << info.status().ToString();
+  EXPECT_EQ(info->blocks, 0u);
+  EXPECT_TRUE(info->chain.empty());
+  EXPECT_EQ(info->blocks_below, 2u);
+  EXPECT_EQ(info->below, a_.keys);
+  EXPECT_EQ(info->below_local, (std::vector<std::optional<Tier>>{std::nullopt, std::nullopt}));
+  bool listed = false;
+  for (const SessionInfo& s : engine_->ListSessions()) {
+    if (s.id == "a") {
+      listed = true;
+      EXPECT_EQ(s.blocks_below, 2u);
+      EXPECT_TRUE(s.below.empty()) << "listings carry no keys";
+    }
+  }
+  EXPECT_TRUE(listed);
+  ExpectConsistent();
+}
+
+TEST_F(EngineStoreBelowTest, WithoutStoresADroppedSessionIsGone) {
+  EngineOptions o = Options(4, 2);
+  DropA(o);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(EngineStoreBelowTest, BlocksBroughtBackFromTheStoresLeaveTheListBelow) {
+  DropA(SpillOptions(4, 2));
+  // The first block fetched back: the second is still below it.
+  const auto bytes = Payloads(a_, 1);
+  FetchedBlocks fetched{0, {bytes.begin(), bytes.end()}};
+  auto lease = engine_->Acquire(tenant_, "a", a_.keys, a_.tokens, /*promote=*/false, &fetched);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 1u);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  auto info = engine_->GetSession(tenant_, "a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->blocks, 1u);
+  EXPECT_EQ(info->below, std::vector<BlockKey>{a_.keys[1]});
+  // Recomputed and committed again: the chain holds both, nothing is below.
+  Put("a", a_, 1);
+  info = engine_->GetSession(tenant_, "a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->blocks, 2u);
+  EXPECT_TRUE(info->below.empty());
+  ExpectConsistent();
+}
+
+TEST_F(EngineStoreBelowTest, AChainThatGoesAnotherWayForgetsTheBlocksBelow) {
+  DropA(SpillOptions(4, 2));
+  const Chain other = MakeChain(22, 1);
+  Put("a", other);
+  auto info = engine_->GetSession(tenant_, "a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->chain, other.keys);
+  EXPECT_TRUE(info->below.empty()) << "a's old blocks do not continue the new chain";
+  ExpectConsistent();
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

@@ -321,6 +321,8 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   Session* s = m.GetOrCreateSession(tenant, session_id);
   // The chain past start_block is replaced; its references go only after the new
   // blocks took theirs, so re-committing cached blocks finds them as duplicates.
+  std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
+  if (!s->below.empty()) before = m.ChainAndBelow(*s);
   std::vector<uint32_t> replaced;
   if (s->chain.size() > start_block) {
     replaced.assign(s->chain.begin() + start_block, s->chain.end());
@@ -354,6 +356,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     prev = key;
   }
   for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
+  if (!before.empty()) m.ReconcileBelow(s, before);
   m.Touch(s);
   // Committed slots leave the write lease (n log n, not n * lease size), and
   // the tenant's leased count: they are its blocks now, or the duplicates'
@@ -433,8 +436,11 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     // Only a session's use orders demotion; a reader without one (a probe, a
     // scheduler) must not make blocks look warmer than every session holding them.
     for (uint32_t r : recs) m.blocks[r].last_use = m.clock;
+    std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
+    if (!s->below.empty()) before = m.ChainAndBelow(*s);
     std::vector<uint32_t> old = std::move(s->chain);
     s->chain = recs;
+    if (!before.empty()) m.ReconcileBelow(s, before);
     for (auto r = old.rbegin(); r != old.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
     m.Touch(s);
   }

@@ -143,8 +143,13 @@ struct Engine::Impl {
   // kResourceExhausted if `id` is new and its tenant holds max_sessions_per_tenant.
   Status CheckNewSession(const Tenant& t, std::string_view id);
   void Touch(Session* s);
-  // Cuts the chain to `n` blocks.
+  // Cuts the chain to `n` blocks (and forgets `below`: it no longer continues it).
   void Truncate(Session* s, size_t n, FreeReason why);
+  // The session's keys, resident chain then `below`, for ReconcileBelow.
+  std::vector<BlockKey> ChainAndBelow(const Session& s) const;
+  // After `s`'s chain changed from `before` (ChainAndBelow): `below` keeps the
+  // keys still continuing the chain, or none once it went another way.
+  void ReconcileBelow(Session* s, const std::vector<BlockKey>& before) const;
   void RemoveSession(Session* s, SessionEnd why);
 
   // --- Lookup and leases -----------------------------------------------------------

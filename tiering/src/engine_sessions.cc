@@ -46,10 +46,30 @@ void Engine::Impl::Touch(Session* s) {
 }
 
 void Engine::Impl::Truncate(Session* s, size_t n, FreeReason why) {
+  if (s->chain.size() > n) s->below.clear();
   while (s->chain.size() > n) {
     const uint32_t r = s->chain.back();
     s->chain.pop_back();
     Unref(r, why);
+  }
+}
+
+std::vector<BlockKey> Engine::Impl::ChainAndBelow(const Session& s) const {
+  std::vector<BlockKey> keys;
+  keys.reserve(s.chain.size() + s.below.size());
+  for (uint32_t r : s.chain) keys.push_back(blocks[r].key);
+  keys.insert(keys.end(), s.below.begin(), s.below.end());
+  return keys;
+}
+
+void Engine::Impl::ReconcileBelow(Session* s, const std::vector<BlockKey>& before) const {
+  const size_t n = s->chain.size();
+  bool continues = n < before.size();
+  for (size_t i = 0; continues && i < n; ++i) continues = blocks[s->chain[i]].key == before[i];
+  if (continues) {
+    s->below.assign(before.begin() + static_cast<std::ptrdiff_t>(n), before.end());
+  } else {
+    s->below.clear();
   }
 }
 
@@ -141,7 +161,9 @@ SessionInfo Describe(const Session& s, const BlockTable& blocks, uint32_t block_
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - s.used_at).count());
   info.blocks = static_cast<uint32_t>(s.chain.size());
   info.tokens = uint64_t{info.blocks} * block_tokens;
-  if (!s.chain.empty()) info.model = blocks[s.chain.front()].model;  // A chain is keyed in one model's namespace.
+  info.blocks_below = static_cast<uint32_t>(s.below.size());
+  // A chain is keyed in one model's namespace.
+  info.model = s.chain.empty() ? s.below_model : blocks[s.chain.front()].model;
   for (uint32_t r : s.chain) {
     const Record& rec = blocks[r];
     ++info.blocks_in[rec.tier];
@@ -149,6 +171,13 @@ SessionInfo Describe(const Session& s, const BlockTable& blocks, uint32_t block_
     if (detail) {
       info.chain.push_back(rec.key);
       info.tiers.push_back(rec.tier);
+    }
+  }
+  if (detail) {
+    info.below = s.below;
+    for (const BlockKey& key : s.below) {
+      const uint32_t r = blocks.index().Find(key);
+      info.below_local.push_back(r == kNoRecord ? std::nullopt : std::optional<Tier>(blocks[r].tier));
     }
   }
   return info;

@@ -15,14 +15,27 @@ uint32_t Reclaimer::DropFromTier(Tier tier, uint32_t need, const TenantAccount* 
   const uint32_t before = slots.free_count();
   auto freed = [&] { return slots.free_count() - before; };
   std::vector<Session*> emptied;
+  std::vector<BlockKey> gone;  // Keys a session keeps (Session::below), last block first.
   m_.sessions.VisitColdest([&](Session* s) {
     if ((only != nullptr && s->tenant != only) || s == keep) return true;
+    gone.clear();
     while (!s->chain.empty() && freed() < need && m_.blocks[s->chain.back()].IdleIn(tier)) {
       const uint32_t r = s->chain.back();
+      const Record& rec = m_.blocks[r];
+      if (m_.opt.on_spill && (rec.ReadyIn(Tier::kHost) || rec.spilled || rec.refs > 1)) {
+        // Offered to the stores (landed, or as it drops), or kept by another session.
+        gone.push_back(rec.key);
+        s->below_model = rec.model;
+      } else {
+        // Lost: the blocks after it can no longer be reached.
+        gone.clear();
+        s->below.clear();
+      }
       s->chain.pop_back();
       m_.Unref(r, FreeReason::kPressure);
     }
-    if (s->chain.empty()) emptied.push_back(s);
+    s->below.insert(s->below.begin(), gone.rbegin(), gone.rend());
+    if (s->chain.empty() && s->below.empty()) emptied.push_back(s);
     return freed() < need;
   });
   for (Session* s : emptied) m_.RemoveSession(s, SessionEnd::kEmptied);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/block_key.h"
+
 namespace kvtier::tiering {
 
 struct TenantAccount;
@@ -14,6 +16,13 @@ struct Session {
   TenantAccount* tenant = nullptr;  // Never null; outlives the session.
   std::string id;                   // Unique within its tenant.
   std::vector<uint32_t> chain;      // Record ids, block 0 first. Each holds one reference.
+  // The keys that continue the chain (block chain.size() first) of blocks
+  // pressure dropped from it while stores were below the host tier
+  // (EngineOptions::on_spill), so that the session can say where they went.
+  // Holds no reference; where each block is now is the stores' to say. A
+  // session whose chain is empty lives on while this is not.
+  std::vector<BlockKey> below;
+  ModelId below_model;  // The model those keys were chained in.
   uint64_t last_use = 0;
   std::chrono::steady_clock::time_point used_at{};  // Wall time of last_use.
   int priority = 0;

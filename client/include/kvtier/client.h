@@ -249,12 +249,19 @@ struct SessionPage {
 // A session and its chain of blocks (Client::GetSession).
 struct SessionInfo {
   SessionSummary summary;
+  // The session's summary.blocks blocks, then the blocks after them that
+  // pressure dropped into the stores below the host tier, where kvtierd has any.
   std::vector<BlockKey> chain;
-  // The tier of each chain block, same length as chain: a Tier value, or a
-  // number this library has no Tier for (a newer kvtierd's tier), passed on as is.
+  // Where each chain block is, same length as chain: a Tier value, or a kPlace
+  // value (kvtier/tier.h: a store, nowhere, unknown), or a number this library
+  // does not know (a newer kvtierd's), passed on as is. PlaceName names them.
   std::vector<uint8_t> tiers;
   friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
 };
+
+// The names of kvtierd's stores below the host tier, in stores.tiers order
+// (the order of kPlaceStoreBase + i), from its Stats.
+std::vector<std::string> StoreNames(const std::vector<std::pair<std::string, double>>& stats);
 
 // The wire protocol version this library speaks (a Client and kvtierd agree on
 // one at Hello).

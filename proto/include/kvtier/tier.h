@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 
 namespace kvtier {
@@ -27,6 +29,17 @@ inline constexpr size_t TierIndex(Tier tier) { return static_cast<size_t>(tier);
 const char* TierName(Tier tier);
 // The tier named `name` (as TierName spells it), or nullopt.
 std::optional<Tier> ParseTier(std::string_view name);
+
+// Where one block of a session is, as SessionInfoResponse::tiers says it: a
+// Tier value, or (for blocks pressure dropped into the stores below the host
+// tier) one of these.
+inline constexpr uint8_t kPlaceStoreBase = 16;  // 16 + i: store i of stores.tiers holds it (a fetch reads it there).
+inline constexpr uint8_t kPlaceNowhere = 254;   // Dropped into the stores; none holds it now.
+inline constexpr uint8_t kPlaceUnknown = 255;   // Dropped into the stores; they did not answer in time.
+// "gpu", "host", the store's name (`stores` lists them in stores.tiers order;
+// "store<i>" past its end), "nowhere", "unknown", or "tier<n>" for a value
+// this build does not know.
+std::string PlaceName(uint8_t place, std::span<const std::string> stores = {});
 
 // One T per tier. An aggregate: PerTier<uint32_t> counts{} is all zeros.
 template <typename T>

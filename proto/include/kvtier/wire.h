@@ -373,8 +373,11 @@ struct SessionInfoResponse {
   static constexpr const char* kName = "SessionInfoResponse";
   SessionSummary summary;
   std::vector<BlockKey> chain;
-  // Tier of each chain block (a Tier value; not validated, so that a newer
-  // daemon's tiers still display). Same length as chain.
+  // The chain: the session's blocks (summary.blocks of them), then those after
+  // them that pressure dropped into the stores below the host tier.
+  // Where each is (a Tier value, or a kPlace value of tier.h: a store, nowhere,
+  // unknown; not validated, so that a newer daemon's places still display).
+  // Same length as chain.
   std::vector<uint8_t> tiers;
   friend bool operator==(const SessionInfoResponse&, const SessionInfoResponse&) = default;
 };

@@ -1,6 +1,7 @@
 // StoreChain: the stores below the host tier and their I/O thread (store_chain.h).
 #include "kvtier/stores/store_chain.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -58,6 +59,8 @@ struct StoreChain::Impl {
 
   void Run();
   FetchResult DoFetch(const FetchRequest& r);
+  FetchResult DoLocate(const FetchRequest& r);
+  std::vector<std::string> StoreKeys(const FetchRequest& r) const;
   // Writes one batch of some store's queue; false if every queue was empty.
   bool PutOneBatch(std::unique_lock<std::mutex>& lock);
 };
@@ -199,7 +202,7 @@ void StoreChain::Impl::Run() {
       fetches.pop_front();
       if (cancelled.erase(f.id) != 0) continue;
       lock.unlock();
-      FetchResult result = DoFetch(f.request);
+      FetchResult result = f.request.locate ? DoLocate(f.request) : DoFetch(f.request);
       lock.lock();
       if (cancelled.erase(f.id) != 0) continue;
       done.emplace(f.id, std::move(result));
@@ -256,9 +259,7 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
         InvalidArgument("fetch: " + std::to_string(n) + " keys and " + std::to_string(r.tokens.size()) + " tokens");
     return out;
   }
-  std::vector<std::string> names;
-  names.reserve(n);
-  for (const BlockKey& k : r.keys) names.push_back(StoreKey(options.key_prefix, r.profile_fingerprint, k));
+  const std::vector<std::string> names = StoreKeys(r);
   size_t have = 0;  // Blocks verified so far, from the first.
   for (size_t si = 0; si < members.size() && have < n; ++si) {
     Member& s = *members[si];
@@ -310,6 +311,33 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
     const StoreValue& rec = out.records[i];
     const size_t at = kRecordHeaderBytes + r.block_tokens * sizeof(TokenId);
     out.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, rec.size() - at);
+  }
+  out.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  return out;
+}
+
+std::vector<std::string> StoreChain::Impl::StoreKeys(const FetchRequest& r) const {
+  std::vector<std::string> names;
+  names.reserve(r.keys.size());
+  for (const BlockKey& k : r.keys) names.push_back(StoreKey(options.key_prefix, r.profile_fingerprint, k));
+  return names;
+}
+
+FetchResult StoreChain::Impl::DoLocate(const FetchRequest& r) {
+  const auto started = Clock::now();
+  FetchResult out;
+  const std::vector<std::string> names = StoreKeys(r);
+  size_t have = 0;  // Blocks placed so far, from the first: each store continues where the last stopped, as a fetch.
+  for (size_t si = 0; si < members.size() && have < names.size(); ++si) {
+    auto present = members[si]->chained.store->Present(std::span<const std::string>(names).subspan(have));
+    if (!present.ok()) {
+      members[si]->counters.errors.fetch_add(1, std::memory_order_relaxed);
+      if (out.status.ok()) out.status = present.status();
+      continue;
+    }
+    const size_t held = std::min(*present, names.size() - have);
+    out.store.insert(out.store.end(), held, static_cast<uint8_t>(si));
+    have += held;
   }
   out.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
   return out;

@@ -223,6 +223,14 @@ struct SessionInfo {
   ModelId model;                // Of its blocks (null: none, or no blocks).
   std::vector<BlockKey> chain;  // Filled by GetSession only.
   std::vector<Tier> tiers;      // Filled by GetSession only.
+  // Blocks past the chain that pressure dropped while stores were below the
+  // host tier (EngineOptions::on_spill), and their keys in chain order (filled
+  // by GetSession only): the stores say where each is now. `blocks` and
+  // `tokens` count the chain only.
+  uint32_t blocks_below = 0;
+  std::vector<BlockKey> below;
+  // Same length as below: the local tier of a block another session keeps there, else nullopt.
+  std::vector<std::optional<Tier>> below_local;
 };
 
 // Where a session listing resumes: after the session (ns, id), in listing

@@ -57,7 +57,11 @@ struct FetchRequest {
   Namespace key_ns;  // The asking tenant's key namespace.
   BlockKey parent;   // The key of the block before the first (null for block 0).
   std::vector<BlockKey> keys;
-  std::vector<TokenId> tokens;  // keys.size() * block_tokens.
+  std::vector<TokenId> tokens;  // keys.size() * block_tokens; none when locating.
+  // Only say where the blocks are: the store a fetch would read each of the
+  // first blocks from (FetchResult::store), asked with Present alone, so no
+  // record is read or verified and no store's fetch figures move.
+  bool locate = false;
 };
 
 struct FetchResult {
@@ -65,7 +69,7 @@ struct FetchResult {
   // points into records[i].
   std::vector<StoreValue> records;
   std::vector<std::span<const std::byte>> payloads;
-  std::vector<uint8_t> store;  // Which store (index in the chain) served each.
+  std::vector<uint8_t> store;  // Which store (index in the chain) served, or holds (locate), each.
   Status status;               // The first store error met (the fetch went on without that store).
   std::chrono::microseconds took{0};
   uint32_t blocks() const { return static_cast<uint32_t>(records.size()); }
