@@ -3197,5 +3197,23 @@ TEST_F(EngineStoreBelowTest, AChainThatGoesAnotherWayForgetsTheBlocksBelow) {
   ExpectConsistent();
 }
 
+TEST_F(EngineStoreBelowTest, ASessionWithOnlyBlocksBelowMakesRoomUnderTheTenantsSessionLimit) {
+  EngineOptions o = SpillOptions(4, 2);
+  o.max_sessions_per_tenant = 2;
+  DropA(o);  // a holds no block now, b two.
+  Put("c", MakeChain(23, 1));
+  EXPECT_EQ(engine_->GetSession(tenant_, "a").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->GetSession(tenant_, "b").ok());
+  EXPECT_TRUE(engine_->GetSession(tenant_, "c").ok());
+  // No such session left: the limit holds.
+  auto w = engine_->Allocate(tenant_, 1);
+  ASSERT_TRUE(w.ok());
+  const Chain d = MakeChain(24, 1);
+  EXPECT_EQ(engine_->Commit(w->id, tenant_, "d", BlockKey{}, 0, d.tokens, w->slots).status().code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  ExpectConsistent();
+}
+
 }  // namespace
 }  // namespace kvtier::tiering

@@ -37,7 +37,19 @@ Session* Engine::Impl::SessionToEvictFor(const TenantAccount& t) const {
 
 Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
   if (opt.max_sessions_per_tenant == 0 || FindSession(t, id) != nullptr) return Status::Ok();
-  return tenants.CheckNewSession(tenants.Get(t), id, opt.max_sessions_per_tenant);
+  TenantAccount& account = tenants.Get(t);
+  Status st = tenants.CheckNewSession(account, id, opt.max_sessions_per_tenant);
+  if (st.ok()) return st;
+  // At its limit, the tenant's coldest session that holds no block (only the
+  // keys of those dropped into the stores) makes room for the new one.
+  Session* spare = nullptr;
+  sessions.VisitColdest([&](Session* s) {
+    if (s->tenant == &account && s->chain.empty()) spare = s;
+    return spare == nullptr;
+  });
+  if (spare == nullptr) return st;
+  RemoveSession(spare, SessionEnd::kEvicted);
+  return Status::Ok();
 }
 
 void Engine::Impl::Touch(Session* s) {
