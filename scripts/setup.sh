@@ -8,6 +8,8 @@ packages=(
   libxxhash-dev libyaml-cpp-dev libboost-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
   redis-server libhiredis-dev
+  # KV events: ZMQ sockets (cppzmq over libzmq) and msgpack batches.
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   # The model worker: libtorch (CPU) and a fast BLAS for its matrix products
   # (the reference BLAS Debian selects by default is about 10x slower).
   libtorch-dev libopenblas0-pthread

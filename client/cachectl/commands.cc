@@ -18,6 +18,50 @@
 #include "kvtier/client.h"
 
 namespace kvtier::cachectl {
+
+int Usage(const std::string& what) {
+  std::fprintf(stderr, "cachectl: %s (see --help)\n", what.c_str());
+  return kExitUsage;
+}
+
+// "30s", "5m", "2h", "1h30m", "250ms", "1d" -> milliseconds (> 0).
+Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
+  const Status bad = InvalidArgument("'" + text + "' is not a duration such as 30s, 5m, 2h or 1h30m");
+  if (text.empty()) return bad;
+  int64_t total = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t digits = i;
+    int64_t n = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+      if (n > 1'000'000'000) return bad;
+      n = n * 10 + (text[i++] - '0');
+    }
+    if (i == digits) return bad;
+    size_t unit_end = i;
+    while (unit_end < text.size() && !(text[unit_end] >= '0' && text[unit_end] <= '9')) ++unit_end;
+    const std::string unit = text.substr(i, unit_end - i);
+    i = unit_end;
+    int64_t ms_per = 0;
+    if (unit == "ms")
+      ms_per = 1;
+    else if (unit == "s")
+      ms_per = 1000;
+    else if (unit == "m")
+      ms_per = 60 * 1000;
+    else if (unit == "h")
+      ms_per = 3600 * 1000;
+    else if (unit == "d")
+      ms_per = 24 * 3600 * 1000;
+    else
+      return bad;
+    total += n * ms_per;
+    if (total > int64_t{1} << 50) return InvalidArgument("'" + text + "' is too long a duration");
+  }
+  if (total <= 0) return InvalidArgument("a duration must be longer than 0");
+  return std::chrono::milliseconds(total);
+}
+
 namespace {
 
 using nlohmann::json;
@@ -43,11 +87,6 @@ int Fail(const std::string& what, const Status& st, int rc) {
 }
 
 int Fail(const std::string& what, const Status& st) { return Fail(what, st, ExitCodeFor(st.code())); }
-
-int Usage(const std::string& what) {
-  std::fprintf(stderr, "cachectl: %s (see --help)\n", what.c_str());
-  return kExitUsage;
-}
 
 // Connects as "cachectl", once, within --timeout. On failure prints the error
 // and sets *rc (3 when no daemon answers).
@@ -141,38 +180,6 @@ std::string FormatLatency(double seconds) {
     std::snprintf(buf, sizeof buf, "%.2fs", seconds);
   }
   return buf;
-}
-
-// "30s", "5m", "2h", "1h30m", "250ms", "1d" -> milliseconds (> 0).
-Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
-  const Status bad = InvalidArgument("'" + text + "' is not a duration such as 30s, 5m, 2h or 1h30m");
-  if (text.empty()) return bad;
-  int64_t total = 0;
-  size_t i = 0;
-  while (i < text.size()) {
-    const size_t digits = i;
-    int64_t n = 0;
-    while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
-      if (n > 1'000'000'000) return bad;
-      n = n * 10 + (text[i++] - '0');
-    }
-    if (i == digits) return bad;
-    size_t unit_end = i;
-    while (unit_end < text.size() && !(text[unit_end] >= '0' && text[unit_end] <= '9')) ++unit_end;
-    const std::string unit = text.substr(i, unit_end - i);
-    i = unit_end;
-    int64_t ms_per = 0;
-    if (unit == "ms") ms_per = 1;
-    else if (unit == "s") ms_per = 1000;
-    else if (unit == "m") ms_per = 60 * 1000;
-    else if (unit == "h") ms_per = 3600 * 1000;
-    else if (unit == "d") ms_per = 24 * 3600 * 1000;
-    else return bad;
-    total += n * ms_per;
-    if (total > int64_t{1} << 50) return InvalidArgument("'" + text + "' is too long a duration");
-  }
-  if (total <= 0) return InvalidArgument("a duration must be longer than 0");
-  return std::chrono::milliseconds(total);
 }
 
 json SessionJson(const SessionSummary& s) {
@@ -603,6 +610,19 @@ void AddCommands(CLI::App& app, const GlobalOptions& global, std::function<int()
   auto* session = app.add_subcommand("session", "One session: summary and its block chain");
   session->add_option("ID", *session_id, "Session id")->required();
   session->callback([=] { *act = [=] { return CmdSession(*g, *session_id); }; });
+
+  auto events_args = std::make_shared<EventsArgs>();
+  auto* events = app.add_subcommand(
+      "events", "Subscribe to kvtierd's KV events (events.enabled) and print them; gaps are filled from its replay");
+  events->add_option("--publish", events_args->publish,
+                     "kvtierd's events.publish endpoint (default: ipc://SOCKET.events)");
+  events->add_option("--replay", events_args->replay,
+                     "kvtierd's events.replay endpoint (default: ipc://SOCKET.replay)");
+  events->add_option("--topic", events_args->topic, "kvtierd's events.topic")->capture_default_str();
+  events->add_option("--from", events_args->from, "First print the batches kvtierd keeps from this sequence number on");
+  events->add_option("--count", events_args->count, "Exit after this many batches");
+  events->add_option("--idle-exit", events_args->idle_exit, "Exit once no batch came for DURATION (500ms, 5s)");
+  events->callback([=] { *act = [=] { return CmdEvents(*g, *events_args); }; });
 
   auto evict_args = std::make_shared<EvictArgs>();
   auto* evict = app.add_subcommand("evict", "Drop a session, a tenant's sessions, or all sessions");

@@ -2,6 +2,8 @@
 // through the public client API only (kvtier/client.h).
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -31,6 +33,22 @@ struct GlobalOptions {
   // default ($KVTIER_SERVER_UID, else the socket's owner in a safe directory).
   std::optional<uint32_t> server_uid;
 };
+
+// Prints "cachectl: <what> (see --help)"; returns kExitUsage.
+int Usage(const std::string& what);
+// "30s", "5m", "2h", "1h30m", "250ms", "1d" -> milliseconds (> 0).
+Result<std::chrono::milliseconds> ParseDuration(const std::string& text);
+
+// cachectl events (events.cc).
+struct EventsArgs {
+  std::string publish;  // Empty: ipc://<socket>.events, kvtierd's default.
+  std::string replay;   // Empty: ipc://<socket>.replay.
+  std::string topic = "kvtier";
+  uint64_t from = 0;      // Replay from this seq first (0: live only).
+  uint64_t count = 0;     // Exit after this many batches (0: never).
+  std::string idle_exit;  // Exit after this long without a batch (empty: never).
+};
+int CmdEvents(const GlobalOptions& g, const EventsArgs& a);
 
 // Registers every subcommand on `app`. After a successful parse, `action`
 // holds the selected command; running it returns the exit code.

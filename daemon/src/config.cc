@@ -384,6 +384,9 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
     if (YAML::Node st = top.Get("stores")) {
       if (!st.IsNull()) KVTIER_RETURN_IF_ERROR(ParseStores(st, source, &c.stores));
     }
+    if (YAML::Node ev = top.Get("events")) {
+      if (!ev.IsNull()) KVTIER_RETURN_IF_ERROR(ParseEvents(ev, source, &c.events));
+    }
     KVTIER_RETURN_IF_ERROR(CheckIsolatedPools(c, source));
     KVTIER_RETURN_IF_ERROR(top.CheckUnknown());
   } catch (const YAML::Exception& e) {

@@ -101,6 +101,26 @@ struct StoresConfig {
   friend bool operator==(const StoresConfig&, const StoresConfig&) = default;
 };
 
+// KV events (events:): every block stored, moved or removed and every session
+// evicted, in batches over ZMQ (PUB, and ROUTER for replays). Off by default.
+// Not reloadable.
+struct EventsConfig {
+  bool enabled = false;
+  std::string publish;           // ZMQ endpoint of the PUB socket (tcp://, ipc://); empty: ipc://<socket_path>.events
+  std::string replay;            // Of the ROUTER socket answering replays; empty: ipc://<socket_path>.replay
+  std::string topic = "kvtier";  // Every message's first frame.
+  bool token_ids = false;        // Stored events carry the block's token ids.
+  uint32_t max_batch_events = 1024;
+  uint32_t replay_batches = 4096;  // The last batches kept for replays.
+  uint32_t queue_batches = 1024;   // Batches waiting for the publisher thread, at most; past it they are dropped.
+  friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
+};
+
+// The endpoints events publish on and answer replays at (EventsConfig's, or
+// derived from the socket path).
+std::string EventsPublishEndpoint(const EventsConfig& e, const std::string& socket_path);
+std::string EventsReplayEndpoint(const EventsConfig& e, const std::string& socket_path);
+
 struct DaemonConfig {
   std::string instance = "kvtier";  // Shared-memory names: /<instance>.<profile>.{gpu,host,index}, /<instance>.fences
   std::string socket_path = "/run/kvtier/kvtierd.sock";
@@ -163,6 +183,7 @@ struct DaemonConfig {
   std::vector<TenantConfig> tenants;
 
   StoresConfig stores;
+  EventsConfig events;
 
   // Field by field; DumpConfig then ParseConfig gives back an equal config.
   friend bool operator==(const DaemonConfig&, const DaemonConfig&) = default;

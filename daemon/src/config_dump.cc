@@ -146,6 +146,16 @@ std::string DumpConfig(const DaemonConfig& c) {
         << "      timeout_ms: " << t.timeout_ms << "\n";
     }
   }
+  const EventsConfig& ev = c.events;
+  o << "events:\n"
+    << "  enabled: " << (ev.enabled ? "true" : "false") << "\n"
+    << "  publish: " << (ev.publish.empty() ? "\"\"" : YamlString(ev.publish)) << "\n"
+    << "  replay: " << (ev.replay.empty() ? "\"\"" : YamlString(ev.replay)) << "\n"
+    << "  topic: " << (ev.topic.empty() ? "\"\"" : YamlString(ev.topic)) << "\n"
+    << "  token_ids: " << (ev.token_ids ? "true" : "false") << "\n"
+    << "  max_batch_events: " << ev.max_batch_events << "\n"
+    << "  replay_batches: " << ev.replay_batches << "\n"
+    << "  queue_batches: " << ev.queue_batches << "\n";
   return o.str();
 }
 
@@ -243,6 +253,14 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     add(k + "connect_timeout_ms", std::to_string(t.connect_timeout_ms), false);
     add(k + "timeout_ms", std::to_string(t.timeout_ms), false);
   }
+  add("events.enabled", c.events.enabled ? "true" : "false", false);
+  add("events.publish", c.events.publish, false);
+  add("events.replay", c.events.replay, false);
+  add("events.topic", c.events.topic, false);
+  add("events.token_ids", c.events.token_ids ? "true" : "false", false);
+  add("events.max_batch_events", std::to_string(c.events.max_batch_events), false);
+  add("events.replay_batches", std::to_string(c.events.replay_batches), false);
+  add("events.queue_batches", std::to_string(c.events.queue_batches), false);
   return out;
 }
 

@@ -137,5 +137,6 @@ class Section {
 
 // The stores: section (config_stores.cc).
 Status ParseStores(const YAML::Node& node, const std::string& source, StoresConfig* out);
+Status ParseEvents(const YAML::Node& node, const std::string& source, EventsConfig* out);
 
 }  // namespace kvtier::daemon

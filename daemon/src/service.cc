@@ -28,6 +28,13 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   });
   if (!chain.ok()) return chain.status();
   svc->stores_ = std::move(chain).value();
+  if (config.events.enabled) {
+    auto events = EventPublisher::Start(config.events, EventsPublishEndpoint(config.events, config.socket_path),
+                                        EventsReplayEndpoint(config.events, config.socket_path), config.access,
+                                        svc->instance_id_);
+    if (!events.ok()) return events.status();
+    svc->events_ = std::move(events).value();
+  }
   for (size_t p = 0; p < config.profiles.size(); ++p) {
     // The shared engine first, then one per isolated tenant (engine_set.h).
     std::vector<std::string> domains{""};
@@ -47,6 +54,16 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
         options.on_spill = [chain, fingerprint](const tiering::HostBlock& b) {
           chain->Offer(stores::BlockRecordHeader{fingerprint, b.key, b.parent, b.key_ns}, b.tokens, b.payload,
                        b.dropped);
+        };
+      }
+      if (EventPublisher* events = svc->events_.get()) {
+        const std::string profile = options.profile.name;
+        const uint32_t bt = options.profile.block_tokens;
+        options.on_block_event = [events, profile, bt](const tiering::BlockEvent& e) {
+          events->AddBlock(profile, bt, e);
+        };
+        options.on_session_evicted = [events, profile](std::string_view tenant_name, std::string_view session) {
+          events->AddSessionEvicted(profile, tenant_name, session);
         };
       }
       const std::string who = DescribeEngine(config.profiles[p].profile.name, tenant);
@@ -70,7 +87,8 @@ Service::Service(DaemonConfig config, std::unique_ptr<tiering::Backend> backend)
 }
 
 Service::~Service() {
-  engines_.Clear();  // Engines before the backend they use, and the stores they offer blocks to.
+  engines_.Clear();  // Engines before the backend they use, and the stores and events they report to.
+  events_.reset();
   stores_.reset();   // Writes what is queued (for a bounded time).
   backend_.reset();
 }
@@ -117,6 +135,7 @@ void Service::Tick() {
   LogExpiredLeases();
   FlushLimitedLogs();
   warm_.MaybeSnapshot(engines_, config_);
+  FlushEvents();  // What Disconnect and the watermarks changed, and the stream's first batch.
 }
 
 void Service::LogExpiredLeases() {
@@ -169,6 +188,7 @@ void Service::SpillForRestart(std::chrono::milliseconds budget) {
 
 void Service::Poll() {
   for (EngineMember& m : engines_) m.engine->Poll();
+  FlushEvents();
 }
 
 bool Service::CopiesInFlight() const {
@@ -270,6 +290,7 @@ void Service::FitOneFrame(Reply& reply) {
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
   Reply reply = Dispatch(c, request);
+  FlushEvents();
   if (reply.deferred) return reply;
   FitOneFrame(reply);
   c.waiting_for_room.reset();
@@ -780,7 +801,17 @@ std::string Service::StatusLine() const {
 }
 
 StatsView Service::View(std::vector<std::string> tenants) const {
-  return StatsView(counters_, *backend_, engines_, std::move(tenants), access_, StoreStatsNow());
+  StatsView v(counters_, *backend_, engines_, std::move(tenants), access_, StoreStatsNow());
+  if (events_ != nullptr) {
+    const EventCounters& c = events_->counters();
+    v.events =
+        EventStats{c.events.load(), c.batches.load(), c.dropped_batches.load(), c.replays.load(), c.last_seq.load()};
+  }
+  return v;
+}
+
+void Service::FlushEvents() {
+  if (events_ != nullptr) events_->Flush();
 }
 
 std::string Service::RenderMetrics() const { return RenderPrometheus(View(KnownTenants())); }

@@ -26,6 +26,7 @@
 #include "access.h"
 #include "config.h"
 #include "engine_set.h"
+#include "kv_events.h"
 #include "kvtier/stores/store_chain.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
@@ -247,6 +248,8 @@ class Service {
   // asked about) if the stores answered in time.
   bool LocateInStores(ClientState& c, const tiering::Engine& e, const std::vector<BlockKey>& away,
                       std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places);
+  // Closes the open KV event batch (events.enabled): after each request, poll and tick.
+  void FlushEvents();
   // The stores' figures (empty without stores).
   std::vector<stores::StoreStats> StoreStatsNow() const;
 
@@ -258,6 +261,7 @@ class Service {
   // Before the engines, whose on_spill offers it blocks; after them at
   // destruction (~Service), so that it writes what they offered last.
   std::unique_ptr<stores::StoreChain> stores_;
+  std::unique_ptr<EventPublisher> events_;  // KV events (events.enabled); outlives the engines.
   std::mutex wake_mu_;
   std::function<void()> wake_;  // Guarded by wake_mu_.
   EngineSet engines_;

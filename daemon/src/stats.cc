@@ -107,6 +107,11 @@ Value StoreSeconds(const StatsView& v, const StatPoint& at) {
   return static_cast<double>(v.stores[at.store].*Field) / 1e6;
 }
 
+template <auto Field>
+Value Events(const StatsView& v, const StatPoint&) {
+  return static_cast<double>(v.events.*Field);
+}
+
 Value Uptime(const StatsView& v, const StatPoint&) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - v.counters.started).count();
 }
@@ -325,6 +330,19 @@ constexpr StatRow kStats[] = {
    &Store<&stores::StoreStats::put_dropped>},
   {"store.{store}.queued_bytes", "kvtier_store_queued_bytes", Type::kGauge, "Bytes waiting to be written to a store",
    S::kStore, kNoLabel, &Store<&stores::StoreStats::queued_bytes>},
+
+  // KV events (events:).
+  {"events", "kvtier_events_total", Type::kCounter, "KV events (blocks stored, moved, removed; sessions evicted) added to batches",
+   S::kDaemon, kNoLabel, &Events<&EventStats::events>},
+  {"event_batches", "kvtier_event_batches_total", Type::kCounter, "KV event batches closed, each with a sequence number",
+   S::kDaemon, kNoLabel, &Events<&EventStats::batches>},
+  {"event_batches_dropped", "kvtier_event_batches_dropped_total", Type::kCounter,
+   "KV event batches not published: events.queue_batches waited for the publisher thread already", S::kDaemon,
+   kNoLabel, &Events<&EventStats::dropped_batches>},
+  {"event_replays", "kvtier_event_replays_total", Type::kCounter, "KV event replay requests answered", S::kDaemon,
+   kNoLabel, &Events<&EventStats::replays>},
+  {"event_seq", "kvtier_event_seq", Type::kGauge, "The last KV event batch's sequence number", S::kDaemon, kNoLabel,
+   &Events<&EventStats::last_seq>},
 
   {nullptr, "kvtier_rpc_duration_seconds", Type::kHistogram,
    "Time from a request's decoded frame to its reply queued for sending, by request type", S::kRequestType, kNoLabel,

@@ -70,6 +70,11 @@ struct ServiceCounters {
 };
 
 // Everything a row reads, gathered for one rendering.
+// The KV event stream's figures (EventPublisher's counters; all 0 when off).
+struct EventStats {
+  uint64_t events = 0, batches = 0, dropped_batches = 0, replays = 0, last_seq = 0;
+};
+
 struct StatsView {
   // Reads every engine's stats() once. REQUIRES: the references outlive the view.
   StatsView(const ServiceCounters& counters, const tiering::Backend& backend, const EngineSet& engines,
@@ -86,6 +91,7 @@ struct StatsView {
   const AccessPolicy& access;                      // Their quotas.
   std::vector<stores::StoreStats> stores;          // The stores below the host tier, in chain order.
   std::vector<std::string> store_names;            // Theirs in names and labels (StoreNames).
+  EventStats events;
 };
 
 // What a row is reported over: one figure, or one per point of these dimensions.

@@ -26,13 +26,20 @@ uint32_t BlockTable::Publish(const BlockKey& key, const BlockKey& parent, std::s
   index_.WriteRow(r, parent, tokens);
   index_.Insert(key, r, NamespaceTag(rec.key_ns()), tier);
   tenant.Published(tier);
+  if (observer_) observer_(BlockEvent{BlockEventKind::kStored, key, parent, tier, tier, tokens});
   return r;
+}
+
+void BlockTable::Moved(uint32_t r, Tier from) {
+  const Record& rec = records_[r];
+  if (observer_) observer_(BlockEvent{BlockEventKind::kMoved, rec.key, {}, rec.tier, from, {}});
 }
 
 void BlockTable::Unpublish(uint32_t r) {
   Record& rec = records_[r];
   index_.Erase(rec.key);
   rec.tenant->Unpublished(rec.tier, rec.moving());
+  Removed(rec);
   if (rec.moving()) {
     rec.doomed = true;  // The copy completes later; then both slots come free.
     return;
@@ -45,6 +52,7 @@ void BlockTable::Doom(uint32_t r) {
   Record& rec = records_[r];
   index_.Erase(rec.key);
   rec.tenant->Unpublished(rec.tier, rec.moving());
+  Removed(rec);
   rec.doomed = true;
 }
 

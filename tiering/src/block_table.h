@@ -15,12 +15,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "block_index.h"
 #include "kvtier/block_key.h"
 #include "kvtier/tier.h"
+#include "kvtier/tiering/engine.h"
 #include "slot_allocator.h"
 #include "tenant_ledger.h"
 
@@ -91,12 +93,21 @@ class BlockTable {
   bool FreeDoomed(uint32_t r);
   // Returns the record of a block whose slots were freed to the free list.
   void Retire(uint32_t r);
+  // A copy of block `r` from `from` landed: it is in rec.tier now.
+  void Moved(uint32_t r, Tier from);
+  // Told of every block published, moved, unpublished or doomed (KV events).
+  void set_observer(std::function<void(const BlockEvent&)> observer) { observer_ = std::move(observer); }
 
  private:
   BlockIndex index_;
   PerTier<SlotAllocator> slots_;
   std::vector<Record> records_;
   std::vector<uint32_t> free_;
+  std::function<void(const BlockEvent&)> observer_;
+
+  void Removed(const Record& rec) {
+    if (observer_) observer_(BlockEvent{BlockEventKind::kRemoved, rec.key, {}, rec.tier, rec.tier, {}});
+  }
 };
 
 }  // namespace kvtier::tiering

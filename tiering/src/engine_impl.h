@@ -88,6 +88,7 @@ struct Engine::Impl {
         mover(b, pools, blocks),
         reclaim(*this) {
     if (opt.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
+    if (opt.on_block_event) blocks.set_observer(opt.on_block_event);
   }
 
   EngineOptions opt;

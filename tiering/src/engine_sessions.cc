@@ -88,7 +88,10 @@ void Engine::Impl::ReconcileBelow(Session* s, const std::vector<BlockKey>& befor
 void Engine::Impl::RemoveSession(Session* s, SessionEnd why) {
   ++changes;
   Truncate(s, 0, FreeReason::kReleased);
-  if (why == SessionEnd::kEvicted) ++st.evicted_sessions;
+  if (why == SessionEnd::kEvicted) {
+    ++st.evicted_sessions;
+    if (opt.on_session_evicted) opt.on_session_evicted(s->tenant->tenant.name, s->id);
+  }
   sessions.Remove(s);
 }
 

@@ -93,6 +93,7 @@ void Mover::Complete(uint32_t r) {
     return;
   }
   blocks_.index().SetLocation(rec.key, rec.tier, false);
+  blocks_.Moved(r, OtherTier(rec.tier));
   if (demote && landed_) landed_(r);
 }
 

@@ -89,6 +89,22 @@ struct HostBlock {
   bool dropped = false;
 };
 
+// A change to the set of cached blocks (EngineOptions::on_block_event), in
+// the order the engine made them: replaying them gives the blocks per tier.
+enum class BlockEventKind : uint8_t {
+  kStored,   // Published in `tier` (committed, fetched from a store, or taken back at a warm restart).
+  kMoved,    // Its copy from `from` landed in `tier` (a demotion or promotion); `from` no longer holds it.
+  kRemoved,  // Left the cache from `tier`.
+};
+struct BlockEvent {
+  BlockEventKind kind = BlockEventKind::kStored;
+  BlockKey key;
+  BlockKey parent;                  // kStored: the block before it (null for block 0).
+  Tier tier = Tier::kGpu;           // Where it is now (kStored, kMoved) or was (kRemoved).
+  Tier from = Tier::kGpu;           // kMoved.
+  std::span<const TokenId> tokens;  // kStored: its tokens, valid during the call only.
+};
+
 struct EngineOptions {
   ModelProfile profile;
   uint32_t gpu_slots = 0;
@@ -126,6 +142,12 @@ struct EngineOptions {
   // Called whenever a block leaves the cache: `dropped` is true when pressure
   // (watermarks, a full tier) pushed it out, false when its last holder let go.
   std::function<void(const BlockKey& key, bool dropped)> on_free;
+  // Called on the engine's thread with every block stored, moved or removed
+  // (KV events); unset, the engine pays one test of an empty function.
+  std::function<void(const BlockEvent& event)> on_block_event;
+  // Called when a session is evicted (by a client, or past max_sessions), with
+  // its tenant's name and its id.
+  std::function<void(std::string_view tenant, std::string_view session)> on_session_evicted;
   // Called on the engine's thread with each block that lands in the host tier
   // and each block that pressure drops from it (HostBlock::dropped): what a
   // tier of stores below the host tier writes through or back. It must not

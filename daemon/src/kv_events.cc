@@ -1,0 +1,303 @@
+// KV events: batches encoded on the loop's thread, published by a thread of their own (kv_events.h).
+#include "kv_events.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#define MSGPACK_NO_BOOST
+#include <msgpack.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr const char* kPipe = "inproc://kvtier-events";
+
+std::string Seq8(uint64_t seq) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
+  return out;
+}
+
+uint64_t FromSeq8(const zmq::message_t& m) {
+  uint64_t v = 0;
+  const auto* p = static_cast<const unsigned char*>(m.data());
+  for (size_t i = 0; i < 8; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+void Str(Packer& p, std::string_view s) {
+  p.pack_str(static_cast<uint32_t>(s.size()));
+  p.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
+}
+
+// 16 bytes, the high word first, big-endian: the bytes BlockKey::ToHex spells.
+void Key(Packer& p, const BlockKey& k) {
+  char b[16];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = static_cast<char>((k.hi >> (56 - 8 * i)) & 0xff);
+    b[8 + i] = static_cast<char>((k.lo >> (56 - 8 * i)) & 0xff);
+  }
+  p.pack_bin(16);
+  p.pack_bin_body(b, 16);
+}
+
+// Binds `s` to `endpoint`; an ipc:// socket file is born 0600 (whatever the
+// umask), then gets the daemon socket's group and mode.
+Status Bind(zmq::socket_t& s, const std::string& endpoint, const AccessConfig& access, const char* what) {
+  const bool ipc = endpoint.starts_with("ipc://");
+  const std::string path = ipc ? endpoint.substr(6) : std::string();
+  try {
+    const mode_t old = ::umask(0177);
+    try {
+      s.bind(endpoint);
+    } catch (...) {
+      ::umask(old);
+      throw;
+    }
+    ::umask(old);
+  } catch (const zmq::error_t& e) {
+    return Unavailable(std::string("events: cannot bind ") + what + " '" + endpoint + "': " + e.what());
+  }
+  if (!ipc) return Status::Ok();
+  if (access.group_gid != AccessConfig::kNoGroup &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), access.group_gid) != 0) {
+    return Status(StatusCode::kPermissionDenied,
+                  "events: cannot give " + path + " to group " + access.group + ": " + std::strerror(errno));
+  }
+  if (::chmod(path.c_str(), access.mode) != 0) {
+    return Unavailable("events: cannot chmod " + path + ": " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct EventPublisher::Impl {
+  EventsConfig config;
+  std::string publish, replay;
+  std::string instance_hex;
+  zmq::context_t context{1};
+  zmq::socket_t pipe_in;                  // The loop's end of the pipe (PUSH).
+  std::vector<std::string> socket_files;  // Of ipc:// endpoints: removed at the end.
+  std::thread thread;
+
+  // The open batch: its events, encoded, and how many.
+  msgpack::sbuffer events;
+  Packer packer{events};
+  uint32_t open = 0;
+  uint64_t next_seq = 1;
+  bool cleared_sent = false;
+
+  void Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::socket_t router, EventCounters* counters) const;
+};
+
+EventPublisher::EventPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<EventPublisher>> EventPublisher::Start(const EventsConfig& config, const std::string& publish,
+                                                              const std::string& replay, const AccessConfig& access,
+                                                              uint64_t instance) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->publish = publish;
+  impl->replay = replay;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(instance));
+  impl->instance_hex = hex;
+  zmq::socket_t pipe_out, pub, router;
+  pub = zmq::socket_t(impl->context, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::linger, 0);
+  pub.set(zmq::sockopt::sndhwm, static_cast<int>(config.queue_batches));
+  for (const std::string* ep : {&publish, &replay}) {
+    if (ep->starts_with("ipc://")) impl->socket_files.push_back(ep->substr(6));
+  }
+  KVTIER_RETURN_IF_ERROR(Bind(pub, publish, access, "events.publish"));
+  router = zmq::socket_t(impl->context, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  // A replay is at most replay_batches messages: queued whole, never dropped midway.
+  router.set(zmq::sockopt::sndhwm, static_cast<int>(config.replay_batches + 16));
+  KVTIER_RETURN_IF_ERROR(Bind(router, replay, access, "events.replay"));
+  pipe_out = zmq::socket_t(impl->context, zmq::socket_type::pull);
+  pipe_out.set(zmq::sockopt::rcvhwm, static_cast<int>(config.queue_batches));
+  pipe_out.bind(kPipe);
+  impl->pipe_in = zmq::socket_t(impl->context, zmq::socket_type::push);
+  impl->pipe_in.set(zmq::sockopt::sndhwm, static_cast<int>(config.queue_batches));
+  impl->pipe_in.set(zmq::sockopt::linger, 0);
+  impl->pipe_in.connect(kPipe);
+  std::unique_ptr<EventPublisher> p(new EventPublisher(std::move(impl)));
+  Impl* raw = p->impl_.get();
+  raw->thread = std::thread([raw, counters = &p->counters_, out = std::move(pipe_out), pub = std::move(pub),
+                             router = std::move(router)]() mutable {
+    raw->Run(std::move(out), std::move(pub), std::move(router), counters);
+  });
+  return p;
+}
+
+EventPublisher::~EventPublisher() {
+  // An empty message stops the thread; it waits for room if the pipe is full.
+  impl_->pipe_in.set(zmq::sockopt::sndtimeo, 2000);
+  (void)impl_->pipe_in.send(zmq::message_t(), zmq::send_flags::none);
+  impl_->thread.join();
+  impl_->pipe_in.close();
+  for (const std::string& path : impl_->socket_files) ::unlink(path.c_str());
+}
+
+const std::string& EventPublisher::publish_endpoint() const { return impl_->publish; }
+const std::string& EventPublisher::replay_endpoint() const { return impl_->replay; }
+
+void EventPublisher::AddBlock(std::string_view profile, uint32_t block_tokens, const tiering::BlockEvent& e) {
+  Impl& m = *impl_;
+  Packer& p = m.packer;
+  using K = tiering::BlockEventKind;
+  const bool tokens = e.kind == K::kStored && m.config.token_ids;
+  p.pack_map(e.kind == K::kStored ? 6 + (tokens ? 1 : 0) : e.kind == K::kMoved ? 5 : 4);
+  Str(p, "type");
+  Str(p, e.kind == K::kStored ? "stored" : e.kind == K::kMoved ? "moved" : "removed");
+  Str(p, "profile");
+  Str(p, profile);
+  Str(p, "key");
+  Key(p, e.key);
+  switch (e.kind) {
+    case K::kStored:
+      Str(p, "parent");
+      if (e.parent.IsNull()) {
+        p.pack_nil();
+      } else {
+        Key(p, e.parent);
+      }
+      Str(p, "tier");
+      Str(p, TierName(e.tier));
+      Str(p, "block_tokens");
+      p.pack_uint32(block_tokens);
+      if (tokens) {
+        Str(p, "tokens");
+        p.pack_array(static_cast<uint32_t>(e.tokens.size()));
+        for (TokenId t : e.tokens) p.pack_uint32(t);
+      }
+      break;
+    case K::kMoved:
+      Str(p, "from");
+      Str(p, TierName(e.from));
+      Str(p, "to");
+      Str(p, TierName(e.tier));
+      break;
+    case K::kRemoved:
+      Str(p, "tier");
+      Str(p, TierName(e.tier));
+      break;
+  }
+  ++m.open;
+  counters_.events.fetch_add(1, std::memory_order_relaxed);
+  if (m.open >= m.config.max_batch_events) Flush();
+}
+
+void EventPublisher::AddSessionEvicted(std::string_view profile, std::string_view tenant, std::string_view session) {
+  Impl& m = *impl_;
+  Packer& p = m.packer;
+  p.pack_map(4);
+  Str(p, "type");
+  Str(p, "session_evicted");
+  Str(p, "profile");
+  Str(p, profile);
+  Str(p, "tenant");
+  Str(p, tenant);
+  Str(p, "session");
+  Str(p, session);
+  ++m.open;
+  counters_.events.fetch_add(1, std::memory_order_relaxed);
+  if (m.open >= m.config.max_batch_events) Flush();
+}
+
+void EventPublisher::Flush() {
+  Impl& m = *impl_;
+  if (m.open == 0 && m.cleared_sent) return;
+  const uint64_t seq = m.next_seq++;
+  msgpack::sbuffer batch(m.events.size() + 96);
+  Packer p(batch);
+  p.pack_map(5);
+  Str(p, "v");
+  p.pack_uint32(kEventsFormatVersion);
+  Str(p, "seq");
+  p.pack_uint64(seq);
+  Str(p, "ts");
+  p.pack_double(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  Str(p, "instance");
+  Str(p, m.instance_hex);
+  Str(p, "events");
+  p.pack_array(m.open + (m.cleared_sent ? 0 : 1));
+  if (!m.cleared_sent) {
+    // The stream's first event: a subscriber forgets what it knew of this instance.
+    p.pack_map(1);
+    Str(p, "type");
+    Str(p, "cleared");
+    m.cleared_sent = true;
+  }
+  batch.write(m.events.data(), m.events.size());
+  m.events.clear();
+  m.open = 0;
+  counters_.batches.fetch_add(1, std::memory_order_relaxed);
+  counters_.last_seq.store(seq, std::memory_order_relaxed);
+  const std::string seq8 = Seq8(seq);
+  std::array<zmq::const_buffer, 2> parts = {zmq::buffer(seq8), zmq::buffer(batch.data(), batch.size())};
+  // Never waits: a full pipe means the publisher thread is behind, and the batch is dropped.
+  const auto sent = zmq::send_multipart(m.pipe_in, parts, zmq::send_flags::dontwait);
+  if (!sent) counters_.dropped_batches.fetch_add(1, std::memory_order_relaxed);
+}
+
+void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::socket_t router,
+                               EventCounters* counters) const {
+  std::deque<std::pair<uint64_t, std::string>> kept;  // The last replay_batches batches, by seq.
+  std::array<zmq::pollitem_t, 2> items = {zmq::pollitem_t{pipe_out.handle(), 0, ZMQ_POLLIN, 0},
+                                          zmq::pollitem_t{router.handle(), 0, ZMQ_POLLIN, 0}};
+  for (;;) {
+    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
+    if (items[0].revents & ZMQ_POLLIN) {
+      std::vector<zmq::message_t> parts;
+      (void)zmq::recv_multipart(pipe_out, std::back_inserter(parts));
+      if (parts.size() != 2) break;  // The stop message.
+      const uint64_t seq = FromSeq8(parts[0]);
+      if (config.replay_batches > 0) {
+        kept.emplace_back(seq, parts[1].to_string());
+        if (kept.size() > config.replay_batches) kept.pop_front();
+      }
+      // PUB never blocks: past a subscriber's high-water mark its messages are dropped.
+      std::array<zmq::message_t, 3> out = {zmq::message_t(config.topic.data(), config.topic.size()),
+                                           std::move(parts[0]), std::move(parts[1])};
+      (void)zmq::send_multipart(pub, out, zmq::send_flags::dontwait);
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      std::vector<zmq::message_t> req;
+      (void)zmq::recv_multipart(router, std::back_inserter(req));
+      if (req.empty()) continue;
+      // [identity, empty, start]; anything else gets the end marker alone.
+      uint64_t start = kReplayEnd;
+      if (req.size() == 3 && req[1].size() == 0 && req[2].size() == 8) start = FromSeq8(req[2]);
+      auto reply = [&](uint64_t seq, std::string_view batch) {
+        const std::string seq8 = Seq8(seq);
+        std::array<zmq::const_buffer, 4> out = {zmq::buffer(req[0].data(), req[0].size()), zmq::const_buffer(),
+                                                zmq::buffer(seq8), zmq::buffer(batch)};
+        (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
+      };
+      for (const auto& [seq, batch] : kept) {
+        if (seq >= start) reply(seq, batch);
+      }
+      reply(kReplayEnd, {});
+      counters->replays.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,81 @@
+// KV events: what kvtierd caches, published for cache-aware routers.
+//
+// The engines report every block stored, moved or removed and every session
+// evicted (EngineOptions::on_block_event, on_session_evicted); the event loop
+// adds each to the open batch (Add*) and closes it (Flush) once per turn, or
+// when it holds events.max_batch_events. A closed batch gets the next sequence
+// number and is encoded (msgpack, the format in the README's "KV events") on
+// the loop's thread, then handed to the publisher thread over an in-process
+// ZMQ pipe. That thread owns the sockets: it sends each batch on the PUB
+// socket and keeps the last events.replay_batches for replays (ROUTER).
+//
+// Nothing here ever waits on a subscriber: the PUB socket drops a slow
+// subscriber's messages at its high-water mark (the subscriber sees the gap in
+// sequence numbers and asks for a replay), and a batch the publisher thread
+// has no room for (events.queue_batches waiting) is dropped and counted; its
+// sequence number is then missing for every subscriber and in the replay.
+//
+// Messages on PUB: three frames [topic, seq (8 bytes, big-endian), batch].
+// Replay (ROUTER): a DEALER sends [empty, start seq (8 bytes, big-endian)];
+// kvtierd answers [empty, seq, batch] for each batch it keeps from `start`
+// on, then [empty, 0xFFFFFFFFFFFFFFFF, empty] (the end).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "config.h"
+#include "kvtier/status.h"
+#include "kvtier/tiering/engine.h"
+
+namespace kvtier::daemon {
+
+// The batch format's version (the "v" field).
+inline constexpr uint32_t kEventsFormatVersion = 1;
+// The seq of the replay's end marker.
+inline constexpr uint64_t kReplayEnd = ~uint64_t{0};
+
+struct EventCounters {
+  std::atomic<uint64_t> events{0};           // Added to batches.
+  std::atomic<uint64_t> batches{0};          // Closed (each took a sequence number).
+  std::atomic<uint64_t> dropped_batches{0};  // Closed but not published: the publisher thread had no room.
+  std::atomic<uint64_t> replays{0};          // Replay requests answered.
+  std::atomic<uint64_t> last_seq{0};         // The last sequence number taken (0: none yet).
+};
+
+class EventPublisher {
+ public:
+  // Binds `publish` (PUB) and `replay` (ROUTER) and starts the publisher
+  // thread. An ipc:// endpoint's socket file gets the daemon socket's group
+  // and mode (`access`): events name every tenant's blocks. The first batch
+  // (seq 1, sent at the first Flush) opens with a "cleared" event: whatever a
+  // subscriber knew of `instance` is gone.
+  static Result<std::unique_ptr<EventPublisher>> Start(const EventsConfig& config, const std::string& publish,
+                                                       const std::string& replay, const AccessConfig& access,
+                                                       uint64_t instance);
+  // Stops the thread; batches not sent yet are lost.
+  ~EventPublisher();
+  EventPublisher(const EventPublisher&) = delete;
+  EventPublisher& operator=(const EventPublisher&) = delete;
+
+  // The loop's thread only, from here on.
+  void AddBlock(std::string_view profile, uint32_t block_tokens, const tiering::BlockEvent& e);
+  void AddSessionEvicted(std::string_view profile, std::string_view tenant, std::string_view session);
+  // Closes the open batch, if it holds any event, and hands it to the publisher.
+  void Flush();
+
+  const EventCounters& counters() const { return counters_; }
+  const std::string& publish_endpoint() const;
+  const std::string& replay_endpoint() const;
+
+ private:
+  struct Impl;
+  explicit EventPublisher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  EventCounters counters_;
+};
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,418 @@
+// KV events from a real kvtierd, read by real ZMQ subscribers: replaying a
+// workload's events gives exactly the daemon's blocks per tier; a subscriber
+// that loses batches recovers them through the replay; one that never reads
+// does not hold anyone up; with events off nothing is published.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <map>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+#define MSGPACK_NO_BOOST
+#include <msgpack.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "daemon_config.h"
+#include "kvtier/client.h"
+#include "process.h"
+
+namespace kvtier::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kReplayEnd = ~uint64_t{0};
+
+std::string Seq8(uint64_t seq) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
+  return out;
+}
+
+uint64_t FromSeq8(const zmq::message_t& m) {
+  EXPECT_EQ(m.size(), 8u);
+  uint64_t v = 0;
+  const auto* p = static_cast<const unsigned char*>(m.data());
+  for (size_t i = 0; i < m.size(); ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+std::string Hex(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::BIN);
+  EXPECT_EQ(o.via.bin.size, 16u);
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (uint32_t i = 0; i < o.via.bin.size; ++i) {
+    const auto b = static_cast<unsigned char>(o.via.bin.ptr[i]);
+    out += kDigits[b >> 4];
+    out += kDigits[b & 0xf];
+  }
+  return out;
+}
+
+// The value of `key` in msgpack map `m` (nil if absent).
+const msgpack::object& Field(const msgpack::object& m, std::string_view key) {
+  static const msgpack::object kNil;
+  if (m.type != msgpack::type::MAP) return kNil;
+  for (uint32_t i = 0; i < m.via.map.size; ++i) {
+    const msgpack::object& k = m.via.map.ptr[i].key;
+    if (k.type == msgpack::type::STR && std::string_view(k.via.str.ptr, k.via.str.size) == key) {
+      return m.via.map.ptr[i].val;
+    }
+  }
+  return kNil;
+}
+
+std::string Text(const msgpack::object& o) {
+  return o.type == msgpack::type::STR ? std::string(o.via.str.ptr, o.via.str.size) : std::string();
+}
+
+// Replays batches, in seq order, into the blocks per tier (key hex -> tier).
+struct Replica {
+  std::unordered_map<std::string, std::string> tier_of;
+  std::map<std::string, std::vector<uint32_t>> tokens;  // Of stored blocks, when the stream carries them.
+  std::vector<std::string> evicted;
+  uint64_t applied = 0;
+
+  void Apply(uint64_t seq, const std::string& payload) {
+    ASSERT_EQ(seq, applied + 1) << "batches are applied in order, none missing";
+    applied = seq;
+    msgpack::object_handle h = msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& b = h.get();
+    ASSERT_EQ(Field(b, "v").as<uint32_t>(), 1u);
+    ASSERT_EQ(Field(b, "seq").as<uint64_t>(), seq);
+    const msgpack::object& events = Field(b, "events");
+    ASSERT_EQ(events.type, msgpack::type::ARRAY);
+    for (uint32_t i = 0; i < events.via.array.size; ++i) {
+      const msgpack::object& e = events.via.array.ptr[i];
+      const std::string type = Text(Field(e, "type"));
+      if (type == "cleared") {
+        tier_of.clear();
+      } else if (type == "stored") {
+        const std::string key = Hex(Field(e, "key"));
+        EXPECT_TRUE(tier_of.emplace(key, Text(Field(e, "tier"))).second) << "stored twice: " << key;
+        EXPECT_EQ(Field(e, "block_tokens").as<uint32_t>(), 16u);
+        if (Field(e, "tokens").type == msgpack::type::ARRAY)
+          tokens[key] = Field(e, "tokens").as<std::vector<uint32_t>>();
+      } else if (type == "moved") {
+        auto it = tier_of.find(Hex(Field(e, "key")));
+        ASSERT_NE(it, tier_of.end()) << "moved before it was stored";
+        EXPECT_EQ(it->second, Text(Field(e, "from")));
+        it->second = Text(Field(e, "to"));
+      } else if (type == "removed") {
+        auto it = tier_of.find(Hex(Field(e, "key")));
+        ASSERT_NE(it, tier_of.end()) << "removed before it was stored";
+        EXPECT_EQ(it->second, Text(Field(e, "tier")));
+        tier_of.erase(it);
+      } else if (type == "session_evicted") {
+        evicted.push_back(Text(Field(e, "session")));
+      } else {
+        ADD_FAILURE() << "unknown event type '" << type << "'";
+      }
+    }
+  }
+};
+
+// A subscriber to kvtierd's PUB socket that fills gaps from its ROUTER socket.
+class Subscriber {
+ public:
+  Subscriber(zmq::context_t& ctx, const std::string& publish, const std::string& replay)
+      : sub_(ctx, zmq::socket_type::sub), dealer_(ctx, zmq::socket_type::dealer) {
+    sub_.set(zmq::sockopt::linger, 0);
+    sub_.set(zmq::sockopt::subscribe, "kvtier");
+    sub_.connect(publish);
+    dealer_.set(zmq::sockopt::linger, 0);
+    dealer_.connect(replay);
+  }
+
+  // The batches kvtierd keeps from `from` on, as its replay answers.
+  std::vector<std::pair<uint64_t, std::string>> Replay(uint64_t from) {
+    std::vector<std::pair<uint64_t, std::string>> out;
+    const std::string s8 = Seq8(from);
+    std::array<zmq::const_buffer, 2> req = {zmq::const_buffer(), zmq::buffer(s8)};
+    EXPECT_TRUE(zmq::send_multipart(dealer_, req));
+    for (;;) {
+      zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, 5000ms) == 0) {
+        ADD_FAILURE() << "no answer to the replay";
+        return out;
+      }
+      std::vector<zmq::message_t> parts;
+      (void)zmq::recv_multipart(dealer_, std::back_inserter(parts));
+      EXPECT_EQ(parts.size(), 3u);
+      if (parts.size() != 3) return out;
+      EXPECT_EQ(parts[0].size(), 0u);
+      const uint64_t seq = FromSeq8(parts[1]);
+      if (seq == kReplayEnd) return out;
+      out.emplace_back(seq, parts[2].to_string());
+    }
+  }
+
+  // Reads live batches until `seq` is applied; `lose(seq)` true: that batch is
+  // thrown away as received, as if it had been dropped. A gap is filled from
+  // the replay. Returns false if `seq` did not come in time.
+  bool ReadUntil(uint64_t seq, const std::function<bool(uint64_t)>& lose = nullptr) {
+    const auto until = Clock::now() + 10s;
+    while (replica.applied < seq && Clock::now() < until) ReadOne(100ms, lose);
+    return replica.applied >= seq;
+  }
+  // Catches up from the replay (from seq 1), then, until a live batch arrives
+  // (the subscription reached kvtierd), has `poke` make one.
+  void Join(const std::function<void()>& poke) {
+    for (auto& [seq, payload] : Replay(1)) Keep(seq, payload);
+    ASSERT_GE(replica.applied, 1u) << "the first batch (cleared) is kept for replays";
+    for (int i = 0; i < 100; ++i) {
+      poke();
+      if (ReadOne(100ms, nullptr)) return;
+    }
+    FAIL() << "no live batch reached the subscriber";
+  }
+
+  Replica replica;
+  std::map<uint64_t, std::string> seen;  // Every batch applied, by seq.
+  int lost = 0, gaps = 0;
+
+ private:
+  // Reads at most one live batch; false if none came within `timeout`.
+  bool ReadOne(std::chrono::milliseconds timeout, const std::function<bool(uint64_t)>& lose) {
+    zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, timeout);
+    if (!(item.revents & ZMQ_POLLIN)) return false;
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(sub_, std::back_inserter(parts));
+    if (parts.size() != 3) {
+      ADD_FAILURE() << "a message of " << parts.size() << " frames";
+      return true;
+    }
+    EXPECT_EQ(parts[0].to_string(), "kvtier");
+    const uint64_t got = FromSeq8(parts[1]);
+    if (lose && lose(got)) {
+      ++lost;
+      return true;
+    }
+    if (got <= replica.applied) return true;
+    if (got > replica.applied + 1) {
+      ++gaps;
+      for (auto& [s, payload] : Replay(replica.applied + 1)) {
+        if (s > replica.applied && s < got) Keep(s, payload);
+      }
+    }
+    Keep(got, parts[2].to_string());
+    return true;
+  }
+  void Keep(uint64_t seq, std::string payload) {
+    replica.Apply(seq, payload);
+    seen[seq] = std::move(payload);
+  }
+  zmq::socket_t sub_, dealer_;
+};
+
+std::vector<TokenId> Tokens(uint32_t seed, uint32_t blocks) {
+  std::vector<TokenId> t;
+  for (uint32_t i = 0; i < blocks * 16; ++i) t.push_back(seed * 7919 + i);
+  return t;
+}
+
+// GPU 48 and host 32 blocks: eight 12-block sessions overflow both tiers.
+std::string EventsConfig() {
+  std::string config = kSmallDaemonConfig;
+  config.replace(config.find("gpu_blocks: 256"), 15, "gpu_blocks: 48");
+  config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 32");
+  return config + "events:\n  enabled: true\n  token_ids: true\n  max_batch_events: 64\n";
+}
+
+class EventsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+    ClientOptions o;
+    o.socket_path = daemon_.socket();
+    o.client_name = "events-test";
+    o.reconnect = false;
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(c).value();
+  }
+  void TearDown() override {
+    client_.reset();
+    const std::string log = daemon_.log();
+    for (const char* bad : {"ThreadSanitizer", "AddressSanitizer", "LeakSanitizer", "runtime error:"}) {
+      EXPECT_EQ(log.find(bad), std::string::npos) << "kvtierd's log reports " << bad;
+    }
+    if (HasFailure()) std::fprintf(stderr, "--- kvtierd log ---\n%s", log.c_str());
+  }
+  std::string Publish() const { return "ipc://" + daemon_.socket() + ".events"; }
+  std::string ReplayEndpoint() const { return "ipc://" + daemon_.socket() + ".replay"; }
+
+  double Stat(const std::string& name) {
+    auto s = client_->Stats();
+    EXPECT_TRUE(s.ok());
+    for (const auto& [k, v] : *s) {
+      if (k == name) return v;
+    }
+    ADD_FAILURE() << "no stat " << name;
+    return -1;
+  }
+  void Commit(const std::string& session, const std::vector<TokenId>& tokens) {
+    auto w = client_->Allocate(static_cast<uint32_t>(tokens.size() / 16));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto r = client_->Commit(*w, session, BlockKey{}, 0, tokens);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  // A workload that stores, demotes, promotes, drops and evicts blocks.
+  void Workload(uint32_t seed) {
+    for (uint32_t i = 0; i < 8; ++i) {
+      const std::string id = "s" + std::to_string(seed) + "-" + std::to_string(i);
+      const auto tokens = Tokens(seed * 100 + i, 12);
+      Commit(id, tokens);
+      if (i % 3 == 0) ASSERT_TRUE(client_->Demote(id).ok());
+      if (i % 3 == 2) {
+        auto lease = client_->Acquire("s" + std::to_string(seed) + "-0", Tokens(seed * 100, 12));
+        ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+        ASSERT_TRUE(lease->Wait(10s).ok());
+      }
+    }
+    ASSERT_TRUE(client_->Evict("s" + std::to_string(seed) + "-7").ok());
+  }
+  // Every session's blocks and their tier, as cachectl's session command reads them.
+  std::unordered_map<std::string, std::string> DaemonBlocks() {
+    std::unordered_map<std::string, std::string> out;
+    auto list = client_->ListSessions("");
+    EXPECT_TRUE(list.ok());
+    for (const SessionSummary& s : *list) {
+      auto info = client_->GetSession(s.id);
+      EXPECT_TRUE(info.ok());
+      for (size_t i = 0; i < info->chain.size(); ++i) out[info->chain[i].ToHex()] = PlaceName(info->tiers[i]);
+    }
+    return out;
+  }
+  // Waits for copies to settle: the replica equals the daemon's blocks once
+  // the stream's last batch is read and nothing moved meanwhile.
+  void ExpectReplicaMatches(Subscriber& sub, const std::function<bool(uint64_t)>& lose = nullptr) {
+    std::unordered_map<std::string, std::string> daemon;
+    for (int i = 0; i < 50; ++i) {
+      const auto seq = static_cast<uint64_t>(Stat("event_seq"));
+      ASSERT_TRUE(sub.ReadUntil(seq, lose)) << "batch " << seq << " never came";
+      daemon = DaemonBlocks();
+      if (static_cast<uint64_t>(Stat("event_seq")) == seq && sub.replica.tier_of == daemon) break;
+      std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_EQ(sub.replica.tier_of, daemon);
+    EXPECT_FALSE(daemon.empty());
+  }
+
+  // Brings `sub` up to date and makes sure live batches reach it (each poke: a one-block session).
+  void Join(Subscriber& sub) {
+    int n = 0;
+    sub.Join([&] { Commit("probe-" + std::to_string(n++), Tokens(9000 + n, 1)); });
+  }
+
+  DaemonProcess daemon_{EventsConfig()};
+  std::unique_ptr<Client> client_;
+  zmq::context_t ctx_{1};
+};
+
+TEST_F(EventsTest, ASubscribersReplayOfTheEventsEndsWithTheDaemonsBlocksPerTier) {
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  // Joined after the stream began: the replay brings it up to date from seq 1.
+  Join(sub);
+  Workload(1);
+  ExpectReplicaMatches(sub);
+  EXPECT_EQ(sub.replica.evicted, std::vector<std::string>{"s1-7"});
+  // Stored blocks carry their tokens (events.token_ids): those of s1-6's first block.
+  const std::vector<BlockKey> keys = client_->Keys(Tokens(106, 12));
+  const auto tokens = Tokens(106, 1);
+  EXPECT_EQ(sub.replica.tokens[keys[0].ToHex()], std::vector<uint32_t>(tokens.begin(), tokens.end()));
+  EXPECT_GT(Stat("events"), 0);
+  EXPECT_EQ(Stat("event_batches_dropped"), 0);
+  // Every tier took part: blocks were demoted, promoted and dropped.
+  std::map<std::string, int> tiers;
+  for (const auto& [k, t] : sub.replica.tier_of) ++tiers[t];
+  EXPECT_GT(tiers["gpu"], 0);
+  EXPECT_GT(tiers["host"], 0);
+
+  // cachectl events, replaying from seq 1, prints the same batches.
+  auto ctl = Process::Spawn(
+      {CACHECTL_PATH, "--socket", daemon_.socket(), "--json", "events", "--from", "1", "--idle-exit", "500ms"});
+  ASSERT_TRUE(ctl.ok()) << ctl.status().ToString();
+  std::vector<std::string> lines;
+  for (;;) {
+    auto line = ctl->ReadLine(10s);
+    if (!line.ok()) break;
+    lines.push_back(*line);
+  }
+  auto rc = ctl->Wait(10s);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 0);
+  ASSERT_EQ(lines.size(), sub.seen.size()) << "one JSON line per batch";
+  EXPECT_NE(lines.front().find("\"type\":\"cleared\""), std::string::npos) << lines.front();
+  EXPECT_NE(lines.back().find("\"seq\":" + std::to_string(sub.seen.rbegin()->first)), std::string::npos);
+}
+
+TEST_F(EventsTest, ASubscriberThatLosesBatchesRecoversThemThroughTheReplay) {
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  Join(sub);
+  const uint64_t start = sub.replica.applied;
+  // Batches start+2 .. start+5 are thrown away as they arrive.
+  auto lose = [&](uint64_t seq) { return seq >= start + 2 && seq <= start + 5 && sub.lost < 4; };
+  Workload(2);
+  ExpectReplicaMatches(sub, lose);
+  EXPECT_GT(sub.lost, 0) << "the workload made enough batches to lose some";
+  EXPECT_GE(sub.gaps, 1);
+}
+
+TEST_F(EventsTest, ASubscriberThatNeverReadsHoldsNobodyUp) {
+  // A subscriber with room for one message that never reads it.
+  zmq::socket_t slow(ctx_, zmq::socket_type::sub);
+  slow.set(zmq::sockopt::rcvhwm, 1);
+  slow.set(zmq::sockopt::linger, 0);
+  slow.set(zmq::sockopt::subscribe, "");
+  slow.connect(Publish());
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  Join(sub);
+  const int gaps = sub.gaps;  // Joining may have skipped batches published before the subscription took.
+  for (uint32_t seed = 3; seed < 6; ++seed) Workload(seed);
+  ExpectReplicaMatches(sub);
+  EXPECT_EQ(sub.gaps, gaps) << "the reading subscriber lost nothing";
+  zmq::pollitem_t item{slow.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&item, 1, 1000ms);
+  EXPECT_TRUE(item.revents & ZMQ_POLLIN) << "the slow subscriber was subscribed, and its queue is full";
+  EXPECT_EQ(Stat("event_batches_dropped"), 0);
+  EXPECT_GT(Stat("event_batches"), 20) << "the slow subscriber had far more batches than it takes";
+}
+
+TEST(EventsOffTest, WithEventsOffNothingIsPublished) {
+  DaemonProcess daemon(kSmallDaemonConfig);
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  struct stat st {};
+  EXPECT_NE(::stat((daemon.socket() + ".events").c_str(), &st), 0) << "no event socket";
+  auto ctl = Process::Spawn({CACHECTL_PATH, "--socket", daemon.socket(), "events", "--count", "1"});
+  ASSERT_TRUE(ctl.ok());
+  auto rc = ctl->Wait(10s);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 3) << "cachectl events says there is no stream";
+}
+
+TEST(EventsOffTest, EventSocketsGetTheDaemonSocketsMode) {
+  DaemonProcess daemon(EventsConfig());
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  for (const char* suffix : {".events", ".replay"}) {
+    struct stat st {};
+    ASSERT_EQ(::stat((daemon.socket() + suffix).c_str(), &st), 0) << suffix;
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << suffix << ": access.mode's default";
+  }
+  daemon.Kill(SIGTERM);
+  ASSERT_TRUE(daemon.Wait(10s).ok());
+  struct stat st {};
+  EXPECT_NE(::stat((daemon.socket() + ".events").c_str(), &st), 0) << "removed at exit";
+}
+
+}  // namespace
+}  // namespace kvtier::testing
