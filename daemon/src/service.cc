@@ -122,6 +122,9 @@ std::string Service::Describe() const {
     }
     out.pop_back();
   }
+  if (events_ != nullptr) {
+    out += "; KV events on " + events_->publish_endpoint() + " (replays: " + events_->replay_endpoint() + ")";
+  }
   return out;
 }
 

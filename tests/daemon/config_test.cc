@@ -207,6 +207,34 @@ TEST(ConfigTest, StoresBelowTheHostTierParseDumpAndNameTheirMistakes) {
             std::string::npos);
 }
 
+TEST(ConfigTest, EventsParseDumpAndNameTheirMistakes) {
+  const std::string events = R"(events:
+  enabled: true
+  publish: tcp://127.0.0.1:5557
+  token_ids: true
+  replay_batches: 100
+)";
+  auto c = ParseConfig(std::string(kMinimal) + events, "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->events.enabled);
+  EXPECT_TRUE(c->events.token_ids);
+  EXPECT_EQ(c->events.replay_batches, 100u);
+  EXPECT_EQ(EventsPublishEndpoint(c->events, "/run/kvtier/kvtierd.sock"), "tcp://127.0.0.1:5557");
+  EXPECT_EQ(EventsReplayEndpoint(c->events, "/run/kvtier/kvtierd.sock"), "ipc:///run/kvtier/kvtierd.sock.replay");
+  auto again = ParseConfig(DumpConfig(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << DumpConfig(*c);
+  EXPECT_EQ(*again, *c);
+  EXPECT_FALSE(ParseConfig(kMinimal, "t")->events.enabled) << "off by default";
+  EXPECT_TRUE(PlanReload(*c, *ParseConfig(kMinimal, "t")).applied.empty()) << "events are not reloadable";
+
+  auto err = [&](const std::string& body) { return ErrorOf(std::string(kMinimal) + "events:\n" + body); };
+  EXPECT_NE(err("  publish: 127.0.0.1:5557\n").find("events.publish: '127.0.0.1:5557' is not a ZMQ endpoint"),
+            std::string::npos);
+  EXPECT_NE(err("  publish: ipc:///a\n  replay: ipc:///a\n").find("events.replay: must differ"), std::string::npos);
+  EXPECT_NE(err("  max_batch_events: 0\n").find("events.max_batch_events"), std::string::npos);
+  EXPECT_NE(err("  enable: true\n").find("events.enable: unknown key"), std::string::npos);
+}
+
 TEST(ConfigTest, SyntaxErrorsGiveALine) {
   const std::string e = ErrorOf("profiles: [\n  - {name: p\n");
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;
