@@ -19,6 +19,8 @@ int RunIpcClient(int argc, char** argv);
 int RunE2eBench(int argc, char** argv);
 // Fetches from the disk and Redis stores vs plain reads of the same bytes (store_bench.cc).
 int RunStoreBench(int argc, char** argv);
+// The same client workload against kvtierd with KV events on and off (events_bench.cc).
+int RunEventsBench(int argc, char** argv);
 
 // kvtier-bench gpu [--quick]: the CUDA backend's batch copy speed (2 MiB and 32 KiB
 // blocks), one large pinned memcpy each way, and a 2k-token session promotion.

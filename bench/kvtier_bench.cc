@@ -22,6 +22,8 @@ constexpr Subcommand kSubcommands[] = {
      kvtier::bench::RunE2eBench},
     {"stores", "2 MiB blocks fetched from the disk and Redis stores vs plain O_DIRECT reads and pipelined GETs",
      kvtier::bench::RunStoreBench},
+    {"events", "a workload against kvtierd with KV events on (and a subscriber) vs off, rounds interleaved",
+     kvtier::bench::RunEventsBench},
 #ifdef KVTIER_BENCH_GPU
     {"gpu", "CUDA backend: batch copies of 2 MiB and 32 KiB blocks, peak memcpy, 2k-token promotion",
      kvtier::bench::RunGpuBench},
