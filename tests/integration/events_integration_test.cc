@@ -3,6 +3,7 @@
 // that loses batches recovers them through the replay; one that never reads
 // does not hold anyone up; with events off nothing is published.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -281,17 +282,27 @@ class EventsTest : public ::testing::Test {
     }
     ASSERT_TRUE(client_->Evict("s" + std::to_string(seed) + "-7").ok());
   }
-  // Every session's blocks and their tier, as cachectl's session command reads them.
+  // Every session's blocks and their tier, as `cachectl session` prints them.
   std::unordered_map<std::string, std::string> DaemonBlocks() {
     std::unordered_map<std::string, std::string> out;
-    auto list = client_->ListSessions("");
-    EXPECT_TRUE(list.ok());
-    for (const SessionSummary& s : *list) {
-      auto info = client_->GetSession(s.id);
-      EXPECT_TRUE(info.ok());
-      for (size_t i = 0; i < info->chain.size(); ++i) out[info->chain[i].ToHex()] = PlaceName(info->tiers[i]);
+    const nlohmann::json list = Cachectl({"sessions"});
+    for (const nlohmann::json& s : list["sessions"]) {
+      const nlohmann::json info = Cachectl({"session", s["id"].get<std::string>()});
+      for (const nlohmann::json& b : info["chain"]) out[b["key"].get<std::string>()] = b["tier"].get<std::string>();
     }
     return out;
+  }
+  // cachectl --json ARGS: its one line of JSON.
+  nlohmann::json Cachectl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {CACHECTL_PATH, "--socket", daemon_.socket(), "--json"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = Process::Spawn(argv);
+    EXPECT_TRUE(p.ok());
+    if (!p.ok()) return {};
+    auto line = p->ReadLine(10s);
+    auto rc = p->Wait(10s);
+    EXPECT_TRUE(line.ok() && rc.ok() && *rc == 0) << args[0];
+    return line.ok() ? nlohmann::json::parse(*line) : nlohmann::json();
   }
   // Waits for copies to settle: the replica equals the daemon's blocks once
   // the stream's last batch is read and nothing moved meanwhile.
