@@ -273,7 +273,9 @@ class EventsTest : public ::testing::Test {
       const std::string id = "s" + std::to_string(seed) + "-" + std::to_string(i);
       const auto tokens = Tokens(seed * 100 + i, 12);
       Commit(id, tokens);
-      if (i % 3 == 0) ASSERT_TRUE(client_->Demote(id).ok());
+      if (i % 3 == 0) {
+        ASSERT_TRUE(client_->Demote(id).ok());
+      }
       if (i % 3 == 2) {
         auto lease = client_->Acquire("s" + std::to_string(seed) + "-0", Tokens(seed * 100, 12));
         ASSERT_TRUE(lease.ok()) << lease.status().ToString();
@@ -322,7 +324,10 @@ class EventsTest : public ::testing::Test {
   // Brings `sub` up to date and makes sure live batches reach it (each poke: a one-block session).
   void Join(Subscriber& sub) {
     int n = 0;
-    sub.Join([&] { Commit("probe-" + std::to_string(n++), Tokens(9000 + n, 1)); });
+    sub.Join([&] {
+      ++n;
+      Commit("probe-" + std::to_string(n), Tokens(9000 + n, 1));
+    });
   }
 
   DaemonProcess daemon_{EventsConfig()};
