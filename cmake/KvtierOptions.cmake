@@ -14,3 +14,11 @@ if(KVTIER_SANITIZE)
   add_compile_options(${_san_flags} -fno-omit-frame-pointer -g)
   add_link_options(${_san_flags})
 endif()
+
+# kvtier_tsan_libzmq(target): a program linking libzmq ignores what libzmq does
+# in ThreadSanitizer builds (cmake/tsan_libzmq.cc says why); nothing otherwise.
+function(kvtier_tsan_libzmq target)
+  if(KVTIER_SANITIZE STREQUAL "thread")
+    target_sources(${target} PRIVATE ${PROJECT_SOURCE_DIR}/cmake/tsan_libzmq.cc)
+  endif()
+endfunction()
