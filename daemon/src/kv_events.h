@@ -2,7 +2,7 @@
 //
 // The engines report every block stored, moved or removed and every session
 // evicted (EngineOptions::on_block_event, on_session_evicted); the event loop
-// adds each to the open batch (Add*) and closes it (Flush) once per turn, or
+// adds each to the open batch (Add*) and closes it (Flush) at every tick, or
 // when it holds events.max_batch_events. A closed batch gets the next sequence
 // number and is encoded (msgpack, the format in the README's "KV events") on
 // the loop's thread, then handed to the publisher thread over an in-process

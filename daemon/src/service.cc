@@ -73,6 +73,7 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
       svc->engines_.Add(EngineMember{p, std::move(tenant), std::move(engine).value()});
     }
   }
+  svc->FlushEvents();  // The stream's first batch ("cleared", and what a warm restart took back) before any client.
   return svc;
 }
 
@@ -138,7 +139,8 @@ void Service::Tick() {
   LogExpiredLeases();
   FlushLimitedLogs();
   warm_.MaybeSnapshot(engines_, config_);
-  FlushEvents();  // What Disconnect and the watermarks changed, and the stream's first batch.
+  // One batch per tick (tick_ms) of what changed since (or sooner, at events.max_batch_events).
+  FlushEvents();
 }
 
 void Service::LogExpiredLeases() {
@@ -191,7 +193,6 @@ void Service::SpillForRestart(std::chrono::milliseconds budget) {
 
 void Service::Poll() {
   for (EngineMember& m : engines_) m.engine->Poll();
-  FlushEvents();
 }
 
 bool Service::CopiesInFlight() const {
@@ -293,7 +294,6 @@ void Service::FitOneFrame(Reply& reply) {
 
 Reply Service::Handle(ClientState& c, const wire::Message& request) {
   Reply reply = Dispatch(c, request);
-  FlushEvents();
   if (reply.deferred) return reply;
   FitOneFrame(reply);
   c.waiting_for_room.reset();

@@ -248,7 +248,7 @@ class Service {
   // asked about) if the stores answered in time.
   bool LocateInStores(ClientState& c, const tiering::Engine& e, const std::vector<BlockKey>& away,
                       std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places);
-  // Closes the open KV event batch (events.enabled): after each request, poll and tick.
+  // Closes the open KV event batch (events.enabled): at every tick.
   void FlushEvents();
   // The stores' figures (empty without stores).
   std::vector<stores::StoreStats> StoreStatsNow() const;

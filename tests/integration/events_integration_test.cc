@@ -222,15 +222,17 @@ std::vector<TokenId> Tokens(uint32_t seed, uint32_t blocks) {
 }
 
 // GPU 48 and host 32 blocks: eight 12-block sessions overflow both tiers.
-std::string EventsConfig() {
+std::string EventsConfig(uint32_t max_batch_events = 64) {
   std::string config = kSmallDaemonConfig;
   config.replace(config.find("gpu_blocks: 256"), 15, "gpu_blocks: 48");
   config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 32");
-  return config + "events:\n  enabled: true\n  token_ids: true\n  max_batch_events: 64\n";
+  return config + "events:\n  enabled: true\n  token_ids: true\n  max_batch_events: " +
+         std::to_string(max_batch_events) + "\n";
 }
 
 class EventsTest : public ::testing::Test {
  protected:
+  explicit EventsTest(uint32_t max_batch_events = 64) : daemon_(EventsConfig(max_batch_events)) {}
   void SetUp() override {
     ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
     ClientOptions o;
@@ -330,7 +332,7 @@ class EventsTest : public ::testing::Test {
     });
   }
 
-  DaemonProcess daemon_{EventsConfig()};
+  DaemonProcess daemon_;
   std::unique_ptr<Client> client_;
   zmq::context_t ctx_{1};
 };
@@ -376,15 +378,22 @@ TEST_F(EventsTest, ASubscriberThatLosesBatchesRecoversThemThroughTheReplay) {
   Subscriber sub(ctx_, Publish(), ReplayEndpoint());
   Join(sub);
   const uint64_t start = sub.replica.applied;
-  // Batches start+2 .. start+5 are thrown away as they arrive.
-  auto lose = [&](uint64_t seq) { return seq >= start + 2 && seq <= start + 5 && sub.lost < 4; };
+  // Batches start+2 and start+3 are thrown away as they arrive; later ones show the gap.
+  auto lose = [&](uint64_t seq) { return seq >= start + 2 && seq <= start + 3 && sub.lost < 2; };
   Workload(2);
+  Workload(6);
   ExpectReplicaMatches(sub, lose);
   EXPECT_GT(sub.lost, 0) << "the workload made enough batches to lose some";
   EXPECT_GE(sub.gaps, 1);
 }
 
-TEST_F(EventsTest, ASubscriberThatNeverReadsHoldsNobodyUp) {
+// One event per batch: far more batches than a subscriber's queue and socket buffers hold.
+class SlowSubscriberTest : public EventsTest {
+ protected:
+  SlowSubscriberTest() : EventsTest(1) {}
+};
+
+TEST_F(SlowSubscriberTest, ASubscriberThatNeverReadsHoldsNobodyUp) {
   // A subscriber with room for one message that never reads it.
   zmq::socket_t slow(ctx_, zmq::socket_type::sub);
   slow.set(zmq::sockopt::rcvhwm, 1);
@@ -394,14 +403,23 @@ TEST_F(EventsTest, ASubscriberThatNeverReadsHoldsNobodyUp) {
   Subscriber sub(ctx_, Publish(), ReplayEndpoint());
   Join(sub);
   const int gaps = sub.gaps;  // Joining may have skipped batches published before the subscription took.
-  for (uint32_t seed = 3; seed < 6; ++seed) Workload(seed);
+  for (uint32_t seed = 3; seed < 9; ++seed) Workload(seed);
   ExpectReplicaMatches(sub);
   EXPECT_EQ(sub.gaps, gaps) << "the reading subscriber lost nothing";
-  zmq::pollitem_t item{slow.handle(), 0, ZMQ_POLLIN, 0};
-  zmq::poll(&item, 1, 1000ms);
-  EXPECT_TRUE(item.revents & ZMQ_POLLIN) << "the slow subscriber was subscribed, and its queue is full";
   EXPECT_EQ(Stat("event_batches_dropped"), 0);
-  EXPECT_GT(Stat("event_batches"), 20) << "the slow subscriber had far more batches than it takes";
+  const double batches = Stat("event_batches");
+  // What the slow one has now: what its queue and the socket's buffers held; the rest was dropped for it.
+  int got = 0;
+  for (;;) {
+    zmq::pollitem_t item{slow.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, 200ms) == 0) break;
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(slow, std::back_inserter(parts));
+    ++got;
+  }
+  EXPECT_GT(got, 0) << "it was subscribed";
+  EXPECT_LT(got, batches) << "kvtierd dropped messages for it rather than wait";
+  std::printf("%.0f batches published, %d reached the subscriber that never read\n", batches, got);
 }
 
 TEST(EventsOffTest, WithEventsOffNothingIsPublished) {
