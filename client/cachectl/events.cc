@@ -15,12 +15,13 @@
 #include <zmq_addon.hpp>
 
 #include "commands.h"
+#include "kvtier/event_stream.h"
 
 namespace kvtier::cachectl {
 namespace {
 
 using json = nlohmann::json;
-constexpr uint64_t kReplayEnd = ~uint64_t{0};
+using events::kReplayEnd;
 
 std::string Hex(const char* p, size_t n) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -68,20 +69,6 @@ json ToJson(const msgpack::object& o) {
     default:
       return "?";
   }
-}
-
-std::string Seq8(uint64_t seq) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
-  return out;
-}
-
-uint64_t FromSeq8(const zmq::message_t& m) {
-  if (m.size() != 8) return 0;
-  uint64_t v = 0;
-  const auto* p = static_cast<const unsigned char*>(m.data());
-  for (size_t i = 0; i < 8; ++i) v = (v << 8) | p[i];
-  return v;
 }
 
 std::string Str(const json& j, const char* key) {
@@ -173,9 +160,8 @@ int CmdEvents(const GlobalOptions& g, const EventsArgs& a) {
     };
     // Asks for the batches from `from` on, and prints them; false if kvtierd did not answer.
     auto replay_from = [&](uint64_t from) {
-      std::array<zmq::const_buffer, 2> req = {zmq::const_buffer(), zmq::buffer(Seq8(from))};
-      const std::string s8 = Seq8(from);
-      req[1] = zmq::buffer(s8);
+      const std::string s8 = events::EncodeSeq(from);
+      std::array<zmq::const_buffer, 2> req = {zmq::const_buffer(), zmq::buffer(s8)};
       if (!zmq::send_multipart(dealer, req)) return false;
       for (;;) {
         zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
@@ -183,7 +169,7 @@ int CmdEvents(const GlobalOptions& g, const EventsArgs& a) {
         std::vector<zmq::message_t> parts;
         (void)zmq::recv_multipart(dealer, std::back_inserter(parts));
         if (parts.size() != 3) continue;
-        const uint64_t seq = FromSeq8(parts[1]);
+        const uint64_t seq = events::DecodeSeq(parts[1].data(), parts[1].size());
         if (seq == kReplayEnd) return true;
         if (!done()) show(seq, parts[2]);
       }
@@ -204,7 +190,7 @@ int CmdEvents(const GlobalOptions& g, const EventsArgs& a) {
       std::vector<zmq::message_t> parts;
       (void)zmq::recv_multipart(sub, std::back_inserter(parts));
       if (parts.size() != 3) continue;
-      const uint64_t seq = FromSeq8(parts[1]);
+      const uint64_t seq = events::DecodeSeq(parts[1].data(), parts[1].size());
       // A gap (this subscriber fell behind and its messages were dropped): filled from the replay.
       if (last != 0 && seq > last + 1 && !replay_from(last + 1)) {
         std::fprintf(stderr, "cachectl: events: %s did not answer the replay\n", replay.c_str());

@@ -19,23 +19,12 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "kvtier/event_stream.h"
+
 namespace kvtier::daemon {
 namespace {
 
 constexpr const char* kPipe = "inproc://kvtier-events";
-
-std::string Seq8(uint64_t seq) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
-  return out;
-}
-
-uint64_t FromSeq8(const zmq::message_t& m) {
-  uint64_t v = 0;
-  const auto* p = static_cast<const unsigned char*>(m.data());
-  for (size_t i = 0; i < 8; ++i) v = (v << 8) | p[i];
-  return v;
-}
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
 
@@ -96,8 +85,8 @@ struct EventPublisher::Impl {
   std::thread thread;
 
   // The open batch: its events, encoded, and how many.
-  msgpack::sbuffer events;
-  Packer packer{events};
+  msgpack::sbuffer pending;
+  Packer packer{pending};
   uint32_t open = 0;
   uint64_t next_seq = 1;
   bool cleared_sent = false;
@@ -225,11 +214,11 @@ void EventPublisher::Flush() {
   Impl& m = *impl_;
   if (m.open == 0 && m.cleared_sent) return;
   const uint64_t seq = m.next_seq++;
-  msgpack::sbuffer batch(m.events.size() + 96);
+  msgpack::sbuffer batch(m.pending.size() + 96);
   Packer p(batch);
   p.pack_map(5);
   Str(p, "v");
-  p.pack_uint32(kEventsFormatVersion);
+  p.pack_uint32(events::kFormatVersion);
   Str(p, "seq");
   p.pack_uint64(seq);
   Str(p, "ts");
@@ -245,12 +234,12 @@ void EventPublisher::Flush() {
     Str(p, "cleared");
     m.cleared_sent = true;
   }
-  batch.write(m.events.data(), m.events.size());
-  m.events.clear();
+  batch.write(m.pending.data(), m.pending.size());
+  m.pending.clear();
   m.open = 0;
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
   counters_.last_seq.store(seq, std::memory_order_relaxed);
-  const std::string seq8 = Seq8(seq);
+  const std::string seq8 = events::EncodeSeq(seq);
   std::array<zmq::const_buffer, 2> parts = {zmq::buffer(seq8), zmq::buffer(batch.data(), batch.size())};
   // Never waits: a full pipe means the publisher thread is behind, and the batch is dropped.
   const auto sent = zmq::send_multipart(m.pipe_in, parts, zmq::send_flags::dontwait);
@@ -268,7 +257,7 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
       std::vector<zmq::message_t> parts;
       (void)zmq::recv_multipart(pipe_out, std::back_inserter(parts));
       if (parts.size() != 2) break;  // The stop message.
-      const uint64_t seq = FromSeq8(parts[0]);
+      const uint64_t seq = events::DecodeSeq(parts[0].data(), parts[0].size());
       if (config.replay_batches > 0) {
         kept.emplace_back(seq, parts[1].to_string());
         if (kept.size() > config.replay_batches) kept.pop_front();
@@ -283,10 +272,11 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
       (void)zmq::recv_multipart(router, std::back_inserter(req));
       if (req.empty()) continue;
       // [identity, empty, start]; anything else gets the end marker alone.
-      uint64_t start = kReplayEnd;
-      if (req.size() == 3 && req[1].size() == 0 && req[2].size() == 8) start = FromSeq8(req[2]);
+      uint64_t start = events::kReplayEnd;
+      if (req.size() == 3 && req[1].size() == 0 && req[2].size() == events::kSeqBytes)
+        start = events::DecodeSeq(req[2].data(), req[2].size());
       auto reply = [&](uint64_t seq, std::string_view batch) {
-        const std::string seq8 = Seq8(seq);
+        const std::string seq8 = events::EncodeSeq(seq);
         std::array<zmq::const_buffer, 4> out = {zmq::buffer(req[0].data(), req[0].size()), zmq::const_buffer(),
                                                 zmq::buffer(seq8), zmq::buffer(batch)};
         (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
@@ -294,7 +284,7 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
       for (const auto& [seq, batch] : kept) {
         if (seq >= start) reply(seq, batch);
       }
-      reply(kReplayEnd, {});
+      reply(events::kReplayEnd, {});
       counters->replays.fetch_add(1, std::memory_order_relaxed);
     }
   }

@@ -33,11 +33,6 @@
 
 namespace kvtier::daemon {
 
-// The batch format's version (the "v" field).
-inline constexpr uint32_t kEventsFormatVersion = 1;
-// The seq of the replay's end marker.
-inline constexpr uint64_t kReplayEnd = ~uint64_t{0};
-
 struct EventCounters {
   std::atomic<uint64_t> events{0};           // Added to batches.
   std::atomic<uint64_t> batches{0};          // Closed (each took a sequence number).

@@ -21,6 +21,7 @@
 
 #include "daemon_config.h"
 #include "kvtier/client.h"
+#include "kvtier/event_stream.h"
 #include "process.h"
 
 namespace kvtier::testing {
@@ -29,20 +30,11 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kReplayEnd = ~uint64_t{0};
-
-std::string Seq8(uint64_t seq) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((seq >> (56 - 8 * i)) & 0xff);
-  return out;
-}
+using events::kReplayEnd;
 
 uint64_t FromSeq8(const zmq::message_t& m) {
-  EXPECT_EQ(m.size(), 8u);
-  uint64_t v = 0;
-  const auto* p = static_cast<const unsigned char*>(m.data());
-  for (size_t i = 0; i < m.size(); ++i) v = (v << 8) | p[i];
-  return v;
+  EXPECT_EQ(m.size(), events::kSeqBytes);
+  return events::DecodeSeq(m.data(), m.size());
 }
 
 std::string Hex(const msgpack::object& o) {
@@ -136,7 +128,7 @@ class Subscriber {
   // The batches kvtierd keeps from `from` on, as its replay answers.
   std::vector<std::pair<uint64_t, std::string>> Replay(uint64_t from) {
     std::vector<std::pair<uint64_t, std::string>> out;
-    const std::string s8 = Seq8(from);
+    const std::string s8 = events::EncodeSeq(from);
     std::array<zmq::const_buffer, 2> req = {zmq::const_buffer(), zmq::buffer(s8)};
     EXPECT_TRUE(zmq::send_multipart(dealer_, req));
     for (;;) {
