@@ -379,6 +379,31 @@ TEST_F(EventsTest, ASubscriberThatLosesBatchesRecoversThemThroughTheReplay) {
   EXPECT_GE(sub.gaps, 1);
 }
 
+TEST_F(EventsTest, AMalformedReplayRequestGetsTheEndMarkerAndHarmsNothing) {
+  zmq::socket_t dealer(ctx_, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(ReplayEndpoint());
+  auto ask = [&](std::vector<std::string> frames) {
+    std::vector<zmq::const_buffer> out;
+    for (const std::string& f : frames) out.push_back(zmq::buffer(f));
+    EXPECT_TRUE(zmq::send_multipart(dealer, out));
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    EXPECT_EQ(zmq::poll(&item, 1, 5000ms), 1) << "no answer";
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(dealer, std::back_inserter(parts));
+    EXPECT_EQ(parts.size(), 3u);
+    return parts.size() == 3 ? FromSeq8(parts[1]) : 0;
+  };
+  EXPECT_EQ(ask({"", "abc"}), kReplayEnd) << "a 3-byte sequence number";
+  EXPECT_EQ(ask({"garbage"}), kReplayEnd) << "no empty delimiter";
+  EXPECT_EQ(ask({"", events::EncodeSeq(1), "more"}), kReplayEnd) << "a frame too many";
+  // kvtierd goes on publishing and answering.
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  Join(sub);
+  Workload(10);
+  ExpectReplicaMatches(sub);
+}
+
 // One event per batch: far more batches than a subscriber's queue and socket buffers hold.
 class SlowSubscriberTest : public EventsTest {
  protected:
