@@ -531,6 +531,44 @@ TEST_F(RedisClusterTest, AStandaloneStoreNamesAClusterNodeAsSuch) {
 }
 
 // One 3-master cluster with a replica each, whose master 0 is killed.
+TEST(RedisClusterAuthTest, AClusterThatRequiresAPasswordServesEveryMasterAndRefusesAWrongOne) {
+  ASSERT_TRUE(testing::RedisInstalled()) << testing::kRedisRequired;
+  RedisServerOptions with_password;
+  with_password.password = "cluster-secret";
+  auto started = RedisCluster::Start(3, 0, with_password);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  RedisCluster& cluster = *started.value();
+  RedisStoreOptions o = OptionsFor({cluster.seeds()[0]}, true);
+  o.password = "cluster-secret";
+  auto store = MustOpen(o);
+  ASSERT_NE(store, nullptr);
+  EXPECT_NE(store->Describe().find("(3 masters)"), std::string::npos) << store->Describe();
+  // Every master is reached (the slot map's nodes are authenticated as the seed was).
+  const std::vector<std::string> keys = Keys("auth-cluster:", 64);
+  const std::vector<StoreItem> items = Items(keys, 1024);
+  ASSERT_TRUE(store->Put(items).ok());
+  EXPECT_EQ(store->Present(keys).value(), 64u);
+  auto got = store->Get(keys);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE((*got)[i] == items[i].value) << keys[i];
+  for (int m = 0; m < 3; ++m) {
+    EXPECT_GT(std::atoi(cluster.master(m).Command({"DBSIZE"}).value().c_str()), 0) << "master " << m;
+  }
+  // A wrong password: every call is refused, and the message does not carry it.
+  RedisStoreOptions wrong = o;
+  wrong.password = "not-the-secret";
+  auto refused = OpenRedisStore(wrong);
+  if (refused.ok()) {
+    auto st = (*refused)->Present(keys);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.status().code(), StatusCode::kPermissionDenied) << st.status().ToString();
+    EXPECT_EQ(st.status().message().find("not-the-secret"), std::string::npos);
+  } else {
+    EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+    EXPECT_EQ(refused.status().message().find("not-the-secret"), std::string::npos);
+  }
+}
+
 TEST(RedisClusterFailoverTest, AKilledMastersKeysFailUntilItsReplicaTakesOverThenEveryKeyIsServed) {
   ASSERT_TRUE(testing::RedisInstalled()) << testing::kRedisRequired;
   auto started = RedisCluster::Start(3, 1);
