@@ -13,7 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -21,6 +20,7 @@
 #include "bench_util.h"
 #include "daemon_config.h"
 #include "kvtier/client.h"
+#include "kvtier/event_stream.h"
 #include "process.h"
 
 namespace kvtier::bench {
@@ -102,7 +102,7 @@ int RunEventsBench(int argc, char** argv) {
     zmq::socket_t sub(ctx, zmq::socket_type::sub);
     sub.set(zmq::sockopt::linger, 0);
     sub.set(zmq::sockopt::subscribe, "");
-    sub.connect("ipc://" + on.socket() + ".events");
+    sub.connect(events::DefaultPublishEndpoint(on.socket()));
     while (!stop.load()) {
       zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(50));

@@ -108,8 +108,8 @@ void PrintBatch(const json& b, bool as_json) {
 }  // namespace
 
 int CmdEvents(const GlobalOptions& g, const EventsArgs& a) {
-  const std::string publish = a.publish.empty() ? "ipc://" + g.socket + ".events" : a.publish;
-  const std::string replay = a.replay.empty() ? "ipc://" + g.socket + ".replay" : a.replay;
+  const std::string publish = a.publish.empty() ? events::DefaultPublishEndpoint(g.socket) : a.publish;
+  const std::string replay = a.replay.empty() ? events::DefaultReplayEndpoint(g.socket) : a.replay;
   for (const std::string& ep : {publish, replay}) {
     struct stat st {};
     if (ep.starts_with("ipc://") && ::stat(ep.c_str() + 6, &st) != 0) {

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "config_section.h"
+#include "kvtier/event_stream.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -17,11 +18,11 @@ Status CheckEndpoint(Section& s, const char* key, const std::string& endpoint) {
 }  // namespace
 
 std::string EventsPublishEndpoint(const EventsConfig& e, const std::string& socket_path) {
-  return e.publish.empty() ? "ipc://" + socket_path + ".events" : e.publish;
+  return e.publish.empty() ? events::DefaultPublishEndpoint(socket_path) : e.publish;
 }
 
 std::string EventsReplayEndpoint(const EventsConfig& e, const std::string& socket_path) {
-  return e.replay.empty() ? "ipc://" + socket_path + ".replay" : e.replay;
+  return e.replay.empty() ? events::DefaultReplayEndpoint(socket_path) : e.replay;
 }
 
 Status ParseEvents(const YAML::Node& node, const std::string& source, EventsConfig* out) {

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -49,18 +50,14 @@ void Key(Packer& p, const BlockKey& k) {
 Status Bind(zmq::socket_t& s, const std::string& endpoint, const AccessConfig& access, const char* what) {
   const bool ipc = endpoint.starts_with("ipc://");
   const std::string path = ipc ? endpoint.substr(6) : std::string();
+  const mode_t old = ::umask(0177);
   try {
-    const mode_t old = ::umask(0177);
-    try {
-      s.bind(endpoint);
-    } catch (...) {
-      ::umask(old);
-      throw;
-    }
-    ::umask(old);
+    s.bind(endpoint);
   } catch (const zmq::error_t& e) {
+    ::umask(old);
     return Unavailable(std::string("events: cannot bind ") + what + " '" + endpoint + "': " + e.what());
   }
+  ::umask(old);
   if (!ipc) return Status::Ok();
   if (access.group_gid != AccessConfig::kNoGroup &&
       ::chown(path.c_str(), static_cast<uid_t>(-1), access.group_gid) != 0) {
@@ -188,9 +185,7 @@ void EventPublisher::AddBlock(std::string_view profile, uint32_t block_tokens, c
       Str(p, TierName(e.tier));
       break;
   }
-  ++m.open;
-  counters_.events.fetch_add(1, std::memory_order_relaxed);
-  if (m.open >= m.config.max_batch_events) Flush();
+  Added();
 }
 
 void EventPublisher::AddSessionEvicted(std::string_view profile, std::string_view tenant, std::string_view session) {
@@ -205,9 +200,12 @@ void EventPublisher::AddSessionEvicted(std::string_view profile, std::string_vie
   Str(p, tenant);
   Str(p, "session");
   Str(p, session);
-  ++m.open;
+  Added();
+}
+
+void EventPublisher::Added() {
   counters_.events.fetch_add(1, std::memory_order_relaxed);
-  if (m.open >= m.config.max_batch_events) Flush();
+  if (++impl_->open >= impl_->config.max_batch_events) Flush();
 }
 
 void EventPublisher::Flush() {
@@ -240,7 +238,10 @@ void EventPublisher::Flush() {
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
   counters_.last_seq.store(seq, std::memory_order_relaxed);
   const std::string seq8 = events::EncodeSeq(seq);
-  std::array<zmq::const_buffer, 2> parts = {zmq::buffer(seq8), zmq::buffer(batch.data(), batch.size())};
+  // The encoded batch is handed over, not copied: the message frees it once every subscriber has it.
+  const size_t size = batch.size();
+  std::array<zmq::message_t, 2> parts = {zmq::message_t(seq8.data(), seq8.size()),
+                                         zmq::message_t(batch.release(), size, [](void* d, void*) { std::free(d); })};
   // Never waits: a full pipe means the publisher thread is behind, and the batch is dropped.
   const auto sent = zmq::send_multipart(m.pipe_in, parts, zmq::send_flags::dontwait);
   if (!sent) counters_.dropped_batches.fetch_add(1, std::memory_order_relaxed);
@@ -248,7 +249,13 @@ void EventPublisher::Flush() {
 
 void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::socket_t router,
                                EventCounters* counters) const {
-  std::deque<std::pair<uint64_t, std::string>> kept;  // The last replay_batches batches, by seq.
+  // The last replay_batches batches, by seq. Sending one shares its bytes (zmq_msg_copy), never copies them.
+  std::deque<std::pair<uint64_t, zmq::message_t>> kept;
+  auto shared = [](zmq::message_t& m) {
+    zmq::message_t out;
+    out.copy(m);
+    return out;
+  };
   std::array<zmq::pollitem_t, 2> items = {zmq::pollitem_t{pipe_out.handle(), 0, ZMQ_POLLIN, 0},
                                           zmq::pollitem_t{router.handle(), 0, ZMQ_POLLIN, 0}};
   for (;;) {
@@ -258,13 +265,14 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
       (void)zmq::recv_multipart(pipe_out, std::back_inserter(parts));
       if (parts.size() != 2) break;  // The stop message.
       const uint64_t seq = events::DecodeSeq(parts[0].data(), parts[0].size());
+      zmq::message_t batch = std::move(parts[1]);
       if (config.replay_batches > 0) {
-        kept.emplace_back(seq, parts[1].to_string());
+        kept.emplace_back(seq, shared(batch));
         if (kept.size() > config.replay_batches) kept.pop_front();
       }
       // PUB never blocks: past a subscriber's high-water mark its messages are dropped.
       std::array<zmq::message_t, 3> out = {zmq::message_t(config.topic.data(), config.topic.size()),
-                                           std::move(parts[0]), std::move(parts[1])};
+                                           std::move(parts[0]), std::move(batch)};
       (void)zmq::send_multipart(pub, out, zmq::send_flags::dontwait);
     }
     if (items[1].revents & ZMQ_POLLIN) {
@@ -275,16 +283,16 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
       uint64_t start = events::kReplayEnd;
       if (req.size() == 3 && req[1].size() == 0 && req[2].size() == events::kSeqBytes)
         start = events::DecodeSeq(req[2].data(), req[2].size());
-      auto reply = [&](uint64_t seq, std::string_view batch) {
+      auto reply = [&](uint64_t seq, zmq::message_t batch) {
         const std::string seq8 = events::EncodeSeq(seq);
-        std::array<zmq::const_buffer, 4> out = {zmq::buffer(req[0].data(), req[0].size()), zmq::const_buffer(),
-                                                zmq::buffer(seq8), zmq::buffer(batch)};
+        std::array<zmq::message_t, 4> out = {shared(req[0]), zmq::message_t(), zmq::message_t(seq8.data(), seq8.size()),
+                                             std::move(batch)};
         (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
       };
-      for (const auto& [seq, batch] : kept) {
-        if (seq >= start) reply(seq, batch);
+      for (auto& [seq, batch] : kept) {
+        if (seq >= start) reply(seq, shared(batch));
       }
-      reply(events::kReplayEnd, {});
+      reply(events::kReplayEnd, zmq::message_t());
       counters->replays.fetch_add(1, std::memory_order_relaxed);
     }
   }

@@ -69,6 +69,8 @@ class EventPublisher {
  private:
   struct Impl;
   explicit EventPublisher(std::unique_ptr<Impl> impl);
+  // One more event is in the open batch: closed once it holds max_batch_events.
+  void Added();
   std::unique_ptr<Impl> impl_;
   EventCounters counters_;
 };

@@ -22,12 +22,12 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
   Service* raw = svc.get();
-  auto chain = OpenStores(config.stores, [raw] {
+  auto opened = OpenStores(config.stores, [raw] {
     std::lock_guard<std::mutex> lock(raw->wake_mu_);
     if (raw->wake_) raw->wake_();
   });
-  if (!chain.ok()) return chain.status();
-  svc->stores_ = std::move(chain).value();
+  if (!opened.ok()) return opened.status();
+  svc->stores_ = std::move(opened).value();
   if (config.events.enabled) {
     auto events = EventPublisher::Start(config.events, EventsPublishEndpoint(config.events, config.socket_path),
                                         EventsReplayEndpoint(config.events, config.socket_path), config.access,

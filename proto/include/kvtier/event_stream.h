@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace kvtier::events {
 
@@ -14,6 +15,15 @@ inline constexpr uint32_t kFormatVersion = 1;
 inline constexpr uint64_t kReplayEnd = ~uint64_t{0};
 // The sequence-number frame: 8 bytes, big-endian.
 inline constexpr size_t kSeqBytes = 8;
+
+// Where kvtierd publishes and answers replays unless events.publish and
+// events.replay say otherwise: ipc sockets next to its own socket.
+inline std::string DefaultPublishEndpoint(std::string_view socket_path) {
+  return "ipc://" + std::string(socket_path) + ".events";
+}
+inline std::string DefaultReplayEndpoint(std::string_view socket_path) {
+  return "ipc://" + std::string(socket_path) + ".replay";
+}
 
 inline std::string EncodeSeq(uint64_t seq) {
   std::string out(kSeqBytes, '\0');
