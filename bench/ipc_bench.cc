@@ -256,7 +256,7 @@ ReadFigures ReadBench(const std::string& socket, const std::string& dir, int ite
   uint64_t sum = 0;
   for (int i = 0; i < iterations + 10; ++i) {
     const auto t0 = Clock::now();
-    auto lease = c->Acquire("", tokens, /*promote=*/false);
+    auto lease = c->Acquire("", tokens, kvtier::Promote::kNo);
     Check(lease.status(), "acquire 2 MiB block");
     sum = Checksum(lease->block(0).data, bytes);
     (void)lease->Release();

@@ -75,17 +75,19 @@ size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId
 
 bool Client::StoresBelow() const { return (core_->attachment()->index.header().flags & kIndexFlagStoresBelow) != 0; }
 
-Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote) {
+Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, Promote promote) {
   const auto att = core_->attachment();
   const std::vector<BlockKey> keys = KeysOn(*att, tokens, BlockKey{});
   return AcquireKeys(session, keys, tokens.first(keys.size() * att->welcome.profile.block_tokens), promote);
 }
 
 Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const BlockKey> keys,
-                                  std::span<const TokenId> tokens, bool promote) {
+                                  std::span<const TokenId> tokens, Promote promote) {
   wire::AcquireRequest req;
   req.session = std::string(session);
-  req.flags = promote ? wire::kAcquirePromote : 0;
+  req.flags = promote == Promote::kNow         ? wire::kAcquirePromote
+              : promote == Promote::kAfterRead ? wire::kAcquirePromoteAfterRead
+                                               : 0;
   req.keys.assign(keys.begin(), keys.end());
   req.tokens.assign(tokens.begin(), tokens.end());
   auto reply = core_->Call<wire::AcquireResponse>(req, Resend::kYes);

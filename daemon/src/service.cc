@@ -484,6 +484,8 @@ Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   auto r = e.Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote, fetched.payloads.empty() ? nullptr : &fetched);
   if (!r.ok()) return r.status();
   if (r->id != 0) c.leases.insert(r->id);
+  // Read where they lie now, promoted once released.
+  if (r->id != 0 && (m.flags & wire::kAcquirePromoteAfterRead) != 0) (void)e.PromoteOnRelease(r->id);
   wire::AcquireResponse out;
   out.lease_id = r->id;
   out.matched = r->matched;

@@ -112,9 +112,15 @@ Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const
   }
   r.acquired = true;
   auto t = Clock::now();
-  auto lease = c.AcquireKeys(session, keys, full);
+  const bool cuda_pool = c.backend() == "cuda";
+  const Promote promote =
+      options_.promote.value_or(cuda_pool && model_.options().device().is_cuda() ? Promote::kNow : Promote::kAfterRead);
+  auto lease = c.AcquireKeys(session, keys, full, promote);
   r.acquire_ms = MsSince(t);
   if (!lease.ok()) return lease.status();
+  if (promote == Promote::kAfterRead) {
+    for (const BlockRef& b : lease->blocks()) r.promoted_blocks += b.tier == Tier::kHost ? 1 : 0;
+  }
   if (lease->promoted() > 0) {
     t = Clock::now();
     if (Status s = lease->Wait(std::chrono::seconds(10)); !s.ok()) return s;
@@ -122,14 +128,13 @@ Result<Lease> ChatRunner::LoadKvtier(const std::string& session, std::span<const
   }
   t = Clock::now();
   matched_blocks = static_cast<uint32_t>(lease->size());
-  r.promoted_blocks = lease->promoted();
+  r.promoted_blocks += lease->promoted();
   // At least one prompt token is computed: its logits start the reply. The
   // prefix's rows are copied out of the mapped pool into the turn's contiguous
   // K/V buffer (attention reads one buffer, not 128 scattered blocks): one
   // memcpy per plane and block, about 2 ms for 2k tokens of the default model
   // on a CPU; on a cuda pool a device-to-device copy.
   const int64_t reuse = std::min<int64_t>(int64_t{matched_blocks} * block_tokens_, int64_t(prompt.size()) - 1);
-  const bool cuda_pool = c.backend() == "cuda";
   for (int64_t b = 0; b * block_tokens_ < reuse; ++b) {
     const int64_t row0 = b * block_tokens_;
     const int64_t rows = std::min<int64_t>(block_tokens_, reuse - row0);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,13 +37,20 @@ struct ChatOptions {
   uint32_t block_tokens = 16;        // kLocal/kNone granularity; kKvtier uses the daemon's.
   bool local_token_granular = false;  // kLocal reuses every cached token, not just full blocks.
   bool keep_logits = false;          // TurnResult::logits holds every step's logits.
+  // kKvtier: what Acquire does with host-tier hits. Default: kNow where the
+  // model and the GPU tier are both on the GPU (the prefix is then copied
+  // device to device), else kAfterRead (this worker copies the prefix out of
+  // the pool into its CPU buffer anyway: from the host tier directly, with
+  // no wait, and kvtierd promotes the blocks once the turn has read them).
+  std::optional<Promote> promote;
 };
 
 struct TurnResult {
   uint32_t prompt_tokens = 0;
   uint32_t cached_tokens = 0;    // Prompt tokens whose K/V came from the cache.
   uint32_t computed_tokens = 0;  // Prompt tokens prefilled (prompt - cached).
-  uint32_t promoted_blocks = 0;  // Host-tier blocks copied back for this turn (kKvtier).
+  uint32_t promoted_blocks = 0;  // Host-tier hits sent to the GPU tier (kKvtier): before this turn read them
+                                 // (Promote::kNow), or after (kAfterRead).
   uint32_t committed_blocks = 0;  // New blocks stored by this turn's commit (kKvtier).
   uint32_t duplicate_blocks = 0;  // Committed blocks that were cached already (kKvtier).
   std::vector<TokenId> output;   // Greedy tokens.

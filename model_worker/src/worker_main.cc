@@ -30,6 +30,7 @@ struct Args {
   std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant,
                                         name;
   std::string model_id = "auto";        // "auto": of the weights and tokenizer; "none"; or 32 hex digits.
+  std::string promote = "auto";         // auto, now, after-read, no.
   std::vector<uint32_t> prompt_tokens;  // --prompt-tokens: one turn of exactly these, then exit.
   std::string prompt_session = "prompt";
   std::vector<std::string> sets;
@@ -120,6 +121,12 @@ int main(int argc, char** argv) {
       ->check([](const std::string& v) {
         return v == "auto" || v == "none" || ModelId::FromHex(v) ? std::string() : "not auto, none or 32 hex digits";
       })
+      ->capture_default_str();
+  app.add_option("--promote", a.promote,
+                 "kvtier: host-tier hits are promoted to the GPU tier before the turn reads them (now), read in "
+                 "place and promoted once read (after-read), or read in place and left there (no); auto: now when "
+                 "the model and the GPU tier are on the GPU, else after-read")
+      ->check(CLI::IsMember({"auto", "now", "after-read", "no"}))
       ->capture_default_str();
   app.add_option("--block-tokens", a.block_tokens, "Block size of the local cache (kvtier uses the daemon's)")
       ->check(CLI::Range(1, 1024))
@@ -240,6 +247,9 @@ int main(int argc, char** argv) {
     co.block_tokens = a.block_tokens;
     co.local_token_granular = a.local_token_granular;
     co.client = client.get();
+    if (a.promote == "now") co.promote = Promote::kNow;
+    if (a.promote == "after-read") co.promote = Promote::kAfterRead;
+    if (a.promote == "no") co.promote = Promote::kNo;
     auto runner = ChatRunner::Create(**model, co);
     if (!runner.ok()) return Fail("cache " + m, runner.status());
     runners.push_back(std::move(*runner));

@@ -218,6 +218,8 @@ void Fields(IO& io, M& m) {
   io.String("session", m.session);
   io.U8("flags", m.flags);
   io.Require((m.flags & ~kAcquireKnownFlags) == 0, "flags", "has unknown bits set");
+  io.Require((m.flags & kAcquirePromote) == 0 || (m.flags & kAcquirePromoteAfterRead) == 0, "flags",
+             "asks to promote both before and after reading");
   io.Array("keys", m.keys, kBlockKeyBytes, [](auto& sub, auto& k) { Fields(sub, k); });
   io.U32s("tokens", m.tokens);
 }

@@ -65,6 +65,13 @@ T Take(Result<T>&& r) {
   return std::move(r).value();
 }
 
+// acquire's promote: True, False or "after_read".
+Promote PromoteFrom(const py::object& promote) {
+  if (py::isinstance<py::bool_>(promote)) return promote.cast<bool>() ? Promote::kNow : Promote::kNo;
+  if (py::isinstance<py::str>(promote) && promote.cast<std::string>() == "after_read") return Promote::kAfterRead;
+  throw py::value_error("promote must be True, False or 'after_read', not " + py::repr(promote).cast<std::string>());
+}
+
 std::vector<TokenId> Tokens(const std::vector<int64_t>& tokens) {
   std::vector<TokenId> out;
   out.reserve(tokens.size());
@@ -176,20 +183,23 @@ uint64_t Address(std::byte* p) { return static_cast<uint64_t>(reinterpret_cast<u
 void* Stream(uint64_t s) { return reinterpret_cast<void*>(static_cast<uintptr_t>(s)); }
 
 // Copies layers [first, first + count) of the lease's blocks (in host memory)
-// into `dst`, laid out as [count, 2 (K, V), kv_heads, blocks * block_tokens,
-// head_dim]: Hugging Face's [kv_heads, seq, head_dim] per plane, in one pass.
-void GatherBlocks(const Lease& lease, const ModelProfile& p, uint32_t first, uint32_t count, std::byte* dst) {
+// into `dst`, laid out as [count, 2 (K, V), kv_heads, capacity, head_dim]:
+// Hugging Face's [kv_heads, seq, head_dim] per plane, the blocks' rows filling
+// the first blocks * block_tokens of each head's `capacity`. One pass, reading
+// each block in order (a second thread measured no faster: the copy is bound
+// by memory bandwidth).
+void GatherBlocks(const Lease& lease, const ModelProfile& p, uint32_t first, uint32_t count, size_t capacity,
+                  std::byte* dst) {
   const size_t n = lease.size(), bt = p.block_tokens, kvh = p.kv_heads;
   const size_t row = size_t{p.head_dim} * DTypeSize(p.dtype);  // One head of one token.
-  const size_t seq = n * bt;
   for (uint32_t layer = first; layer < first + count; ++layer) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
-      std::byte* plane = dst + (size_t{layer - first} * 2 + kv) * kvh * seq * row;
+      std::byte* plane = dst + (size_t{layer - first} * 2 + kv) * kvh * capacity * row;
       for (size_t i = 0; i < n; ++i) {
         const std::byte* src = lease.block(i).data + p.PlaneOffset(layer, kv);
         for (size_t t = 0; t < bt; ++t) {
           for (size_t h = 0; h < kvh; ++h) {
-            std::memcpy(plane + (h * seq + i * bt + t) * row, src + (t * kvh + h) * row, row);
+            std::memcpy(plane + (h * capacity + i * bt + t) * row, src + (t * kvh + h) * row, row);
           }
         }
       }
@@ -294,7 +304,8 @@ PYBIND11_MODULE(_native, m) {
           "backend (0 if the client did not open the GPU)")
       .def(
           "gather",
-          [](PyLease& l, const py::buffer& dst, uint32_t first_layer, std::optional<uint32_t> layers) {
+          [](PyLease& l, const py::buffer& dst, uint32_t first_layer, std::optional<uint32_t> layers,
+             std::optional<size_t> capacity) {
             CheckHeld(l.lease.id(), "the lease");
             const py::buffer_info info = dst.request(/*writable=*/true);
             const ModelProfile& p = l.profile;
@@ -303,11 +314,16 @@ PYBIND11_MODULE(_native, m) {
               throw py::value_error("gather: layers [" + std::to_string(first_layer) + ", +" + std::to_string(count) +
                                     ") of a profile of " + std::to_string(p.layers));
             }
-            const size_t want =
-                2 * size_t{count} * l.lease.size() * p.block_tokens * p.kv_heads * p.head_dim * DTypeSize(p.dtype);
+            const size_t seq = l.lease.size() * p.block_tokens;
+            const size_t rows = capacity.value_or(seq);
+            if (rows < seq) {
+              throw py::value_error("gather: a capacity of " + std::to_string(rows) + " rows cannot hold the " +
+                                    std::to_string(seq) + " tokens leased");
+            }
+            const size_t want = 2 * size_t{count} * rows * p.kv_heads * p.head_dim * DTypeSize(p.dtype);
             if (!PyBuffer_IsContiguous(info.view(), 'C') || static_cast<size_t>(info.size * info.itemsize) != want) {
               throw py::value_error("gather needs a C-contiguous buffer of " + std::to_string(want) +
-                                    " bytes: [layers, 2, kv_heads, blocks * block_tokens, head_dim]");
+                                    " bytes: [layers, 2, kv_heads, capacity, head_dim]");
             }
             for (const BlockRef& b : l.lease.blocks()) {
               if (b.data == nullptr || (b.tier == Tier::kGpu && l.lease_backend_cuda)) {
@@ -317,14 +333,15 @@ PYBIND11_MODULE(_native, m) {
               }
             }
             Unlocked([&] {
-              GatherBlocks(l.lease, p, first_layer, count, static_cast<std::byte*>(info.ptr));
+              GatherBlocks(l.lease, p, first_layer, count, rows, static_cast<std::byte*>(info.ptr));
               return 0;
             });
           },
-          py::arg("dst"), py::arg("first_layer") = 0, py::arg("layers") = py::none(),
+          py::arg("dst"), py::arg("first_layer") = 0, py::arg("layers") = py::none(), py::arg("capacity") = py::none(),
           "Copies layers [first_layer, first_layer + layers) (default: all) of every leased block into dst, a "
-          "writable C-contiguous buffer laid out as [layers, 2, kv_heads, blocks * block_tokens, head_dim] "
-          "(Hugging Face's layout per plane), in one pass")
+          "writable C-contiguous buffer laid out as [layers, 2, kv_heads, capacity, head_dim] (Hugging Face's "
+          "layout per plane; capacity defaults to blocks * block_tokens, and a larger one leaves room after the "
+          "prefix's rows untouched), in one pass")
       .def(
           "wait_on_stream",
           [](PyLease& l, uint64_t stream, double host_timeout) {
@@ -428,14 +445,17 @@ PYBIND11_MODULE(_native, m) {
           py::arg("tokens"), "Blocks of tokens cached now (reads the shared index; no round trip)")
       .def(
           "acquire",
-          [](PyClient& c, const std::vector<int64_t>& tokens, const std::string& session, bool promote) {
+          [](PyClient& c, const std::vector<int64_t>& tokens, const std::string& session, const py::object& promote) {
             const std::vector<TokenId> t = Tokens(tokens);
-            auto r = Unlocked([&] { return c.client->Acquire(session, t, promote); });
+            const Promote how = PromoteFrom(promote);
+            auto r = Unlocked([&] { return c.client->Acquire(session, t, how); });
             return std::make_unique<PyLease>(
                 PyLease{Take(std::move(r)), c.client->profile(), c.client->backend() == "cuda"});
           },
           py::arg("tokens"), py::arg("session") = "", py::arg("promote") = true,
-          "Leases the longest cached prefix of tokens' full blocks")
+          "Leases the longest cached prefix of tokens' full blocks. promote: True (copy host-tier hits to "
+          "the GPU tier now; wait() before reading them), False (read them where they lie), or 'after_read' "
+          "(read them where they lie now; kvtierd promotes them once the lease is released)")
       .def(
           "allocate",
           [](PyClient& c, uint32_t blocks) {

@@ -262,7 +262,8 @@ TEST_F(CachectlTest, SessionsOfMoreThanOnePage) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(1000 + i);
   constexpr int kMore = 4500;
   for (int i = 0; i < kMore; ++i) {
-    auto lease = (*c)->Acquire("page-" + std::to_string(i), tokens, false);  // acme-1's blocks: a new session.
+    auto lease =
+        (*c)->Acquire("page-" + std::to_string(i), tokens, kvtier::Promote::kNo);  // acme-1's blocks: a new session.
     ASSERT_TRUE(lease.ok()) << lease.status().ToString();
     ASSERT_EQ(lease->matched(), 3u);
   }

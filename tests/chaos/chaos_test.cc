@@ -254,7 +254,7 @@ uint64_t VerifyAll(Client& c, uint64_t seed, double expect_blocks) {
       EXPECT_EQ(info->chain[i], want[i]) << "session " << summary.id << " block " << i << " has a foreign key";
       keys.insert(info->chain[i].ToHex());
     }
-    auto lease = c.Acquire("", tokens, /*promote=*/false);
+    auto lease = c.Acquire("", tokens, kvtier::Promote::kNo);
     EXPECT_TRUE(lease.ok()) << lease.status().ToString();
     if (!lease.ok()) continue;
     EXPECT_EQ(lease->size(), n) << "session " << summary.id << " holds blocks a lease cannot get";

@@ -256,9 +256,10 @@ class Worker {
       }
       case Op::kRead:
       case Op::kHold: {
-        auto lease = c.Acquire(rng_() % 2 ? session : std::string(), tokens, /*promote=*/rng_() % 4 != 0);
+        static constexpr Promote kModes[] = {Promote::kNow, Promote::kNow, Promote::kNo, Promote::kAfterRead};
+        auto lease = c.Acquire(rng_() % 2 ? session : std::string(), tokens, kModes[rng_() % 4]);
         if (!lease.ok()) return lease.status();
-        // Without promotion a host-tier block is read where it lies.
+        // Without promotion now, a host-tier block is read where it lies.
         KVTIER_RETURN_IF_ERROR(Verify(*lease, tokens));
         if (op == Op::kHold) {
           held_.push_back(std::move(*lease));

@@ -212,7 +212,7 @@ TEST(BackendChoiceTest, AutoLogsItsChoiceAndClientsWorkOnIt) {
     std::this_thread::sleep_for(1ms);
   }
   ASSERT_EQ(tiers, std::vector<Tier>(4, Tier::kHost)) << "the demotion did not finish";
-  auto lease = (*c)->Acquire("s", tokens, /*promote=*/true);
+  auto lease = (*c)->Acquire("s", tokens, kvtier::Promote::kNow);
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   ASSERT_EQ(lease->size(), 4u);
   EXPECT_EQ(lease->promoted(), 4u);

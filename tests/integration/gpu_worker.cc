@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     if (gate) {
       // The writer has not run yet: neither served nor demoted.
       std::this_thread::sleep_for(100ms);
-      auto early = c.Acquire("", tokens, /*promote=*/false);
+      auto early = c.Acquire("", tokens, kvtier::Promote::kNo);
       if (!early.ok()) Die("acquire while writing: " + early.status().ToString());
       auto demoted = c.Demote(session);
       if (!demoted.ok()) Die("demote: " + demoted.status().ToString());
@@ -203,14 +203,14 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(1ms);
       }
       if (!AllIn(TiersOf(c, tokens, n), n, Tier::kHost)) Die("the demotion never finished after the gate opened");
-      auto lease = c.Acquire(session, tokens, /*promote=*/true);
+      auto lease = c.Acquire(session, tokens, kvtier::Promote::kNow);
       if (!lease.ok()) Die("acquire: " + lease.status().ToString());
       intact = read_back(*lease);
     }
     std::printf("{\"ok\":true,\"stored\":%u,\"held_back\":%s,\"intact\":%zu}\n", r->stored,
                 held_back ? "true" : "false", intact);
   } else if (mode == "read" || mode == "hold") {
-    auto lease = c.Acquire(session, tokens, /*promote=*/true);
+    auto lease = c.Acquire(session, tokens, kvtier::Promote::kNow);
     if (!lease.ok()) Die("acquire: " + lease.status().ToString());
     const size_t intact = read_back(*lease);
     std::printf("{\"ok\":true,\"matched\":%u,\"promoted\":%u,\"intact\":%zu}\n", lease->matched(), lease->promoted(),

@@ -101,14 +101,14 @@ TEST_F(IntegrationTest, AClientThatDoesNotOpenTheGpuTierStillProbesAcquiresAndRe
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Client& mon = **c;
   EXPECT_EQ(mon.Probe(hot), 4u);
-  auto l = mon.Acquire("hot", hot, /*promote=*/false);
+  auto l = mon.Acquire("hot", hot, kvtier::Promote::kNo);
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_EQ(l->size(), 4u);
   for (const BlockRef& b : l->blocks()) {
     EXPECT_EQ(b.tier, Tier::kGpu);
     EXPECT_EQ(b.data, nullptr) << "the GPU tier is not mapped";
   }
-  auto h = mon.Acquire("cold", cold, /*promote=*/false);
+  auto h = mon.Acquire("cold", cold, kvtier::Promote::kNo);
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   ASSERT_EQ(h->size(), 4u);
   EXPECT_EQ(h->block(0).tier, Tier::kHost);
@@ -119,6 +119,50 @@ TEST_F(IntegrationTest, AClientThatDoesNotOpenTheGpuTierStillProbesAcquiresAndRe
   EXPECT_NE(refused.message().find("open_gpu"), std::string::npos) << refused.message();
   EXPECT_EQ(StatsOf(mon)["sessions"], 2);
   EXPECT_TRUE(mon.ListSessions().ok());
+}
+
+// A CPU worker copies the prefix out of the pool anyway: with
+// Promote::kAfterRead it reads host-tier hits where they lie at once, and
+// kvtierd promotes them when the lease is released.
+TEST_F(IntegrationTest, APromoteAfterReadAcquireReadsTheHostTierAtOnceAndPromotesAtRelease) {
+  auto c = Connect(daemon_.socket());
+  ASSERT_NE(c, nullptr);
+  const std::vector<TokenId> tokens(64, 9);
+  auto w = c->Allocate(4);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  for (size_t i = 0; i < 4; ++i) std::memset(w->data(i), 0x40 + static_cast<int>(i), w->slot_bytes());
+  ASSERT_TRUE(c->Commit(*w, "chat", BlockKey{}, 0, tokens).ok());
+  ASSERT_TRUE(c->Demote("chat").ok());
+  const auto blocks_in = [&](Tier t) {
+    auto s = c->GetSession("chat");
+    return !s.ok() ? -1 : int(t == Tier::kHost ? s->summary.host_blocks : s->summary.gpu_blocks);
+  };
+  const auto wait_for = [&](Tier t) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (blocks_in(t) != 4 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+    return blocks_in(t) == 4;
+  };
+  ASSERT_TRUE(wait_for(Tier::kHost));
+
+  auto l = c->Acquire("chat", tokens, Promote::kAfterRead);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_EQ(l->size(), 4u);
+  EXPECT_EQ(l->promoted(), 0u) << "nothing to wait for";
+  for (size_t i = 0; i < 4; ++i) {
+    const BlockRef& b = l->block(i);
+    EXPECT_EQ(b.tier, Tier::kHost);
+    const std::vector<std::byte> want(l->slot_bytes(), std::byte(0x40 + i));
+    EXPECT_EQ(std::memcmp(b.data, want.data(), want.size()), 0) << "block " << i;
+  }
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(blocks_in(Tier::kHost), 4) << "nothing moves while the lease is held";
+  ASSERT_TRUE(l->Release().ok());
+  EXPECT_TRUE(wait_for(Tier::kGpu)) << "promoted once released";
+  EXPECT_GE(StatsOf(*c)["promoted_blocks"], 4);
+  auto again = c->Acquire("chat", tokens);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->promoted(), 0u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(again->block(i).tier, Tier::kGpu);
 }
 
 TEST_F(IntegrationTest, SecondProcessHitsThePrefixTheFirstCommitted) {

@@ -153,7 +153,7 @@ struct Victim {
     auto info = client->GetSession(session);
     ASSERT_TRUE(info.ok()) << "the victim's session is gone: " << info.status().ToString();
     EXPECT_EQ(info->chain, keys);
-    auto lease = client->Acquire(session, tokens, /*promote=*/false);
+    auto lease = client->Acquire(session, tokens, kvtier::Promote::kNo);
     ASSERT_TRUE(lease.ok()) << lease.status().ToString();
     ASSERT_EQ(lease->size(), keys.size()) << "a hit with all its blocks";
     for (size_t i = 0; i < keys.size(); ++i) {

@@ -81,7 +81,7 @@ Status CommitKnown(Client& c, const std::string& session, const std::vector<Toke
 }
 
 // Every block of `tokens` is cached and holds the bytes committed for it.
-Status ExpectIntact(Client& c, const std::vector<TokenId>& tokens, bool promote = true) {
+Status ExpectIntact(Client& c, const std::vector<TokenId>& tokens, Promote promote = Promote::kNow) {
   const std::vector<BlockKey> keys = c.Keys(tokens);
   auto lease = c.Acquire("", tokens, promote);
   if (!lease.ok()) return lease.status();
@@ -351,7 +351,7 @@ TEST_F(LeaseAttack, ARawClientThatNeverLetsGoLosesItsPinsAndSlotsAfterTheTimeout
   ASSERT_TRUE(WriteAndCommit(**victim, room->first, "all", whole).ok());
   room->first.Release();
   EXPECT_TRUE(ExpectIntact(**victim, whole).ok());
-  EXPECT_TRUE(ExpectIntact(**hog, pinned, /*promote=*/false).ok()) << "unpinned and demoted, never lost";
+  EXPECT_TRUE(ExpectIntact(**hog, pinned, Promote::kNo).ok()) << "unpinned and demoted, never lost";
   EXPECT_EQ(StatOf(**victim, "read_leases_expired"), 1);
   EXPECT_EQ(StatOf(**victim, "write_leases_expired"), 1);
   ASSERT_TRUE((*victim)->Evict("all").ok());  // Room for what follows.
@@ -402,7 +402,7 @@ TEST_F(LeaseAttack, ARawClientThatNeverLetsGoLosesItsPinsAndSlotsAfterTheTimeout
   auto again = Ask(*raw, 101, wire::AllocateRequest{1});
   ASSERT_TRUE(again.ok());
   EXPECT_NE(std::get_if<wire::AllocateResponse>(&*again), nullptr) << "released, the expired lease no longer counts";
-  EXPECT_TRUE(ExpectIntact(**hog, pinned, /*promote=*/false).ok());
+  EXPECT_TRUE(ExpectIntact(**hog, pinned, Promote::kNo).ok());
 }
 
 }  // namespace

@@ -1067,6 +1067,96 @@ TEST_F(EngineTest, AcquireWithoutPromoteLeasesInTheHostTier) {
   ExpectConsistent();
 }
 
+TEST_F(EngineTest, PromoteOnReleaseMovesTheReadHostBlocksOnceTheLeaseEnds) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 4);
+  Put("s", c);
+  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  auto lease = Get("s", c, /*promote=*/false);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(engine_->PromoteOnRelease(lease->id).ok());
+  EXPECT_EQ(lease->promoted, 0u);
+  EXPECT_TRUE(lease->fence.IsNull()) << "nothing to wait for: read where they lie";
+  for (const BlockLocation& loc : lease->blocks) EXPECT_EQ(loc.tier, Tier::kHost);
+  ExpectLeaseHolds(*lease, c);
+  engine_->Poll();
+  EXPECT_EQ(Tiers("s"), All(Tier::kHost, 4)) << "nothing moves while the lease is held";
+  EXPECT_EQ(engine_->stats().copies_in_flight, 0u);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(engine_->stats().copies_in_flight, 4u) << "promoted at release, into free GPU slots";
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 4));
+  EXPECT_EQ(engine_->stats().promoted_blocks, 4u);
+  ExpectChainHolds(c, 4);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, PromoteOnReleaseDemotesColderBlocksAndPromotesWhenTheyLand) {
+  Start(Options(4, 8));
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  Put("b", b);  // The GPU tier is full.
+  auto lease = Get("a", a, /*promote=*/false);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(engine_->PromoteOnRelease(lease->id).ok());
+  ExpectLeaseHolds(*lease, a);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(engine_->stats().copies_in_flight, 4u) << "b's demotion, started at release";
+  EXPECT_INVARIANTS();
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());  // b lands in the host tier, then a is promoted.
+  EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 4));
+  EXPECT_EQ(Tiers("b"), All(Tier::kHost, 4));
+  EXPECT_TRUE(freed_.empty()) << "nothing lost";
+  ExpectChainHolds(a, 4);
+  ExpectChainHolds(b, 4);
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, PromoteOnReleaseLeavesBlocksWhereTheyAreWithoutRoomOrASession) {
+  Start(Options(4, 8));
+  const Chain a = MakeChain(1, 4), b = MakeChain(2, 4), d = MakeChain(3, 2);
+  Put("a", a);
+  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  Put("b", b);
+  auto hold = Get("", b);  // All of the GPU tier pinned: no room can come.
+  ASSERT_TRUE(hold.ok());
+  auto lease = Get("a", a, /*promote=*/false);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(engine_->PromoteOnRelease(lease->id).ok());
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  EXPECT_EQ(engine_->stats().copies_in_flight, 0u);
+  ASSERT_TRUE(engine_->Release(hold->id).ok());
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4)) << "given up when no room was coming";
+  EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 4));
+
+  // A block no session holds any more is freed with the lease, not promoted.
+  ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
+  Put("d", d);
+  ASSERT_EQ(*engine_->Demote(tenant_, "d"), 2u);
+  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  auto read = Get("", d, /*promote=*/false);
+  ASSERT_TRUE(read.ok());
+  ASSERT_TRUE(engine_->PromoteOnRelease(read->id).ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "d").ok());
+  ASSERT_TRUE(engine_->Release(read->id).ok());
+  EXPECT_EQ(engine_->stats().copies_in_flight, 0u);
+  EXPECT_EQ(freed_.size(), 6u) << "b's four blocks and d's two";
+  ExpectConsistent();
+
+  // Only a read lease can be marked.
+  EXPECT_EQ(engine_->PromoteOnRelease(read->id).code(), StatusCode::kNotFound);
+  auto w = engine_->Allocate(tenant_, 1);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(engine_->PromoteOnRelease(w->id).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+}
+
 TEST_F(EngineTest, PrefetchPromotesASession) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 3);

@@ -414,6 +414,14 @@ TEST(WireTest, InvalidEnumValuesAreErrors) {
                                  w.U32("tokens", 0);
                                }),
                       "AcquireRequest.flags: has unknown bits set");
+  ExpectProtocolError(RawFrame(MessageType::kAcquireRequest,
+                               [](Writer& w) {
+                                 w.String("session", "s");
+                                 w.U8("flags", kAcquirePromote | kAcquirePromoteAfterRead);
+                                 w.U32("keys", 0);
+                                 w.U32("tokens", 0);
+                               }),
+                      "AcquireRequest.flags: asks to promote both before and after reading");
 }
 
 // SetPriorityRequest.ttl_ms is an extension: without it the frame is the

@@ -517,18 +517,70 @@ Status Engine::Release(LeaseId lease_id, GpuWork after) {
   }
   Lease lease = std::move(it->second);
   m.leases.erase(it);
+  std::vector<uint32_t> promote;  // Still pinned by a GPU reader: PromoteWanted waits for it.
+  if (const auto* read = std::get_if<ReadRecords>(&lease.held); read != nullptr && read->promote_after) {
+    promote = read->records;
+  }
   if (after.none()) {
     m.EndLease(lease);
-    return Status::Ok();
-  }
-  // Held until the client's GPU work on them is done.
-  m.CountEnded(lease);
-  if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
-    m.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
   } else {
-    m.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease.held).records), /*writes=*/false);
+    // Held until the client's GPU work on them is done.
+    m.CountEnded(lease);
+    if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
+      m.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
+    } else {
+      m.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease.held).records), /*writes=*/false);
+    }
   }
+  if (!promote.empty()) m.WantPromotion(promote);
   return Status::Ok();
+}
+
+Status Engine::PromoteOnRelease(LeaseId lease_id) {
+  auto it = impl_->leases.find(lease_id);
+  auto* read = it == impl_->leases.end() ? nullptr : std::get_if<ReadRecords>(&it->second.held);
+  if (read == nullptr) return NotFound("read lease " + std::to_string(lease_id) + " does not exist");
+  read->promote_after = true;
+  return Status::Ok();
+}
+
+void Engine::Impl::WantPromotion(std::span<const uint32_t> recs) {
+  const auto now = std::chrono::steady_clock::now();
+  for (uint32_t r : recs) {
+    const Record& rec = blocks[r];
+    // Freed with the lease (no session held it), or promoted already by another reader.
+    if (rec.state == BlockState::kFree || rec.doomed || rec.refs == 0 || !rec.ReadyIn(Tier::kHost)) continue;
+    wanted_promotions.push_back(WantedPromotion{r, rec.key, now});
+  }
+  while (wanted_promotions.size() > slots(Tier::kGpu).capacity()) wanted_promotions.pop_front();
+  PromoteWanted();
+}
+
+uint32_t Engine::Impl::PromoteWanted() {
+  if (wanted_promotions.empty()) return 0;
+  const auto now = std::chrono::steady_clock::now();
+  uint32_t scheduled = 0;
+  std::deque<WantedPromotion> left;
+  for (const WantedPromotion& w : wanted_promotions) {
+    Record& rec = blocks[w.record];
+    if (rec.state == BlockState::kFree || rec.doomed || rec.key != w.key || rec.refs == 0) continue;  // Gone.
+    if (!rec.ReadyIn(Tier::kHost) || rec.tenant->Room(Tier::kGpu) == 0) continue;  // Moved, or over quota.
+    if (now - w.since > kWantedPromotionFor) continue;
+    if (rec.readers == 0 && slots(Tier::kGpu).free_count() > 0) {
+      mover.Schedule(w.record, CopyDirection::kHostToGpu);
+      ++scheduled;
+      continue;
+    }
+    left.push_back(w);
+  }
+  if (!left.empty()) {
+    reclaim.MakeGpuRoom(static_cast<uint32_t>(left.size()));
+    // No free slot and none coming: nothing to wait for.
+    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) left.clear();
+  }
+  wanted_promotions = std::move(left);
+  if (scheduled > 0) Flush(CopyDirection::kHostToGpu);
+  return scheduled;
 }
 
 bool Engine::LeaseExpired(LeaseId lease) const { return impl_->revoked.count(lease) != 0; }
@@ -569,7 +621,12 @@ LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
 
 // --- Background and introspection -------------------------------------------------------------
 
-uint32_t Engine::Poll() { return impl_->mover.Poll() + impl_->Settle() + impl_->PollMirrors(); }
+uint32_t Engine::Poll() {
+  Impl& m = *impl_;
+  const uint32_t settled = m.mover.Poll() + m.Settle() + m.PollMirrors();
+  m.PromoteWanted();  // Demotions that landed made room.
+  return settled;
+}
 
 void Engine::EnforceWatermarks() { impl_->reclaim.EnforceWatermarks(); }
 
@@ -586,8 +643,11 @@ Status Engine::Retune(const EngineOptions& o) {
 }
 
 Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
-  impl_->mover.FlushAll(impl_->opt.max_copy_batch);
-  return impl_->mover.WaitIdle(timeout);
+  do {  // Landed demotions may let wanted promotions start.
+    impl_->mover.FlushAll(impl_->opt.max_copy_batch);
+    KVTIER_RETURN_IF_ERROR(impl_->mover.WaitIdle(timeout));
+  } while (impl_->PromoteWanted() > 0);
+  return Status::Ok();
 }
 
 bool Engine::CopiesInFlight() const { return impl_->mover.in_flight(); }

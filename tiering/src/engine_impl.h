@@ -51,7 +51,18 @@ struct WriteSlots {
 };
 struct ReadRecords {
   std::vector<uint32_t> records;
+  bool promote_after = false;  // Its host-tier blocks go to the GPU tier when it is released.
 };
+// A host-tier block a lease read in place, to be promoted once GPU room comes
+// (Engine::PromoteOnRelease). Nothing is pinned: `key` tells a record freed
+// and reused since from the block that was read.
+struct WantedPromotion {
+  uint32_t record = 0;
+  BlockKey key;
+  std::chrono::steady_clock::time_point since;
+};
+// How long a wanted promotion waits for GPU room before the block stays where it is.
+inline constexpr std::chrono::milliseconds kWantedPromotionFor{1000};
 struct Lease {
   std::variant<WriteSlots, ReadRecords> held;
   std::chrono::steady_clock::time_point granted;
@@ -110,6 +121,7 @@ struct Engine::Impl {
     std::vector<std::pair<uint32_t, uint32_t>> copies;  // (record, host slot)
   };
   std::deque<MirrorBatch> mirrors;  // In submission order.
+  std::deque<WantedPromotion> wanted_promotions;  // Oldest first; at most the GPU tier's slots.
   LeaseId next_lease = 1;
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
@@ -192,6 +204,16 @@ struct Engine::Impl {
   // unheld: the caller holds or frees each in the same call. Returns how many.
   uint32_t ImportFetched(const Tenant& tenant, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                          const FetchedBlocks& fetched, std::vector<uint32_t>& recs);
+
+  // Blocks among `recs` (a released promote-after lease's) that a session
+  // holds in the host tier join wanted_promotions; then PromoteWanted.
+  void WantPromotion(std::span<const uint32_t> recs);
+  // Promotes the wanted blocks idle in the host tier while GPU slots are free,
+  // and starts demotions to make room for the rest (never waits). A block
+  // gone, moved, over its tenant's GPU quota, or waiting past
+  // kWantedPromotionFor (or with no room coming) is left where it is.
+  // Returns how many were scheduled.
+  uint32_t PromoteWanted();
 
   // --- Clients' GPU work (gpu_work.cc) ---------------------------------------------
   // Frees `slots` (off `tenant`'s leased count) and unpins `records` now, or,

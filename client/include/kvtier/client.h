@@ -123,6 +123,17 @@ struct BlockRef {
   std::byte* data = nullptr;
 };
 
+// What Acquire does with host-tier hits.
+enum class Promote : uint8_t {
+  kNo,         // Leased where they lie, and left there.
+  kNow,        // Copied to the GPU tier now: wait on the lease before reading them.
+  kAfterRead,  // Leased where they lie, to be read there at once; copied to the
+               // GPU tier when the lease is released, so the session's next
+               // reader finds them there. For a worker that copies the prefix
+               // out of the pool anyway (into a CPU model's buffer): it reads
+               // at once instead of waiting for the promotion.
+};
+
 // A read lease on a cached prefix: the blocks cannot move or vanish while it
 // lives. Released on destruction. Move-only.
 class Lease : public client_internal::LeaseHandle {
@@ -298,15 +309,15 @@ class Client {
   bool StoresBelow() const;
 
   // Leases the longest cached prefix of the full blocks of `tokens`; with a
-  // session name, the session now holds that prefix. `promote`: copy host-tier
-  // hits to the GPU tier (wait on the lease before reading them). A block left
-  // in the host tier (promote false, or no GPU room within kvtierd's wait) is
-  // read through this process's mapping of the host pool, which is not
-  // registered with CUDA here: a GPU worker acquires with promote, or copies
-  // such blocks itself (pageable-memory speed), or registers the mapping.
-  Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote = true);
-  Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys,
-                            std::span<const TokenId> tokens, bool promote = true);
+  // session name, the session now holds that prefix. `promote`: what happens
+  // to host-tier hits (Promote). A block left in the host tier (kNo,
+  // kAfterRead, or no GPU room within kvtierd's wait) is read through this
+  // process's mapping of the host pool, which is not registered with CUDA
+  // here: a GPU worker acquires with kNow, or copies such blocks itself
+  // (pageable-memory speed), or registers the mapping.
+  Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, Promote promote = Promote::kNow);
+  Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                            Promote promote = Promote::kNow);
 
   Result<WriteLease> Allocate(uint32_t blocks);
   // Publishes blocks written into lease slots `slot_indices` (indices into

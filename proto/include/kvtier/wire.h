@@ -246,7 +246,10 @@ struct CommitResponse {
 };
 
 inline constexpr uint8_t kAcquirePromote = 1 << 0;  // Start host->gpu copies for host-tier hits.
-inline constexpr uint8_t kAcquireKnownFlags = kAcquirePromote;
+// Lease host-tier hits where they lie (the client reads them there now) and
+// copy them to the GPU tier once the lease is released. Not with kAcquirePromote.
+inline constexpr uint8_t kAcquirePromoteAfterRead = 1 << 1;
+inline constexpr uint8_t kAcquireKnownFlags = kAcquirePromote | kAcquirePromoteAfterRead;
 
 // Pins the longest present prefix of `keys` (tokens as in CommitRequest).
 struct AcquireRequest {

@@ -441,6 +441,12 @@ class Engine {
   // until the engine sees that work done (Poll); the lease is gone for its
   // holder at once.
   Status Release(LeaseId lease, GpuWork after = {});
+  // Marks read lease `lease` (acquired without `promote`: its host-tier
+  // blocks read where they lie) to have the host-tier blocks a session holds
+  // copied to the GPU tier once it is released (after its GPU work, if any):
+  // at once into free GPU slots, the rest as demotions it starts make room
+  // (Poll), for at most a second. kNotFound for no such read lease.
+  Status PromoteOnRelease(LeaseId lease);
   // Client `client` (the id its GpuWork carried) is gone: blocks it committed
   // whose writing it had not finished are dropped (taken out of the index and
   // of every session; their slots come free once the work is done or fails,
@@ -501,7 +507,9 @@ class Engine {
   // other field is ignored. The watermarks apply from the next EnforceWatermarks. On an invalid
   // value nothing changes (kInvalidArgument, as Create would say).
   Status Retune(const EngineOptions& options);
-  // Waits for every copy in flight and applies it. kTimeout if they do not finish.
+  // Waits for every copy in flight and applies it, and for the promotions
+  // wanted after release (PromoteOnRelease) that the landed demotions made
+  // room for. kTimeout if they do not finish.
   Status WaitIdle(std::chrono::milliseconds timeout);
 
   // --- Warm restart (host tier only) -----------------------------------------
