@@ -18,6 +18,7 @@ paired ratios with 95% bootstrap intervals; the last line is one JSON object.
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -103,6 +104,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(15)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     boot = np.random.default_rng(1)
     ms = {m: np.array(v) * 1000 for m, v in ttft.items()}

@@ -15,6 +15,7 @@ intervals; the last line is one JSON object.
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -135,6 +136,7 @@ def main():
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)  # The model's weights: hundreds of MB.
     ms = {m: np.array(v) for m, v in ttft.items()}
     boot = np.random.default_rng(1)
     result = {

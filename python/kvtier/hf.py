@@ -16,11 +16,14 @@ with an error naming both), and the client must carry the model's identity
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import warnings
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from . import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError
 from ._native import ModelIdentity
@@ -147,8 +150,43 @@ def _view(lease, i, writable, profile, gpu, device):
     return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
 
 
+def _numpy(t: torch.Tensor):
+    return t.view(torch.uint8).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+class _RoomyLayer(DynamicLayer):
+    """A DynamicLayer whose K/V lie at the start of buffers with room after
+    them: update writes the new tokens' K/V in place and returns views (a
+    DynamicLayer concatenates, copying the whole history each time). Out of
+    room, or once the caller replaced its tensors (a batch reorder), it grows
+    as a DynamicLayer does."""
+
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int):
+        super().__init__()
+        self._kbuf, self._vbuf = kbuf, vbuf  # [1, kv_heads, capacity, head_dim]
+        self.dtype, self.device = kbuf.dtype, kbuf.device
+        self.keys, self.values = kbuf[:, :, :length], vbuf[:, :, :length]
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        n, m = self.keys.shape[-2], key_states.shape[-2]
+        if (self._kbuf is None or n + m > self._kbuf.shape[-2] or key_states.shape[0] != 1
+                or self.keys.data_ptr() != self._kbuf.data_ptr() or self.values.data_ptr() != self._vbuf.data_ptr()):
+            self._kbuf = self._vbuf = None
+            return super().update(key_states, value_states, *args, **kwargs)
+        self._kbuf[:, :, n:n + m].copy_(key_states)
+        self._vbuf[:, :, n:n + m].copy_(value_states)
+        self.keys, self.values = self._kbuf[:, :, :n + m], self._vbuf[:, :, :n + m]
+        return self.keys, self.values
+
+
 class PrefixCache:
-    def __init__(self, client, model):
+    def __init__(self, client, model, tail_sessions: int = 64):
+        """tail_sessions: for how many sessions (the most recently stored) this
+        object keeps the K/V of the tokens past the last full block, which
+        kvtierd does not hold: a follow-up turn served by this process then
+        computes only its new tokens, as an in-process cache would, instead of
+        up to block_tokens - 1 more. 0 keeps none."""
         self.client = client
         self.model = model
         profile = client.profile
@@ -165,6 +203,9 @@ class PrefixCache:
         # On the cuda backend the GPU tier is device memory this process maps:
         # blocks are read and written there, ordered on the current stream.
         self.gpu = client.backend == "cuda"
+        self.tail_sessions = tail_sessions
+        # session -> (the tokens up to the tail's end, [(K, V) of the tail per layer]).
+        self._tails: collections.OrderedDict = collections.OrderedDict()
 
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
@@ -174,14 +215,16 @@ class PrefixCache:
         device = self.device if self.device.type == "cuda" else None
         return _view(lease, i, writable, self.profile, self.gpu, device)
 
-    def load(self, session: str, input_ids):
+    def load(self, session: str, input_ids, max_new_tokens: int = 256):
         """A DynamicCache holding the longest cached prefix of input_ids (whole
         blocks, leaving at least one token to compute), and its length in tokens.
-        The session then holds that prefix. With kvtierd away: an empty cache."""
-        from transformers import DynamicCache
-
+        The session then holds that prefix. With kvtierd away: an empty cache.
+        On the CPU each layer's K/V buffers keep room for the rest of the prompt
+        and max_new_tokens more: the forward passes write their tokens' K/V in
+        place rather than concatenate (a DynamicLayer copies the whole history
+        at every update); past that room the cache grows as a DynamicCache does."""
         try:
-            return self._load(session, input_ids)
+            return self._load(session, input_ids, max_new_tokens)
         except UnavailableError as e:
             _log.warning("kvtier: kvtierd is unavailable, recomputing this turn: %s", e)
             return DynamicCache(), 0
@@ -199,15 +242,17 @@ class PrefixCache:
             _log.warning("kvtier: this turn is not cached: %s", e)
             return 0
 
-    def _load(self, session: str, input_ids):
-        from transformers import DynamicCache
-
+    def _load(self, session: str, input_ids, max_new_tokens: int):
         tokens = _tokens(input_ids)
         usable = (len(tokens) - 1) // self.block_tokens * self.block_tokens
         cache = DynamicCache()
         if usable <= 0:
             return cache, 0
-        lease = self.client.acquire(tokens[:usable], session=session)
+        # A GPU-tier pool read on the GPU: host-tier hits are promoted first, then
+        # copied device to device. Otherwise the rows are copied out of shared
+        # memory either way: host-tier hits are read where they lie, at once,
+        # and kvtierd promotes them when the lease is released.
+        lease = self.client.acquire(tokens[:usable], session=session, promote=True if self.gpu else "after_read")
         try:
             n = len(lease)
             if n == 0:
@@ -220,14 +265,21 @@ class PrefixCache:
             bt = self.block_tokens
             layers, kvh, hd = self.profile["layers"], self.profile["kv_heads"], self.profile["head_dim"]
             on_gpu = self.gpu and any(tier == "gpu" for tier, _ in lease.blocks)
-            if not on_gpu:
-                # Host memory: a native pass per layer copies its two planes into the HF
-                # layout [kv_heads, seq, head_dim] (a buffer per layer stays small
-                # enough for malloc to reuse), then to the model's device if not the CPU.
+            if not on_gpu and self.device.type == "cpu":
+                # Host memory into a CPU model: a native pass per layer copies its two
+                # planes into the HF layout [kv_heads, seq, head_dim], in buffers with
+                # room after the prefix (a buffer per layer stays small enough for
+                # malloc to reuse).
+                capacity = len(tokens) + max(0, int(max_new_tokens))
+                for layer in range(layers):
+                    planes = torch.empty(2, 1, kvh, capacity, hd, dtype=self.dtype)
+                    lease.gather(_numpy(planes), layer, 1, capacity)
+                    cache.layers.append(_RoomyLayer(planes[0], planes[1], n * bt))
+            elif not on_gpu:
+                # Host memory into a GPU model: gathered on the CPU, then copied over.
                 for layer in range(layers):
                     planes = torch.empty(2, kvh, n * bt, hd, dtype=self.dtype)
-                    lease.gather(planes.view(torch.uint8).numpy() if self.dtype == torch.bfloat16 else planes.numpy(),
-                                 layer, 1)
+                    lease.gather(_numpy(planes), layer, 1)
                     planes = planes.to(self.device, non_blocking=True)
                     cache.update(planes[0].unsqueeze(0), planes[1].unsqueeze(0), layer)
             else:
@@ -247,12 +299,42 @@ class PrefixCache:
                 lease.release_after(stream)  # Pinned until the copies above are done.
             else:
                 lease.release()
-        return cache, n * self.block_tokens
+        return cache, n * bt + self._add_tail(session, tokens, n * bt, cache)
+
+    def _add_tail(self, session: str, tokens: list, cached: int, cache) -> int:
+        """Appends the session's kept tail when it continues the cached blocks
+        with the prompt's own tokens (one token at least is left to compute).
+        Returns how many tokens it added."""
+        kept = self._tails.get(session)
+        if kept is None:
+            return 0
+        seen, kv = kept
+        full = len(seen) - kv[0][0].size(-2)
+        end = min(len(seen), len(tokens) - 1)
+        if full != cached or end <= cached or tokens[:end] != seen[:end]:
+            return 0
+        for layer, (k, v) in enumerate(kv):
+            cache.layers[layer].update(k[:, :, :end - cached].to(self.device), v[:, :, :end - cached].to(self.device))
+        return end - cached
+
+    def _keep_tail(self, session: str, tokens: list, known: int, cache) -> None:
+        full = known // self.block_tokens * self.block_tokens
+        self._tails.pop(session, None)
+        if self.tail_sessions <= 0 or full == known or full == 0:
+            return
+        kv = []
+        for layer in range(self.profile["layers"]):
+            k, v = _layer_kv(cache, layer)
+            kv.append((k[:, :, full:known].to("cpu", copy=True), v[:, :, full:known].to("cpu", copy=True)))
+        self._tails[session] = (tokens[:known], kv)
+        while len(self._tails) > self.tail_sessions:
+            self._tails.popitem(last=False)
 
     def _store(self, session: str, input_ids, cache) -> int:
         tokens = _tokens(input_ids)
         k0, _ = _layer_kv(cache, 0)
         known = min(len(tokens), k0.size(-2))
+        self._keep_tail(session, tokens, known, cache)
         full = known // self.block_tokens
         if full == 0:
             return 0

@@ -184,7 +184,7 @@ class Service:
             if self.args.cache == "local":
                 past, cached = self.local_load(session, ids)
             else:
-                past, cached = (cache.load(session, input_ids) if cache else (None, 0))
+                past, cached = (cache.load(session, input_ids, max_tokens) if cache else (None, 0))
             out = self.model(input_ids[:, cached:], past_key_values=past, use_cache=True)
             past = out.past_key_values
             tokens, ttft, text = [], None, ""

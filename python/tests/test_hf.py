@@ -2,6 +2,8 @@
 no download) and a real kvtierd: cached prefixes give the same logits and the
 same greedy replies as recomputing, in a forward loop and through generate()."""
 
+import time
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -40,12 +42,47 @@ def test_a_forward_loop_over_a_cached_prefix_gives_the_full_passes_logits(daemon
 
     longer = torch.cat([ids, prompt(2, 9)], dim=1)
     full = model(longer).logits[0, -1]
-    past, cached = cache.load("chat", longer)
-    assert cached == 20
-    assert past.get_seq_length() == 20
-    step = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
-    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+    # This object kept the 3 tokens past the last full block; another (in
+    # another process, say) finds the 5 blocks kvtierd holds.
+    for c, want in ((cache, 23), (kvtier.hf.PrefixCache(client, model), 20),
+                    (kvtier.hf.PrefixCache(client, model, tail_sessions=0), 20)):
+        past, cached = c.load("chat", longer)
+        assert cached == want
+        assert past.get_seq_length() == want
+        step = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
+        torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
     assert client.session("chat")["blocks"] == 5
+    # A prompt that departs from the history inside the tail gets the blocks only.
+    other = torch.cat([ids[:, :21], prompt(3, 9)], dim=1)
+    past, cached = cache.load("chat", other)
+    assert cached == 20
+    step = model(other[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(step, model(other).logits[0, -1], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_loaded_cache_takes_new_tokens_in_place_then_grows_past_its_room(daemon):
+    model = tiny_llama(seed=3)
+    client = daemon.client(model_id=kvtier.hf.model_identity(model))
+    cache = kvtier.hf.PrefixCache(client, model)
+    ids = prompt(5, 23)
+    cache.store("chat", ids, model(ids, use_cache=True).past_key_values)
+    longer = torch.cat([ids, prompt(6, 9)], dim=1)
+    past, cached = cache.load("chat", longer, max_new_tokens=2)
+    assert cached == 23  # 5 blocks and the 3-token tail this object kept.
+    start = [layer.keys.data_ptr() for layer in past.layers]
+    out = model(longer[:, cached:], past_key_values=past, use_cache=True)
+    torch.testing.assert_close(out.logits[0, -1], model(longer).logits[0, -1], rtol=1e-5, atol=1e-5)
+    seq = longer
+    for step in range(3):  # Room for the prompt and two more tokens: the third outgrows it.
+        nxt = out.logits[:, -1:].argmax(-1)
+        seq = torch.cat([seq, nxt], dim=1)
+        out = model(nxt, past_key_values=past, use_cache=True)
+        torch.testing.assert_close(out.logits[0, -1], model(seq).logits[0, -1], rtol=1e-5, atol=1e-5)
+        in_place = [layer.keys.data_ptr() for layer in past.layers] == start
+        assert in_place == (step < 2), f"step {step}"
+        assert past.get_seq_length() == seq.size(1)
+    assert cache.store("chat", seq, past) == seq.size(1) // BT - 5
 
 
 @torch.no_grad()
@@ -163,6 +200,15 @@ def test_logits_agree_with_an_in_process_cache_and_after_a_round_trip_through_th
         past, cached = cache.load("chat", ids)
         if turn:
             assert cached > 0
+        if turn == 2:
+            # Read in the host tier, where they lay; promoted once the load released them.
+            session = client.session("chat")
+            for _ in range(1000):
+                if session["gpu_blocks"] == session["blocks"]:
+                    break
+                time.sleep(0.005)
+                session = client.session("chat")
+            assert session["gpu_blocks"] == session["blocks"]
         out = model(ids[:, cached:], past_key_values=past, use_cache=True)
         torch.testing.assert_close(local_out.logits[0, -1], full, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out.logits[0, -1], full, rtol=1e-4, atol=1e-4)
@@ -180,7 +226,7 @@ def test_a_qwen2_model_works_too(daemon):
     cache.store("q", ids, model(ids, use_cache=True).past_key_values)
     longer = torch.cat([ids, prompt(41, 3)], dim=1)
     past, cached = cache.load("q", longer)
-    assert cached == 12
+    assert cached == 14  # 3 blocks and the 2-token tail this object kept.
     torch.testing.assert_close(model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1],
                                model(longer).logits[0, -1], rtol=1e-4, atol=1e-4)
 
