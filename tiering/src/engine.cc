@@ -44,11 +44,15 @@ uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, s
   // of this model as well (its key was chained in the model's namespace).
   const size_t found =
       tenant == nullptr ? 0 : blocks.index().FindPrefix(keys.first(n), NamespaceTag(KeyNamespace(ns, model)), *out);
+  // A block is `writing` only while a commit's GPU work is settling: with none
+  // (always on the host backend) no record needs reading for it, which would
+  // cost a cache miss per block.
+  const bool writers = !settling.empty();
   uint32_t matched = 0;
   for (size_t i = 0; i < found; ++i) {
     const uint32_t r = (*out)[i];
     if (i == 0 && (blocks[r].tenant != tenant || blocks[r].model != model)) break;
-    if (blocks[r].writing) break;  // Its writer's GPU may not have finished it: never served before.
+    if (writers && blocks[r].writing) break;  // Its writer's GPU may not have finished it: never served before.
     const BlockKey parent = i == 0 ? BlockKey{} : keys[i - 1];
     if (!blocks.index().RowMatches(r, parent, tokens.subspan(i * bt(), bt()))) break;
     ++matched;
