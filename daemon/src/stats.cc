@@ -54,6 +54,8 @@ void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
   sum.unfinished_writes_dropped += s.unfinished_writes_dropped;
   sum.imported_blocks += s.imported_blocks;
   sum.spilled_blocks += s.spilled_blocks;
+  sum.after_read_promotions += s.after_read_promotions;
+  sum.after_read_given_up += s.after_read_given_up;
   sum.warm_adopted_blocks += s.warm_adopted_blocks;
   sum.warm_dropped_blocks += s.warm_dropped_blocks;
   sum.warm_adopted_sessions += s.warm_adopted_sessions;
@@ -257,6 +259,11 @@ constexpr StatRow kStats[] = {
   {"spilled_blocks", "kvtier_spilled_blocks_total", Type::kCounter,
    "Host-tier blocks offered to the stores (landed there, or dropped from there)", S::kProfile, kNoLabel,
    &Engine<&E::spilled_blocks>},
+  {"after_read_promotions", "kvtier_after_read_promotions_total", Type::kCounter,
+   "Host-tier blocks read in place and then promoted (Acquire with promote after read), or given up for want of "
+   "GPU room", S::kProfile, {"result", "promoted"}, &Engine<&E::after_read_promotions>},
+  {"after_read_given_up", "kvtier_after_read_promotions_total", Type::kCounter, nullptr, S::kProfile,
+   {"result", "given_up"}, &Engine<&E::after_read_given_up>},
   {"warm_adopted_blocks", "kvtier_warm_adopted_blocks", Type::kGauge, "Host blocks adopted from the previous run at start",
    S::kProfile, kNoLabel, &Engine<&E::warm_adopted_blocks>},
   {"warm_dropped_blocks", "kvtier_warm_dropped_blocks", Type::kGauge,

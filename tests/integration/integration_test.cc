@@ -159,6 +159,8 @@ TEST_F(IntegrationTest, APromoteAfterReadAcquireReadsTheHostTierAtOnceAndPromote
   ASSERT_TRUE(l->Release().ok());
   EXPECT_TRUE(wait_for(Tier::kGpu)) << "promoted once released";
   EXPECT_GE(StatsOf(*c)["promoted_blocks"], 4);
+  EXPECT_EQ(StatsOf(*c)["after_read_promotions"], 4);
+  EXPECT_EQ(StatsOf(*c)["after_read_given_up"], 0);
   auto again = c->Acquire("chat", tokens);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->promoted(), 0u);

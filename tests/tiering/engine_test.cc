@@ -1089,6 +1089,8 @@ TEST_F(EngineTest, PromoteOnReleaseMovesTheReadHostBlocksOnceTheLeaseEnds) {
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_EQ(Tiers("s"), All(Tier::kGpu, 4));
   EXPECT_EQ(engine_->stats().promoted_blocks, 4u);
+  EXPECT_EQ(engine_->stats().after_read_promotions, 4u);
+  EXPECT_EQ(engine_->stats().after_read_given_up, 0u);
   ExpectChainHolds(c, 4);
   ExpectConsistent();
 }
@@ -1110,6 +1112,7 @@ TEST_F(EngineTest, PromoteOnReleaseDemotesColderBlocksAndPromotesWhenTheyLand) {
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());  // b lands in the host tier, then a is promoted.
   EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 4));
   EXPECT_EQ(Tiers("b"), All(Tier::kHost, 4));
+  EXPECT_EQ(engine_->stats().after_read_promotions, 4u) << "once b's demotion landed";
   EXPECT_TRUE(freed_.empty()) << "nothing lost";
   ExpectChainHolds(a, 4);
   ExpectChainHolds(b, 4);
@@ -1133,6 +1136,8 @@ TEST_F(EngineTest, PromoteOnReleaseLeavesBlocksWhereTheyAreWithoutRoomOrASession
   ASSERT_TRUE(engine_->Release(hold->id).ok());
   ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 4)) << "given up when no room was coming";
+  EXPECT_EQ(engine_->stats().after_read_given_up, 4u);
+  EXPECT_EQ(engine_->stats().after_read_promotions, 0u);
   EXPECT_EQ(Tiers("b"), All(Tier::kGpu, 4));
 
   // A block no session holds any more is freed with the lease, not promoted.

@@ -556,7 +556,10 @@ void Engine::Impl::WantPromotion(std::span<const uint32_t> recs) {
     if (rec.state == BlockState::kFree || rec.doomed || rec.refs == 0 || !rec.ReadyIn(Tier::kHost)) continue;
     wanted_promotions.push_back(WantedPromotion{r, rec.key, now});
   }
-  while (wanted_promotions.size() > slots(Tier::kGpu).capacity()) wanted_promotions.pop_front();
+  while (wanted_promotions.size() > slots(Tier::kGpu).capacity()) {
+    wanted_promotions.pop_front();
+    ++st.after_read_given_up;
+  }
   PromoteWanted();
 }
 
@@ -568,8 +571,11 @@ uint32_t Engine::Impl::PromoteWanted() {
   for (const WantedPromotion& w : wanted_promotions) {
     Record& rec = blocks[w.record];
     if (rec.state == BlockState::kFree || rec.doomed || rec.key != w.key || rec.refs == 0) continue;  // Gone.
-    if (!rec.ReadyIn(Tier::kHost) || rec.tenant->Room(Tier::kGpu) == 0) continue;  // Moved, or over quota.
-    if (now - w.since > kWantedPromotionFor) continue;
+    if (!rec.ReadyIn(Tier::kHost)) continue;  // Moved (promoted by another reader) meanwhile.
+    if (rec.tenant->Room(Tier::kGpu) == 0 || now - w.since > kWantedPromotionFor) {
+      ++st.after_read_given_up;
+      continue;
+    }
     if (rec.readers == 0 && slots(Tier::kGpu).free_count() > 0) {
       mover.Schedule(w.record, CopyDirection::kHostToGpu);
       ++scheduled;
@@ -580,8 +586,12 @@ uint32_t Engine::Impl::PromoteWanted() {
   if (!left.empty()) {
     reclaim.MakeGpuRoom(static_cast<uint32_t>(left.size()));
     // No free slot and none coming: nothing to wait for.
-    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) left.clear();
+    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) {
+      st.after_read_given_up += left.size();
+      left.clear();
+    }
   }
+  st.after_read_promotions += scheduled;
   wanted_promotions = std::move(left);
   if (scheduled > 0) Flush(CopyDirection::kHostToGpu);
   return scheduled;

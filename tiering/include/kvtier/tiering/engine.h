@@ -307,6 +307,8 @@ struct EngineStats {
   uint64_t unfinished_writes_dropped = 0;  // Blocks dropped: their writer went away (or failed) mid-write.
   uint64_t imported_blocks = 0;            // Placed in the host tier from a store (Acquire's FetchedBlocks).
   uint64_t spilled_blocks = 0;             // Offered to on_spill (landed or dropped).
+  uint64_t after_read_promotions = 0;      // Host-tier blocks promoted once a PromoteOnRelease lease ended.
+  uint64_t after_read_given_up = 0;        // Such blocks left in the host tier: no GPU room came in time.
   uint64_t warm_adopted_blocks = 0;  // Host blocks taken over from the previous run.
   uint64_t warm_dropped_blocks = 0;  // Blocks the previous run's manifest listed that failed a check.
   uint64_t warm_adopted_sessions = 0;
