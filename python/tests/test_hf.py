@@ -23,6 +23,13 @@ def tiny_llama(seed=0, layers=2):
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def cached_llama(daemon, seed=0):
+    """A tiny Llama, a client carrying its identity, and a PrefixCache over both."""
+    model = tiny_llama(seed=seed)
+    client = daemon.client(model_id=kvtier.hf.model_identity(model))
+    return model, client, kvtier.hf.PrefixCache(client, model)
+
+
 def prompt(seed, n):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 96, (1, n), generator=g)
@@ -30,9 +37,7 @@ def prompt(seed, n):
 
 @torch.no_grad()
 def test_a_forward_loop_over_a_cached_prefix_gives_the_full_passes_logits(daemon):
-    model = tiny_llama()
-    client = daemon.client(model_id=kvtier.hf.model_identity(model))
-    cache = kvtier.hf.PrefixCache(client, model)
+    model, client, cache = cached_llama(daemon)
     ids = prompt(1, 23)
     past, cached = cache.load("chat", ids)
     assert cached == 0
@@ -62,9 +67,7 @@ def test_a_forward_loop_over_a_cached_prefix_gives_the_full_passes_logits(daemon
 
 @torch.no_grad()
 def test_a_loaded_cache_takes_new_tokens_in_place_then_grows_past_its_room(daemon):
-    model = tiny_llama(seed=3)
-    client = daemon.client(model_id=kvtier.hf.model_identity(model))
-    cache = kvtier.hf.PrefixCache(client, model)
+    model, client, cache = cached_llama(daemon, seed=3)
     ids = prompt(5, 23)
     cache.store("chat", ids, model(ids, use_cache=True).past_key_values)
     longer = torch.cat([ids, prompt(6, 9)], dim=1)
@@ -87,9 +90,7 @@ def test_a_loaded_cache_takes_new_tokens_in_place_then_grows_past_its_room(daemo
 
 @torch.no_grad()
 def test_generate_over_kvtier_replies_as_recomputing_does(daemon):
-    model = tiny_llama(seed=1)
-    client = daemon.client(model_id=kvtier.hf.model_identity(model))
-    cache = kvtier.hf.PrefixCache(client, model)
+    model, client, cache = cached_llama(daemon, seed=1)
     history = prompt(10, 11)
     for turn in range(3):
         ids = torch.cat([history, prompt(20 + turn, 6)], dim=1)
@@ -179,9 +180,7 @@ def test_the_cpp_worker_and_python_compute_one_identity_for_one_model(daemon, tm
 def test_logits_agree_with_an_in_process_cache_and_after_a_round_trip_through_the_host_tier(daemon):
     """Every turn's last logits: no cache, an in-process DynamicCache (the
     starting design), and kvtier, also after the session went to the host tier."""
-    model = tiny_llama(seed=11)
-    client = daemon.client(model_id=kvtier.hf.model_identity(model))
-    cache = kvtier.hf.PrefixCache(client, model)
+    model, client, cache = cached_llama(daemon, seed=11)
     local = None
     ids = prompt(30, 9)
     for turn in range(4):

@@ -273,6 +273,13 @@ class EngineTest : public ::testing::Test {
     return r.ok() ? *r : CommitResult{};
   }
 
+  // Put, then demotes every block of the session and waits until they landed in the host tier.
+  void PutInHostTier(const std::string& session, const Chain& c) {
+    Put(session, c);
+    ASSERT_EQ(*engine_->Demote(tenant_, session), c.blocks());
+    ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  }
+
   Result<ReadLease> Get(const std::string& session, const Chain& c, bool promote = true) {
     return engine_->Acquire(tenant_, session, c.keys, c.tokens, promote);
   }
@@ -1047,9 +1054,7 @@ TEST_F(EngineTest, DemoteThenAcquirePromotesWithIntactBytes) {
 TEST_F(EngineTest, AcquireWithoutPromoteLeasesInTheHostTier) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 2);
-  Put("s", c);
-  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 2u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("s", c));
   auto lease = Get("s", c, /*promote=*/false);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->promoted, 0u);
@@ -1070,9 +1075,7 @@ TEST_F(EngineTest, AcquireWithoutPromoteLeasesInTheHostTier) {
 TEST_F(EngineTest, PromoteOnReleaseMovesTheReadHostBlocksOnceTheLeaseEnds) {
   Start(Options(8, 8));
   const Chain c = MakeChain(1, 4);
-  Put("s", c);
-  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 4u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("s", c));
   auto lease = Get("s", c, /*promote=*/false);
   ASSERT_TRUE(lease.ok());
   ASSERT_TRUE(engine_->PromoteOnRelease(lease->id).ok());
@@ -1098,9 +1101,7 @@ TEST_F(EngineTest, PromoteOnReleaseMovesTheReadHostBlocksOnceTheLeaseEnds) {
 TEST_F(EngineTest, PromoteOnReleaseDemotesColderBlocksAndPromotesWhenTheyLand) {
   Start(Options(4, 8));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("a", a));
   Put("b", b);  // The GPU tier is full.
   auto lease = Get("a", a, /*promote=*/false);
   ASSERT_TRUE(lease.ok());
@@ -1122,9 +1123,7 @@ TEST_F(EngineTest, PromoteOnReleaseDemotesColderBlocksAndPromotesWhenTheyLand) {
 TEST_F(EngineTest, PromoteOnReleaseLeavesBlocksWhereTheyAreWithoutRoomOrASession) {
   Start(Options(4, 8));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4), d = MakeChain(3, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("a", a));
   Put("b", b);
   auto hold = Get("", b);  // All of the GPU tier pinned: no room can come.
   ASSERT_TRUE(hold.ok());
@@ -1142,9 +1141,7 @@ TEST_F(EngineTest, PromoteOnReleaseLeavesBlocksWhereTheyAreWithoutRoomOrASession
 
   // A block no session holds any more is freed with the lease, not promoted.
   ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
-  Put("d", d);
-  ASSERT_EQ(*engine_->Demote(tenant_, "d"), 2u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("d", d));
   auto read = Get("", d, /*promote=*/false);
   ASSERT_TRUE(read.ok());
   ASSERT_TRUE(engine_->PromoteOnRelease(read->id).ok());
@@ -1192,9 +1189,7 @@ TEST_F(EngineTest, PrefetchPromotesASession) {
 TEST_F(EngineTest, PromotionStopsWhenTheGpuTierIsFull) {
   Start(Options(4, 8));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("a", a));
   Put("b", b);
   auto hold = Get("", b);  // Pin all of the GPU tier.
   ASSERT_TRUE(hold.ok());
@@ -1225,9 +1220,7 @@ TEST_F(EngineTest, PromotionStopsWhenTheGpuTierIsFull) {
 TEST_F(EngineTest, PromotionStopsWhereTheGpuTierCannotMakeRoom) {
   Start(Options(4, 8));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("a", a));
   Put("b", b);
   const Chain b2{std::vector<TokenId>(b.tokens.begin(), b.tokens.begin() + 2 * kBt),
                  std::vector<BlockKey>(b.keys.begin(), b.keys.begin() + 2)};
@@ -1253,9 +1246,7 @@ TEST_F(EngineTest, PromotionStopsWhereTheGpuTierCannotMakeRoom) {
 TEST_F(EngineTest, MakingRoomForAPromotionNeverDropsThePrefixBeingAcquired) {
   Start(Options(4, 4));
   const Chain a = MakeChain(1, 4), b = MakeChain(2, 4);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("a", a));
   Put("b", b);  // Both tiers full; "a" is the coldest session.
   auto lease = Get("", a);
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
@@ -3038,15 +3029,11 @@ TEST_F(EngineStoreTest, BlocksLandingInTheHostTierAreOfferedOnceWithTheirBytes) 
 TEST_F(EngineStoreTest, BlocksPressureDropsFromTheHostTierAreOfferedBeforeTheirSlotIsReused) {
   Start(SpillOptions(4, 2));
   const Chain a = MakeChain(1, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("a", a));
   spilled_.clear();
   // b's demotion needs the host tier's two slots: a's blocks are dropped, tail first.
   const Chain b = MakeChain(2, 2);
-  Put("b", b);
-  ASSERT_EQ(*engine_->Demote(tenant_, "b"), 2u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("b", b));
   std::vector<const Spilled*> dropped;
   for (const Spilled& s : spilled_) {
     if (s.dropped) dropped.push_back(&s);
@@ -3084,9 +3071,7 @@ TEST_F(EngineStoreTest, FetchedBlocksAreServedAndPromotedByTheAcquireThatBrought
 TEST_F(EngineStoreTest, HitsAreCountedByTheTierTheyWereFoundIn) {
   Start(SpillOptions(8, 8));
   const Chain c = MakeChain(10, 3);
-  Put("s", c);
-  ASSERT_EQ(*engine_->Demote(tenant_, "s"), 3u);
-  ASSERT_TRUE(engine_->WaitIdle(kWait).ok());
+  ASSERT_NO_FATAL_FAILURE(PutInHostTier("s", c));
   auto lease = Get("s", c);  // Found in the host tier, promoted.
   ASSERT_TRUE(lease.ok());
   ASSERT_TRUE(engine_->Release(lease->id).ok());

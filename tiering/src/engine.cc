@@ -551,10 +551,8 @@ Status Engine::PromoteOnRelease(LeaseId lease_id) {
 void Engine::Impl::WantPromotion(std::span<const uint32_t> recs) {
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t r : recs) {
-    const Record& rec = blocks[r];
-    // Freed with the lease (no session held it), or promoted already by another reader.
-    if (rec.state == BlockState::kFree || rec.doomed || rec.refs == 0 || !rec.ReadyIn(Tier::kHost)) continue;
-    wanted_promotions.push_back(WantedPromotion{r, rec.key, now});
+    // Freed with the lease (no session held it), or promoted already by another reader: not wanted.
+    if (WantsPromotion(blocks[r])) wanted_promotions.push_back(WantedPromotion{r, blocks[r].key, now});
   }
   while (wanted_promotions.size() > slots(Tier::kGpu).capacity()) {
     wanted_promotions.pop_front();
@@ -569,9 +567,9 @@ uint32_t Engine::Impl::PromoteWanted() {
   uint32_t scheduled = 0;
   std::deque<WantedPromotion> left;
   for (const WantedPromotion& w : wanted_promotions) {
-    Record& rec = blocks[w.record];
-    if (rec.state == BlockState::kFree || rec.doomed || rec.key != w.key || rec.refs == 0) continue;  // Gone.
-    if (!rec.ReadyIn(Tier::kHost)) continue;  // Moved (promoted by another reader) meanwhile.
+    const Record& rec = blocks[w.record];
+    // Gone (freed, perhaps reused by another block), or moved by another reader meanwhile.
+    if (rec.key != w.key || !WantsPromotion(rec)) continue;
     if (rec.tenant->Room(Tier::kGpu) == 0 || now - w.since > kWantedPromotionFor) {
       ++st.after_read_given_up;
       continue;

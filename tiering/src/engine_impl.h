@@ -205,6 +205,8 @@ struct Engine::Impl {
   uint32_t ImportFetched(const Tenant& tenant, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                          const FetchedBlocks& fetched, std::vector<uint32_t>& recs);
 
+  // A block a session holds, ready in the host tier: promoting it after a read still makes sense.
+  static bool WantsPromotion(const Record& rec) { return !rec.doomed && rec.refs > 0 && rec.ReadyIn(Tier::kHost); }
   // Blocks among `recs` (a released promote-after lease's) that a session
   // holds in the host tier join wanted_promotions; then PromoteWanted.
   void WantPromotion(std::span<const uint32_t> recs);
