@@ -42,6 +42,7 @@ struct IpcOptions {
   int iterations = 2000;
   int read_iterations = 200;
   bool quick = false;
+  bool interleaved_only = false;  // --interleaved: only the acquire vs bare socket comparison.
 };
 
 constexpr const char* kBenchConfig = R"(backend: host
@@ -362,49 +363,16 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
   return out;
 }
 
-// Hidden: one client process of the 4-client run. Prints its latencies.
-int RunIpcClient(int argc, char** argv) {
-  if (argc != 3) return 2;
-  Latencies l = ClientLoop(argv[0], std::strtoull(argv[1], nullptr, 10), std::atoi(argv[2]));
-  std::printf("acquire %s\ncommit %s\n", JoinDoubles(l.acquire).c_str(), JoinDoubles(l.commit).c_str());
-  return 0;
-}
-
-int RunIpcBench(int argc, char** argv) {
-  IpcOptions opt;
-  for (int i = 0; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) {
-      opt.quick = true;
-      opt.iterations = 200;
-      opt.read_iterations = 20;
-    } else if (!std::strcmp(argv[i], "--help")) {
-      std::printf(
-          "usage: kvtier-bench ipc [--quick]\n"
-          "Starts kvtierd (host backend) and a redis-server, and measures probe, acquire and\n"
-          "commit latency with 1 and 4 client processes, a bare Unix-socket round trip, and\n"
-          "reading a 2 MiB block from redis vs from kvtier's host tier.\n");
-      return 0;
-    } else {
-      std::fprintf(stderr, "kvtier-bench ipc: unknown option '%s'\n", argv[i]);
-      return 2;
-    }
-  }
-  const MachineInfo machine = ReadMachineInfo();
-  testing::DaemonProcess daemon(kBenchConfig);
-  const Status started = daemon.Start();
-  if (!started.ok()) {
-    std::fprintf(stderr, "kvtier-bench ipc: %s\n", started.ToString().c_str());
-    return 1;
-  }
-  Progress("kvtierd up on %s\n", daemon.socket().c_str());
-
+// The probe, the 1- and 4-client latencies and the bare socket's own loop, added to `j`.
+// Returns 0, or the exit status after a failure it reported.
+int RunLatencyPhases(const std::string& socket, const IpcOptions& opt, JsonObject& j) {
   const double uds = UdsRttUs(opt.iterations * 5);
   Progress("uds_rtt_us %.2f (bare socket ping-pong between two processes)\n", uds);
 
   // Probe from shared memory.
   double probe_us = 0;
   {
-    auto c = ConnectOrDie(daemon.socket(), "small");
+    auto c = ConnectOrDie(socket, "small");
     const auto tokens = Prompt(77, kPromptTokens);
     CommitPrompt(*c, "probe", tokens, nullptr);
     std::vector<double> t;
@@ -418,7 +386,7 @@ int RunIpcBench(int argc, char** argv) {
     Progress("probe_2k_us %.2f (%zu of 128 blocks found)\n", probe_us, hit);
   }
 
-  Latencies one = ClientLoop(daemon.socket(), 1, opt.iterations);
+  Latencies one = ClientLoop(socket, 1, opt.iterations);
   Progress("1 client: acquire p50 %.1f us p99 %.1f us, commit p50 %.1f us, allocate p50 %.1f us\n",
            Percentile(one.acquire, 50), Percentile(one.acquire, 99), Percentile(one.commit, 50),
            Percentile(one.allocate, 50));
@@ -429,7 +397,7 @@ int RunIpcBench(int argc, char** argv) {
     std::vector<testing::Process> procs;
     for (int i = 0; i < 4; ++i) {
       auto p = testing::Process::Spawn(
-          {"/proc/self/exe", "ipc-client", daemon.socket(), std::to_string(10 + i), std::to_string(opt.iterations)});
+          {"/proc/self/exe", "ipc-client", socket, std::to_string(10 + i), std::to_string(opt.iterations)});
       if (!p.ok()) {
         std::fprintf(stderr, "kvtier-bench ipc: %s\n", p.status().ToString().c_str());
         return 1;
@@ -455,6 +423,70 @@ int RunIpcBench(int argc, char** argv) {
   Progress("4 clients: acquire p50 %.1f us p99 %.1f us, commit p50 %.1f us\n", Percentile(four.acquire, 50),
            Percentile(four.acquire, 99), Percentile(four.commit, 50));
 
+  j.Add("probe_2k_us", probe_us, 2);
+  j.Add("acquire_p50_us", Percentile(one.acquire, 50), 2);
+  j.Add("acquire_p99_us", Percentile(one.acquire, 99), 2);
+  j.Add("commit_p50_us", Percentile(one.commit, 50), 2);
+  j.Add("allocate_p50_us", Percentile(one.allocate, 50), 2);
+  j.Add("acquire_p50_us_4c", Percentile(four.acquire, 50), 2);
+  j.Add("acquire_p99_us_4c", Percentile(four.acquire, 99), 2);
+  j.Add("commit_p50_us_4c", Percentile(four.commit, 50), 2);
+  j.Add("uds_rtt_us", uds, 2);
+  j.Add("acquire_vs_uds_rtt", Percentile(one.acquire, 50) / uds, 2);
+  return 0;
+}
+
+// Hidden: one client process of the 4-client run. Prints its latencies.
+int RunIpcClient(int argc, char** argv) {
+  if (argc != 3) return 2;
+  Latencies l = ClientLoop(argv[0], std::strtoull(argv[1], nullptr, 10), std::atoi(argv[2]));
+  std::printf("acquire %s\ncommit %s\n", JoinDoubles(l.acquire).c_str(), JoinDoubles(l.commit).c_str());
+  return 0;
+}
+
+int RunIpcBench(int argc, char** argv) {
+  IpcOptions opt;
+  for (int i = 0; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) {
+      opt.quick = true;
+      opt.iterations = 200;
+      opt.read_iterations = 20;
+    } else if (!std::strcmp(argv[i], "--iterations") && i + 1 < argc) {
+      opt.iterations = std::max(10, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--interleaved")) {
+      opt.interleaved_only = true;
+    } else if (!std::strcmp(argv[i], "--help")) {
+      std::printf(
+          "usage: kvtier-bench ipc [--quick] [--iterations N] [--interleaved]\n"
+          "Starts kvtierd (host backend) and a redis-server, and measures probe, acquire and\n"
+          "commit latency with 1 and 4 client processes, a bare Unix-socket round trip, and\n"
+          "reading a 2 MiB block from redis vs from kvtier's host tier.\n"
+          "  --quick        fewer iterations\n"
+          "  --iterations N calls per measured loop (default 2000; the gap loop makes N/2)\n"
+          "  --interleaved  only acquire against the bare socket and Ping, interleaved\n"
+          "                 (back to back and with 2 ms gaps): the IPC target's figures\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "kvtier-bench ipc: unknown option '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  const MachineInfo machine = ReadMachineInfo();
+  testing::DaemonProcess daemon(kBenchConfig);
+  const Status started = daemon.Start();
+  if (!started.ok()) {
+    std::fprintf(stderr, "kvtier-bench ipc: %s\n", started.ToString().c_str());
+    return 1;
+  }
+  Progress("kvtierd up on %s\n", daemon.socket().c_str());
+
+  JsonObject j;
+  j.Add("bench", "ipc");
+  if (!opt.interleaved_only) {
+    const int failed = RunLatencyPhases(daemon.socket(), opt, j);
+    if (failed != 0) return failed;
+  }
+
   // The targets' comparison: interleaved, back to back and after 2 ms idle gaps.
   const Interleaved b2b = AcquireVersusUds(daemon.socket(), std::chrono::microseconds(0), opt.iterations);
   const Interleaved gap = AcquireVersusUds(daemon.socket(), std::chrono::microseconds(2000), opt.iterations / 2);
@@ -474,22 +506,6 @@ int RunIpcBench(int argc, char** argv) {
              ping->value, ping->lo, ping->hi);
   }
 
-  const ReadFigures rf = ReadBench(daemon.socket(), daemon.dir(), opt.read_iterations);
-  Progress("2 MiB block + one pass: redis GET %.1f us, kvtier host tier %.1f us (bytes equal: %s)\n", rf.redis_us,
-           rf.kvtier_us, rf.same_bytes ? "yes" : "no");
-
-  JsonObject j;
-  j.Add("bench", "ipc");
-  j.Add("probe_2k_us", probe_us, 2);
-  j.Add("acquire_p50_us", Percentile(one.acquire, 50), 2);
-  j.Add("acquire_p99_us", Percentile(one.acquire, 99), 2);
-  j.Add("commit_p50_us", Percentile(one.commit, 50), 2);
-  j.Add("allocate_p50_us", Percentile(one.allocate, 50), 2);
-  j.Add("acquire_p50_us_4c", Percentile(four.acquire, 50), 2);
-  j.Add("acquire_p99_us_4c", Percentile(four.acquire, 99), 2);
-  j.Add("commit_p50_us_4c", Percentile(four.commit, 50), 2);
-  j.Add("uds_rtt_us", uds, 2);
-  j.Add("acquire_vs_uds_rtt", Percentile(one.acquire, 50) / uds, 2);
   j.Add("acquire_b2b_p50_us", Median(b2b.acquire), 2);
   j.Add("uds_b2b_p50_us", Median(b2b.uds), 2);
   j.Add("acquire_vs_uds_b2b", b2b_ratio, 3);
@@ -501,10 +517,15 @@ int RunIpcBench(int argc, char** argv) {
   j.Add("acquire_vs_uds_gap", gap_ratio, 3);
   j.Add("ping_gap_p50_us", Median(gap.ping), 2);
   j.Add("acquire_vs_ping_gap", gap_ping, 3);
-  j.Add("redis_get_us", rf.redis_us, 1);
-  j.Add("kvtier_read_us", rf.kvtier_us, 1);
-  j.Add("redis_vs_kvtier_read", rf.kvtier_us > 0 && rf.redis_us > 0 ? rf.redis_us / rf.kvtier_us : -1, 2);
-  j.Add("read_bytes_verified", rf.same_bytes ? "yes" : "no");
+  if (!opt.interleaved_only) {
+    const ReadFigures rf = ReadBench(daemon.socket(), daemon.dir(), opt.read_iterations);
+    Progress("2 MiB block + one pass: redis GET %.1f us, kvtier host tier %.1f us (bytes equal: %s)\n", rf.redis_us,
+             rf.kvtier_us, rf.same_bytes ? "yes" : "no");
+    j.Add("redis_get_us", rf.redis_us, 1);
+    j.Add("kvtier_read_us", rf.kvtier_us, 1);
+    j.Add("redis_vs_kvtier_read", rf.kvtier_us > 0 && rf.redis_us > 0 ? rf.redis_us / rf.kvtier_us : -1, 2);
+    j.Add("read_bytes_verified", rf.same_bytes ? "yes" : "no");
+  }
   j.Add("iterations", static_cast<uint64_t>(opt.iterations));
   j.Add("machine", machine.cpu_model + ", " + std::to_string(machine.cores) + " cores");
   std::printf("%s\n", j.ToString().c_str());
