@@ -20,9 +20,6 @@
 namespace kvtier::client_internal {
 namespace {
 
-// How long a client stops polling for replies after a poll found none in time.
-constexpr auto kSpinPause = std::chrono::milliseconds(100);
-
 std::string UserName(uid_t uid) {
   const passwd* pw = ::getpwuid(uid);
   return pw ? std::string(pw->pw_name) + " (uid " + std::to_string(uid) + ")" : "uid " + std::to_string(uid);
@@ -161,13 +158,6 @@ Status Transport::SendAll(const std::vector<uint8_t>& bytes) {
   return Status::Ok();
 }
 
-// Right after a reply kvtierd is still polling (busy_poll_us), so the next
-// reply comes within microseconds: poll for it (yielding, in case the daemon
-// shares this CPU) rather than sleep in recv and pay a wake-up. After a pause
-// the daemon sleeps, and spinning would only take a CPU it may need to wake up
-// on. A spin that runs out (a daemon that does not poll) pauses spinning for
-// kSpinPause. Returns recv's result; -1 with EAGAIN when the caller should
-// block in recv.
 ssize_t Transport::Receive(uint8_t* dst, size_t cap, int flags) {
   if (passed_ == nullptr) return ::recv(fd_, dst, cap, flags);
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
@@ -191,21 +181,23 @@ ssize_t Transport::Receive(uint8_t* dst, size_t cap, int flags) {
   return n;
 }
 
+// Polls for the reply while spin_ says so (reply_spin.h). Returns recv's
+// result; -1 with EAGAIN when the caller should block in recv.
 ssize_t Transport::SpinRecv(uint8_t* dst, size_t cap) {
-  const auto spin = options_.reply_spin;
   const auto now = Clock::now();
+  const auto until = spin_.PollUntil(now);
   errno = EAGAIN;
-  if (spin.count() <= 0 || now - last_reply_ >= spin || now < no_spin_until_) return -1;
-  const auto until = now + spin;
+  if (until == now) return -1;
   ssize_t n;
   while ((n = Receive(dst, cap, MSG_DONTWAIT)) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-    if (Clock::now() >= until) {
-      no_spin_until_ = Clock::now() + kSpinPause;
+    if (const auto t = Clock::now(); t >= until) {
+      spin_.Missed(t);
       errno = EAGAIN;
       return -1;
     }
     std::this_thread::yield();
   }
+  polled_ = n > 0;
   return n;
 }
 
@@ -257,6 +249,7 @@ Result<wire::Message> Transport::Exchange(const wire::Message& request) {
   if (!enc.ok()) return enc;
   Status st = SendAll(frame);
   std::array<uint8_t, wire::kHeaderBytes> header{};
+  polled_ = false;
   if (st.ok()) st = RecvAll(header.data(), header.size());
   if (!st.ok()) {
     Close();
@@ -273,7 +266,7 @@ Result<wire::Message> Transport::Exchange(const wire::Message& request) {
     Close();
     return st;
   }
-  last_reply_ = Clock::now();
+  spin_.Replied(Clock::now(), polled_);
   auto m = wire::DecodePayload(*h, payload);
   if (!m.ok() || (h->request_id != id && h->request_id != 0)) {
     Close();

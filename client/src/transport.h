@@ -17,6 +17,7 @@
 #include "kvtier/client.h"
 #include "kvtier/status.h"
 #include "kvtier/wire.h"
+#include "reply_spin.h"
 
 namespace kvtier::client_internal {
 
@@ -66,8 +67,8 @@ class Transport {
   size_t rbegin_ = 0, rend_ = 0;                                 // Unread bytes in rbuf_.
   uint64_t next_request_ = 1;
   std::vector<int>* passed_ = nullptr;  // Set during a RoundTrip that takes descriptors.
-  Clock::time_point last_reply_{};     // When the previous reply arrived.
-  Clock::time_point no_spin_until_{};  // A spin that found no reply pauses spinning.
+  ReplySpin spin_{options_.reply_spin};
+  bool polled_ = false;  // A spin found (the first bytes of) the reply being received.
 };
 
 }  // namespace kvtier::client_internal
