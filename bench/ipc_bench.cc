@@ -8,7 +8,9 @@
 //  - uds_rtt_us: a bare Unix-socket ping-pong between two processes, the floor;
 //  - acquire_vs_uds_b2b / _gap: acquire against that ping-pong interleaved call
 //    for call in one loop, back to back and after 2 ms of idleness (paired
-//    median ratio with a bootstrap interval);
+//    median ratio with a bootstrap interval), and against kvtierd's Ping and an
+//    echo process that moves the acquire's frame sizes (acquire_vs_ping_*,
+//    acquire_vs_sized_*: how much of the cost is kvtierd, how much the bytes);
 //  - redis_get_us vs kvtier_read_us: reading one 2 MiB block and making one pass
 //    over its bytes, from a local redis-server (GET) and from kvtier's host tier
 //    (acquire, read in the mapped pool, release).
@@ -31,6 +33,7 @@
 #include "bench_commands.h"
 #include "bench_util.h"
 #include "kvtier/client.h"
+#include "kvtier/wire.h"
 #include "process.h"
 
 namespace kvtier::bench {
@@ -171,22 +174,45 @@ std::vector<double> ParseDoubles(const std::string& s) {
   return v;
 }
 
-// A forked process that echoes what arrives on its end of a socket pair until
-// the other end closes. Returns its pid (-1 on failure); sv[0] is ours.
-pid_t SpawnEcho(int sv[2]) {
+// A forked process that answers on its end of a socket pair until the other
+// end closes: each `request` bytes read get `reply` bytes back (0: what
+// arrived, echoed). Returns its pid (-1 on failure); sv[0] is ours.
+pid_t SpawnEcho(int sv[2], size_t request = 0, size_t reply = 0) {
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return -1;
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(sv[0]);
-    uint8_t buf[64];
+    std::vector<uint8_t> in(std::max<size_t>(request, 64)), out(reply);
     for (;;) {
-      ssize_t n = ::read(sv[1], buf, 32);
-      if (n <= 0) _exit(0);
-      if (::write(sv[1], buf, static_cast<size_t>(n)) != n) _exit(1);
+      if (request == 0) {
+        const ssize_t n = ::read(sv[1], in.data(), 32);
+        if (n <= 0) _exit(0);
+        if (::write(sv[1], in.data(), static_cast<size_t>(n)) != n) _exit(1);
+        continue;
+      }
+      for (size_t got = 0; got < request;) {
+        const ssize_t n = ::read(sv[1], in.data() + got, request - got);
+        if (n <= 0) _exit(0);
+        got += static_cast<size_t>(n);
+      }
+      if (::write(sv[1], out.data(), reply) != static_cast<ssize_t>(reply)) _exit(1);
     }
   }
   ::close(sv[1]);
   return child;
+}
+
+// One exchange with an echo process: `request` bytes out, `reply` back.
+// Returns its time in µs, or -1 if the echo process is gone.
+double EchoOnce(int fd, std::vector<uint8_t>& buf, size_t request, size_t reply) {
+  const auto t0 = Clock::now();
+  if (::write(fd, buf.data(), request) != static_cast<ssize_t>(request)) return -1;
+  for (size_t got = 0; got < reply;) {
+    const ssize_t n = ::read(fd, buf.data() + got, reply - got);
+    if (n <= 0) return -1;
+    got += static_cast<size_t>(n);
+  }
+  return NanosBetween(t0, Clock::now()) / 1e3;
 }
 
 // Bare Unix-socket ping-pong between this process and a forked echo process.
@@ -194,18 +220,12 @@ double UdsRttUs(int iterations) {
   int sv[2];
   const pid_t child = SpawnEcho(sv);
   if (child < 0) return -1;
-  uint8_t buf[32] = {};
+  std::vector<uint8_t> buf(32);
   std::vector<double> rtt;
   for (int i = 0; i < iterations + 200; ++i) {
-    const auto t0 = Clock::now();
-    if (::write(sv[0], buf, 32) != 32) break;
-    size_t got = 0;
-    while (got < 32) {
-      const ssize_t n = ::read(sv[0], buf + got, 32 - got);
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    if (i >= 200) rtt.push_back(NanosBetween(t0, Clock::now()) / 1e3);
+    const double us = EchoOnce(sv[0], buf, 32, 32);
+    if (us < 0) break;
+    if (i >= 200) rtt.push_back(us);
   }
   ::close(sv[0]);
   ::waitpid(child, nullptr, 0);
@@ -314,15 +334,15 @@ ReadFigures ReadBench(const std::string& socket, const std::string& dir, int ite
 // interleaved one for one in the same loop (so both see the same machine),
 // each call after `gap` of idleness (0: back to back). An idle daemon's thread
 // sleeps in epoll_wait and its CPU may be in a deep idle state, so a call after
-// a gap pays the wake-up; the bare ping pays it the same way.
+// a gap pays the wake-up; the bare ping pays it the same way. A second echo
+// process exchanges as many bytes as the acquire's request and reply frames
+// (`sized`): what the transport alone costs for them, the floor under an acquire.
 struct Interleaved {
-  std::vector<double> acquire, uds, ping;
+  std::vector<double> acquire, uds, ping, sized;
+  size_t request_bytes = 0, reply_bytes = 0;
 };
 Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microseconds gap, int iterations) {
   Interleaved out;
-  int sv[2];
-  const pid_t child = SpawnEcho(sv);
-  if (child < 0) return out;
   auto c = ConnectOrDie(socket, "small");
   constexpr int kCached = 8;
   std::vector<std::vector<TokenId>> cached;
@@ -330,23 +350,42 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
     cached.push_back(Prompt(4242 + i, kPromptTokens));
     CommitPrompt(*c, "interleaved-" + std::to_string(i), cached.back(), nullptr);
   }
-  uint8_t buf[32] = {};
+  {
+    // The frames an acquire of cached[0] sends and receives.
+    wire::AcquireRequest req;
+    req.session = "interleaved-0";
+    req.keys = c->Keys(cached[0]);
+    req.tokens = cached[0];
+    wire::AcquireResponse rep;
+    rep.blocks.resize(req.keys.size());
+    std::vector<uint8_t> frame;
+    wire::AppendFrame(frame, 1, req);
+    out.request_bytes = frame.size();
+    frame.clear();
+    wire::AppendFrame(frame, 1, rep);
+    out.reply_bytes = frame.size();
+  }
+  int sv[2], sized_sv[2];
+  const pid_t child = SpawnEcho(sv);
+  if (child < 0) return out;
+  const pid_t sized_child = SpawnEcho(sized_sv, out.request_bytes, out.reply_bytes);
+  if (sized_child < 0) return out;
+  std::vector<uint8_t> buf(std::max(out.request_bytes, out.reply_bytes));
   const int warmup = 20;
+  const auto idle = [gap] {
+    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+  };
   for (int i = 0; i < iterations + warmup; ++i) {
-    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    idle();
+    const double uds = EchoOnce(sv[0], buf, 32, 32);
+    idle();
+    const double sized = EchoOnce(sized_sv[0], buf, out.request_bytes, out.reply_bytes);
+    if (uds < 0 || sized < 0) break;
+    idle();
     auto t0 = Clock::now();
-    if (::write(sv[0], buf, 32) != 32) break;
-    for (size_t got = 0; got < 32;) {
-      const ssize_t n = ::read(sv[0], buf + got, 32 - got);
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    const double uds = NanosBetween(t0, Clock::now()) / 1e3;
-    if (gap.count() > 0) std::this_thread::sleep_for(gap);
-    t0 = Clock::now();
     Check(c->Ping().status(), "ping");
     const double ping = NanosBetween(t0, Clock::now()) / 1e3;
-    if (gap.count() > 0) std::this_thread::sleep_for(gap);
+    idle();
     t0 = Clock::now();
     auto lease = c->Acquire("interleaved-" + std::to_string(i % kCached), cached[i % kCached]);
     const double acq = NanosBetween(t0, Clock::now()) / 1e3;
@@ -354,12 +393,15 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
     Check(lease->Release(), "release");
     if (i >= warmup) {
       out.uds.push_back(uds);
+      out.sized.push_back(sized);
       out.ping.push_back(ping);
       out.acquire.push_back(acq);
     }
   }
   ::close(sv[0]);
+  ::close(sized_sv[0]);
   ::waitpid(child, nullptr, 0);
+  ::waitpid(sized_child, nullptr, 0);
   return out;
 }
 
@@ -498,12 +540,17 @@ int RunIpcBench(int argc, char** argv) {
   const Interval gap_ratio = PairedMedianRatio(gap.acquire, gap.uds, 2);
   const Interval b2b_ping = PairedMedianRatio(b2b.acquire, b2b.ping, 3);
   const Interval gap_ping = PairedMedianRatio(gap.acquire, gap.ping, 4);
-  for (const auto& [what, run, bare, ping] :
-       {std::tuple{"back to back", &b2b, &b2b_ratio, &b2b_ping}, {"2 ms gaps", &gap, &gap_ratio, &gap_ping}}) {
+  const Interval b2b_sized = PairedMedianRatio(b2b.acquire, b2b.sized, 5);
+  const Interval gap_sized = PairedMedianRatio(gap.acquire, gap.sized, 6);
+  Progress("(the sized echo moves the acquire's frames: %zu bytes out, %zu back)\n", b2b.request_bytes,
+           b2b.reply_bytes);
+  for (const auto& [what, run, bare, ping, sized] :
+       {std::tuple{"back to back", &b2b, &b2b_ratio, &b2b_ping, &b2b_sized},
+        {"2 ms gaps", &gap, &gap_ratio, &gap_ping, &gap_sized}}) {
     Progress("interleaved, %s: acquire p50 %.1f us; bare socket %.1f us (ratio %.2f [%.2f, %.2f]); kvtierd Ping "
-             "%.1f us (ratio %.2f [%.2f, %.2f])\n",
+             "%.1f us (ratio %.2f [%.2f, %.2f]); sized echo %.1f us (ratio %.2f [%.2f, %.2f])\n",
              what, Median(run->acquire), Median(run->uds), bare->value, bare->lo, bare->hi, Median(run->ping),
-             ping->value, ping->lo, ping->hi);
+             ping->value, ping->lo, ping->hi, Median(run->sized), sized->value, sized->lo, sized->hi);
   }
 
   j.Add("acquire_b2b_p50_us", Median(b2b.acquire), 2);
@@ -511,12 +558,16 @@ int RunIpcBench(int argc, char** argv) {
   j.Add("acquire_vs_uds_b2b", b2b_ratio, 3);
   j.Add("ping_b2b_p50_us", Median(b2b.ping), 2);
   j.Add("acquire_vs_ping_b2b", b2b_ping, 3);
+  j.Add("sized_b2b_p50_us", Median(b2b.sized), 2);
+  j.Add("acquire_vs_sized_b2b", b2b_sized, 3);
   j.Add("acquire_gap_p50_us", Median(gap.acquire), 2);
   j.Add("acquire_gap_p99_us", Percentile(gap.acquire, 99), 2);
   j.Add("uds_gap_p50_us", Median(gap.uds), 2);
   j.Add("acquire_vs_uds_gap", gap_ratio, 3);
   j.Add("ping_gap_p50_us", Median(gap.ping), 2);
   j.Add("acquire_vs_ping_gap", gap_ping, 3);
+  j.Add("sized_gap_p50_us", Median(gap.sized), 2);
+  j.Add("acquire_vs_sized_gap", gap_sized, 3);
   if (!opt.interleaved_only) {
     const ReadFigures rf = ReadBench(daemon.socket(), daemon.dir(), opt.read_iterations);
     Progress("2 MiB block + one pass: redis GET %.1f us, kvtier host tier %.1f us (bytes equal: %s)\n", rf.redis_us,
