@@ -5,7 +5,7 @@
 
 Runs `OLD_BENCH SUBCOMMAND...` and `NEW_BENCH SUBCOMMAND...` PAIRS times each,
 alternating which goes first, and reads the JSON object each prints last. For
-every numeric figure it reports both medians and the per-pair ratio new/old
+every numeric figure both report it gives both medians and the per-pair ratio new/old
 (median, min, max): on a noisy machine the spread of the pairs says whether a
 difference is real. The last line of output is one JSON object.
 
@@ -37,8 +37,12 @@ def main():
             runs[name].append(run(bench, args))
         print(f"pair {i + 1}/{pairs} done", file=sys.stderr)
     figures = {}
+    only_new = []  # Figures the old build does not report.
     for key, value in runs["new"][0].items():
         if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if any(key not in r for r in runs["old"]):
+            only_new.append(key)
             continue
         o = [r[key] for r in runs["old"]]
         n = [r[key] for r in runs["new"]]
@@ -50,7 +54,7 @@ def main():
             "ratio_min": round(min(ratios), 3) if ratios else None,
             "ratio_max": round(max(ratios), 3) if ratios else None,
         }
-    print(json.dumps({"pairs": pairs, "args": args, "figures": figures}))
+    print(json.dumps({"pairs": pairs, "args": args, "figures": figures, "only_new": only_new}))
     return 0
 
 

@@ -332,16 +332,18 @@ ReadFigures ReadBench(const std::string& socket, const std::string& dir, int ite
 
 // Acquire of a cached 128-block prefix against a bare Unix-socket ping-pong,
 // interleaved one for one in the same loop (so both see the same machine),
-// each call after `gap` of idleness (0: back to back). An idle daemon's thread
-// sleeps in epoll_wait and its CPU may be in a deep idle state, so a call after
-// a gap pays the wake-up; the bare ping pays it the same way. A second echo
-// process exchanges as many bytes as the acquire's request and reply frames
-// (`sized`): what the transport alone costs for them, the floor under an acquire.
+// with kvtierd's Ping between them, each call after `gap` of idleness (0: back
+// to back). An idle daemon's thread sleeps in epoll_wait and its CPU may be in
+// a deep idle state, so a call after a gap pays the wake-up; the bare ping pays
+// it the same way. With `sized`, the echo process moves as many bytes as the
+// acquire's request and reply frames instead of 32: what the transport alone
+// costs for them, the floor under an acquire. (A loop of its own: a third
+// process in the loop moves the other figures.)
 struct Interleaved {
-  std::vector<double> acquire, uds, ping, sized;
-  size_t request_bytes = 0, reply_bytes = 0;
+  std::vector<double> acquire, echo, ping;
+  size_t request_bytes = 32, reply_bytes = 32;  // What the echo process moved.
 };
-Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microseconds gap, int iterations) {
+Interleaved AcquireVersusEcho(const std::string& socket, std::chrono::microseconds gap, int iterations, bool sized) {
   Interleaved out;
   auto c = ConnectOrDie(socket, "small");
   constexpr int kCached = 8;
@@ -350,7 +352,7 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
     cached.push_back(Prompt(4242 + i, kPromptTokens));
     CommitPrompt(*c, "interleaved-" + std::to_string(i), cached.back(), nullptr);
   }
-  {
+  if (sized) {
     // The frames an acquire of cached[0] sends and receives.
     wire::AcquireRequest req;
     req.session = "interleaved-0";
@@ -365,11 +367,9 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
     wire::AppendFrame(frame, 1, rep);
     out.reply_bytes = frame.size();
   }
-  int sv[2], sized_sv[2];
-  const pid_t child = SpawnEcho(sv);
+  int sv[2];
+  const pid_t child = sized ? SpawnEcho(sv, out.request_bytes, out.reply_bytes) : SpawnEcho(sv);
   if (child < 0) return out;
-  const pid_t sized_child = SpawnEcho(sized_sv, out.request_bytes, out.reply_bytes);
-  if (sized_child < 0) return out;
   std::vector<uint8_t> buf(std::max(out.request_bytes, out.reply_bytes));
   const int warmup = 20;
   const auto idle = [gap] {
@@ -377,10 +377,8 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
   };
   for (int i = 0; i < iterations + warmup; ++i) {
     idle();
-    const double uds = EchoOnce(sv[0], buf, 32, 32);
-    idle();
-    const double sized = EchoOnce(sized_sv[0], buf, out.request_bytes, out.reply_bytes);
-    if (uds < 0 || sized < 0) break;
+    const double echo = EchoOnce(sv[0], buf, out.request_bytes, out.reply_bytes);
+    if (echo < 0) break;
     idle();
     auto t0 = Clock::now();
     Check(c->Ping().status(), "ping");
@@ -392,16 +390,13 @@ Interleaved AcquireVersusUds(const std::string& socket, std::chrono::microsecond
     Check(lease.status(), "acquire");
     Check(lease->Release(), "release");
     if (i >= warmup) {
-      out.uds.push_back(uds);
-      out.sized.push_back(sized);
+      out.echo.push_back(echo);
       out.ping.push_back(ping);
       out.acquire.push_back(acq);
     }
   }
   ::close(sv[0]);
-  ::close(sized_sv[0]);
   ::waitpid(child, nullptr, 0);
-  ::waitpid(sized_child, nullptr, 0);
   return out;
 }
 
@@ -530,43 +525,50 @@ int RunIpcBench(int argc, char** argv) {
   }
 
   // The targets' comparison: interleaved, back to back and after 2 ms idle gaps.
-  const Interleaved b2b = AcquireVersusUds(daemon.socket(), std::chrono::microseconds(0), opt.iterations);
-  const Interleaved gap = AcquireVersusUds(daemon.socket(), std::chrono::microseconds(2000), opt.iterations / 2);
-  if (b2b.acquire.empty() || gap.acquire.empty()) {
+  const auto kGap = std::chrono::microseconds(2000);
+  const Interleaved b2b = AcquireVersusEcho(daemon.socket(), std::chrono::microseconds(0), opt.iterations, false);
+  const Interleaved gap = AcquireVersusEcho(daemon.socket(), kGap, opt.iterations / 2, false);
+  const Interleaved b2b_s = AcquireVersusEcho(daemon.socket(), std::chrono::microseconds(0), opt.iterations, true);
+  const Interleaved gap_s = AcquireVersusEcho(daemon.socket(), kGap, opt.iterations / 2, true);
+  if (b2b.acquire.empty() || gap.acquire.empty() || b2b_s.acquire.empty() || gap_s.acquire.empty()) {
     std::fprintf(stderr, "kvtier-bench ipc: the interleaved run produced no figures\n");
     return 1;
   }
-  const Interval b2b_ratio = PairedMedianRatio(b2b.acquire, b2b.uds, 1);
-  const Interval gap_ratio = PairedMedianRatio(gap.acquire, gap.uds, 2);
+  const Interval b2b_ratio = PairedMedianRatio(b2b.acquire, b2b.echo, 1);
+  const Interval gap_ratio = PairedMedianRatio(gap.acquire, gap.echo, 2);
   const Interval b2b_ping = PairedMedianRatio(b2b.acquire, b2b.ping, 3);
   const Interval gap_ping = PairedMedianRatio(gap.acquire, gap.ping, 4);
-  const Interval b2b_sized = PairedMedianRatio(b2b.acquire, b2b.sized, 5);
-  const Interval gap_sized = PairedMedianRatio(gap.acquire, gap.sized, 6);
-  Progress("(the sized echo moves the acquire's frames: %zu bytes out, %zu back)\n", b2b.request_bytes,
-           b2b.reply_bytes);
-  for (const auto& [what, run, bare, ping, sized] :
-       {std::tuple{"back to back", &b2b, &b2b_ratio, &b2b_ping, &b2b_sized},
-        {"2 ms gaps", &gap, &gap_ratio, &gap_ping, &gap_sized}}) {
+  const Interval b2b_sized = PairedMedianRatio(b2b_s.acquire, b2b_s.echo, 5);
+  const Interval gap_sized = PairedMedianRatio(gap_s.acquire, gap_s.echo, 6);
+  for (const auto& [what, run, bare, ping] :
+       {std::tuple{"back to back", &b2b, &b2b_ratio, &b2b_ping}, {"2 ms gaps", &gap, &gap_ratio, &gap_ping}}) {
     Progress("interleaved, %s: acquire p50 %.1f us; bare socket %.1f us (ratio %.2f [%.2f, %.2f]); kvtierd Ping "
-             "%.1f us (ratio %.2f [%.2f, %.2f]); sized echo %.1f us (ratio %.2f [%.2f, %.2f])\n",
-             what, Median(run->acquire), Median(run->uds), bare->value, bare->lo, bare->hi, Median(run->ping),
-             ping->value, ping->lo, ping->hi, Median(run->sized), sized->value, sized->lo, sized->hi);
+             "%.1f us (ratio %.2f [%.2f, %.2f])\n",
+             what, Median(run->acquire), Median(run->echo), bare->value, bare->lo, bare->hi, Median(run->ping),
+             ping->value, ping->lo, ping->hi);
+  }
+  for (const auto& [what, run, ratio] :
+       {std::tuple{"back to back", &b2b_s, &b2b_sized}, {"2 ms gaps", &gap_s, &gap_sized}}) {
+    Progress("interleaved, %s, an echo of the acquire's frames (%zu bytes out, %zu back): acquire p50 %.1f us; echo "
+             "%.1f us (ratio %.2f [%.2f, %.2f])\n",
+             what, run->request_bytes, run->reply_bytes, Median(run->acquire), Median(run->echo), ratio->value,
+             ratio->lo, ratio->hi);
   }
 
   j.Add("acquire_b2b_p50_us", Median(b2b.acquire), 2);
-  j.Add("uds_b2b_p50_us", Median(b2b.uds), 2);
+  j.Add("uds_b2b_p50_us", Median(b2b.echo), 2);
   j.Add("acquire_vs_uds_b2b", b2b_ratio, 3);
   j.Add("ping_b2b_p50_us", Median(b2b.ping), 2);
   j.Add("acquire_vs_ping_b2b", b2b_ping, 3);
-  j.Add("sized_b2b_p50_us", Median(b2b.sized), 2);
+  j.Add("sized_b2b_p50_us", Median(b2b_s.echo), 2);
   j.Add("acquire_vs_sized_b2b", b2b_sized, 3);
   j.Add("acquire_gap_p50_us", Median(gap.acquire), 2);
   j.Add("acquire_gap_p99_us", Percentile(gap.acquire, 99), 2);
-  j.Add("uds_gap_p50_us", Median(gap.uds), 2);
+  j.Add("uds_gap_p50_us", Median(gap.echo), 2);
   j.Add("acquire_vs_uds_gap", gap_ratio, 3);
   j.Add("ping_gap_p50_us", Median(gap.ping), 2);
   j.Add("acquire_vs_ping_gap", gap_ping, 3);
-  j.Add("sized_gap_p50_us", Median(gap.sized), 2);
+  j.Add("sized_gap_p50_us", Median(gap_s.echo), 2);
   j.Add("acquire_vs_sized_gap", gap_sized, 3);
   if (!opt.interleaved_only) {
     const ReadFigures rf = ReadBench(daemon.socket(), daemon.dir(), opt.read_iterations);
