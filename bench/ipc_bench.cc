@@ -45,7 +45,7 @@ struct IpcOptions {
   int iterations = 2000;
   int read_iterations = 200;
   bool quick = false;
-  bool interleaved_only = false;  // --interleaved: only the acquire vs bare socket comparison.
+  bool interleaved_only = false;  // --interleaved: only the interleaved comparisons.
 };
 
 constexpr const char* kBenchConfig = R"(backend: host
@@ -500,8 +500,9 @@ int RunIpcBench(int argc, char** argv) {
           "reading a 2 MiB block from redis vs from kvtier's host tier.\n"
           "  --quick        fewer iterations\n"
           "  --iterations N calls per measured loop (default 2000; the gap loop makes N/2)\n"
-          "  --interleaved  only acquire against the bare socket and Ping, interleaved\n"
-          "                 (back to back and with 2 ms gaps): the IPC target's figures\n");
+          "  --interleaved  only the interleaved comparisons: acquire against the bare socket,\n"
+          "                 kvtierd's Ping and an echo of its frames, back to back and with\n"
+          "                 2 ms gaps (the IPC target's figures)\n");
       return 0;
     } else {
       std::fprintf(stderr, "kvtier-bench ipc: unknown option '%s'\n", argv[i]);
@@ -542,17 +543,19 @@ int RunIpcBench(int argc, char** argv) {
   const Interval gap_sized = PairedMedianRatio(gap_s.acquire, gap_s.echo, 6);
   for (const auto& [what, run, bare, ping] :
        {std::tuple{"back to back", &b2b, &b2b_ratio, &b2b_ping}, {"2 ms gaps", &gap, &gap_ratio, &gap_ping}}) {
-    Progress("interleaved, %s: acquire p50 %.1f us; bare socket %.1f us (ratio %.2f [%.2f, %.2f]); kvtierd Ping "
-             "%.1f us (ratio %.2f [%.2f, %.2f])\n",
-             what, Median(run->acquire), Median(run->echo), bare->value, bare->lo, bare->hi, Median(run->ping),
-             ping->value, ping->lo, ping->hi);
+    Progress(
+        "interleaved, %s: acquire p50 %.1f us; bare socket %.1f us (ratio %.2f [%.2f, %.2f]); kvtierd Ping "
+        "%.1f us (ratio %.2f [%.2f, %.2f])\n",
+        what, Median(run->acquire), Median(run->echo), bare->value, bare->lo, bare->hi, Median(run->ping), ping->value,
+        ping->lo, ping->hi);
   }
   for (const auto& [what, run, ratio] :
        {std::tuple{"back to back", &b2b_s, &b2b_sized}, {"2 ms gaps", &gap_s, &gap_sized}}) {
-    Progress("interleaved, %s, an echo of the acquire's frames (%zu bytes out, %zu back): acquire p50 %.1f us; echo "
-             "%.1f us (ratio %.2f [%.2f, %.2f])\n",
-             what, run->request_bytes, run->reply_bytes, Median(run->acquire), Median(run->echo), ratio->value,
-             ratio->lo, ratio->hi);
+    Progress(
+        "interleaved, %s, an echo of the acquire's frames (%zu bytes out, %zu back): acquire p50 %.1f us; echo "
+        "%.1f us (ratio %.2f [%.2f, %.2f])\n",
+        what, run->request_bytes, run->reply_bytes, Median(run->acquire), Median(run->echo), ratio->value, ratio->lo,
+        ratio->hi);
   }
 
   j.Add("acquire_b2b_p50_us", Median(b2b.acquire), 2);

@@ -1,6 +1,6 @@
 // Transport: the socket to kvtierd and the frames on it — connecting (with
 // retries, and a diagnosis when permissions keep the caller out), one request
-// and its reply at a time, and the reply spin.
+// and its reply at a time, and the reply spin (reply_spin.h).
 //
 // Not thread-safe: its owner (Core) serializes every call. A request and its
 // reply are a blocking exchange with SO_SNDTIMEO/SO_RCVTIMEO = request_timeout,
