@@ -34,11 +34,10 @@ class ReplySpin {
     if (window_.count() <= 0 || now - last_reply_ >= window_ || now < paused_until_) return now;
     return now + window_;
   }
-  // A reply arrived at `now`; `polled`: a spin found it.
-  void Replied(Clock::time_point now, bool polled) {
-    last_reply_ = now;
-    if (polled) misses_ = 0;
-  }
+  // A spin found its reply.
+  void Found() { misses_ = 0; }
+  // A reply arrived at `now` (found by a spin or by a blocking recv).
+  void Replied(Clock::time_point now) { last_reply_ = now; }
   // A spin ran out at `now` without its reply.
   void Missed(Clock::time_point now) {
     if (++misses_ < kMissesBeforePause) return;

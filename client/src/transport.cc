@@ -197,7 +197,7 @@ ssize_t Transport::SpinRecv(uint8_t* dst, size_t cap) {
     }
     std::this_thread::yield();
   }
-  polled_ = n > 0;
+  if (n > 0) spin_.Found();
   return n;
 }
 
@@ -249,7 +249,6 @@ Result<wire::Message> Transport::Exchange(const wire::Message& request) {
   if (!enc.ok()) return enc;
   Status st = SendAll(frame);
   std::array<uint8_t, wire::kHeaderBytes> header{};
-  polled_ = false;
   if (st.ok()) st = RecvAll(header.data(), header.size());
   if (!st.ok()) {
     Close();
@@ -266,7 +265,7 @@ Result<wire::Message> Transport::Exchange(const wire::Message& request) {
     Close();
     return st;
   }
-  spin_.Replied(Clock::now(), polled_);
+  spin_.Replied(Clock::now());
   auto m = wire::DecodePayload(*h, payload);
   if (!m.ok() || (h->request_id != id && h->request_id != 0)) {
     Close();

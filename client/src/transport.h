@@ -68,7 +68,6 @@ class Transport {
   uint64_t next_request_ = 1;
   std::vector<int>* passed_ = nullptr;  // Set during a RoundTrip that takes descriptors.
   ReplySpin spin_{options_.reply_spin};
-  bool polled_ = false;  // A spin found (the first bytes of) the reply being received.
 };
 
 }  // namespace kvtier::client_internal

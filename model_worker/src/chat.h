@@ -42,7 +42,7 @@ struct ChatOptions {
   // device to device), else kAfterRead (this worker copies the prefix out of
   // the pool into its CPU buffer anyway: from the host tier directly, with
   // no wait, and kvtierd promotes the blocks once the turn has read them).
-  std::optional<Promote> promote;
+  std::optional<Promote> promote{};
 };
 
 struct TurnResult {
