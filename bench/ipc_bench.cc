@@ -46,6 +46,7 @@ struct IpcOptions {
   int read_iterations = 200;
   bool quick = false;
   bool interleaved_only = false;  // --interleaved: only the interleaved comparisons.
+  uint32_t blocks = kPromptTokens / 16;  // --blocks: the interleaved acquires' prompt, in 16-token blocks.
 };
 
 constexpr const char* kBenchConfig = R"(backend: host
@@ -343,13 +344,14 @@ struct Interleaved {
   std::vector<double> acquire, echo, ping;
   size_t request_bytes = 32, reply_bytes = 32;  // What the echo process moved.
 };
-Interleaved AcquireVersusEcho(const std::string& socket, std::chrono::microseconds gap, int iterations, bool sized) {
+Interleaved AcquireVersusEcho(const std::string& socket, std::chrono::microseconds gap, int iterations, bool sized,
+                              uint32_t blocks) {
   Interleaved out;
   auto c = ConnectOrDie(socket, "small");
   constexpr int kCached = 8;
   std::vector<std::vector<TokenId>> cached;
   for (int i = 0; i < kCached; ++i) {
-    cached.push_back(Prompt(4242 + i, kPromptTokens));
+    cached.push_back(Prompt(4242 + i, blocks * c->block_tokens()));
     CommitPrompt(*c, "interleaved-" + std::to_string(i), cached.back(), nullptr);
   }
   if (sized) {
@@ -388,6 +390,10 @@ Interleaved AcquireVersusEcho(const std::string& socket, std::chrono::microsecon
     auto lease = c->Acquire("interleaved-" + std::to_string(i % kCached), cached[i % kCached]);
     const double acq = NanosBetween(t0, Clock::now()) / 1e3;
     Check(lease.status(), "acquire");
+    if (lease->size() != blocks) {
+      std::fprintf(stderr, "kvtier-bench ipc: expected a hit of %u blocks, got %zu\n", blocks, lease->size());
+      std::exit(1);
+    }
     Check(lease->Release(), "release");
     if (i >= warmup) {
       out.echo.push_back(echo);
@@ -492,9 +498,16 @@ int RunIpcBench(int argc, char** argv) {
       opt.iterations = std::max(10, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--interleaved")) {
       opt.interleaved_only = true;
+    } else if (!std::strcmp(argv[i], "--blocks") && i + 1 < argc) {
+      const int n = std::atoi(argv[++i]);
+      if (n < 1 || n > 1024) {
+        std::fprintf(stderr, "kvtier-bench ipc: --blocks wants 1 to 1024, not '%s'\n", argv[i]);
+        return 2;
+      }
+      opt.blocks = static_cast<uint32_t>(n);
     } else if (!std::strcmp(argv[i], "--help")) {
       std::printf(
-          "usage: kvtier-bench ipc [--quick] [--iterations N] [--interleaved]\n"
+          "usage: kvtier-bench ipc [--quick] [--iterations N] [--interleaved] [--blocks N]\n"
           "Starts kvtierd (host backend) and a redis-server, and measures probe, acquire and\n"
           "commit latency with 1 and 4 client processes, a bare Unix-socket round trip, and\n"
           "reading a 2 MiB block from redis vs from kvtier's host tier.\n"
@@ -502,7 +515,10 @@ int RunIpcBench(int argc, char** argv) {
           "  --iterations N calls per measured loop (default 2000; the gap loop makes N/2)\n"
           "  --interleaved  only the interleaved comparisons: acquire against the bare socket,\n"
           "                 kvtierd's Ping and an echo of its frames, back to back and with\n"
-          "                 2 ms gaps (the IPC target's figures)\n");
+          "                 2 ms gaps (the IPC target's figures)\n"
+          "  --blocks N     the cached prefix those comparisons acquire, in 16-token blocks\n"
+          "                 (default 128: a 2,048-token prompt; 1 to 1024). With 1 the acquire\n"
+          "                 costs about what any request does, so the difference is per block\n");
       return 0;
     } else {
       std::fprintf(stderr, "kvtier-bench ipc: unknown option '%s'\n", argv[i]);
@@ -527,10 +543,12 @@ int RunIpcBench(int argc, char** argv) {
 
   // The targets' comparison: interleaved, back to back and after 2 ms idle gaps.
   const auto kGap = std::chrono::microseconds(2000);
-  const Interleaved b2b = AcquireVersusEcho(daemon.socket(), std::chrono::microseconds(0), opt.iterations, false);
-  const Interleaved gap = AcquireVersusEcho(daemon.socket(), kGap, opt.iterations / 2, false);
-  const Interleaved b2b_s = AcquireVersusEcho(daemon.socket(), std::chrono::microseconds(0), opt.iterations, true);
-  const Interleaved gap_s = AcquireVersusEcho(daemon.socket(), kGap, opt.iterations / 2, true);
+  const Interleaved b2b =
+      AcquireVersusEcho(daemon.socket(), std::chrono::microseconds(0), opt.iterations, false, opt.blocks);
+  const Interleaved gap = AcquireVersusEcho(daemon.socket(), kGap, opt.iterations / 2, false, opt.blocks);
+  const Interleaved b2b_s =
+      AcquireVersusEcho(daemon.socket(), std::chrono::microseconds(0), opt.iterations, true, opt.blocks);
+  const Interleaved gap_s = AcquireVersusEcho(daemon.socket(), kGap, opt.iterations / 2, true, opt.blocks);
   if (b2b.acquire.empty() || gap.acquire.empty() || b2b_s.acquire.empty() || gap_s.acquire.empty()) {
     std::fprintf(stderr, "kvtier-bench ipc: the interleaved run produced no figures\n");
     return 1;
@@ -583,6 +601,7 @@ int RunIpcBench(int argc, char** argv) {
     j.Add("read_bytes_verified", rf.same_bytes ? "yes" : "no");
   }
   j.Add("iterations", static_cast<uint64_t>(opt.iterations));
+  j.Add("blocks", static_cast<uint64_t>(opt.blocks));
   j.Add("machine", machine.cpu_model + ", " + std::to_string(machine.cores) + " cores");
   std::printf("%s\n", j.ToString().c_str());
   return 0;
