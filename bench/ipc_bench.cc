@@ -40,13 +40,13 @@ namespace kvtier::bench {
 namespace {
 
 constexpr uint32_t kPromptTokens = 2048;
+constexpr uint32_t kBlockTokens = 16;  // The "small" profile's block_tokens (kBenchConfig).
 
 struct IpcOptions {
   int iterations = 2000;
   int read_iterations = 200;
-  bool quick = false;
   bool interleaved_only = false;  // --interleaved: only the interleaved comparisons.
-  uint32_t blocks = kPromptTokens / 16;  // --blocks: the interleaved acquires' prompt, in 16-token blocks.
+  uint32_t blocks = kPromptTokens / kBlockTokens;  // --blocks: the interleaved acquires' prompt, in blocks.
 };
 
 constexpr const char* kBenchConfig = R"(backend: host
@@ -104,6 +104,14 @@ void Check(const Status& st, const char* what) {
   }
 }
 
+// Exits unless an acquire leased `want` blocks (the whole cached prefix).
+void CheckHit(size_t got, size_t want) {
+  if (got != want) {
+    std::fprintf(stderr, "kvtier-bench ipc: expected a hit of %zu blocks, got %zu\n", want, got);
+    std::exit(1);
+  }
+}
+
 // Commits `tokens` (all of it) under `session`; returns the time of the Commit call.
 double CommitPrompt(Client& c, const std::string& session, const std::vector<TokenId>& tokens, double* alloc_us) {
   const auto t0 = Clock::now();
@@ -137,10 +145,7 @@ Latencies ClientLoop(const std::string& socket, uint64_t seed, int iterations) {
     auto lease = c->Acquire("bench-" + std::to_string(seed) + "-" + std::to_string(i % kCached), tokens);
     const auto t1 = Clock::now();
     Check(lease.status(), "acquire");
-    if (lease->size() != kPromptTokens / c->block_tokens()) {
-      std::fprintf(stderr, "kvtier-bench ipc: expected a full hit, got %zu blocks\n", lease->size());
-      std::exit(1);
-    }
+    CheckHit(lease->size(), kPromptTokens / c->block_tokens());
     out.acquire.push_back(NanosBetween(t0, t1) / 1e3);
     Check(lease->Release(), "release");
     if (i % 8 == 0) {
@@ -331,7 +336,7 @@ ReadFigures ReadBench(const std::string& socket, const std::string& dir, int ite
 
 }  // namespace
 
-// Acquire of a cached 128-block prefix against a bare Unix-socket ping-pong,
+// Acquire of a cached prefix of `blocks` blocks against a bare Unix-socket ping-pong,
 // interleaved one for one in the same loop (so both see the same machine),
 // with kvtierd's Ping between them, each call after `gap` of idleness (0: back
 // to back). An idle daemon's thread sleeps in epoll_wait and its CPU may be in
@@ -390,10 +395,7 @@ Interleaved AcquireVersusEcho(const std::string& socket, std::chrono::microsecon
     auto lease = c->Acquire("interleaved-" + std::to_string(i % kCached), cached[i % kCached]);
     const double acq = NanosBetween(t0, Clock::now()) / 1e3;
     Check(lease.status(), "acquire");
-    if (lease->size() != blocks) {
-      std::fprintf(stderr, "kvtier-bench ipc: expected a hit of %u blocks, got %zu\n", blocks, lease->size());
-      std::exit(1);
-    }
+    CheckHit(lease->size(), blocks);
     Check(lease->Release(), "release");
     if (i >= warmup) {
       out.echo.push_back(echo);
@@ -491,7 +493,6 @@ int RunIpcBench(int argc, char** argv) {
   IpcOptions opt;
   for (int i = 0; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) {
-      opt.quick = true;
       opt.iterations = 200;
       opt.read_iterations = 20;
     } else if (!std::strcmp(argv[i], "--iterations") && i + 1 < argc) {
