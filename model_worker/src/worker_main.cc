@@ -13,10 +13,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "chat.h"
+#include "hf_tokenizer.h"
 #include "tokenizer.h"
 #include "transformer.h"
 #include "workload.h"
@@ -28,10 +30,11 @@ namespace {
 
 struct Args {
   std::string model_file, save_weights, device = "auto", cache = "kvtier", socket = "/run/kvtier/kvtierd.sock", tenant,
-                                        name;
+                                        name, profile;
   std::string model_id = "auto";        // "auto": of the weights and tokenizer; "none"; or 32 hex digits.
   std::string promote = "auto";         // auto, now, after-read, no.
   std::vector<uint32_t> prompt_tokens;  // --prompt-tokens: one turn of exactly these, then exit.
+  std::vector<uint32_t> logits_tokens;  // --logits: the next-token logits after these, then exit.
   std::string prompt_session = "prompt";
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
@@ -87,7 +90,9 @@ int main(int argc, char** argv) {
   Args a;
   ModelConfig mc;
   CLI::App app{"kvtier-worker: a libtorch transformer serving multi-turn chats through a KV cache", "kvtier-worker"};
-  app.add_option("--model", a.model_file, "Model config YAML (keys as in configs/model.yaml)");
+  app.add_option("--model", a.model_file,
+                 "Model config YAML (keys as in configs/models/tiny-llama.yaml), or a Hugging Face Llama model "
+                 "directory (config.json, model.safetensors, tokenizer.json; scripts/make_model.py makes one)");
   app.add_option("--set", a.sets, "Override one model key, e.g. --set layers=8 (repeatable)");
   app.add_option("--save-weights", a.save_weights, "Write the model's weights (safetensors) and exit");
   app.add_option("--cache", a.cache,
@@ -108,12 +113,17 @@ int main(int argc, char** argv) {
                  "first cache mode, print it as JSON, and exit (another program can then read the same prefix)")
       ->delimiter(',');
   app.add_option("--prompt-session", a.prompt_session, "Session of --prompt-tokens")->capture_default_str();
+  app.add_option("--logits", a.logits_tokens,
+                 "Print, as JSON, the next-token logits after these token ids (comma-separated): once from one "
+                 "prefill of all of them, once from a prefill of all but the last and a one-token step; then exit")
+      ->delimiter(',');
   app.add_flag("--print-model-id", a.print_model_id,
                "Print the model's identity (of its weights and tokenizer) and exit");
   app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")
       ->envname("KVTIER_SOCKET")
       ->capture_default_str();
   app.add_option("--tenant", a.tenant, "Tenant whose blocks this worker shares");
+  app.add_option("--profile", a.profile, "kvtierd's profile for this model's KV (default: the daemon's first)");
   app.add_option("--name", a.name, "Client name shown by cachectl (default worker-<index>)");
   app.add_option("--model-id", a.model_id,
                  "Model identity sent to kvtierd: auto (a digest of the weights and tokenizer), none, or 32 hex "
@@ -203,6 +213,22 @@ int main(int argc, char** argv) {
     std::printf("%s\n", id->ToHex().c_str());
     return 0;
   }
+  if (!a.logits_tokens.empty()) {
+    const std::vector<TokenId> ids(a.logits_tokens.begin(), a.logits_tokens.end());
+    auto logits_after = [&](size_t split) {
+      KvBuffer kv;
+      kv.Reserve(mc, static_cast<int64_t>(ids.size()), (*model)->options());
+      std::span<const TokenId> all(ids);
+      at::Tensor out = (*model)->Forward(all.first(split), kv);
+      if (split < ids.size()) out = (*model)->Forward(all.subspan(split), kv);
+      const at::Tensor c = out.contiguous().cpu();
+      return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    };
+    nlohmann::ordered_json j = {{"model", mc.Describe()}, {"tokens", ids.size()}, {"logits", logits_after(ids.size())}};
+    if (ids.size() > 1) j["logits_incremental"] = logits_after(ids.size() - 1);
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
   if (!a.save_weights.empty()) {
     if (Status s = (*model)->SaveWeights(a.save_weights); !s.ok()) return Fail("save weights", s);
     std::printf("wrote %s (%s)\n", a.save_weights.c_str(), mc.Describe().c_str());
@@ -219,6 +245,15 @@ int main(int argc, char** argv) {
     (void)(*model)->Forward(std::span<const TokenId>(warm).first(1), kv);
   }
 
+  // A model directory's own tokenizer prints replies; the byte tokenizer otherwise.
+  std::optional<HfTokenizer> hf_tokenizer;
+  if (!mc.tokenizer_file.empty()) {
+    auto t = HfTokenizer::Load(mc.tokenizer_file);
+    if (!t.ok()) return Fail("tokenizer", t.status());
+    hf_tokenizer = std::move(*t);
+  }
+  auto decode = [&](const std::vector<TokenId>& t) { return hf_tokenizer ? hf_tokenizer->Decode(t) : Decode(t); };
+
   const std::vector<std::string> mode_names = SplitModes(a.cache);
   const std::string name = a.name.empty() ? "worker-" + std::to_string(w.worker_index) : a.name;
   std::unique_ptr<Client> client;
@@ -228,6 +263,7 @@ int main(int argc, char** argv) {
     opts.socket_path = a.socket;
     opts.client_name = name;
     opts.tenant = a.tenant;
+    opts.profile = a.profile;
     if (a.model_id == "auto") {
       auto id = (*model)->Identity();
       if (!id.ok()) return Fail("model identity", id.status());
@@ -269,13 +305,16 @@ int main(int argc, char** argv) {
     const std::vector<TokenId> prompt(a.prompt_tokens.begin(), a.prompt_tokens.end());
     auto r = runners[0]->Turn(a.prompt_session, prompt, w.output_tokens);
     if (!r.ok()) return Fail("--prompt-tokens", r.status());
-    const nlohmann::ordered_json j = {{"session", a.prompt_session},
+    nlohmann::ordered_json j = {{"session", a.prompt_session},
                                       {"mode", mode_names[0]},
                                       {"prompt_tokens", r->prompt_tokens},
                                       {"cached_tokens", r->cached_tokens},
                                       {"committed_blocks", r->committed_blocks},
                                       {"output", r->output},
+                                      {"ttft_ms", r->ttft_ms},
+                                      {"turn_ms", r->turn_ms},
                                       {"cache_error", r->cache_error}};
+    if (hf_tokenizer) j["text"] = decode(r->output);
     std::printf("%s\n", j.dump().c_str());
     return r->cache_error.empty() ? 0 : 1;
   }
@@ -338,7 +377,7 @@ int main(int argc, char** argv) {
               r->computed_tokens,
               r->promoted_blocks ? (" (" + std::to_string(r->promoted_blocks) + " blocks promoted)").c_str() : "",
               r->ttft_ms, r->turn_ms, r->cache_error.empty() ? "" : ("  [" + r->cache_error + "]").c_str());
-          if (a.show_text && m == 0) std::printf("    reply: %s\n", Decode(r->output).c_str());
+          if (a.show_text && m == 0) std::printf("    reply: %s\n", decode(r->output).c_str());
         }
         std::fflush(stdout);
       }

@@ -133,10 +133,14 @@ class Service:
         return list(ids)
 
     def session_of(self, messages) -> str:
-        """A conversation is named by its messages up to its first user message."""
+        """A conversation is named by the model's identity and its messages up to
+        its first user message. kvtierd's sessions are the tenant's, not the
+        model's: without the identity, services of two models (or one model under
+        two tokenizers) holding the same conversation would replace each other's
+        blocks under one name."""
         first = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages) - 1)
-        digest = hashlib.sha256(json.dumps(messages[: first + 1], sort_keys=True).encode()).hexdigest()[:24]
-        return "chat-" + digest
+        named = json.dumps([self.identity, messages[: first + 1]], sort_keys=True).encode()
+        return "chat-" + hashlib.sha256(named).hexdigest()[:24]
 
     def fit_context(self, messages, max_tokens):
         ids = self.prompt_ids(messages)

@@ -16,6 +16,9 @@ socket: {socket}
 backend: {backend}
 log_level: info
 profiles:
+{profiles}
+{extra}"""
+PROFILE = """\
   - name: py
     layers: 2
     kv_heads: 2
@@ -23,8 +26,7 @@ profiles:
     dtype: fp32
     block_tokens: 4
     gpu_blocks: 64
-    host_blocks: 256
-{extra}"""
+    host_blocks: 256"""
 
 
 def stop_process(proc):
@@ -39,12 +41,12 @@ def stop_process(proc):
 
 
 class Daemon:
-    def __init__(self, tmp_path, extra="", backend="host", head_dim=8):
+    def __init__(self, tmp_path, extra="", backend="host", head_dim=8, profiles=None):
         self.socket = str(tmp_path / "kvtierd.sock")
         self.config = tmp_path / "kvtierd.yaml"
         instance = "pytest-" + uuid.uuid4().hex[:12]
         self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra, backend=backend,
-                                             head_dim=head_dim))
+                                             profiles=profiles or PROFILE.format(head_dim=head_dim)))
         self.log = tmp_path / "kvtierd.log"
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],

@@ -8,7 +8,7 @@ import pytest
 
 import kvtier
 
-BT = 4  # block_tokens of the test profile (conftest.CONFIG)
+BT = 4  # block_tokens of the test profile (conftest.PROFILE)
 
 
 def tokens(seed, blocks):

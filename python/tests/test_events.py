@@ -11,7 +11,7 @@ from conftest import Daemon
 # pyzmq and msgpack come with python/requirements.txt (scripts/python_env.sh): missing, this fails.
 from kvtier.events import EventStream, EventsLost, HostBlocks  # noqa: E402
 
-BT = 4  # block_tokens of the test profile (conftest.CONFIG)
+BT = 4  # block_tokens of the test profile (conftest.PROFILE)
 # 64 GPU and 256 host blocks (conftest); small host tier here so that blocks are dropped.
 EVENTS = """events:
   enabled: true

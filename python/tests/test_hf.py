@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import kvtier  # noqa: E402
 import kvtier.hf  # noqa: E402
 
-BT = 4  # The test profile (conftest.CONFIG): 2 layers x 2 KV heads x 8 dims, fp32.
+BT = 4  # The test profile (conftest.PROFILE): 2 layers x 2 KV heads x 8 dims, fp32.
 
 
 def tiny_llama(seed=0, layers=2):
