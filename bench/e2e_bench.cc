@@ -26,15 +26,16 @@ namespace kvtier::bench {
 namespace {
 
 // The model the workers run by default is the one configs/kvtierd.yaml's default
-// profile describes: 4 layers x 4 kv heads x 64 dim, fp32, 16-token blocks.
+// profile describes: 4 layers x 4 kv heads x 64 dim, fp32, 16-token blocks. With
+// --model, the profile is the one the worker says that model needs.
 constexpr const char* kDaemonConfigTemplate = R"(backend: host
 log_level: info
 profiles:
   - name: default
-    layers: 4
-    kv_heads: 4
-    head_dim: 64
-    dtype: fp32
+    layers: %u
+    kv_heads: %u
+    head_dim: %u
+    dtype: %s
     block_tokens: 16
     gpu_bytes: %s
     host_bytes: %s
@@ -54,6 +55,7 @@ struct E2eOptions {
   uint64_t seed = 0;            // 0: drawn from the clock (printed, so a run can be replayed).
   std::string gpu_bytes = "64MiB", host_bytes = "512MiB";
   std::string plot, records;
+  std::string model;  // --model: a model YAML or Hugging Face directory every worker loads.
 };
 
 const char* const kModes[] = {"kvtier", "local", "none"};
@@ -255,7 +257,7 @@ int Usage(int rc) {
                "         [--system-tokens N] [--first-tokens N] [--user-tokens N] [--output-tokens N]\n"
                "         [--zero-sessions N] [--zero-tokens N] [--sweep L1,L2,..|none] [--sweep-sessions N]\n"
                "         [--warmup-pairs N] [--seed N] [--gpu-bytes SIZE] [--host-bytes SIZE]\n"
-               "         [--plot FILE.svg] [--records FILE.jsonl] [--worker PATH] [--worker-arg ARG]...\n"
+               "         [--plot FILE.svg] [--records FILE.jsonl] [--model DIR|YAML] [--worker PATH] [--worker-arg ARG]...\n"
                "Runs the chat workload (S sessions x T turns sharing a system prompt, W worker\n"
                "processes), a zero-reuse workload and a sweep of history lengths. Every worker\n"
                "holds all cache modes on one model and serves each turn in every mode back to\n"
@@ -264,7 +266,10 @@ int Usage(int rc) {
                "Starts its own kvtierd (host backend, a GPU tier of --gpu-bytes) unless --socket\n"
                "names a running one. TTFT figures are over the follow-up turns (the first turn of\n"
                "a session brings a new document), each worker's first --warmup-pairs dropped.\n"
-               "Every phase's prompts derive from --seed (default: drawn, and printed).\n");
+               "Every phase's prompts derive from --seed (default: drawn, and printed).\n"
+               "--model runs every worker on that model (a Hugging Face Llama directory, e.g. the\n"
+               "real chat model scripts/make_model.py makes, or a model YAML); the kvtierd it starts\n"
+               "gets the profile the model's KV needs.\n");
   return rc;
 }
 
@@ -304,6 +309,10 @@ Status ParseArgs(int argc, char** argv, E2eOptions& o) {
     } else if (a == "--worker") {
       auto v = value();
       s = v.ok() ? (o.worker = *v, Status::Ok()) : v.status();
+    } else if (a == "--model") {
+      auto v = value();
+      s = v.ok() ? (o.model = *v, o.worker_args.push_back("--model"), o.worker_args.push_back(*v), Status::Ok())
+                 : v.status();
     } else if (a == "--worker-arg") {
       auto v = value();
       s = v.ok() ? (o.worker_args.push_back(*v), Status::Ok()) : v.status();
@@ -370,6 +379,30 @@ Status ParseArgs(int argc, char** argv, E2eOptions& o) {
   return Status::Ok();
 }
 
+struct Geometry {
+  uint32_t layers = 4, kv_heads = 4, head_dim = 64;
+  std::string dtype = "fp32";
+};
+
+// The KV geometry of the workers' model, as the worker itself reads it from
+// --model and --worker-arg (kvtier-worker --print-profile; no weights loaded).
+Result<Geometry> WorkerProfile(const E2eOptions& o) {
+  std::vector<std::string> argv = {o.worker, "--print-profile"};
+  argv.insert(argv.end(), o.worker_args.begin(), o.worker_args.end());
+  auto p = testing::Process::Spawn(argv);
+  if (!p.ok()) return p.status();
+  auto line = p->ReadLine(std::chrono::seconds(60));
+  if (!line.ok()) return Internal("kvtier-worker --print-profile printed nothing (does the model load?)");
+  auto j = nlohmann::json::parse(*line, nullptr, false);
+  if (!j.is_object() || !j.contains("layers")) return Internal("kvtier-worker --print-profile printed: " + *line);
+  Geometry g;
+  g.layers = j.value("layers", 0u);
+  g.kv_heads = j.value("kv_heads", 0u);
+  g.head_dim = j.value("head_dim", 0u);
+  g.dtype = j.value("dtype", "");
+  return g;
+}
+
 }  // namespace
 
 int RunE2eBench(int argc, char** argv) {
@@ -389,8 +422,14 @@ int RunE2eBench(int argc, char** argv) {
   std::unique_ptr<testing::DaemonProcess> daemon;
   std::string socket = o.socket;
   if (socket.empty()) {
+    auto geometry = WorkerProfile(o);
+    if (!geometry.ok()) {
+      std::fprintf(stderr, "kvtier-bench e2e: %s\n", geometry.status().ToString().c_str());
+      return 1;
+    }
     char config[1024];
-    std::snprintf(config, sizeof config, kDaemonConfigTemplate, o.gpu_bytes.c_str(), o.host_bytes.c_str());
+    std::snprintf(config, sizeof config, kDaemonConfigTemplate, geometry->layers, geometry->kv_heads,
+                  geometry->head_dim, geometry->dtype.c_str(), o.gpu_bytes.c_str(), o.host_bytes.c_str());
     daemon = std::make_unique<testing::DaemonProcess>(config);
     if (Status s = daemon->Start(); !s.ok()) {
       std::fprintf(stderr, "kvtier-bench e2e: kvtierd: %s\n%s", s.ToString().c_str(), daemon->log().c_str());

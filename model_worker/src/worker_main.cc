@@ -38,7 +38,8 @@ struct Args {
   std::string prompt_session = "prompt";
   std::vector<std::string> sets;
   uint32_t block_tokens = 16, threads = 1;
-  bool local_token_granular = false, json = false, show_text = false, keep_memory = true, print_model_id = false;
+  bool local_token_granular = false, json = false, show_text = false, keep_memory = true, print_model_id = false,
+       print_profile = false;
   WorkloadOptions workload;
 };
 
@@ -119,6 +120,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_flag("--print-model-id", a.print_model_id,
                "Print the model's identity (of its weights and tokenizer) and exit");
+  app.add_flag("--print-profile", a.print_profile,
+               "Print the kvtierd profile this model's KV needs (JSON: layers, kv_heads, head_dim, dtype, "
+               "block_tokens of --block-tokens) and exit, without loading the weights");
   app.add_option("--socket", a.socket, "kvtierd's socket (cache kvtier)")
       ->envname("KVTIER_SOCKET")
       ->capture_default_str();
@@ -195,6 +199,15 @@ int main(int argc, char** argv) {
     Status s = eq == std::string::npos ? InvalidArgument("expected key=value, got '" + kv + "'")
                                        : SetModelField(mc, kv.substr(0, eq), kv.substr(eq + 1));
     if (!s.ok()) return Fail("--set", s);
+  }
+  if (Status s = mc.Validate(); !s.ok()) return Fail("model", s);
+  if (a.print_profile) {
+    const ModelProfile p = mc.Profile(a.block_tokens);
+    const nlohmann::ordered_json j = {{"name", mc.name},       {"layers", p.layers},
+                                      {"kv_heads", p.kv_heads}, {"head_dim", p.head_dim},
+                                      {"dtype", DTypeName(p.dtype)}, {"block_tokens", p.block_tokens}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
   }
   if (a.keep_memory) KeepFreedMemory();
   at::set_num_threads(static_cast<int>(a.threads));

@@ -1,5 +1,6 @@
 // The model worker without a daemon: its config, the safetensors loader, the
 // transformer's incremental forward pass, and the in-process cache.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "chat.h"
+#include "hf_tokenizer.h"
 #include "model_config.h"
 #include "safetensors.h"
 #include "tokenizer.h"
@@ -60,6 +62,122 @@ TEST(ModelConfig, ParsesYamlAndFlagsAndNamesBadKeys) {
   EXPECT_EQ(f.kv_heads, 8u);
   EXPECT_FALSE(SetModelField(f, "kv_heads", "eight").ok());
   EXPECT_FALSE(SetModelField(f, "dtype", "fp8").ok());
+}
+
+// A Llama config.json as transformers 5 writes it (SmolLM2-135M-Instruct's values).
+nlohmann::json SmolConfig() {
+  return nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+    "dtype": "float32", "head_dim": 64, "hidden_act": "silu", "hidden_size": 576, "intermediate_size": 1536,
+    "mlp_bias": false, "model_type": "llama", "num_attention_heads": 9, "num_hidden_layers": 30,
+    "num_key_value_heads": 3, "rms_norm_eps": 9.999999747378752e-06,
+    "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}, "tie_word_embeddings": true,
+    "vocab_size": 49152})");
+}
+
+TEST(ModelConfig, ReadsAHuggingFaceConfigJson) {
+  auto c = ParseHfConfig(SmolConfig().dump(), "/models/SmolLM2-135M-Instruct");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->name, "SmolLM2-135M-Instruct");
+  EXPECT_EQ(c->layers, 30u);
+  EXPECT_EQ(c->hidden, 576u);
+  EXPECT_EQ(c->heads, 9u);
+  EXPECT_EQ(c->kv_heads, 3u);
+  EXPECT_EQ(c->head_dim, 64u);
+  EXPECT_EQ(c->intermediate, 1536u);
+  EXPECT_EQ(c->vocab, 49152u);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 100000.0);
+  EXPECT_DOUBLE_EQ(c->rms_eps, 9.999999747378752e-06);
+  EXPECT_TRUE(c->tie_embeddings);
+  EXPECT_EQ(c->dtype, DType::kF32);
+  EXPECT_EQ(c->weights, "/models/SmolLM2-135M-Instruct/model.safetensors");
+  EXPECT_EQ(c->directory, "/models/SmolLM2-135M-Instruct");
+
+  // Older configs: rope_theta at the top, torch_dtype, head_dim implied by hidden / heads.
+  nlohmann::json old = SmolConfig();
+  old.erase("rope_parameters");
+  old.erase("dtype");
+  old.erase("head_dim");
+  old["rope_theta"] = 500000.0;
+  old["torch_dtype"] = "bfloat16";
+  old["rope_scaling"] = nullptr;
+  auto o = ParseHfConfig(old.dump(), "/m");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_DOUBLE_EQ(o->rope_theta, 500000.0);
+  EXPECT_EQ(o->dtype, DType::kBF16);
+  EXPECT_EQ(o->head_dim, 64u);  // 576 / 9.
+}
+
+TEST(ModelConfig, RefusesWhatTheTransformerDoesNotImplementByName) {
+  auto refused = [](nlohmann::json j, const std::string& words) {
+    auto c = ParseHfConfig(j.dump(), "/m");
+    ASSERT_FALSE(c.ok()) << j.dump();
+    EXPECT_NE(c.status().message().find(words), std::string::npos) << c.status().message();
+    EXPECT_NE(c.status().message().find("/m/config.json"), std::string::npos) << c.status().message();
+  };
+  nlohmann::json j = SmolConfig();
+  j["model_type"] = "gpt2";
+  refused(j, "model_type 'gpt2' is not supported");
+  j = SmolConfig();
+  j["attention_bias"] = true;
+  refused(j, "attention_bias");
+  j = SmolConfig();
+  j["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "llama3"}, {"factor", 8.0}};
+  refused(j, "rope_type 'llama3'");
+  j = SmolConfig();
+  j["hidden_act"] = "gelu";
+  refused(j, "hidden_act 'gelu'");
+  j = SmolConfig();
+  j.erase("num_hidden_layers");
+  refused(j, "num_hidden_layers is missing");
+  j = SmolConfig();
+  j["num_key_value_heads"] = 4;
+  refused(j, "multiple of kv_heads");
+  j = SmolConfig();
+  j["dtype"] = "float8_e4m3fn";
+  refused(j, "dtype 'float8_e4m3fn'");
+  j = SmolConfig();
+  j["hidden_size"] = "576";
+  refused(j, "hidden_size: expected an integer");
+  EXPECT_FALSE(ParseHfConfig("{not json", "/m").ok());
+
+  // A directory without weights, or with sharded ones, says which.
+  const std::string dir = TempPath("hfdir");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/config.json") << SmolConfig().dump();
+  auto none = LoadModelDirectory(dir);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+  std::ofstream(dir + "/model.safetensors.index.json") << "{}";
+  auto sharded = LoadModelDirectory(dir);
+  ASSERT_FALSE(sharded.ok());
+  EXPECT_NE(sharded.status().message().find("sharded"), std::string::npos) << sharded.status().message();
+  // LoadModelConfig takes the directory too.
+  EXPECT_NE(LoadModelConfig(dir).status().message().find("sharded"), std::string::npos);
+  ::unlink((dir + "/model.safetensors.index.json").c_str());
+  ::unlink((dir + "/config.json").c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(HfTokenizer, DecodesByteLevelPiecesAndDescribesTheFileAsTokenizersDoes) {
+  const std::string path = TempPath("tokenizer.json");
+  // GPT-2's byte map: a space is U+0120, a newline U+010A; "\u00e4\u00bd\u0142" spells the
+  // UTF-8 bytes of one CJK character. The vocabulary is out of id order on purpose.
+  std::ofstream(path) << R"({"version": "1.0", "added_tokens": [{"id": 2, "content": "<|im_end|>", "special": true}],
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "vocab": {"Ġworld": 4, "hello": 3, "<|im_end|>": 2, "Ċ": 5,
+                                        "ä½ł": 6}}})";
+  auto t = HfTokenizer::Load(path);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_TRUE(t->byte_level());
+  const std::vector<TokenId> ids = {3, 4, 5, 6, 2, 99};
+  EXPECT_EQ(t->Decode(ids), "hello world\n\xe4\xbd\xa0<|im_end|><99>");
+  auto d = HfTokenizerDescription(path);
+  ASSERT_TRUE(d.ok());
+  // Compact, keys in file order, the vocabulary in id order.
+  EXPECT_EQ(*d, R"({"version":"1.0","added_tokens":[{"id":2,"content":"<|im_end|>","special":true}],)"
+                R"("decoder":{"type":"ByteLevel"},"model":{"type":"BPE","vocab":{"<|im_end|>":2,"hello":3,)"
+                "\"\u0120world\":4,\"\u010a\":5,\"\u00e4\u00bd\u0142\":6}}}");
+  ::unlink(path.c_str());
+  EXPECT_EQ(HfTokenizer::Load(TempPath("absent.json")).status().code(), StatusCode::kNotFound);
 }
 
 // Writes a safetensors file byte by byte, independently of WriteSafetensors.
