@@ -9,8 +9,10 @@
 #     the same turn recomputed; then kvtier-worker on the same model directory
 #     continues the conversation from the blocks the services cached;
 #  2. the C++ worker comparison: two model-worker processes (a libtorch
-#     transformer) serving chats in each cache mode -- kvtier, an in-process
-#     cache, no cache -- with time to first token, hit rate and promotions;
+#     transformer on a small seeded model, so that many long turns fit in a
+#     minute) serving chats in each cache mode -- kvtier, an in-process cache, no
+#     cache -- with time to first token, hit rate and promotions (the real
+#     model's figures for the same workload: bench/results/README.md);
 # then cachectl's view of it, and stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
