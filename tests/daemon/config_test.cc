@@ -29,10 +29,16 @@ TEST(ConfigTest, TheShippedDefaultParses) {
   auto c = LoadConfigFile(KVTIER_DEFAULT_CONFIG);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->backend, "auto");
-  ASSERT_EQ(c->profiles.size(), 1u);
+  ASSERT_EQ(c->profiles.size(), 2u);
+  EXPECT_EQ(c->profiles[0].profile.name, "default");
   EXPECT_EQ(c->profiles[0].profile.BlockBytes(), 128u * 1024);
   EXPECT_EQ(c->profiles[0].gpu_blocks, 512u);   // 64 MiB of 128 KiB blocks.
   EXPECT_EQ(c->profiles[0].host_blocks, 4096u);  // 512 MiB.
+  // The real model's (scripts/make_model.py): 30 layers x 3 KV heads x 64, fp32.
+  EXPECT_EQ(c->profiles[1].profile.name, "smollm2");
+  EXPECT_EQ(c->profiles[1].profile.BlockBytes(), 720u * 1024);
+  EXPECT_EQ(c->profiles[1].gpu_blocks, 364u);    // 256 MiB.
+  EXPECT_EQ(c->profiles[1].host_blocks, 1456u);  // 1 GiB.
 }
 
 TEST(ConfigTest, DefaultsFillWhatIsNotGiven) {
