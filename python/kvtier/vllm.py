@@ -1,0 +1,673 @@
+"""kvtier.vllm: KvtierConnector, a vLLM KV connector over kvtierd.
+
+Engines on one host share their prefixes through kvtierd: a prompt whose
+leading blocks any engine of the same model computed before (this one, another
+process, an engine since restarted) loads them from kvtierd instead of
+recomputing them, and every engine saves the full blocks it computes.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+        "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
+
+    LLM(model=..., kv_transfer_config=KVTransferConfig(kv_connector="KvtierConnector",
+        kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
+        kv_connector_extra_config={"socket": ..., "tenant": ..., "profile": ...}))
+
+kv_connector_extra_config keys (all optional): socket (default $KVTIER_SOCKET,
+else /run/kvtier/kvtierd.sock), tenant, profile (kvtierd's profile for this
+model's KV; default its first), model_id (32 hex digits instead of the computed
+identity), connect_timeout (seconds, 0.5), load_failure_policy ("recompute",
+the default here, or "fail": vLLM's own default fails a request whose load
+failed; a cache that may lose its daemon wants recomputing).
+
+How it works (docs/design.md, "vLLM connector"):
+- The scheduler side answers get_num_new_matched_tokens from kvtierd's shared
+  index (Client.probe: no round trip, no side effects), in whole vLLM blocks,
+  leaving the prompt's last token to compute. It never waits on the socket: a
+  thread keeps the connection (and pings, so a restarted kvtierd is found
+  within a second); while kvtierd is away every lookup misses.
+- One vLLM block of N tokens is N / block_tokens kvtier blocks. The connector
+  copies whole vLLM blocks, as opaque bytes: the page of block b in layer l is
+  cut into N / block_tokens equal pieces, piece j going to layer l of kvtier
+  block j. vLLM's CPU attention backend lays a block out its own way (K rows,
+  then V rows, per head, possibly packed for the ISA), so tokens are never
+  sliced out of a block; the layout is part of the identity instead.
+- Loads are synchronous (before the forward that needs them); saves happen at
+  the end of the step that completed the blocks (wait_for_save), so a finished
+  request's blocks are never read after vLLM frees them. A block whose load
+  failed (kvtierd gone, a prefix evicted between probe and load, a lease
+  revoked) is reported by get_block_ids_with_load_errors and recomputed: a
+  request never continues on bytes that were not loaded.
+- Identity (model_identity): blocks are shared only between engines whose
+  model (config, tokenizer, a sample of every weight file), dtype, KV dtype,
+  block size, attention backend and KV layout, and tensor-parallel rank agree.
+  Requests with a LoRA adapter, a cache_salt, multimodal inputs or prompt
+  embeddings are not cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+import kvtier
+
+try:  # vLLM's own log format and level.
+    from vllm.logger import init_logger
+
+    _log = init_logger("vllm.kvtier")
+except ImportError:  # pragma: no cover
+    _log = logging.getLogger("kvtier.vllm")
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_TORCH = {v: k for k, v in _DTYPES.items()}
+_SAMPLE_BYTES = 1 << 16  # Of each weight file, at each of _SAMPLES offsets.
+_SAMPLES = 16
+
+
+# --- identity -------------------------------------------------------------------------
+
+
+def _model_dir(model_config) -> str | None:
+    """The local directory of the model's files (a path, or the hub's cached snapshot)."""
+    model = model_config.model
+    if os.path.isdir(model):
+        return model
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(model, revision=getattr(model_config, "revision", None), local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached locally: the identity says so
+        return None
+
+
+def _file_sample(path: str, h) -> None:
+    """A weight file's size, its safetensors header, and _SAMPLES slices of its
+    bytes spread over the file: any fine-tune changes them, reading them costs
+    about a megabyte per file however large the model."""
+    size = os.path.getsize(path)
+    h.update(f"{os.path.basename(path)} {size}\n".encode())
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if path.endswith(".safetensors") and len(head) == 8:
+            n = int.from_bytes(head, "little")
+            h.update(f.read(min(n, 100 << 20)))
+        for i in range(_SAMPLES):
+            f.seek(size * i // _SAMPLES)
+            h.update(f.read(_SAMPLE_BYTES))
+
+
+def model_identity(vllm_config, layout: str, extra: str = "") -> str:
+    """The identity (32 hex digits) this engine's KV blocks are shared under."""
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    h = hashlib.blake2b(digest_size=16)
+    settings = {
+        "format": "kvtier vllm identity 1",
+        "dtype": str(mc.dtype),
+        "kv_cache_dtype": str(cc.cache_dtype),
+        "block_size": cc.block_size,
+        "layout": layout,
+        "tensor_parallel_size": pc.tensor_parallel_size,
+        "tensor_parallel_rank": extra,
+    }
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    directory = _model_dir(mc)
+    if directory is None:
+        # Nothing to read: the name and revision must do (said once, loudly).
+        _log.warning("kvtier: the files of model %s are not local: its identity covers only its name and revision",
+                     mc.model)
+        h.update(f"model={mc.model} revision={getattr(mc, 'revision', None)}".encode())
+        return h.hexdigest()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+                 "merges.txt", "chat_template.jinja", "generation_config.json"):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            h.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read())
+    weights = sorted(f for f in os.listdir(directory) if f.endswith((".safetensors", ".bin", ".pt", ".gguf")))
+    for name in weights:
+        _file_sample(os.path.join(directory, name), h)
+    return h.hexdigest()
+
+
+# --- stats ----------------------------------------------------------------------------
+
+_COUNTERS = ("lookups", "lookup_hit_tokens", "loaded_blocks", "loaded_tokens", "load_error_blocks", "load_seconds",
+             "saved_blocks", "saved_tokens", "save_errors", "save_seconds")
+
+
+@dataclasses.dataclass
+class KvtierConnectorStats(KVConnectorStats):
+    """Counters since the last report, summed across workers."""
+
+    def __post_init__(self):
+        for k in _COUNTERS:
+            self.data.setdefault(k, 0)
+
+    def reset(self):
+        self.data = {k: 0 for k in _COUNTERS}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {k: self.data.get(k, 0) for k in _COUNTERS}
+        out["load_seconds"] = round(float(out["load_seconds"]), 4)
+        out["save_seconds"] = round(float(out["save_seconds"]), 4)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(k, 0) for k in _COUNTERS)
+
+    def add(self, **kw) -> None:
+        for k, v in kw.items():
+            self.data[k] = self.data.get(k, 0) + v
+
+    def take(self) -> KvtierConnectorStats | None:
+        if self.is_empty():
+            return None
+        out = KvtierConnectorStats(data=dict(self.data))
+        self.reset()
+        return out
+
+
+class KvtierPromMetrics(KVConnectorPromMetrics):
+    """vllm:kvtier_* counters on vLLM's /metrics."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        from vllm.v1.metrics.utils import create_metric_per_engine
+
+        docs = {
+            "lookups": "Prompts looked up in kvtierd's index",
+            "lookup_hit_tokens": "Prompt tokens the lookups found in kvtierd",
+            "loaded_blocks": "kvtier blocks loaded into vLLM's KV cache",
+            "loaded_tokens": "Tokens loaded from kvtierd",
+            "load_error_blocks": "vLLM blocks whose load failed (recomputed)",
+            "load_seconds": "Time spent loading from kvtierd",
+            "saved_blocks": "kvtier blocks saved to kvtierd",
+            "saved_tokens": "Tokens saved to kvtierd",
+            "save_errors": "Saves kvtierd refused or could not take",
+            "save_seconds": "Time spent saving to kvtierd",
+        }
+        self._counters = {}
+        for key, doc in docs.items():
+            c = self._counter_cls(name=f"vllm:kvtier_{key}", documentation=doc, labelnames=labelnames)
+            self._counters[key] = create_metric_per_engine(c, self.per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
+        for key, per_engine in self._counters.items():
+            v = transfer_stats_data.get(key, 0)
+            if v:
+                per_engine[engine_idx].inc(v)
+
+
+# --- metadata -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Load:
+    req_id: str
+    session: str
+    tokens: list[int]      # Of vLLM blocks [0, first + len(block_ids)): what the lease asks for.
+    first: int             # The request's first vLLM block to fill...
+    block_ids: list[int]   # ...and the vLLM block ids to fill, in order.
+
+
+@dataclasses.dataclass
+class _Save:
+    req_id: str
+    session: str
+    tokens: list[int]      # Of vLLM blocks [0, len(block_ids)).
+    block_ids: list[int]   # The request's vLLM blocks, from its first.
+
+
+@dataclasses.dataclass
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    loads: list[_Load] = dataclasses.field(default_factory=list)
+    saves: list[_Save] = dataclasses.field(default_factory=list)
+
+
+# --- the connector --------------------------------------------------------------------
+
+
+class _Connection:
+    """A kvtier.Client kept by a thread: connected when kvtierd is there, pinged
+    so that a restarted kvtierd is found within `interval`; `get()` never waits."""
+
+    def __init__(self, make, interval: float, keep: bool):
+        self._make, self._interval = make, interval
+        self._client: kvtier.Client | None = None
+        self._up = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._next_try = 0.0
+        if keep:
+            self._try()
+            self._thread = threading.Thread(target=self._run, name="kvtier-connection", daemon=True)
+            self._thread.start()
+        else:
+            self._thread = None
+
+    def _try(self) -> None:
+        client = self._client
+        try:
+            if client is None:
+                client = self._make()
+            else:
+                client.ping()  # A call: a client whose kvtierd went away reconnects here.
+            with self._lock:
+                if self._client is None:
+                    _log.info("kvtier: connected to kvtierd (profile %s)", client.profile.get("name"))
+                self._client, self._up = client, True
+        except kvtier.Error as e:
+            with self._lock:
+                if self._up:
+                    _log.warning("kvtier: kvtierd unreachable (%s); no hits until it is back", e)
+                self._up = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._try()
+            except ValueError as e:  # A kvtierd come back with a profile that does not fit.
+                _log.error("%s", e)
+
+    def get(self) -> kvtier.Client | None:
+        """The client while kvtierd answered its last ping (the thread's), else None."""
+        with self._lock:
+            return self._client if self._up else None
+
+    def get_or_connect(self) -> kvtier.Client | None:
+        """For the worker: connects (at most once per interval) when no client exists yet."""
+        if self._client is None and time.monotonic() >= self._next_try:
+            self._next_try = time.monotonic() + self._interval
+            self._try()
+        return self._client
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def _layer_index(name: str) -> int:
+    m = re.findall(r"\d+", name)
+    return int(m[0]) if m else 0
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    """vLLM's KV connector over kvtierd (see the module docstring)."""
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+        self._socket = extra.get("socket") or os.environ.get("KVTIER_SOCKET") or "/run/kvtier/kvtierd.sock"
+        self._tenant = extra.get("tenant", "")
+        self._profile = extra.get("profile", "")
+        self._timeout = float(extra.get("connect_timeout", 0.5))
+        self._block_size = vllm_config.cache_config.block_size  # Tokens per vLLM block.
+        self._stats = KvtierConnectorStats()
+        policy = extra.get("load_failure_policy", "recompute")
+        if policy not in ("recompute", "fail"):
+            raise ValueError(f"kvtier: load_failure_policy must be 'recompute' or 'fail', not {policy!r}")
+        # Read by the scheduler right after it makes its connector.
+        vllm_config.kv_transfer_config.kv_load_failure_policy = policy
+
+        spec = None
+        if kv_cache_config is not None and kv_cache_config.kv_cache_groups:
+            if len(kv_cache_config.kv_cache_groups) != 1:
+                raise ValueError("kvtier: models with several KV cache groups (hybrid attention) are not supported")
+            spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+            self._layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names)
+        else:
+            self._layer_names = []
+        self._spec = spec
+        tp = vllm_config.parallel_config
+        rank = 0
+        if role == KVConnectorRole.WORKER and tp.tensor_parallel_size > 1:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            rank = get_tensor_model_parallel_rank()
+        self._rank = rank
+        self._layout = self._describe_layout(vllm_config, spec)
+        self._model_id = extra.get("model_id") or model_identity(vllm_config, self._layout, f"{rank}")
+        name = f"vllm:{os.path.basename(os.path.normpath(vllm_config.model_config.model))}:{role.name.lower()}"
+
+        def make() -> kvtier.Client:
+            c = kvtier.Client(socket=self._socket, tenant=self._tenant, profile=self._profile, model_id=self._model_id,
+                              client_name=name, connect_timeout=self._timeout)
+            self._check_geometry(c.profile)
+            return c
+
+        self._conn = _Connection(make, interval=0.5 if role == KVConnectorRole.SCHEDULER else 1.0,
+                                 keep=role == KVConnectorRole.SCHEDULER)
+        # Scheduler side.
+        self._engine = uuid.uuid4().hex[:8]
+        self._requests: dict[str, Any] = {}     # Every live request, by id.
+        self._looked_up: dict[str, int] = {}    # Local prefix length given to the last lookup.
+        self._loads: dict[str, _Load] = {}      # Planned, not yet sent to the workers.
+        self._saved: dict[str, int] = {}        # vLLM blocks of each request in kvtierd (or loaded).
+        self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
+        # Worker side.
+        self._kv: list[torch.Tensor] = []
+        self._chain: dict[str, int] = {}        # kvtier blocks each request's session holds.
+        self._errors: set[int] = set()
+        if role == KVConnectorRole.SCHEDULER:
+            client = self._conn.get()
+            if client is None:
+                _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
+                             self._socket)
+            _log.info("kvtier: connector on %s, model identity %s, %s, vLLM blocks of %d tokens", self._socket,
+                      self._model_id, self._layout, self._block_size)
+
+    # --- geometry ------------------------------------------------------------------
+    @staticmethod
+    def _describe_layout(vllm_config, spec) -> str:
+        from vllm.platforms import current_platform
+
+        device = current_platform.device_type
+        layout = ""
+        try:
+            layout = str(vllm_config.cache_config.get_resolved_kv_cache_layout())
+        except Exception:  # noqa: BLE001 - older or partial configs
+            layout = str(getattr(vllm_config.cache_config, "kv_cache_layout", ""))
+        isa = ""
+        if device == "cpu" and spec is not None:
+            try:
+                from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+                isa = _get_attn_isa(spec.dtype, spec.block_size, spec.head_size, str(vllm_config.cache_config.cache_dtype))
+            except Exception:  # noqa: BLE001 - recorded as unknown; still part of the identity
+                isa = "unknown"
+        return f"{device} {layout} {isa}".strip()
+
+    def _geometry(self) -> dict:
+        s = self._spec
+        if s is None:
+            return {}
+        return {"layers": len(self._layer_names), "kv_heads": s.num_kv_heads, "head_dim": s.head_size,
+                "dtype": _DTYPES.get(s.dtype, str(s.dtype)), "block_size": s.block_size}
+
+    def _check_geometry(self, profile: dict) -> None:
+        g = self._geometry()
+        if not g:
+            return
+        ours = f"{g['layers']} layers x {g['kv_heads']} kv_heads x {g['head_dim']} dim, {g['dtype']}, " \
+               f"vLLM blocks of {g['block_size']} tokens"
+        theirs = f"profile '{profile['name']}': {profile['layers']} layers x {profile['kv_heads']} kv_heads x " \
+                 f"{profile['head_dim']} dim, {profile['dtype']}, {profile['block_tokens']}-token blocks"
+        if (g["layers"], g["kv_heads"], g["head_dim"], g["dtype"]) != (
+                profile["layers"], profile["kv_heads"], profile["head_dim"], profile["dtype"]):
+            raise ValueError(f"kvtier: kvtierd's {theirs} does not fit this engine's KV ({ours}); "
+                             "configure a matching profile and name it in kv_connector_extra_config.profile")
+        if g["block_size"] % profile["block_tokens"]:
+            raise ValueError(f"kvtier: vLLM's block size must be a multiple of the profile's block_tokens: "
+                             f"{ours} against {theirs}")
+
+    def _pieces(self, client) -> int:
+        return self._block_size // client.block_tokens
+
+    # ======================= scheduler side =========================================
+    def on_new_request(self, request) -> None:
+        self._requests[request.request_id] = request
+        if request.lora_request is not None or request.cache_salt or request.mm_features or \
+                getattr(request, "prompt_embeds", None) is not None:
+            self._uncached.add(request.request_id)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        self._requests.setdefault(rid, request)
+        client = self._conn.get()
+        if client is None or rid in self._uncached:
+            return 0, False
+        bs = self._block_size
+        usable = (request.num_tokens - 1) // bs * bs  # Whole vLLM blocks; the last token is computed.
+        if usable <= num_computed_tokens:
+            return 0, False
+        tokens = list(request.all_token_ids[:usable])
+        try:
+            cached = client.probe(tokens)  # kvtier blocks, from the shared index: no round trip.
+        except kvtier.Error:
+            return 0, False
+        hit = cached // self._pieces(client) * bs
+        self._stats.add(lookups=1, lookup_hit_tokens=hit)
+        self._looked_up[rid] = num_computed_tokens
+        return max(0, hit - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        if num_external_tokens <= 0:
+            return
+        bs = self._block_size
+        local = self._looked_up.get(rid, 0)
+        first, count = local // bs, num_external_tokens // bs
+        block_ids = list(blocks.get_block_ids()[0][first:first + count])
+        end = (first + count) * bs
+        self._loads[rid] = _Load(rid, self._session(rid), list(request.all_token_ids[:end]), first, block_ids)
+        self._saved[rid] = max(self._saved.get(rid, 0), first + count)
+
+    def _session(self, rid: str) -> str:
+        return f"vllm-{self._engine}-{rid}"
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        meta = KvtierConnectorMetadata(loads=list(self._loads.values()))
+        self._loads.clear()
+        bs = self._block_size
+        manager = self._kv_cache_manager
+        scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
+        cached = scheduler_output.scheduled_cached_reqs
+        scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
+        for rid, computed in scheduled:
+            request = self._requests.get(rid)
+            if request is None or rid in self._uncached or manager is None:
+                continue
+            done = (computed + scheduler_output.num_scheduled_tokens.get(rid, 0)) // bs
+            done = min(done, request.num_tokens // bs)
+            if done <= self._saved.get(rid, 0):
+                continue
+            block_ids = list(manager.get_blocks(rid).get_block_ids()[0][:done])
+            if len(block_ids) < done:
+                continue
+            meta.saves.append(_Save(rid, self._session(rid), list(request.all_token_ids[:done * bs]), block_ids))
+            self._saved[rid] = done
+        return meta
+
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict | None]:
+        # Saves are done by the end of the step that completed their blocks:
+        # nothing is in flight when a request finishes, its blocks may go.
+        rid = request.request_id
+        for d in (self._requests, self._looked_up, self._loads, self._saved):
+            d.pop(rid, None)
+        self._uncached.discard(rid)
+        return False, None
+
+    # ======================= worker side ============================================
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = self._layer_names or sorted(kv_caches, key=_layer_index)
+        missing = [n for n in names if n not in kv_caches]
+        if missing:
+            raise ValueError(f"kvtier: vLLM registered no KV cache for layers {missing}")
+        self._kv = [kv_caches[n] for n in names]
+        t = self._kv[0]
+        if t.dim() != 4 or t.shape[2] != self._block_size:
+            raise ValueError(f"kvtier: unsupported KV cache layout {self._layout}: layer tensors of shape "
+                             f"{tuple(t.shape)} (expected [blocks, kv_heads, {self._block_size}, 2 x head_dim])")
+        for n, kv in zip(names, self._kv):
+            if kv.shape != t.shape or kv.dtype != t.dtype or not kv[0].is_contiguous():
+                raise ValueError(f"kvtier: unsupported KV cache layout {self._layout}: layer {n} has shape "
+                                 f"{tuple(kv.shape)}, strides {kv.stride()}: each block of a layer must be one "
+                                 "contiguous page")
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"kvtier: KV cache dtype {t.dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
+        client = self._conn.get_or_connect()
+        if client is None:
+            _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is",
+                         self._socket)
+
+    def _page(self, layer: int, block: int, pieces: int) -> torch.Tensor:
+        return self._kv[layer][block].view(pieces, -1)
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, KvtierConnectorMetadata) or not meta.loads:
+            return
+        for load in meta.loads:
+            self._load(load)
+
+    def _load(self, load: _Load) -> None:
+        started = time.perf_counter()
+        done: set[int] = set()
+        client = self._conn.get_or_connect()
+        lease = None
+        try:
+            if client is None:
+                raise kvtier.UnavailableError("kvtierd is not connected")
+            gpu = client.backend == "cuda" and self._kv[0].is_cuda
+            lease = client.acquire(load.tokens, session=load.session, promote=True if gpu else "after_read")
+            pieces = self._pieces(client)
+            got = len(lease) // pieces  # Whole vLLM blocks the lease holds.
+            stream = torch.cuda.current_stream(self._kv[0].device) if gpu else None
+            if stream is not None:
+                lease.wait_on_stream(stream)  # Promotions land before the copies read them.
+            else:
+                lease.wait()
+            from kvtier.hf import block_tensor
+
+            for i, b in enumerate(load.block_ids):
+                vb = load.first + i
+                if vb >= got:
+                    break
+                for j in range(pieces):
+                    src = block_tensor(client, lease, vb * pieces + j, device=self._kv[0].device)
+                    for layer in range(len(self._kv)):
+                        self._page(layer, b, pieces)[j].copy_(src[layer].reshape(-1), non_blocking=gpu)
+                done.add(b)
+            self._chain[load.req_id] = len(lease)
+            if stream is not None:
+                lease.release_after(stream)
+            else:
+                lease.release()
+            lease = None
+        except kvtier.Error as e:
+            _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
+            done.clear()  # Nothing counts as loaded when the lease did not end well.
+        finally:
+            if lease is not None:
+                try:
+                    lease.release()
+                except kvtier.Error:
+                    pass
+        failed = [b for b in load.block_ids if b not in done]
+        self._errors.update(failed)
+        pieces = max(1, self._block_size // (client.block_tokens if client else self._block_size))
+        self._stats.add(loaded_blocks=len(done) * pieces, loaded_tokens=len(done) * self._block_size,
+                        load_error_blocks=len(failed), load_seconds=time.perf_counter() - started)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # Loads are whole before the forward starts.
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs) -> None:
+        return  # Saved once per step, in wait_for_save, when every layer holds the step's K/V.
+
+    def wait_for_save(self) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, KvtierConnectorMetadata) or not meta.saves:
+            return
+        for save in meta.saves:
+            self._save(save)
+
+    def _save(self, save: _Save) -> None:
+        started = time.perf_counter()
+        client = self._conn.get_or_connect()
+        if client is None:
+            self._stats.add(save_errors=1)
+            return
+        pieces = self._pieces(client)
+        bt = client.block_tokens
+        total = len(save.block_ids) * pieces
+        gpu = client.backend == "cuda" and self._kv[0].is_cuda
+        w = None
+        try:
+            have = self._chain.get(save.req_id, 0)
+            if have < total and client.probe(save.tokens[: total * bt]) >= total:
+                return  # Every block is in kvtierd already (another engine's, an earlier request's).
+            if have < total:
+                # What kvtierd holds of this prefix: the session's chain becomes it, and
+                # only the rest is written.
+                with client.acquire(save.tokens[: total * bt], session=save.session, promote=False) as lease:
+                    have = len(lease)
+            self._chain[save.req_id] = have
+            if have >= total:
+                return
+            n = total - have
+            w = client.allocate(n)
+            from kvtier.hf import block_tensor
+
+            stream = torch.cuda.current_stream(self._kv[0].device) if gpu else None
+            for i in range(n):
+                vb, j = divmod(have + i, pieces)
+                dst = block_tensor(client, w, i, writable=True, device=self._kv[0].device)
+                for layer in range(len(self._kv)):
+                    dst[layer].reshape(-1).copy_(self._page(layer, save.block_ids[vb], pieces)[j], non_blocking=gpu)
+            if stream is not None:
+                w.record_written(stream)  # kvtierd serves them once the copies are done.
+            parent = client.keys(save.tokens[: have * bt])[-1] if have else None
+            stored, _ = client.commit(w, save.session, save.tokens[have * bt: total * bt], start_block=have,
+                                      parent=parent)
+            self._chain[save.req_id] = total
+            self._stats.add(saved_blocks=stored, saved_tokens=stored * bt)
+        except kvtier.Error as e:
+            _log.warning("kvtier: save for request %s failed (%s)", save.req_id, e)
+            self._stats.add(save_errors=1)
+        finally:
+            if w is not None:
+                try:
+                    if gpu:
+                        w.release_after(torch.cuda.current_stream(self._kv[0].device))
+                    else:
+                        w.release()
+                except kvtier.Error:
+                    pass
+            self._stats.add(save_seconds=time.perf_counter() - started)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        for rid in finished_req_ids:
+            self._chain.pop(rid, None)
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._errors = self._errors, set()
+        return errors
+
+    # ======================= both ===================================================
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        return self._stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict | None = None) -> KVConnectorStats | None:
+        return KvtierConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        self._conn.close()
