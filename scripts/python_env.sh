@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Makes (once per machine) the virtual environment the Python module builds and
-# tests with, from python/requirements.txt, and prints its directory.
+# tests with, from python/requirements.txt, then vLLM from
+# python/requirements-vllm.txt without its dependencies (requirements.txt holds
+# them), and prints its directory.
 #   KVTIER_VENV=DIR   use DIR instead of ~/.cache/kvtier/venv-<hash of requirements>
 # The environment lives outside the clone, keyed by the requirements' hash, so
 # every clone (and CI's fresh one) reuses it and nothing is downloaded twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 req=python/requirements.txt
+req_nodeps=python/requirements-vllm.txt
 python="${KVTIER_SYSTEM_PYTHON:-python3}"
-hash=$(sha256sum "$req" | cut -c1-12)
+hash=$(cat "$req" "$req_nodeps" | sha256sum | cut -c1-12)
 venv="${KVTIER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/venv-$hash}"
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.kvtier-ready" ]; then
   echo "python_env: creating $venv from $req" >&2
@@ -19,6 +22,8 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.kvtier-ready" ]; then
   # caching, a new environment after a requirements change reuses the wheels.
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/pip" -r "$req" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/pip" -r "$req_nodeps" >&2
   touch "$venv/.kvtier-ready"
 fi
 echo "$venv"
