@@ -16,7 +16,8 @@ recomputing them, and every engine saves the full blocks it computes.
 kv_connector_extra_config keys (all optional): socket (default $KVTIER_SOCKET,
 else /run/kvtier/kvtierd.sock), tenant, profile (kvtierd's profile for this
 model's KV; default its first), model_id (32 hex digits instead of the computed
-identity), connect_timeout (seconds, 0.5), load_failure_policy ("recompute",
+identity), connect_timeout (seconds, 0.5), request_timeout (seconds, 2: the
+longest a kvtierd that stops answering can hold a step), load_failure_policy ("recompute",
 the default here, or "fail": vLLM's own default fails a request whose load
 failed; a cache that may lose its daemon wants recomputing).
 
@@ -323,6 +324,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._tenant = extra.get("tenant", "")
         self._profile = extra.get("profile", "")
         self._timeout = float(extra.get("connect_timeout", 0.5))
+        # A kvtierd that stops answering holds a step up to this long, no longer.
+        self._request_timeout = float(extra.get("request_timeout", 2.0))
         self._block_size = vllm_config.cache_config.block_size  # Tokens per vLLM block.
         self._stats = KvtierConnectorStats()
         policy = extra.get("load_failure_policy", "recompute")
@@ -353,7 +356,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
         def make() -> kvtier.Client:
             c = kvtier.Client(socket=self._socket, tenant=self._tenant, profile=self._profile, model_id=self._model_id,
-                              client_name=name, connect_timeout=self._timeout)
+                              client_name=name, connect_timeout=self._timeout,
+                              request_timeout=self._request_timeout)
             self._check_geometry(c.profile)
             return c
 
@@ -368,6 +372,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
         # Worker side.
         self._kv: list[torch.Tensor] = []
+        self._pages: torch.Tensor | None = None  # [layers, blocks, page] when the layers allow it.
         self._chain: dict[str, int] = {}        # kvtier blocks each request's session holds.
         self._errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
@@ -517,13 +522,52 @@ class KvtierConnector(KVConnectorBase_V1):
                                  "contiguous page")
         if t.dtype not in _DTYPES:
             raise ValueError(f"kvtier: KV cache dtype {t.dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
+        self._pages = self._all_layers(self._kv)
         client = self._conn.get_or_connect()
         if client is None:
             _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is",
                          self._socket)
 
-    def _page(self, layer: int, block: int, pieces: int) -> torch.Tensor:
-        return self._kv[layer][block].view(pieces, -1)
+    @staticmethod
+    def _all_layers(kv: list[torch.Tensor]) -> torch.Tensor | None:
+        """Every layer's pages as one view [layers, blocks, page] when vLLM laid the
+        layers out at a fixed stride in one buffer (it allocates them so): a block
+        of every layer is then one strided copy. None otherwise."""
+        t = kv[0]
+        page = t[0].numel()
+        if len(kv) == 1:
+            return t.view(1, t.shape[0], page)
+        step = kv[1].data_ptr() - t.data_ptr()
+        if step <= 0 or step % t.element_size():
+            return None
+        for i, k in enumerate(kv):
+            if k.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or \
+                    k.data_ptr() != t.data_ptr() + i * step or k.stride()[0] != page:
+                return None
+        return t.as_strided((len(kv), t.shape[0], page), (step // t.element_size(), page, 1), t.storage_offset())
+
+    def _piece(self, block: int, piece: int, pieces: int) -> list[torch.Tensor] | torch.Tensor:
+        """vLLM block `block`'s piece `piece` of `pieces`, in every layer: one [layers, n]
+        view when the layers share a stride, else a view per layer."""
+        if self._pages is not None:
+            return self._pages[:, block].unflatten(1, (pieces, -1))[:, piece]
+        return [kv[block].view(pieces, -1)[piece] for kv in self._kv]
+
+    def _copy_in(self, src: torch.Tensor, block: int, piece: int, pieces: int, non_blocking: bool) -> None:
+        dst = self._piece(block, piece, pieces)
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src.reshape(dst.shape), non_blocking=non_blocking)
+        else:
+            for layer, d in enumerate(dst):
+                d.copy_(src[layer].reshape(-1), non_blocking=non_blocking)
+
+    def _copy_out(self, dst: torch.Tensor, block: int, piece: int, pieces: int, non_blocking: bool) -> None:
+        src = self._piece(block, piece, pieces)
+        if isinstance(src, torch.Tensor):
+            dst.view(src.shape).copy_(src, non_blocking=non_blocking)
+        else:
+            for layer, p in enumerate(src):
+                dst[layer].reshape(-1).copy_(p, non_blocking=non_blocking)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._connector_metadata
@@ -557,8 +601,7 @@ class KvtierConnector(KVConnectorBase_V1):
                     break
                 for j in range(pieces):
                     src = block_tensor(client, lease, vb * pieces + j, device=self._kv[0].device)
-                    for layer in range(len(self._kv)):
-                        self._page(layer, b, pieces)[j].copy_(src[layer].reshape(-1), non_blocking=gpu)
+                    self._copy_in(src, b, j, pieces, gpu)
                 done.add(b)
             self._chain[load.req_id] = len(lease)
             if stream is not None:
@@ -625,8 +668,7 @@ class KvtierConnector(KVConnectorBase_V1):
             for i in range(n):
                 vb, j = divmod(have + i, pieces)
                 dst = block_tensor(client, w, i, writable=True, device=self._kv[0].device)
-                for layer in range(len(self._kv)):
-                    dst[layer].reshape(-1).copy_(self._page(layer, save.block_ids[vb], pieces)[j], non_blocking=gpu)
+                self._copy_out(dst, save.block_ids[vb], j, pieces, gpu)
             if stream is not None:
                 w.record_written(stream)  # kvtierd serves them once the copies are done.
             parent = client.keys(save.tokens[: have * bt])[-1] if have else None

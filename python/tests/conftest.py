@@ -1,5 +1,6 @@
 """A real kvtierd per test (host backend, its own socket and shared-memory names)."""
 
+import glob
 import os
 import subprocess
 import time
@@ -45,6 +46,7 @@ class Daemon:
         self.socket = str(tmp_path / "kvtierd.sock")
         self.config = tmp_path / "kvtierd.yaml"
         instance = "pytest-" + uuid.uuid4().hex[:12]
+        self.instance = instance
         self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra, backend=backend,
                                              profiles=profiles or PROFILE.format(head_dim=head_dim)))
         self.log = tmp_path / "kvtierd.log"
@@ -77,6 +79,9 @@ class Daemon:
     def stop(self):
         stop_process(self.proc)
         self._log_file.close()
+        # A kvtierd that was SIGKILLed left its shared memory behind.
+        for f in glob.glob(f"/dev/shm/{self.instance}.*"):
+            os.unlink(f)
 
 
 @pytest.fixture

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""vllm_bench.py --kvtierd PATH [--model DIR]: time to first token of a vLLM
+engine on a prompt whose long prefix another engine computed.
+
+Three engine processes on one kvtierd: A and B run KvtierConnector, R runs
+without it. Each round draws a new prefix (--prefix tokens, 2,048 by default)
+that engine A computes first; then, in an order that rotates from round to
+round, the same prefix with a new question (--suffix tokens) goes to
+  (i)   B, which loads the prefix from kvtierd            ttft_kvtier_ms
+  (ii)  R, which recomputes it                            ttft_recompute_ms
+  (iii) A, which finds it in its own prefix cache         ttft_own_prefix_cache_ms
+and a prompt nobody has seen goes to B and to R (zero reuse: what the connector
+costs when it finds nothing; zero_reuse_ratio = B / R). Ratios are medians of
+per-round ratios, with the smallest and largest; TTFT is vLLM's own first-token
+latency. The model defaults to the real one (scripts/make_model.py), with
+kvtierd's smollm2 profile. Prints progress, then one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
+from vllm_engines import Engine  # noqa: E402
+
+CONFIG = """\
+instance: {instance}
+socket: {socket}
+backend: host
+log_level: info
+profiles:
+  - name: bench
+    layers: {layers}
+    kv_heads: {kv_heads}
+    head_dim: {head_dim}
+    dtype: fp32
+    block_tokens: 16
+    gpu_bytes: {gpu}
+    host_bytes: {host}
+"""
+
+
+def spread(xs):
+    xs = sorted(xs)
+    return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),
+            "n": len(xs)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kvtierd", required=True)
+    p.add_argument("--model", default="", help="a Llama model directory (default: scripts/make_model.py's)")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--prefix", type=int, default=2048, help="tokens of the shared prefix")
+    p.add_argument("--suffix", type=int, default=32, help="new tokens after it")
+    p.add_argument("--kv-cache-mib", type=int, default=512, help="each engine's KV cache")
+    p.add_argument("--gpu", default="1GiB", help="kvtierd's GPU tier (shared memory here)")
+    p.add_argument("--host", default="2GiB")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="", help="also write the JSON here")
+    a = p.parse_args()
+    model = a.model or subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_model.py")],
+                                      check=True, capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    heads = cfg["num_attention_heads"]
+    geometry = {"layers": cfg["num_hidden_layers"], "kv_heads": cfg.get("num_key_value_heads", heads),
+                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads}
+    vocab = cfg["vocab_size"]
+    seed = a.seed or random.SystemRandom().randrange(1, 1 << 31)
+    rng = random.Random(seed)
+
+    def tokens(n):  # Ordinary token ids (the special ones are at the start of the vocabulary).
+        return [rng.randrange(100, vocab - 1) for _ in range(n)]
+
+    run = tempfile.mkdtemp(prefix="kvtier-vllm-bench.")
+    sock = os.path.join(run, "kvtierd.sock")
+    with open(os.path.join(run, "kvtierd.yaml"), "w") as f:
+        f.write(CONFIG.format(instance=f"vllm-bench-{os.getpid()}", socket=sock, gpu=a.gpu, host=a.host,
+                              **geometry))
+    daemon_log = open(os.path.join(run, "kvtierd.log"), "w")
+    daemon = subprocess.Popen([a.kvtierd, "--config", os.path.join(run, "kvtierd.yaml")], stdout=daemon_log,
+                              stderr=subprocess.STDOUT)
+    engines = {}
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(sock) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kv = a.kv_cache_mib << 20
+        print(f"vllm_bench: model {model}, prefix {a.prefix} + {a.suffix} tokens, {a.rounds} rounds, seed {seed}; "
+              f"starting three engines (logs in {run})", file=sys.stderr, flush=True)
+        engines["A"] = Engine(model, os.path.join(run, "a.log"), socket=sock, kv_cache_bytes=kv)
+        engines["B"] = Engine(model, os.path.join(run, "b.log"), socket=sock, kv_cache_bytes=kv)
+        engines["R"] = Engine(model, os.path.join(run, "r.log"), kv_cache_bytes=kv)
+        for e in engines.values():  # Warm-up: the first request of an engine pays for its set-up.
+            e.generate([tokens(300)], max_tokens=1)
+        cases = {"kvtier": "B", "recompute": "R", "own_prefix_cache": "A"}
+        ttft = {k: [] for k in cases}
+        cached = {k: [] for k in cases}
+        zero = {"B": [], "R": []}
+        same_tokens = 0
+        for r in range(a.rounds):
+            prefix = tokens(a.prefix)
+            engines["A"].generate([prefix + tokens(a.suffix)], max_tokens=1)  # A computes (and saves) it.
+            question = tokens(a.suffix)
+            order = list(cases)[r % 3:] + list(cases)[:r % 3]
+            firsts = []
+            for case in order:
+                out = engines[cases[case]].generate([prefix + question], max_tokens=4)[0]
+                ttft[case].append(out["ttft"] * 1000)
+                cached[case].append(out["cached"])
+                firsts.append(out["tokens"])
+            same_tokens += all(t == firsts[0] for t in firsts)
+            for name in (["B", "R"] if r % 2 == 0 else ["R", "B"]):
+                zero[name].append(engines[name].generate([tokens(a.prefix + a.suffix)], max_tokens=1)[0]["ttft"] * 1000)
+            print(f"  round {r + 1}: kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
+                  f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
+                  f"({cached['own_prefix_cache'][-1]} cached); zero reuse B {zero['B'][-1]:.1f} / R "
+                  f"{zero['R'][-1]:.1f} ms", file=sys.stderr, flush=True)
+        ratio_own = [k / o for k, o in zip(ttft["kvtier"], ttft["own_prefix_cache"])]
+        ratio_recompute = [c / k for c, k in zip(ttft["recompute"], ttft["kvtier"])]
+        ratio_zero = [b / r for b, r in zip(zero["B"], zero["R"])]
+        result = {
+            "bench": "vllm", "model": os.path.basename(os.path.normpath(model)), "prefix_tokens": a.prefix,
+            "suffix_tokens": a.suffix, "rounds": a.rounds, "seed": seed,
+            "ttft_kvtier_ms": round(statistics.median(ttft["kvtier"]), 2),
+            "ttft_recompute_ms": round(statistics.median(ttft["recompute"]), 2),
+            "ttft_own_prefix_cache_ms": round(statistics.median(ttft["own_prefix_cache"]), 2),
+            "ttft_kvtier_spread": spread(ttft["kvtier"]),
+            "ttft_recompute_spread": spread(ttft["recompute"]),
+            "ttft_own_prefix_cache_spread": spread(ttft["own_prefix_cache"]),
+            "kvtier_vs_own_prefix_cache": spread(ratio_own),
+            "recompute_vs_kvtier": spread(ratio_recompute),
+            "zero_reuse_ratio": round(statistics.median(ratio_zero), 3),
+            "zero_reuse_ratio_spread": spread(ratio_zero),
+            "cached_tokens_kvtier": statistics.median(cached["kvtier"]),
+            "cached_tokens_own_prefix_cache": statistics.median(cached["own_prefix_cache"]),
+            "rounds_with_equal_tokens": same_tokens,
+            "targets": {"kvtier_vs_own_prefix_cache <= 1.3": statistics.median(ratio_own) <= 1.3,
+                        "recompute_vs_kvtier >= 5": statistics.median(ratio_recompute) >= 5,
+                        "zero_reuse_ratio <= 1.03": statistics.median(ratio_zero) <= 1.03},
+            "machine": f"{os.cpu_count()} cores",
+        }
+    finally:
+        for e in engines.values():
+            e.stop()
+        daemon.terminate()
+        daemon.wait(30)
+        daemon_log.close()
+    line = json.dumps(result)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

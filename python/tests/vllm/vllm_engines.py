@@ -1,0 +1,123 @@
+"""Helpers for the vLLM tests and benchmark: engine processes (engine.py) and the
+small models they run."""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, HERE)
+from engine import RESULT_PREFIX  # noqa: E402
+
+# The tiny model's KV: 4 layers x 4 KV heads x 64, fp32 (configs/kvtierd.yaml's default profile).
+PROFILE = """\
+  - name: tiny
+    layers: 4
+    kv_heads: 4
+    head_dim: 64
+    dtype: fp32
+    block_tokens: 16
+    gpu_blocks: {gpu}
+    host_blocks: {host}"""
+
+
+def make_model(directory, seed=1):
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_model.py"), directory, "--seed",
+                    str(seed), "--layers", "4", "--hidden", "256", "--heads", "4", "--kv-heads", "4", "--head-dim",
+                    "64"], check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return directory
+
+
+class Engine:
+    """One vLLM engine process (an LLM); generate() sends it a batch of prompts."""
+
+    def __init__(self, model, log_path, socket=None, extra=None, llm=None, kv_cache_bytes=128 << 20,
+                 start_timeout=300):
+        cfg = {"model": model, "socket": socket, "extra": extra or {}, "llm": llm or {},
+               "kv_cache_bytes": kv_cache_bytes}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", "TOKENIZERS_PARALLELISM": "false"}
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), json.dumps(cfg)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, start_new_session=True)
+        self._results = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        try:
+            self.pid = self._next(start_timeout)["pid"]
+        except BaseException:
+            self.kill()
+            raise
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith(RESULT_PREFIX):
+                self._results.put(json.loads(line[len(RESULT_PREFIX):]))
+            else:
+                self._log.write(line)
+                self._log.flush()
+        self._results.put(None)
+
+    def _next(self, timeout):
+        try:
+            r = self._results.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"vLLM engine gave no answer in {timeout} s; log {self.log_path}") from None
+        if r is None:
+            raise RuntimeError(f"vLLM engine exited ({self.proc.poll()}):\n" + self.log_tail())
+        return r
+
+    def log_tail(self, n=40):
+        with open(self.log_path) as f:
+            return "".join(f.readlines()[-n:])
+
+    def generate(self, prompts, max_tokens=8, salts=None, timeout=300):
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "salts": salts}) + "\n")
+        self.proc.stdin.flush()
+        return self._next(timeout)["outputs"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def kill(self):
+        """SIGKILL to the engine and every process it started (its session)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        else:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # Its engine core and workers, if still there.
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+def prompt(seed, n, vocab=190):
+    """n token ids of the tiny model's vocabulary, a function of seed."""
+    return [7 + (seed * 7919 + i * 37 + (i * i) % 11) % (vocab - 7) for i in range(n)]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
