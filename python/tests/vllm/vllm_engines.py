@@ -41,7 +41,13 @@ class Engine:
                  start_timeout=300):
         cfg = {"model": model, "socket": socket, "extra": extra or {}, "llm": llm or {},
                "kv_cache_bytes": kv_cache_bytes}
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", "TOKENIZERS_PARALLELISM": "false"}
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", "TOKENIZERS_PARALLELISM": "false",
+               # Every engine on every core. vLLM's automatic binding keeps two cores back from
+               # an engine with a KV connector and one from one without (here, on two cores,
+               # that left the connector's engines both cores and the others one): engines
+               # compared with each other must get the same cores.
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
+               **os.environ}
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), json.dumps(cfg)],
