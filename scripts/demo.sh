@@ -7,7 +7,8 @@
 #     to the other service and again to a service without a cache: the replies,
 #     the prompt tokens that came from kvtier, and time to first token beside
 #     the same turn recomputed; then kvtier-worker on the same model directory
-#     continues the conversation from the blocks the services cached;
+#     continues the conversation from the blocks the services cached; then the
+#     same conversation in two vLLM engine processes with KvtierConnector;
 #  2. the C++ worker comparison: two model-worker processes (a libtorch
 #     transformer on a small seeded model, so that many long turns fit in a
 #     minute) serving chats in each cache mode -- kvtier, an in-process cache, no
@@ -64,6 +65,11 @@ echo "   prefix the Python services cached is its too (its prompt's token ids co
   --worker ./build/model_worker/kvtier-worker --model-dir "$model" --socket "$sock"
 for pid in "${services[@]}"; do kill -TERM "$pid"; wait "$pid" || true; done
 services=()
+
+echo "== part 1b: the same conversation in vLLM: two engine processes with KvtierConnector on one kvtierd;"
+echo "   engine B (a new process) answers the last turn from engine A's blocks"
+HF_HUB_OFFLINE=1 PYTHONPATH=build/python "$py" scripts/demo_vllm.py --model "$model" --socket "$sock" \
+  --logs "$run" --max-tokens 64 || { tail -30 "$run"/vllm-*.log; exit 1; }
 
 echo "== part 2: two C++ workers, eight chats of four turns sharing a system prompt; every turn is"
 echo "   served in each cache mode back to back (histories of 1.3k-1.5k tokens: the chats need more"
