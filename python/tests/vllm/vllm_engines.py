@@ -100,19 +100,72 @@ class Engine:
         self.kill()
 
     def kill(self):
-        """SIGKILL to the engine and every process it started (its session)."""
-        if self.proc.poll() is None:
+        """SIGKILL to the engine and every process it started (its process group),
+        except Python's resource tracker: once the others are gone it unlinks the
+        shared memory and semaphores they registered (vLLM's message queues between
+        its processes are hundreds of MiB of /dev/shm), as it does after any crash.
+        What the engine's processes had mapped is unlinked here too, in case."""
+        group = _group(self.proc.pid)
+        tracker = [p for p in group if "resource_tracker" in _cmdline(p)]
+        shm = set()
+        for pid in group:
+            shm |= _mapped_shm(pid)
+        for pid in group:
+            if pid not in tracker:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc.wait()
+        deadline = time.monotonic() + 10
+        while any(_group_of(p) == self.proc.pid for p in group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # Whatever is left, the tracker included.
+        except ProcessLookupError:
+            pass
+        for path in shm:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        else:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # Its engine core and workers, if still there.
-            except ProcessLookupError:
+                os.unlink(path)
+            except FileNotFoundError:
                 pass
         self._log.close()
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _group_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _group(pgid):
+    """The live processes of process group pgid."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _group_of(int(p)) == pgid]
+
+
+def _mapped_shm(pid):
+    """Python multiprocessing's shared memory (/dev/shm/psm_*, sem.mp-*) that pid maps."""
+    out = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if path.startswith(("/dev/shm/psm_", "/dev/shm/sem.mp-")):
+                    out.add(path.replace(" (deleted)", ""))
+    except OSError:
+        pass
+    return {p for p in out if os.path.exists(p)}
 
 
 def prompt(seed, n, vocab=190):
