@@ -12,7 +12,9 @@ round, the same prefix with a new question (--suffix tokens) goes to
 and a prompt nobody has seen goes to B and to R (zero reuse: what the connector
 costs when it finds nothing; zero_reuse_ratio = B / R). Ratios are medians of
 per-round ratios, with the smallest and largest; TTFT is vLLM's own first-token
-latency. The model defaults to the real one (scripts/make_model.py), with
+latency. Each timed request waits --settle seconds first: after a step, a vLLM
+worker busy-polls its queue for a second, which on a small machine takes a core
+from the engine timed next. The model defaults to the real one (scripts/make_model.py), with
 kvtierd's smollm2 profile. Prints progress, then one JSON object as its last line.
 """
 
@@ -31,24 +33,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
+sys.path.insert(0, HERE)
+from bench_kvtierd import start_kvtierd  # noqa: E402
 from vllm_engines import Engine  # noqa: E402
-
-CONFIG = """\
-instance: {instance}
-socket: {socket}
-backend: host
-log_level: info
-profiles:
-  - name: bench
-    layers: {layers}
-    kv_heads: {kv_heads}
-    head_dim: {head_dim}
-    dtype: fp32
-    block_tokens: 16
-    gpu_bytes: {gpu}
-    host_bytes: {host}
-"""
-
 
 def spread(xs):
     xs = sorted(xs)
@@ -64,8 +51,10 @@ def main() -> int:
     p.add_argument("--prefix", type=int, default=2048, help="tokens of the shared prefix")
     p.add_argument("--suffix", type=int, default=32, help="new tokens after it")
     p.add_argument("--kv-cache-mib", type=int, default=512, help="each engine's KV cache")
-    p.add_argument("--gpu", default="1GiB", help="kvtierd's GPU tier (shared memory here)")
-    p.add_argument("--host", default="2GiB")
+    p.add_argument("--blocks", type=int, default=1456, help="kvtier blocks per tier (1 GiB of the real model's)")
+    p.add_argument("--settle", type=float, default=1.2,
+                   help="seconds to wait before each timed request: a vLLM worker busy-polls for 1 s after "
+                        "its last step, taking a core from whichever engine runs next")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="also write the JSON here")
     a = p.parse_args()
@@ -84,18 +73,10 @@ def main() -> int:
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
     run = tempfile.mkdtemp(prefix="kvtier-vllm-bench.")
-    sock = os.path.join(run, "kvtierd.sock")
-    with open(os.path.join(run, "kvtierd.yaml"), "w") as f:
-        f.write(CONFIG.format(instance=f"vllm-bench-{os.getpid()}", socket=sock, gpu=a.gpu, host=a.host,
-                              **geometry))
-    daemon_log = open(os.path.join(run, "kvtierd.log"), "w")
-    daemon = subprocess.Popen([a.kvtierd, "--config", os.path.join(run, "kvtierd.yaml")], stdout=daemon_log,
-                              stderr=subprocess.STDOUT)
+    daemon, sock = start_kvtierd(a.kvtierd, run, geometry["layers"], geometry["kv_heads"], geometry["head_dim"],
+                                 a.blocks)
     engines = {}
     try:
-        deadline = time.monotonic() + 20
-        while not os.path.exists(sock) and time.monotonic() < deadline:
-            time.sleep(0.05)
         kv = a.kv_cache_mib << 20
         print(f"vllm_bench: model {model}, prefix {a.prefix} + {a.suffix} tokens, {a.rounds} rounds, seed {seed}; "
               f"starting three engines (logs in {run})", file=sys.stderr, flush=True)
@@ -116,12 +97,14 @@ def main() -> int:
             order = list(cases)[r % 3:] + list(cases)[:r % 3]
             firsts = []
             for case in order:
+                time.sleep(a.settle)
                 out = engines[cases[case]].generate([prefix + question], max_tokens=4)[0]
                 ttft[case].append(out["ttft"] * 1000)
                 cached[case].append(out["cached"])
                 firsts.append(out["tokens"])
             same_tokens += all(t == firsts[0] for t in firsts)
             for name in (["B", "R"] if r % 2 == 0 else ["R", "B"]):
+                time.sleep(a.settle)
                 zero[name].append(engines[name].generate([tokens(a.prefix + a.suffix)], max_tokens=1)[0]["ttft"] * 1000)
             print(f"  round {r + 1}: kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
                   f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
@@ -156,7 +139,6 @@ def main() -> int:
             e.stop()
         daemon.terminate()
         daemon.wait(30)
-        daemon_log.close()
     line = json.dumps(result)
     if a.out:
         with open(a.out, "w") as f:

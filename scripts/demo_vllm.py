@@ -67,6 +67,7 @@ def main():
             messages.append({"role": "assistant", "content": reply})
         last = messages[:-1]
         prompt = ids(last)
+        time.sleep(1.2)  # Engine A's worker busy-polls for a second after its last step: not on B's time.
         hit = engine_b.generate([prompt], max_tokens=a.max_tokens)[0]
         again = engine_b.generate([prompt], max_tokens=a.max_tokens, salts=["recompute"])[0]
         text = tokenizer.decode(hit["tokens"], skip_special_tokens=True)

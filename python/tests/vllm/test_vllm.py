@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import Daemon  # noqa: E402
-from vllm_engines import PROFILE, Engine, make_model, prompt, wait_for  # noqa: E402
+from vllm_engines import PROFILE, ROOT, Engine, make_model, prompt, wait_for  # noqa: E402
 
 pytest.importorskip("vllm")
 
@@ -103,6 +103,18 @@ def test_engines_share_prefixes_and_a_restarted_engine_finds_them_warm(models, r
         d.stop()
 
 
+def back_within_a_second(engine, tmp_path, p, want):
+    """Starts kvtierd (empty) at tmp_path's socket; a second later the engine
+    saves p, then loads it, with the output unchanged. Returns the daemon."""
+    d = daemon(tmp_path)
+    time.sleep(1.0)
+    engine.generate([p])
+    got = engine.generate([p])
+    assert got[0]["cached"] == hit(len(p))
+    same(got, [want])
+    return d
+
+
 def test_kvtierd_absent_killed_hung_and_back_never_changes_an_output(models, reference, tmp_path):
     sock = str(tmp_path / "kvtierd.sock")
     p3, p4, p5 = prompt(3, 700), prompt(4, 500), prompt(5, 400)
@@ -115,13 +127,8 @@ def test_kvtierd_absent_killed_hung_and_back_never_changes_an_output(models, ref
         assert got[0]["cached"] == 0
         same(got, [want[tuple(p3)]])
         # kvtierd arrives at the socket: within a second the connector finds it.
-        d = Daemon(tmp_path, profiles=PROFILE.format(gpu=512, host=2048))
+        d = back_within_a_second(e, tmp_path, p3, want[tuple(p3)])
         assert d.socket == sock
-        time.sleep(1.0)
-        e.generate([p3])  # Saved...
-        got = e.generate([p3])  # ...and loaded.
-        assert got[0]["cached"] == hit(len(p3))
-        same(got, [want[tuple(p3)]])
         # SIGKILLed between requests: the shared index still says "cached"; the
         # load fails, the blocks are recomputed, the output is the same.
         d.proc.kill()
@@ -130,12 +137,7 @@ def test_kvtierd_absent_killed_hung_and_back_never_changes_an_output(models, ref
             same(e.generate([p3]), [want[tuple(p3)]])
         # Back (an empty kvtierd): hits again within a second.
         d.stop()
-        d = Daemon(tmp_path, profiles=PROFILE.format(gpu=512, host=2048))
-        time.sleep(1.0)
-        e.generate([p4])
-        got = e.generate([p4])
-        assert got[0]["cached"] == hit(len(p4))
-        same(got, [want[tuple(p4)]])
+        d = back_within_a_second(e, tmp_path, p4, want[tuple(p4)])
         # Hung during a load, then SIGKILLed: the load fails, the request is recomputed.
         os.kill(d.proc.pid, signal.SIGSTOP)
         t = time.monotonic()
@@ -146,12 +148,7 @@ def test_kvtierd_absent_killed_hung_and_back_never_changes_an_output(models, ref
         assert time.monotonic() - t < 30
         d.proc.wait()
         d.stop()
-        d = Daemon(tmp_path, profiles=PROFILE.format(gpu=512, host=2048))
-        time.sleep(1.0)
-        e.generate([p5])
-        got = e.generate([p5])
-        assert got[0]["cached"] == hit(len(p5))
-        same(got, [want[tuple(p5)]])
+        d = back_within_a_second(e, tmp_path, p5, want[tuple(p5)])
     finally:
         e.stop()
         if d is not None:
@@ -286,3 +283,17 @@ def test_vllm_serve_with_the_connector_through_the_openai_client(models, tmp_pat
         proc.wait()
         log.close()
         d.stop()
+
+
+def test_the_benchmark_runs_and_names_its_figures(models, tmp_path):
+    """bench/vllm_bench.py, smoke-sized on the small model (no timing thresholds)."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "vllm_bench.py"), "--kvtierd",
+                          os.environ["KVTIERD"], "--model", models[0], "--rounds", "1", "--prefix", "256",
+                          "--suffix", "16", "--blocks", "512", "--settle", "0"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("ttft_kvtier_ms", "ttft_recompute_ms", "ttft_own_prefix_cache_ms", "zero_reuse_ratio",
+                "ttft_kvtier_spread", "zero_reuse_ratio_spread"):
+        assert key in result, key
+    assert result["cached_tokens_kvtier"] == hit(256 + 16)
+    assert result["rounds_with_equal_tokens"] == 1
