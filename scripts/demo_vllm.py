@@ -78,6 +78,8 @@ def main():
         print(f"    user: {last[-1]['content']}")
         print(f"    assistant:\n{show(text)}")
     finally:
+        for e in engines.values():  # Both shut down at once.
+            e.quit()
         for e in engines.values():
             e.stop()
 

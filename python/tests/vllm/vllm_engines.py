@@ -89,14 +89,21 @@ class Engine:
         self.proc.stdin.flush()
         return self._next(timeout)["outputs"]
 
-    def stop(self):
-        if self.proc.poll() is None:
+    def quit(self):
+        """Asks the engine to shut down, without waiting (stop() waits)."""
+        if self.proc.poll() is None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
                 self.proc.stdin.close()
-                self.proc.wait(60)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 pass
+
+    def stop(self):
+        self.quit()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
 
     def kill(self):
@@ -129,6 +136,7 @@ class Engine:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        self._reader.join(10)  # It writes the last lines of the log.
         self._log.close()
 
 
