@@ -55,7 +55,6 @@ struct E2eOptions {
   uint64_t seed = 0;            // 0: drawn from the clock (printed, so a run can be replayed).
   std::string gpu_bytes = "64MiB", host_bytes = "512MiB";
   std::string plot, records;
-  std::string model;  // --model: a model YAML or Hugging Face directory every worker loads.
 };
 
 const char* const kModes[] = {"kvtier", "local", "none"};
@@ -311,8 +310,8 @@ Status ParseArgs(int argc, char** argv, E2eOptions& o) {
       s = v.ok() ? (o.worker = *v, Status::Ok()) : v.status();
     } else if (a == "--model") {
       auto v = value();
-      s = v.ok() ? (o.model = *v, o.worker_args.push_back("--model"), o.worker_args.push_back(*v), Status::Ok())
-                 : v.status();
+      // Every worker loads it; the kvtierd started here asks a worker for its profile.
+      s = v.ok() ? (o.worker_args.push_back("--model"), o.worker_args.push_back(*v), Status::Ok()) : v.status();
     } else if (a == "--worker-arg") {
       auto v = value();
       s = v.ok() ? (o.worker_args.push_back(*v), Status::Ok()) : v.status();

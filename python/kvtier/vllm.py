@@ -68,6 +68,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 import kvtier
+from kvtier.hf import block_tensor
 
 try:  # vLLM's own log format and level.
     from vllm.logger import init_logger
@@ -569,11 +570,13 @@ class KvtierConnector(KVConnectorBase_V1):
             for layer, p in enumerate(src):
                 dst[layer].reshape(-1).copy_(p, non_blocking=non_blocking)
 
-    def start_load_kv(self, forward_context, **kwargs) -> None:
+    def _planned(self, kind: str) -> list:
+        """This step's loads or saves, as the scheduler planned them."""
         meta = self._connector_metadata
-        if not isinstance(meta, KvtierConnectorMetadata) or not meta.loads:
-            return
-        for load in meta.loads:
+        return getattr(meta, kind) if isinstance(meta, KvtierConnectorMetadata) else []
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        for load in self._planned("loads"):
             self._load(load)
 
     def _load(self, load: _Load) -> None:
@@ -588,13 +591,10 @@ class KvtierConnector(KVConnectorBase_V1):
             lease = client.acquire(load.tokens, session=load.session, promote=True if gpu else "after_read")
             pieces = self._pieces(client)
             got = len(lease) // pieces  # Whole vLLM blocks the lease holds.
-            stream = torch.cuda.current_stream(self._kv[0].device) if gpu else None
-            if stream is not None:
-                lease.wait_on_stream(stream)  # Promotions land before the copies read them.
+            if gpu:
+                lease.wait_on_stream(self._stream())  # Promotions land before the copies read them.
             else:
                 lease.wait()
-            from kvtier.hf import block_tensor
-
             for i, b in enumerate(load.block_ids):
                 vb = load.first + i
                 if vb >= got:
@@ -604,25 +604,35 @@ class KvtierConnector(KVConnectorBase_V1):
                     self._copy_in(src, b, j, pieces, gpu)
                 done.add(b)
             self._chain[load.req_id] = len(lease)
-            if stream is not None:
-                lease.release_after(stream)
-            else:
-                lease.release()
+            self._release(lease, gpu, quiet=False)
             lease = None
         except kvtier.Error as e:
             _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
             done.clear()  # Nothing counts as loaded when the lease did not end well.
         finally:
             if lease is not None:
-                try:
-                    lease.release()
-                except kvtier.Error:
-                    pass
+                self._release(lease, False)
         failed = [b for b in load.block_ids if b not in done]
         self._errors.update(failed)
-        pieces = max(1, self._block_size // (client.block_tokens if client else self._block_size))
+        pieces = self._pieces(client) if done else 0
         self._stats.add(loaded_blocks=len(done) * pieces, loaded_tokens=len(done) * self._block_size,
                         load_error_blocks=len(failed), load_seconds=time.perf_counter() - started)
+
+    def _stream(self):
+        """vLLM's current CUDA stream, which the copies run on."""
+        return torch.cuda.current_stream(self._kv[0].device)
+
+    def _release(self, lease, gpu: bool, quiet: bool = True) -> None:
+        """Ends a read or write lease: after vLLM's stream has done its copies (cuda),
+        or now. quiet: a kvtierd already gone is no error (the lease went with it)."""
+        try:
+            if gpu:
+                lease.release_after(self._stream())
+            else:
+                lease.release()
+        except kvtier.Error:
+            if not quiet:
+                raise
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # Loads are whole before the forward starts.
@@ -631,10 +641,7 @@ class KvtierConnector(KVConnectorBase_V1):
         return  # Saved once per step, in wait_for_save, when every layer holds the step's K/V.
 
     def wait_for_save(self) -> None:
-        meta = self._connector_metadata
-        if not isinstance(meta, KvtierConnectorMetadata) or not meta.saves:
-            return
-        for save in meta.saves:
+        for save in self._planned("saves"):
             self._save(save)
 
     def _save(self, save: _Save) -> None:
@@ -662,15 +669,12 @@ class KvtierConnector(KVConnectorBase_V1):
                 return
             n = total - have
             w = client.allocate(n)
-            from kvtier.hf import block_tensor
-
-            stream = torch.cuda.current_stream(self._kv[0].device) if gpu else None
             for i in range(n):
                 vb, j = divmod(have + i, pieces)
                 dst = block_tensor(client, w, i, writable=True, device=self._kv[0].device)
                 self._copy_out(dst, save.block_ids[vb], j, pieces, gpu)
-            if stream is not None:
-                w.record_written(stream)  # kvtierd serves them once the copies are done.
+            if gpu:  # kvtierd serves them once the copies are done.
+                w.record_written(self._stream())
             parent = client.keys(save.tokens[: have * bt])[-1] if have else None
             stored, _ = client.commit(w, save.session, save.tokens[have * bt: total * bt], start_block=have,
                                       parent=parent)
@@ -681,13 +685,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._stats.add(save_errors=1)
         finally:
             if w is not None:
-                try:
-                    if gpu:
-                        w.release_after(torch.cuda.current_stream(self._kv[0].device))
-                    else:
-                        w.release()
-                except kvtier.Error:
-                    pass
+                self._release(w, gpu)
             self._stats.add(save_seconds=time.perf_counter() - started)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
