@@ -30,12 +30,15 @@ How it works (docs/design.md, "vLLM connector"):
 - One vLLM block of N tokens is N / block_tokens kvtier blocks. The connector
   copies whole vLLM blocks, as opaque bytes: the page of block b in layer l is
   cut into N / block_tokens equal pieces, piece j going to layer l of kvtier
-  block j. vLLM's CPU attention backend lays a block out its own way (K rows,
-  then V rows, per head, possibly packed for the ISA), so tokens are never
-  sliced out of a block; the layout is part of the identity instead.
-- Loads are synchronous (before the forward that needs them); saves happen at
-  the end of the step that completed the blocks (wait_for_save), so a finished
-  request's blocks are never read after vLLM frees them. A block whose load
+  block j (kvtier.paged). vLLM lays a block out its own way (its resolved KV
+  cache layout; on the CPU, packed for the ISA), so tokens are never sliced out
+  of a block; the layout is part of the identity instead.
+- Loads are synchronous (before the forward that needs them). Saves of the
+  blocks a step completed start when the step ends (wait_for_save) and run on a
+  thread while vLLM returns the step's output and schedules the next; the next
+  step drains them before anything else (handle_preemptions), so a block that a
+  finished or preempted request freed is never written while a save reads it,
+  and a save never adds to a request's time to first token. A block whose load
   failed (kvtierd gone, a prefix evicted between probe and load, a lease
   revoked) is reported by get_block_ids_with_load_errors and recomputed: a
   request never continues on bytes that were not loaded.
@@ -49,10 +52,12 @@ How it works (docs/design.md, "vLLM connector"):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import threading
 import time
@@ -68,7 +73,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 import kvtier
-from kvtier.hf import block_tensor
+from kvtier.paged import PagedKV, load_blocks, save_blocks
 
 try:  # vLLM's own log format and level.
     from vllm.logger import init_logger
@@ -155,6 +160,9 @@ _COUNTERS = ("lookups", "lookup_hit_tokens", "loaded_blocks", "loaded_tokens", "
              "saved_blocks", "saved_tokens", "save_errors", "save_seconds")
 
 
+_STATS_LOCK = threading.Lock()
+
+
 @dataclasses.dataclass
 class KvtierConnectorStats(KVConnectorStats):
     """Counters since the last report, summed across workers."""
@@ -181,15 +189,17 @@ class KvtierConnectorStats(KVConnectorStats):
         return not any(self.data.get(k, 0) for k in _COUNTERS)
 
     def add(self, **kw) -> None:
-        for k, v in kw.items():
-            self.data[k] = self.data.get(k, 0) + v
+        with _STATS_LOCK:  # The saver's thread adds too.
+            for k, v in kw.items():
+                self.data[k] = self.data.get(k, 0) + v
 
     def take(self) -> KvtierConnectorStats | None:
-        if self.is_empty():
-            return None
-        out = KvtierConnectorStats(data=dict(self.data))
-        self.reset()
-        return out
+        with _STATS_LOCK:
+            if self.is_empty():
+                return None
+            out = KvtierConnectorStats(data=dict(self.data))
+            self.reset()
+            return out
 
 
 class KvtierPromMetrics(KVConnectorPromMetrics):
@@ -310,6 +320,38 @@ class _Connection:
         self._stop.set()
 
 
+class _Saver:
+    """One thread that runs the steps' saves, in order; drain() returns once
+    every save queued so far has ended."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="kvtier-save", daemon=True)
+        self._thread.start()
+
+    def put(self, fn) -> None:
+        self._queue.put(fn)
+
+    def _run(self) -> None:
+        while True:
+            fn = self._queue.get()
+            try:
+                if fn is None:
+                    return
+                fn()
+            except Exception:  # noqa: BLE001 - a save that fails is logged; the engine goes on
+                _log.exception("kvtier: a save failed")
+            finally:
+                self._queue.task_done()
+
+    def drain(self) -> None:
+        self._queue.join()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+
+
 def _layer_index(name: str) -> int:
     m = re.findall(r"\d+", name)
     return int(m[0]) if m else 0
@@ -372,8 +414,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._saved: dict[str, int] = {}        # vLLM blocks of each request in kvtierd (or loaded).
         self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
         # Worker side.
-        self._kv: list[torch.Tensor] = []
-        self._pages: torch.Tensor | None = None  # [layers, blocks, page] when the layers allow it.
+        self._paged: PagedKV | None = None
+        self._saver: _Saver | None = None
         self._chain: dict[str, int] = {}        # kvtier blocks each request's session holds.
         self._errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
@@ -511,186 +553,93 @@ class KvtierConnector(KVConnectorBase_V1):
         missing = [n for n in names if n not in kv_caches]
         if missing:
             raise ValueError(f"kvtier: vLLM registered no KV cache for layers {missing}")
-        self._kv = [kv_caches[n] for n in names]
-        t = self._kv[0]
-        if t.dim() != 4 or t.shape[2] != self._block_size:
-            raise ValueError(f"kvtier: unsupported KV cache layout {self._layout}: layer tensors of shape "
-                             f"{tuple(t.shape)} (expected [blocks, kv_heads, {self._block_size}, 2 x head_dim])")
-        for n, kv in zip(names, self._kv):
-            if kv.shape != t.shape or kv.dtype != t.dtype or not kv[0].is_contiguous():
-                raise ValueError(f"kvtier: unsupported KV cache layout {self._layout}: layer {n} has shape "
-                                 f"{tuple(kv.shape)}, strides {kv.stride()}: each block of a layer must be one "
-                                 "contiguous page")
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"kvtier: KV cache dtype {t.dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
-        self._pages = self._all_layers(self._kv)
+        paged = PagedKV([kv_caches[n] for n in names], self._block_size, self._layout, names)
+        if paged.dtype not in _DTYPES:
+            raise ValueError(f"kvtier: KV cache dtype {paged.dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
+        self._paged = paged
+        self._saver = _Saver()
         client = self._conn.get_or_connect()
         if client is None:
             _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is",
                          self._socket)
-
-    @staticmethod
-    def _all_layers(kv: list[torch.Tensor]) -> torch.Tensor | None:
-        """Every layer's pages as one view [layers, blocks, page] when vLLM laid the
-        layers out at a fixed stride in one buffer (it allocates them so): a block
-        of every layer is then one strided copy. None otherwise."""
-        t = kv[0]
-        page = t[0].numel()
-        if len(kv) == 1:
-            return t.view(1, t.shape[0], page)
-        step = kv[1].data_ptr() - t.data_ptr()
-        if step <= 0 or step % t.element_size():
-            return None
-        for i, k in enumerate(kv):
-            if k.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() or \
-                    k.data_ptr() != t.data_ptr() + i * step or k.stride()[0] != page:
-                return None
-        return t.as_strided((len(kv), t.shape[0], page), (step // t.element_size(), page, 1), t.storage_offset())
-
-    def _piece(self, block: int, piece: int, pieces: int) -> list[torch.Tensor] | torch.Tensor:
-        """vLLM block `block`'s piece `piece` of `pieces`, in every layer: one [layers, n]
-        view when the layers share a stride, else a view per layer."""
-        if self._pages is not None:
-            return self._pages[:, block].unflatten(1, (pieces, -1))[:, piece]
-        return [kv[block].view(pieces, -1)[piece] for kv in self._kv]
-
-    def _copy_in(self, src: torch.Tensor, block: int, piece: int, pieces: int, non_blocking: bool) -> None:
-        dst = self._piece(block, piece, pieces)
-        if isinstance(dst, torch.Tensor):
-            dst.copy_(src.reshape(dst.shape), non_blocking=non_blocking)
-        else:
-            for layer, d in enumerate(dst):
-                d.copy_(src[layer].reshape(-1), non_blocking=non_blocking)
-
-    def _copy_out(self, dst: torch.Tensor, block: int, piece: int, pieces: int, non_blocking: bool) -> None:
-        src = self._piece(block, piece, pieces)
-        if isinstance(src, torch.Tensor):
-            dst.view(src.shape).copy_(src, non_blocking=non_blocking)
-        else:
-            for layer, p in enumerate(src):
-                dst[layer].reshape(-1).copy_(p, non_blocking=non_blocking)
 
     def _planned(self, kind: str) -> list:
         """This step's loads or saves, as the scheduler planned them."""
         meta = self._connector_metadata
         return getattr(meta, kind) if isinstance(meta, KvtierConnectorMetadata) else []
 
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        # The first thing vLLM does in a step, before any block that a finished or
+        # preempted request freed can be written again: the last step's saves,
+        # which read such blocks, end here.
+        if self._saver is not None:
+            self._saver.drain()
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
+        if self._saver is not None:
+            self._saver.drain()  # Also here, for a runner that skipped handle_preemptions.
         for load in self._planned("loads"):
             self._load(load)
 
     def _load(self, load: _Load) -> None:
         started = time.perf_counter()
-        done: set[int] = set()
+        done: list[int] = []
         client = self._conn.get_or_connect()
-        lease = None
         try:
             if client is None:
                 raise kvtier.UnavailableError("kvtierd is not connected")
-            gpu = client.backend == "cuda" and self._kv[0].is_cuda
-            lease = client.acquire(load.tokens, session=load.session, promote=True if gpu else "after_read")
-            pieces = self._pieces(client)
-            got = len(lease) // pieces  # Whole vLLM blocks the lease holds.
-            if gpu:
-                lease.wait_on_stream(self._stream())  # Promotions land before the copies read them.
-            else:
-                lease.wait()
-            for i, b in enumerate(load.block_ids):
-                vb = load.first + i
-                if vb >= got:
-                    break
-                for j in range(pieces):
-                    src = block_tensor(client, lease, vb * pieces + j, device=self._kv[0].device)
-                    self._copy_in(src, b, j, pieces, gpu)
-                done.add(b)
-            self._chain[load.req_id] = len(lease)
-            self._release(lease, gpu, quiet=False)
-            lease = None
+            done, chain = load_blocks(client, self._paged, load.tokens, load.session, load.first, load.block_ids,
+                                      self._stream())
+            self._chain[load.req_id] = chain
         except kvtier.Error as e:
             _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
-            done.clear()  # Nothing counts as loaded when the lease did not end well.
-        finally:
-            if lease is not None:
-                self._release(lease, False)
-        failed = [b for b in load.block_ids if b not in done]
+            done = []  # Nothing counts as loaded when the lease did not end well.
+        failed = [b for b in load.block_ids if b not in set(done)]
         self._errors.update(failed)
-        pieces = self._pieces(client) if done else 0
+        pieces = self._paged.pieces(client.block_tokens) if done else 0
         self._stats.add(loaded_blocks=len(done) * pieces, loaded_tokens=len(done) * self._block_size,
                         load_error_blocks=len(failed), load_seconds=time.perf_counter() - started)
 
     def _stream(self):
-        """vLLM's current CUDA stream, which the copies run on."""
-        return torch.cuda.current_stream(self._kv[0].device)
-
-    def _release(self, lease, gpu: bool, quiet: bool = True) -> None:
-        """Ends a read or write lease: after vLLM's stream has done its copies (cuda),
-        or now. quiet: a kvtierd already gone is no error (the lease went with it)."""
-        try:
-            if gpu:
-                lease.release_after(self._stream())
-            else:
-                lease.release()
-        except kvtier.Error:
-            if not quiet:
-                raise
+        """vLLM's current CUDA stream (the copies run on it), or None on the CPU."""
+        return torch.cuda.current_stream(self._paged.device) if self._paged.is_cuda else None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # Loads are whole before the forward starts.
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs) -> None:
-        return  # Saved once per step, in wait_for_save, when every layer holds the step's K/V.
+        return  # Saved once per step, after wait_for_save, when every layer holds the step's K/V.
 
     def wait_for_save(self) -> None:
+        # The step's saves run on the saver's thread while vLLM returns the step's
+        # output and schedules the next; the next step drains them first.
+        stream = self._stream()
         for save in self._planned("saves"):
-            self._save(save)
+            self._saver.put(functools.partial(self._save, save, stream))
 
-    def _save(self, save: _Save) -> None:
+    def _save(self, save: _Save, stream) -> None:
         started = time.perf_counter()
         client = self._conn.get_or_connect()
         if client is None:
             self._stats.add(save_errors=1)
             return
-        pieces = self._pieces(client)
-        bt = client.block_tokens
-        total = len(save.block_ids) * pieces
-        gpu = client.backend == "cuda" and self._kv[0].is_cuda
-        w = None
         try:
             have = self._chain.get(save.req_id, 0)
-            if have < total and client.probe(save.tokens[: total * bt]) >= total:
-                return  # Every block is in kvtierd already (another engine's, an earlier request's).
-            if have < total:
-                # What kvtierd holds of this prefix: the session's chain becomes it, and
-                # only the rest is written.
-                with client.acquire(save.tokens[: total * bt], session=save.session, promote=False) as lease:
-                    have = len(lease)
+            have, stored = save_blocks(client, self._paged, save.tokens, save.session, save.block_ids, have, stream)
             self._chain[save.req_id] = have
-            if have >= total:
-                return
-            n = total - have
-            w = client.allocate(n)
-            for i in range(n):
-                vb, j = divmod(have + i, pieces)
-                dst = block_tensor(client, w, i, writable=True, device=self._kv[0].device)
-                self._copy_out(dst, save.block_ids[vb], j, pieces, gpu)
-            if gpu:  # kvtierd serves them once the copies are done.
-                w.record_written(self._stream())
-            parent = client.keys(save.tokens[: have * bt])[-1] if have else None
-            stored, _ = client.commit(w, save.session, save.tokens[have * bt: total * bt], start_block=have,
-                                      parent=parent)
-            self._chain[save.req_id] = total
-            self._stats.add(saved_blocks=stored, saved_tokens=stored * bt)
+            self._stats.add(saved_blocks=stored, saved_tokens=stored * client.block_tokens)
         except kvtier.Error as e:
             _log.warning("kvtier: save for request %s failed (%s)", save.req_id, e)
             self._stats.add(save_errors=1)
         finally:
-            if w is not None:
-                self._release(w, gpu)
             self._stats.add(save_seconds=time.perf_counter() - started)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        for rid in finished_req_ids:
-            self._chain.pop(rid, None)
+        if finished_req_ids and self._saver is not None:
+            # After any save of theirs still queued (vLLM names a request finished
+            # one step after its last, so none should be).
+            rids = set(finished_req_ids)
+            self._saver.put(lambda: [self._chain.pop(rid, None) for rid in rids])
         return None, None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -710,4 +659,6 @@ class KvtierConnector(KVConnectorBase_V1):
         return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self._saver is not None:
+            self._saver.close()
         self._conn.close()

@@ -1,6 +1,9 @@
 """kvtier.hf on a GPU: a transformers model on CUDA reads and writes a
 cuda-backend kvtierd's GPU tier in place (CUDA IPC), ordered on torch's
-stream. Skips where torch sees no GPU (bench/gpu_check.sh runs it on one)."""
+stream; and kvtier.paged (the vLLM connector's copies) moving vLLM-shaped
+caches device to device. Skips where torch sees no GPU (bench/gpu_check.sh runs it on one)."""
+
+import time
 
 import pytest
 
@@ -43,3 +46,36 @@ def test_a_gpu_model_reads_and_writes_the_gpu_tier_in_place(make_daemon):
     assert cached == 28
     step = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
     torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "BLNHC"])
+def test_vllm_paged_blocks_go_device_to_device_through_the_gpu_tier(make_daemon, layout):
+    """kvtier.paged (KvtierConnector's copies) with vLLM-shaped caches on the GPU:
+    engine A's blocks saved into the GPU tier and loaded into engine B's blocks on
+    a side stream; then demoted to the host tier and loaded again, kvtierd
+    promoting them ahead of the stream's copies."""
+    from test_paged import _layer, exchange, tokens, vllm_cache
+    from kvtier.paged import PagedKV, load_blocks
+
+    d = make_daemon(backend="cuda")
+    stream = torch.cuda.Stream()
+    client, a, b = exchange(d, layout, 8, device="cuda", stream=stream)
+    assert client.backend == "cuda"
+    prompt = tokens(24)
+    with client.acquire(prompt) as lease:
+        assert [t for t, _ in lease.blocks] == ["gpu"] * 6
+
+    assert client.demote("a") > 0
+    for _ in range(2000):
+        if client.session("a")["host_blocks"] == 6:
+            break
+        time.sleep(0.001)
+    with client.acquire(prompt, promote=False) as lease:
+        assert [t for t, _ in lease.blocks] == ["host"] * 6
+    c = PagedKV(vllm_cache(layout, 16, 8, "cuda", seed=3), 8, layout)
+    done, chain = load_blocks(client, c, prompt, "c", 0, [4, 6, 8], stream=stream)
+    torch.cuda.synchronize()
+    assert done == [4, 6, 8] and chain == 6
+    for layer in range(2):
+        for mine, theirs in ((4, 5), (6, 9), (8, 2)):
+            torch.testing.assert_close(_layer(c, layer, mine), _layer(a, layer, theirs), rtol=0, atol=0)

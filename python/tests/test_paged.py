@@ -1,0 +1,130 @@
+"""kvtier.paged: vLLM-shaped paged KV caches (each of vLLM's physical layouts)
+written to a real kvtierd by one "engine" and read back into another's blocks.
+The same tests run on a GPU against a cuda-backend kvtierd (test_gpu.py)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kvtier  # noqa: E402
+from kvtier.paged import PagedKV, load_blocks, save_blocks  # noqa: E402
+
+# vLLM's KV cache layouts: the physical order of the logical axes [L, B, H, N, C].
+LAYOUTS = {
+    "LBHNC": (0, 1, 2, 3, 4),
+    "LBNHC": (0, 1, 3, 2, 4),
+    "BLHNC": (1, 0, 2, 3, 4),
+    "BLNHC": (1, 0, 3, 2, 4),
+}
+# Not one dense page per block and layer: refused.
+SCATTERED = {"LHBNC": (0, 2, 1, 3, 4), "BHLNC": (1, 2, 0, 3, 4)}
+
+LAYERS, HEADS, DIM = 2, 2, 8  # conftest's profile "py": 4-token blocks.
+
+
+def vllm_cache(layout, blocks, block_size, device="cpu", seed=0, separate=False):
+    """Per-layer views [blocks, heads, block_size, 2 x dim] of one buffer laid out
+    as `layout` (or, separate: one buffer per layer), filled with random values."""
+    order = {**LAYOUTS, **SCATTERED}[layout]
+    shape = (LAYERS, blocks, HEADS, block_size, 2 * DIM)
+    g = torch.Generator().manual_seed(seed)
+    if separate:
+        per = [torch.randn(shape[1:], generator=g).to(device) for _ in range(LAYERS)]
+        return per
+    buf = torch.randn([shape[d] for d in order], generator=g).to(device)
+    t = buf.permute(*[order.index(i) for i in range(5)])
+    return [t[layer] for layer in range(LAYERS)]
+
+
+def tokens(n, base=1000):
+    return [base + i for i in range(n)]
+
+
+def exchange(d, layout, block_size, device="cpu", separate=False, stream=None):
+    client = d.client()
+    a = PagedKV(vllm_cache(layout, 16, block_size, device, seed=1, separate=separate), block_size, layout)
+    b = PagedKV(vllm_cache(layout, 16, block_size, device, seed=2, separate=separate), block_size, layout)
+    pieces = a.pieces(client.block_tokens)
+    prompt = tokens(3 * block_size)
+    # Engine A computed the prompt's three blocks into its blocks 5, 9, 2.
+    have, stored = save_blocks(client, a, prompt, "a", [5, 9, 2], stream=stream)
+    assert (have, stored) == (3 * pieces, 3 * pieces)
+    assert client.probe(prompt) == 3 * pieces
+    # Saved again (another request, the same prefix): nothing is written.
+    assert save_blocks(client, a, prompt, "a2", [5, 9, 2], stream=stream)[1] == 0
+    # Engine B has the first block itself and loads the other two into its 11 and 0.
+    done, chain = load_blocks(client, b, prompt, "b", 1, [11, 0], stream=stream)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    assert done == [11, 0] and chain == 3 * pieces
+    for layer in range(LAYERS):
+        torch.testing.assert_close(b._views and _layer(b, layer, 11), _layer(a, layer, 9), rtol=0, atol=0)
+        torch.testing.assert_close(_layer(b, layer, 0), _layer(a, layer, 2), rtol=0, atol=0)
+        assert not torch.equal(_layer(b, layer, 1), _layer(a, layer, 1))  # Untouched.
+    # B then computes a fourth block (its 12) and saves on from the chain it loaded.
+    longer = prompt + tokens(block_size, base=5000)
+    assert save_blocks(client, b, longer, "b", [3, 11, 0, 12], have=chain, stream=stream) == (4 * pieces, pieces)
+    # A loads all four, including B's, into fresh blocks.
+    done, _ = load_blocks(client, a, longer, "a3", 0, [13, 14, 15, 7], stream=stream)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    assert done == [13, 14, 15, 7]
+    for layer in range(LAYERS):
+        torch.testing.assert_close(_layer(a, layer, 7), _layer(b, layer, 12), rtol=0, atol=0)
+        torch.testing.assert_close(_layer(a, layer, 13), _layer(a, layer, 5), rtol=0, atol=0)
+    return client, a, b
+
+
+def _layer(paged, layer, block):
+    """Layer `layer` of engine block `block`, as the bytes it holds."""
+    for first, v in paged._views:
+        if first <= layer < first + v.shape[0]:
+            return v[layer - first, block].clone()
+    raise AssertionError(layer)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_each_dense_layout_round_trips_through_kvtierd(make_daemon, layout, block_size):
+    d = make_daemon(head_dim=DIM)
+    _, a, _ = exchange(d, layout, block_size)
+    assert len(a._views) == 1  # One buffer: every layer is one strided view.
+
+
+def test_layers_in_separate_buffers_round_trip(make_daemon):
+    d = make_daemon(head_dim=DIM)
+    _, a, _ = exchange(d, "LBHNC", 8, separate=True)
+    assert len(a._views) == LAYERS
+
+
+@pytest.mark.parametrize("layout", sorted(SCATTERED))
+def test_a_layout_without_dense_pages_is_refused_by_name(layout):
+    with pytest.raises(ValueError, match=f"unsupported KV cache layout {layout}"):
+        PagedKV(vllm_cache(layout, 4, 8), 8, layout)
+
+
+def test_a_block_size_that_is_not_the_tensors_is_refused():
+    with pytest.raises(ValueError, match=r"expected \[blocks, kv_heads, 16, 2 x head_dim\]"):
+        PagedKV(vllm_cache("LBHNC", 4, 8), 16, "LBHNC")
+
+
+def test_a_load_fills_only_what_kvtierd_holds(make_daemon):
+    d = make_daemon(head_dim=DIM)
+    client = d.client()
+    a = PagedKV(vllm_cache("LBNHC", 8, 8, seed=1), 8, "LBNHC")
+    b = PagedKV(vllm_cache("LBNHC", 8, 8, seed=2), 8, "LBNHC")
+    prompt = tokens(24)
+    save_blocks(client, a, prompt[:8], "a", [4])
+    done, chain = load_blocks(client, b, prompt, "b", 0, [1, 2, 3])
+    assert done == [1] and chain == 2
+    torch.testing.assert_close(_layer(b, 0, 1), _layer(a, 0, 4), rtol=0, atol=0)
+
+
+def test_a_load_from_a_kvtierd_gone_raises_and_fills_nothing(make_daemon):
+    d = make_daemon(head_dim=DIM)
+    client = d.client()
+    a = PagedKV(vllm_cache("LBHNC", 4, 4, seed=1), 4, "LBHNC")
+    save_blocks(client, a, tokens(4), "a", [0])
+    d.stop()
+    with pytest.raises(kvtier.Error):
+        load_blocks(client, a, tokens(4), "b", 0, [1])
