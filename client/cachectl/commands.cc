@@ -559,6 +559,13 @@ int CmdStats(const GlobalOptions& g, const StatsArgs& a) {
         std::printf("tenant %-8s gpu %s blocks + %s leased slots (quota %s), host %s blocks (quota %s)\n",
                     name.c_str(), FormatNumber(get("gpu_blocks")).c_str(), FormatNumber(get("leased_blocks")).c_str(),
                     quota("gpu_quota").c_str(), FormatNumber(get("host_blocks")).c_str(), quota("host_quota").c_str());
+        if (v.count("read_blocks")) {
+          const double leases = get("read_leases");
+          std::printf("       %-8s read %s blocks in %s leases (%s each), %s read errors; saved %s blocks\n", "",
+                      FormatNumber(get("read_blocks")).c_str(), FormatNumber(leases).c_str(),
+                      leases > 0 ? FormatLatency(get("read_seconds") / leases).c_str() : "-",
+                      FormatNumber(get("read_errors")).c_str(), FormatNumber(get("saved_blocks")).c_str());
+        }
       }
       std::printf("\n");
       size_t width = 0;

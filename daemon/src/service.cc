@@ -220,12 +220,14 @@ void Service::Disconnect(ClientState& c) {
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --counters_.clients;
+    tenants_.traffic(c.tenant, static_cast<size_t>(c.profile)).read_errors += c.reading.size();
     tenants_.Disconnect(c.tenant);
     backend_->ForgetClient(c.id);  // Its events, each closed with its last watch.
   }
   if (c.fetch && stores_ != nullptr) stores_->CancelFetch(c.fetch->id);
   c.fetch.reset();
   c.leases.clear();
+  c.reading.clear();
   c.welcomed = false;
 }
 
@@ -454,6 +456,8 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
     if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "committed");
     return r.status();
   }
+  TenantTraffic& t = tenants_.traffic(c.tenant, static_cast<size_t>(c.profile));
+  t.saved_blocks += r->stored;
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
   // the demotions now, not at the next tick, so the next Allocate finds room.
   e.EnforceWatermarks();
@@ -461,6 +465,18 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
+  auto r = Acquire(c, m);
+  TenantTraffic& t = tenants_.traffic(c.tenant, static_cast<size_t>(c.profile));
+  if (!r.ok()) {
+    ++t.read_errors;
+  } else if (const auto* a = std::get_if<wire::AcquireResponse>(&r->message); a != nullptr && a->lease_id != 0) {
+    t.read_blocks += a->blocks.size();
+    c.reading[a->lease_id] = std::chrono::steady_clock::now();
+  }
+  return r;
+}
+
+Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
   if (c.leases.size() >= config_.max_leases_per_client) {
     return ResourceExhausted("client holds " + std::to_string(c.leases.size()) +
                              " leases, the limit (limits.max_leases_per_client)");
@@ -548,8 +564,21 @@ Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
   if (!after.ok()) return after.status();  // The lease stays the client's: it may release it again.
   c.leases.erase(m.lease_id);
   Engine& e = EngineOf(c);
+  const bool expired = e.LeaseExpired(m.lease_id);
+  if (auto it = c.reading.find(m.lease_id); it != c.reading.end()) {
+    TenantTraffic& t = tenants_.traffic(c.tenant, static_cast<size_t>(c.profile));
+    if (expired) {
+      ++t.read_errors;
+    } else {
+      ++t.read_leases;
+      t.read_lease_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                    std::chrono::steady_clock::now() - it->second)
+                                                    .count());
+    }
+    c.reading.erase(it);
+  }
   // A lease the timeout revoked is forgotten now, with an error saying so.
-  if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "released");
+  if (expired) NoteExpiredLease(c, m.lease_id, "released");
   const Status st = e.Release(m.lease_id, *after);
   if (!st.ok()) return st;
   return Reply{wire::OkResponse{}};
@@ -807,6 +836,7 @@ std::string Service::StatusLine() const {
 
 StatsView Service::View(std::vector<std::string> tenants) const {
   StatsView v(counters_, *backend_, engines_, std::move(tenants), access_, StoreStatsNow());
+  v.registry = &tenants_;
   if (events_ != nullptr) {
     const EventCounters& c = events_->counters();
     v.events =

@@ -51,6 +51,8 @@ struct ClientState {
   Namespace ns;       // Its tenant's (accounts, sessions).
   ModelId model;      // The identity its Hello gave (null: none); keys are chained in KeyNamespace(ns, model).
   std::unordered_set<uint64_t> leases;
+  // Its read leases (among `leases`), each with when its Acquire leased it.
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> reading;
   // Set while an Allocate or Acquire of this client waits for GPU room (the
   // reply is deferred); when it was first deferred.
   std::optional<std::chrono::steady_clock::time_point> waiting_for_room;
@@ -198,6 +200,7 @@ class Service {
   Result<Reply> On(ClientState& c, const wire::AllocateRequest& m);
   Result<Reply> On(ClientState& c, const wire::CommitRequest& m);
   Result<Reply> On(ClientState& c, const wire::AcquireRequest& m);
+  Result<Reply> Acquire(ClientState& c, const wire::AcquireRequest& m);  // On(AcquireRequest), before its counting.
   Result<Reply> On(ClientState& c, const wire::ReleaseRequest& m);
   Result<Reply> On(ClientState& c, const wire::PrefetchRequest& m);
   Result<Reply> On(ClientState& c, const wire::DemoteRequest& m);

@@ -139,6 +139,16 @@ tiering::TenantUsage UsageOf(const StatsView& v, const StatPoint& at) {
 }
 Value TenantBlocks(const StatsView& v, const StatPoint& at) { return UsageOf(v, at).blocks[at.tier]; }
 Value TenantLeased(const StatsView& v, const StatPoint& at) { return UsageOf(v, at).leased; }
+template <auto Field>
+Value Traffic(const StatsView& v, const StatPoint& at) {
+  const TenantTraffic* t = v.registry == nullptr ? nullptr : v.registry->find_traffic(*at.tenant, at.profile);
+  if (t == nullptr || (t->read_blocks == 0 && t->read_errors == 0 && t->saved_blocks == 0)) return std::nullopt;
+  return static_cast<double>(t->*Field);
+}
+Value TrafficReadSeconds(const StatsView& v, const StatPoint& at) {
+  const Value us = Traffic<&TenantTraffic::read_lease_us>(v, at);
+  return us ? std::optional<double>(*us / 1e6) : std::nullopt;
+}
 
 Value OldestLeaseAge(const StatsView& v, const StatPoint& at) {
   return static_cast<double>(v.engine_stats[at.profile].oldest_lease_ms) / 1000.0;
@@ -384,6 +394,21 @@ constexpr StatRow kStats[] = {
   {"tenant.{tenant}.leased_blocks", "kvtier_tenant_leased_blocks", Type::kGauge,
    "GPU slots of a tenant's write leases, not committed yet (its gpu quota counts them), by profile", S::kTenant,
    kNoLabel, &TenantLeased},
+  // What each tenant's clients loaded and saved (a vLLM engine's connector, a worker), since its name became known;
+  // rows only for a tenant that has any (at kMaxTenants tenants with traffic, an admin's stats still fit a frame).
+  {"tenant.{tenant}.read_blocks", "kvtier_tenant_read_blocks_total", Type::kCounter,
+   "Blocks a tenant's Acquires leased to it: its loads, and its sessions adopting a cached prefix", S::kTenant,
+   kNoLabel, &Traffic<&TenantTraffic::read_blocks>},
+  {"tenant.{tenant}.read_leases", "kvtier_tenant_read_leases_total", Type::kCounter,
+   "A tenant's read leases that its client released", S::kTenant, kNoLabel, &Traffic<&TenantTraffic::read_leases>},
+  {"tenant.{tenant}.read_seconds", "kvtier_tenant_read_seconds_total", Type::kCounter,
+   "Their time from Acquire to Release (the client's copies in between): its load time, as kvtierd sees it",
+   S::kTenant, kNoLabel, &TrafficReadSeconds},
+  {"tenant.{tenant}.read_errors", "kvtier_tenant_read_errors_total", Type::kCounter,
+   "A tenant's loads that failed: Acquires refused, read leases revoked by the lease timeout or gone with their "
+   "client", S::kTenant, kNoLabel, &Traffic<&TenantTraffic::read_errors>},
+  {"tenant.{tenant}.saved_blocks", "kvtier_tenant_saved_blocks_total", Type::kCounter,
+   "Blocks a tenant's Commits stored (new to kvtierd)", S::kTenant, kNoLabel, &Traffic<&TenantTraffic::saved_blocks>},
 };
 // clang-format on
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "access.h"
+#include "tenant_registry.h"
 #include "engine_set.h"
 #include "kvtier/stores/store_chain.h"
 #include "kvtier/tier.h"
@@ -92,6 +93,7 @@ struct StatsView {
   std::vector<stores::StoreStats> stores;          // The stores below the host tier, in chain order.
   std::vector<std::string> store_names;            // Theirs in names and labels (StoreNames).
   EventStats events;
+  const TenantRegistry* registry = nullptr;       // The tenants' traffic (TenantTraffic); none: not reported.
 };
 
 // What a row is reported over: one figure, or one per point of these dimensions.

@@ -52,4 +52,17 @@ uint32_t TenantRegistry::clients(const std::string& name) const {
   return it == known_.end() ? 0 : it->second.clients;
 }
 
+TenantTraffic& TenantRegistry::traffic(const std::string& name, size_t profile) {
+  std::vector<TenantTraffic>& t = known_.at(name).traffic;
+  if (t.size() <= profile) t.resize(profile + 1);
+  return t[profile];
+}
+
+const TenantTraffic* TenantRegistry::find_traffic(const std::string& name, size_t profile) const {
+  static const TenantTraffic kNone;
+  auto it = known_.find(name);
+  if (it == known_.end()) return nullptr;
+  return profile < it->second.traffic.size() ? &it->second.traffic[profile] : &kNone;
+}
+
 }  // namespace kvtier::daemon

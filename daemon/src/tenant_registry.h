@@ -22,6 +22,16 @@
 
 namespace kvtier::daemon {
 
+// What a tenant's clients moved through one profile since its name became
+// known (cachectl stats, tenant.<name>.*; kvtier_tenant_*_total).
+struct TenantTraffic {
+  uint64_t read_blocks = 0;       // Blocks its Acquires leased to it (loads, and sessions adopting a prefix).
+  uint64_t read_leases = 0;       // Its read leases that ended with a Release...
+  uint64_t read_lease_us = 0;     // ...and their time from Acquire to Release: its loads, as kvtierd sees them.
+  uint64_t read_errors = 0;       // Acquires refused, read leases revoked (lease timeout) or gone with their client.
+  uint64_t saved_blocks = 0;      // Blocks its Commits stored (new to kvtierd; duplicates are not counted).
+};
+
 class TenantRegistry {
  public:
   explicit TenantRegistry(const std::vector<TenantConfig>& configured);
@@ -40,10 +50,17 @@ class TenantRegistry {
   size_t labels() const { return labels_; }  // Known names that are not configured tenants.
   uint32_t clients(const std::string& name) const;
 
+  // A known tenant's traffic in profile `profile`: counted while clients are
+  // connected as it, forgotten with the label. REQUIRES: `name` is known.
+  TenantTraffic& traffic(const std::string& name, size_t profile);
+  // Null for a name not known; zeros for a profile it never used.
+  const TenantTraffic* find_traffic(const std::string& name, size_t profile) const;
+
  private:
   struct Entry {
     uint32_t clients = 0;
     bool configured = false;  // Never forgotten, not counted in labels_.
+    std::vector<TenantTraffic> traffic;  // By profile, grown on first use.
   };
   std::map<std::string, Entry> known_;
   size_t labels_ = 0;

@@ -587,6 +587,21 @@ class CachectlTenantTest : public ::testing::Test {
 };
 
 TEST_F(CachectlTenantTest, AnAdminSeesEveryTenantAndFiltersByOne) {
+  {  // Tenant a loads its prefix twice: once released, once gone with its client.
+    ClientOptions o;
+    o.socket_path = daemon_.socket();
+    o.tenant = "a";
+    auto reader = Client::Connect(o);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    const std::vector<TokenId> tokens(2 * (*reader)->block_tokens(), 7);
+    auto lease = (*reader)->Acquire("", tokens);  // Outside any session.
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_EQ(lease->size(), 2u);
+    ASSERT_TRUE(lease->Release().ok());
+    auto dropped = (*reader)->Acquire("", tokens);
+    ASSERT_TRUE(dropped.ok()) << dropped.status().ToString();
+    auto disconnected = std::move(*reader);  // Goes with its lease unreleased.
+  }
   auto all = Run({"--json", "sessions"});
   ASSERT_EQ(all.rc, 0) << all.err;
   const json j = all.Json();
@@ -600,9 +615,16 @@ TEST_F(CachectlTenantTest, AnAdminSeesEveryTenantAndFiltersByOne) {
   EXPECT_EQ(s["tenants"]["a"]["gpu_blocks"], 2);
   EXPECT_EQ(s["tenants"]["a"]["gpu_quota"], 8);
   EXPECT_EQ(s["tenants"]["a"]["leased_blocks"], 0) << "its write lease was committed and released";
+  EXPECT_EQ(s["tenants"]["a"]["saved_blocks"], 2);
+  EXPECT_EQ(s["tenants"]["a"]["read_blocks"], 4) << "two leases of its two blocks";
+  EXPECT_EQ(s["tenants"]["a"]["read_leases"], 1) << "one released";
+  EXPECT_EQ(s["tenants"]["a"]["read_errors"], 1) << "one gone with its client";
+  EXPECT_GE(s["tenants"]["a"]["read_seconds"], 0);
   auto text = Run({"stats"});
   ASSERT_EQ(text.rc, 0) << text.err;
   EXPECT_NE(text.out().find("tenant b"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("read 4 blocks in 1 leases"), std::string::npos) << text.out();
+  EXPECT_NE(text.out().find("1 read errors; saved 2 blocks"), std::string::npos) << text.out();
   // An admin addresses another tenant's session with --tenant.
   auto ev = Run({"--json", "evict", "chat", "--tenant", "b"});
   ASSERT_EQ(ev.rc, 0) << ev.err;

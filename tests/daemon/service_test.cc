@@ -139,6 +139,8 @@ class ServiceTest : public ::testing::Test {
   }
   // Rows per tenant in StatsResponse: gpu_blocks, host_blocks, leased_blocks.
   static constexpr size_t kRowsPerTenant = 3;
+  // And, for a tenant that loaded or saved anything: read_blocks, read_leases, read_seconds, read_errors, saved_blocks.
+  static constexpr size_t kTrafficRows = 5;
   static size_t TenantRows(const std::vector<std::pair<std::string, double>>& stats) {
     size_t n = 0;
     for (const auto& [name, value] : stats) n += name.rfind("tenant.", 0) == 0 ? 1 : 0;
@@ -296,6 +298,28 @@ TEST_F(ServiceTest, StatsOfTheMostTenantsFitOneFrame) {
   EXPECT_LT(*bytes, wire::kMaxPayload / 3) << "well inside one frame";
   // A client that is not an admin sees its own tenant's rows only.
   EXPECT_EQ(TenantRows(Stats(*held[0])), kRowsPerTenant);
+
+  // Every tenant with traffic (here a refused Acquire each: a read error): its
+  // traffic rows too, and the reply still fits one frame.
+  wire::AcquireRequest bad;
+  bad.session = "s";
+  bad.keys = {BlockKey{1, 2}};
+  bad.tokens = {1};  // Not one block of tokens per key.
+  for (auto& c : held) ASSERT_TRUE(std::holds_alternative<wire::ErrorResponse>(Call(*c, bad)));
+  reply = Call(*admin, wire::StatsRequest{});
+  ASSERT_TRUE(std::holds_alternative<wire::StatsResponse>(reply));
+  EXPECT_EQ(TenantRows(std::get<wire::StatsResponse>(reply).values),
+            size_t{kMaxTenants} * (kRowsPerTenant + kTrafficRows));
+  const auto with_traffic = wire::PayloadSize(reply);
+  ASSERT_TRUE(with_traffic.ok());
+  EXPECT_LT(*with_traffic, wire::kMaxPayload) << "one frame";
+  auto stat = [&](const std::string& name) {
+    for (const auto& [k, v] : Stats(*held[0])) {
+      if (k == name) return v;
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(stat("tenant." + std::string(kMaxTenantName - 1, 'n') + "0.read_errors"), 1);
 }
 
 TEST_F(ServiceTest, ListSessionsPagesWhereOneReplyCannotHoldThem) {
