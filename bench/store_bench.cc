@@ -12,7 +12,6 @@
 // bootstrap 95% intervals.
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
-#include <malloc.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -27,6 +26,7 @@
 #include "bench_commands.h"
 #include "bench_util.h"
 #include "disk/disk_store.h"
+#include "kvtier/stores/allocator.h"
 #include "kvtier/stores/block_record.h"
 #include "kvtier/stores/store_chain.h"
 #include "redis/redis_store.h"
@@ -284,11 +284,8 @@ int RunStoreBench(int argc, char** argv) {
   const MachineInfo machine = ReadMachineInfo();
   Progress("kvtier-bench stores%s on %s (%u cores): batches of %u blocks of 2 MiB, %d rounds\n",
            quick ? " --quick (smoke-test sizes)" : "", machine.cpu_model.c_str(), machine.cores, z.blocks, z.rounds);
-  // As kvtierd does with stores configured (store_factory.cc): fetch buffers
-  // are reused, not handed back to the kernel between fetches (one arena, no trim).
-  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  ::mallopt(M_ARENA_MAX, 1);
+  // As kvtierd does with stores configured: fetch buffers are kept for the next fetch.
+  stores::KeepFetchBuffers(uint64_t{256} << 20);
   char tmpl[] = "/tmp/kvtier-store-bench-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) Die("mkdtemp");
   const std::string dir = tmpl;

@@ -55,14 +55,5 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
   return std::unique_ptr<tiering::Backend>(std::move(host).value());
 }
 
-wire::BackendKind WireBackendKind(tiering::BackendKind kind) {
-  switch (kind) {
-    case tiering::BackendKind::kHost:
-      return wire::BackendKind::kHost;
-    case tiering::BackendKind::kCuda:
-      return wire::BackendKind::kCuda;
-  }
-  std::abort();  // Not a tiering::BackendKind.
-}
 
 }  // namespace kvtier::daemon

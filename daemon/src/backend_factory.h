@@ -21,7 +21,4 @@ namespace kvtier::daemon {
 // for cuda in a build without the CUDA backend, the backend's own failure.
 Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& config);
 
-// The kind a Welcome tells clients.
-wire::BackendKind WireBackendKind(tiering::BackendKind kind);
-
 }  // namespace kvtier::daemon

@@ -1,7 +1,10 @@
 // kvtierd's engines, one per profile and trust domain (engine_set.h).
 #include "engine_set.h"
 
+#include "kv_events.h"
 #include "kvtier/shm_names.h"
+#include "kvtier/stores/store_chain.h"
+#include "warm_restart.h"
 
 namespace kvtier::daemon {
 
@@ -73,6 +76,49 @@ std::string DescribeEngine(std::string_view profile, std::string_view tenant) {
 std::string EngineSet::Describe(size_t member) const {
   const EngineMember& m = members_[member];
   return DescribeEngine(m.engine->profile().name, m.tenant);
+}
+
+Status BuildEngines(const DaemonConfig& config, tiering::Backend& backend, const EngineWiring& wiring,
+                    EngineSet& set) {
+  for (size_t p = 0; p < config.profiles.size(); ++p) {
+    // The shared engine first, then one per isolated tenant (engine_set.h).
+    std::vector<std::string> domains{""};
+    for (const TenantConfig& t : config.tenants) {
+      if (t.isolated) domains.push_back(t.name);
+    }
+    for (std::string& tenant : domains) {
+      tiering::EngineOptions options = EngineOptionsFor(config, p, tenant);
+      wiring.warm.BeforeEngine(config, options.name);
+      options.warm_restart = wiring.warm.enabled();
+      if (stores::StoreChain* chain = wiring.stores) {
+        // Blocks landing in the host tier and dropped from it go to the stores.
+        options.stores_below = true;
+        // A write-through store gets each block as soon as it is committed.
+        for (const StoreTierConfig& t : config.stores.tiers) options.spill_committed |= t.write_through;
+        const uint64_t fingerprint = options.profile.Fingerprint();
+        options.on_spill = [chain, fingerprint](const tiering::HostBlock& b) {
+          chain->Offer(stores::BlockRecordHeader{fingerprint, b.key, b.parent, b.key_ns}, b.tokens, b.payload,
+                       b.dropped);
+        };
+      }
+      if (EventPublisher* events = wiring.events) {
+        const std::string profile = options.profile.name;
+        const uint32_t bt = options.profile.block_tokens;
+        options.on_block_event = [events, profile, bt](const tiering::BlockEvent& e) {
+          events->AddBlock(profile, bt, e);
+        };
+        options.on_session_evicted = [events, profile](std::string_view tenant_name, std::string_view session) {
+          events->AddSessionEvicted(profile, tenant_name, session);
+        };
+      }
+      const std::string who = DescribeEngine(config.profiles[p].profile.name, tenant);
+      auto engine = tiering::Engine::Create(options, backend);
+      if (!engine.ok()) return Status(engine.status().code(), who + ": " + engine.status().message());
+      wiring.warm.AdoptInto(**engine, config, who);
+      set.Add(EngineMember{p, std::move(tenant), std::move(engine).value()});
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvtier::daemon

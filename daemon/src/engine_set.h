@@ -21,6 +21,10 @@
 #include "config.h"
 #include "kvtier/tiering/engine.h"
 
+namespace kvtier::stores {
+class StoreChain;
+}  // namespace kvtier::stores
+
 namespace kvtier::daemon {
 
 struct EngineMember {
@@ -38,6 +42,23 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profi
 // "profile 'default'", or "profile 'default', tenant 'secure' (isolated)" for
 // an isolated tenant's engine: how log lines name an engine.
 std::string DescribeEngine(std::string_view profile, std::string_view tenant);
+
+class EngineSet;
+class EventPublisher;
+class WarmRestart;
+
+// What the engines report to besides their backend.
+struct EngineWiring {
+  stores::StoreChain* stores = nullptr;  // Null: no stores below the host tier.
+  EventPublisher* events = nullptr;      // Null: no KV events.
+  WarmRestart& warm;                     // Takes back what a warm restart saved (or nothing).
+};
+
+// Makes every engine of `config` into `set` (profile by profile, the shared
+// engine first, then the isolated tenants'): their options, the hooks to the
+// stores and the events, and what a warm restart saved for each.
+Status BuildEngines(const DaemonConfig& config, tiering::Backend& backend, const EngineWiring& wiring,
+                    EngineSet& set);
 
 class EngineSet {
  public:

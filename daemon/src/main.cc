@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "instance_lock.h"
+#include "kvtier/stores/allocator.h"
 #include "log.h"
 #include "notify.h"
 #include "server.h"
@@ -111,6 +112,8 @@ int main(int argc, char** argv) {
              " (remove it, or choose another instance name)");
     config->warm_restart = false;
   }
+  // Process tuning, all here: with stores below the host tier, fetch buffers are kept for the next fetch.
+  if (!config->stores.tiers.empty()) kvtier::stores::KeepFetchBuffers(config->stores.max_fetch_bytes);
   auto service = Service::Create(*config);
   if (!service.ok()) {
     LogError("cannot start: " + service.status().ToString());

@@ -1,4 +1,5 @@
-// Server: the socket, framing, parked requests, timers, signals and reloads (server.h).
+// Server: the socket, accepting, parked requests, timers, signals and reloads (server.h); each
+// client's framing is its Connection's (connection.h).
 #include "server.h"
 
 #include <sys/socket.h>
@@ -19,6 +20,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "connection.h"
 #include "log.h"
 #include "metrics_http.h"
 #include "notify.h"
@@ -69,13 +71,8 @@ void RunLoop(asio::io_context& io, const uint32_t& spin_us, CopiesRunning copies
 
 }  // namespace
 
-class Connection;
-
 // How often systemd's STATUS= line is refreshed (only sent when it changed).
 constexpr auto kStatusPeriod = std::chrono::seconds(5);
-// The largest frame a connection may send before its Hello (a Hello is a few
-// strings of at most wire::kMaxString bytes).
-constexpr uint32_t kMaxFrameBeforeHello = 64 * 1024;
 // After an accept failed for want of descriptors or memory, the next waits this
 // long, doubling up to kAcceptBackoffMax; an accept that succeeds resets it.
 constexpr auto kAcceptBackoffMin = std::chrono::milliseconds(10);
@@ -113,6 +110,12 @@ struct Server::Impl {
   std::string status;  // The last STATUS= sent.
   bool listening = false;
   bool stopping = false;
+  ConnectionHost host{service, config,
+                      [this](const std::shared_ptr<Connection>& c) { parked.push_back(c); },
+                      [this](const std::shared_ptr<Connection>& c) {
+                        connections.erase(c);
+                        ConnectionClosed();
+                      }};
 
   // Connections whose current request waits for GPU room (Reply::deferred),
   // oldest first. Retried after copies complete and at every tick.
@@ -144,303 +147,6 @@ struct Server::Impl {
   [[noreturn]] void BackendFailed(const Status& why);
 };
 
-class Connection : public std::enable_shared_from_this<Connection> {
- public:
-  Connection(Server::Impl& server, stream_protocol::socket socket)
-      : server_(server), socket_(std::move(socket)) {
-    client_.id = server_.service.NextClientId();
-  }
-
-  bool welcomed() const { return client_.welcomed; }
-  std::chrono::steady_clock::time_point accepted() const { return accepted_; }
-  // When the frame being received began to arrive, while one is incomplete and
-  // more of it is being read; unset while nothing is read (reading paused for
-  // the reply backlog, or a request parked).
-  std::optional<std::chrono::steady_clock::time_point> partial_since() const { return partial_since_; }
-  // Since when its reading is paused for unread replies; unset while it is not.
-  std::optional<std::chrono::steady_clock::time_point> paused_since() const {
-    return paused_ ? std::optional(paused_since_) : std::nullopt;
-  }
-  // "client 7 (worker-3)", for the log.
-  std::string Describe() const {
-    return "client " + std::to_string(client_.id) + " (" + (client_.name.empty() ? "no hello" : client_.name) + ")";
-  }
-
-  void Start() {
-    if (refused_) Send(0, wire::FromStatus(why_refused_));
-    if (!closed_) Read();
-  }
-  void SetPeer(const PeerCredentials& peer) { client_.peer = peer; }
-  // The peer may not use kvtierd: it gets `why` (permission_denied) at once,
-  // and the connection ends once its first bytes (its Hello, usually on its way
-  // already) arrived. Closing first would fail its Hello with EPIPE before it
-  // could read why.
-  void Refuse(const Status& why) {
-    refused_ = true;
-    why_refused_ = why;
-  }
-
-  // Retries the request that waits for GPU room. True while it still waits.
-  bool Resume() {
-    if (closed_ || !parked_) return false;
-    Reply reply = server_.service.Handle(client_, parked_->request);
-    if (reply.deferred) return true;
-    const Parked p = std::move(*parked_);
-    parked_.reset();
-    if (Answer(p.request_id, p.type, reply, p.start) && HandleFrames() == Next::kRead) Read();
-    return false;
-  }
-
-  // Ends the connection now (shutdown); its leases end with it.
-  void Close() {
-    if (closed_) return;
-    closed_ = true;
-    boost::system::error_code ec;
-    socket_.shutdown(stream_protocol::socket::shutdown_both, ec);
-    socket_.close(ec);
-    server_.service.Disconnect(client_);
-    server_.connections.erase(shared_from_this());
-    server_.ConnectionClosed();
-  }
-
- private:
-  // Reads whatever the peer sent into in_ (one syscall usually brings a whole
-  // request), then handles every complete frame in it. The buffer grows with
-  // the bytes that arrived, never with what a header declares: it makes room
-  // for a read chunk, or for as many bytes as the frame has brought so far (a
-  // large frame takes a few reads, the buffer at most doubling each time), but
-  // not past the end of the frame.
-  void Read() {
-    const size_t want = std::max(kReadChunk, std::min(in_end_ - in_begin_, frame_rest_));
-    if (in_.size() - in_end_ < want) {
-      if (in_begin_ > 0) {
-        std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
-        in_end_ -= in_begin_;
-        in_begin_ = 0;
-      }
-      if (in_.size() - in_end_ < want) in_.resize(in_end_ + want);
-    }
-    auto self = shared_from_this();
-    socket_.async_read_some(asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
-                            [this, self](boost::system::error_code ec, size_t n) {
-                              if (ec) return Close();
-                              in_end_ += n;
-                              if (HandleFrames() == Next::kRead) Read();
-                            });
-  }
-
-  enum class Next {
-    kRead,    // Read more.
-    kParked,  // A request waits for GPU room; Resume goes on (nothing is read meanwhile).
-    kPaused,  // The reply backlog is too long; Write goes on once it drained (nothing is read meanwhile).
-    kClosing,
-  };
-
-  // Handles the complete frames in in_, in order, while the replies not yet
-  // sent stay within limits.max_reply_backlog_bytes: past it, a peer that does
-  // not read what it asked for gets nothing more handled or read until they
-  // drain, so what it costs is bounded by the backlog and the socket buffers.
-  Next HandleFrames() {
-    if (refused_) {
-      // What it sent is read (closing with unread bytes would reset the peer
-      // before it read the error), discarded, and the connection ends.
-      in_begin_ = in_end_ = 0;
-      close_after_write_ = true;
-      if (out_.empty()) Close();
-      return Next::kClosing;
-    }
-    bool progressed = false;  // A frame was handled.
-    size_t rest = 0;          // Bytes the incomplete frame still lacks, once its header is in.
-    for (;;) {
-      if (closed_) return Next::kClosing;
-      if (unsent_ > server_.config.max_reply_backlog_bytes) {
-        if (!paused_) paused_since_ = std::chrono::steady_clock::now();
-        paused_ = true;
-        partial_since_.reset();
-        return Next::kPaused;
-      }
-      if (in_end_ - in_begin_ < wire::kHeaderBytes) break;
-      const uint8_t* at = in_.data() + in_begin_;
-      auto h = wire::DecodeHeader(std::span<const uint8_t, wire::kHeaderBytes>(at, wire::kHeaderBytes));
-      if (!h.ok()) return Fail(0, h.status());
-      if (h->payload_length > server_.config.max_frame_bytes) {
-        return Fail(h->request_id, ResourceExhausted("frame of " + std::to_string(h->payload_length) +
-                                                     " bytes exceeds limits.max_frame_bytes (" +
-                                                     std::to_string(server_.config.max_frame_bytes) + ")"));
-      }
-      if (!client_.welcomed && h->payload_length > kMaxFrameBeforeHello) {
-        return Fail(h->request_id, ResourceExhausted("frame of " + std::to_string(h->payload_length) +
-                                                     " bytes before Hello; at most " +
-                                                     std::to_string(kMaxFrameBeforeHello) + " may come before it"));
-      }
-      const size_t frame = wire::kHeaderBytes + h->payload_length;
-      if (in_end_ - in_begin_ < frame) {
-        rest = frame - (in_end_ - in_begin_);
-        break;  // Wait for the rest.
-      }
-      auto msg = wire::DecodePayload(*h, std::span<const uint8_t>(at + wire::kHeaderBytes, h->payload_length));
-      in_begin_ += frame;
-      progressed = true;
-      if (!msg.ok()) return Fail(h->request_id, msg.status());
-      const auto start = std::chrono::steady_clock::now();
-      Reply reply = server_.service.Handle(client_, *msg);
-      if (reply.deferred) {
-        parked_ = Parked{h->request_id, h->type, std::move(*msg), start};
-        server_.parked.push_back(shared_from_this());
-        partial_since_.reset();
-        return Next::kParked;
-      }
-      if (!Answer(h->request_id, h->type, reply, start)) return Next::kClosing;
-    }
-    frame_rest_ = rest;
-    if (in_begin_ == in_end_) {
-      in_begin_ = in_end_ = 0;
-      partial_since_.reset();
-      if (in_.size() > kKeptBuffer) std::vector<uint8_t>().swap(in_);  // A large frame's room is not kept.
-    } else if (progressed || !partial_since_) {
-      partial_since_ = std::chrono::steady_clock::now();  // A new frame begins.
-    }
-    return Next::kRead;
-  }
-
-  // Sends the reply to a request that arrived at `start`. False if the
-  // connection closes after it.
-  bool Answer(uint64_t request_id, wire::MessageType type, const Reply& reply,
-              std::chrono::steady_clock::time_point start) {
-    if (reply.fds.empty()) {
-      Send(request_id, reply.message);
-    } else if (!SendWithDescriptors(request_id, reply.message, reply.fds)) {
-      return false;
-    }
-    server_.service.ObserveRequest(type, std::chrono::steady_clock::now() - start);
-    if (reply.close) {
-      const auto* err = std::get_if<wire::ErrorResponse>(&reply.message);
-      LogLimited(LogLevel::kWarn, "reply closes",
-                 "client " + std::to_string(client_.id) + ": " + (err ? wire::ToStatus(*err).ToString() : "closing"));
-      close_after_write_ = true;
-      return false;
-    }
-    return !closed_;
-  }
-
-  // A protocol violation: answer with the error, then close.
-  Next Fail(uint64_t request_id, const Status& st) {
-    server_.service.CountBadFrame();
-    LogLimited(LogLevel::kWarn, "bad frame", Describe() + ": bad frame: " + st.ToString() + "; closing the connection");
-    Send(request_id, wire::FromStatus(st));
-    close_after_write_ = true;
-    return Next::kClosing;
-  }
-
-  // Queues a reply. Reading pauses past the backlog limit (HandleFrames), so
-  // this only finds kReplyCloseFactor times the limit unsent if something
-  // sends without asking: it closes the connection then.
-  void Send(uint64_t request_id, const wire::Message& m) {
-    if (closed_) return;
-    const uint64_t limit = uint64_t{kReplyCloseFactor} * server_.config.max_reply_backlog_bytes;
-    if (unsent_ > limit) {
-      LogLimited(LogLevel::kWarn, "reply backlog",
-                 Describe() + ": " + std::to_string(unsent_) + " bytes of replies unsent, more than " +
-                     std::to_string(kReplyCloseFactor) + " x limits.max_reply_backlog_bytes; closing the connection");
-      return Close();
-    }
-    std::vector<uint8_t> frame;
-    wire::AppendFrame(frame, request_id, m);
-    unsent_ += frame.size();
-    out_.push_back(std::move(frame));
-    if (out_.size() == 1) Write();
-  }
-
-  // Sends the frame's first bytes with `fds` attached (SCM_RIGHTS), the rest
-  // as any frame. Only the first frame of a connection (the Welcome) carries
-  // descriptors, so nothing is queued before it. False (and closing) if the
-  // kernel would not take them.
-  bool SendWithDescriptors(uint64_t request_id, const wire::Message& m, const std::vector<int>& fds) {
-    std::vector<uint8_t> frame;
-    wire::AppendFrame(frame, request_id, m);
-    if (!out_.empty()) {
-      LogError("client " + std::to_string(client_.id) + ": descriptors to send behind queued replies; closing");
-      Close();
-      return false;
-    }
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()), 0);
-    iovec iov{frame.data(), frame.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    ssize_t n;
-    do {
-      n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) {
-      LogWarn("client " + std::to_string(client_.id) + ": cannot pass its segments: " +
-              (n < 0 ? std::strerror(errno) : "nothing sent") + "; closing");
-      Close();
-      return false;
-    }
-    if (static_cast<size_t>(n) < frame.size()) {
-      frame.erase(frame.begin(), frame.begin() + n);
-      unsent_ += frame.size();
-      out_.push_back(std::move(frame));
-      Write();
-    }
-    return true;
-  }
-
-  void Write() {
-    auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(out_.front()), [this, self](boost::system::error_code ec, size_t) {
-      if (ec) return Close();
-      unsent_ -= out_.front().size();
-      out_.pop_front();
-      if (!out_.empty()) {
-        Write();
-      } else if (close_after_write_) {
-        return Close();
-      }
-      if (paused_ && unsent_ <= server_.config.max_reply_backlog_bytes) {
-        paused_ = false;  // Drained enough: handle and read requests again.
-        if (HandleFrames() == Next::kRead) Read();
-      }
-    });
-  }
-
-  struct Parked {
-    uint64_t request_id = 0;
-    wire::MessageType type{};
-    wire::Message request;
-    std::chrono::steady_clock::time_point start;
-  };
-
-  Server::Impl& server_;
-  stream_protocol::socket socket_;
-  ClientState client_;
-  std::optional<Parked> parked_;  // The request waiting for GPU room, if any.
-  static constexpr size_t kReadChunk = 64 * 1024;
-  static constexpr size_t kKeptBuffer = 4 * kReadChunk;  // An empty in_ larger than this is freed.
-  std::vector<uint8_t> in_;  // Bytes received: [in_begin_, in_end_) not yet handled.
-  size_t in_begin_ = 0;
-  size_t in_end_ = 0;
-  size_t frame_rest_ = 0;  // Bytes the incomplete frame in in_ still lacks (0: its header is not in yet).
-  std::optional<std::chrono::steady_clock::time_point> partial_since_;
-  std::deque<std::vector<uint8_t>> out_;
-  uint64_t unsent_ = 0;  // Bytes in out_.
-  bool paused_ = false;  // Nothing is read until out_ drains (Next::kPaused).
-  std::chrono::steady_clock::time_point paused_since_;
-  bool close_after_write_ = false;
-  bool closed_ = false;
-  bool refused_ = false;
-  Status why_refused_;
-  std::chrono::steady_clock::time_point accepted_ = std::chrono::steady_clock::now();
-};
-
 void Server::Impl::Accept() {
   acceptor.async_accept([this](boost::system::error_code ec, stream_protocol::socket socket) {
     if (ec == asio::error::operation_aborted || stopping) return;
@@ -458,7 +164,7 @@ void Server::Impl::Accept() {
       service.CountRefused();
       LogLimited(LogLevel::kWarn, "refused", "refused a connection: " + allowed.message());
     }
-    auto conn = std::make_shared<Connection>(*this, std::move(socket));
+    auto conn = std::make_shared<Connection>(host, std::move(socket));
     if (allowed.ok()) conn->SetPeer(*peer); else conn->Refuse(allowed);
     connections.insert(conn);
     conn->Start();

@@ -37,9 +37,8 @@ class Server {
   int Run();
   void Stop();
 
-  struct Impl;  // Internal; public so the connections in server.cc can name it.
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

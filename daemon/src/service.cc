@@ -35,44 +35,9 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
     if (!events.ok()) return events.status();
     svc->events_ = std::move(events).value();
   }
-  for (size_t p = 0; p < config.profiles.size(); ++p) {
-    // The shared engine first, then one per isolated tenant (engine_set.h).
-    std::vector<std::string> domains{""};
-    for (const TenantConfig& t : config.tenants) {
-      if (t.isolated) domains.push_back(t.name);
-    }
-    for (std::string& tenant : domains) {
-      tiering::EngineOptions options = EngineOptionsFor(config, p, tenant);
-      svc->warm_.BeforeEngine(config, options.name);
-      options.warm_restart = svc->warm_.enabled();
-      if (stores::StoreChain* chain = svc->stores_.get()) {
-        // Blocks landing in the host tier and dropped from it go to the stores.
-        options.stores_below = true;
-        // A write-through store gets each block as soon as it is committed.
-        for (const StoreTierConfig& t : config.stores.tiers) options.spill_committed |= t.write_through;
-        const uint64_t fingerprint = options.profile.Fingerprint();
-        options.on_spill = [chain, fingerprint](const tiering::HostBlock& b) {
-          chain->Offer(stores::BlockRecordHeader{fingerprint, b.key, b.parent, b.key_ns}, b.tokens, b.payload,
-                       b.dropped);
-        };
-      }
-      if (EventPublisher* events = svc->events_.get()) {
-        const std::string profile = options.profile.name;
-        const uint32_t bt = options.profile.block_tokens;
-        options.on_block_event = [events, profile, bt](const tiering::BlockEvent& e) {
-          events->AddBlock(profile, bt, e);
-        };
-        options.on_session_evicted = [events, profile](std::string_view tenant_name, std::string_view session) {
-          events->AddSessionEvicted(profile, tenant_name, session);
-        };
-      }
-      const std::string who = DescribeEngine(config.profiles[p].profile.name, tenant);
-      auto engine = Engine::Create(options, *svc->backend_);
-      if (!engine.ok()) return Status(engine.status().code(), who + ": " + engine.status().message());
-      svc->warm_.AdoptInto(**engine, config, who);
-      svc->engines_.Add(EngineMember{p, std::move(tenant), std::move(engine).value()});
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(
+      BuildEngines(config, *svc->backend_, EngineWiring{svc->stores_.get(), svc->events_.get(), svc->warm_},
+                   svc->engines_));
   svc->FlushEvents();  // The stream's first batch ("cleared", and what a warm restart took back) before any client.
   return svc;
 }
@@ -268,20 +233,10 @@ bool Service::TenantIdle(const std::string& name) const {
   return true;
 }
 
-namespace {
-
-// The replies whose size grows with what the daemon holds.
-template <typename M>
-constexpr bool kGrowsWithState =
-    std::is_same_v<M, wire::ListSessionsResponse> || std::is_same_v<M, wire::SessionInfoResponse> ||
-    std::is_same_v<M, wire::StatsResponse> || std::is_same_v<M, wire::ConfigResponse>;
-
-}  // namespace
-
+// Every reply is sized (a counting pass, no copy: well under a microsecond for
+// the common ones), so no reply type that grows with what the daemon holds can
+// be forgotten.
 void Service::FitOneFrame(Reply& reply) {
-  const bool grows =
-      std::visit([](const auto& m) { return kGrowsWithState<std::decay_t<decltype(m)>>; }, reply.message);
-  if (!grows) return;
   const Result<size_t> bytes = wire::PayloadSize(reply.message);
   if (bytes.ok() && *bytes <= wire::kMaxPayload) return;
   const std::string name = wire::MessageTypeName(wire::TypeOf(reply.message));
@@ -336,92 +291,6 @@ bool Service::MayWaitForRoom(ClientState& c) {
   if (now - *c.waiting_for_room < kRoomWaitLimit) return true;
   ++counters_.room_wait_timeouts;
   return false;
-}
-
-Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
-  if (c.welcomed) return FailedPrecondition("Hello was already received on this connection");
-  if (m.min_version > wire::kProtocolVersion || m.max_version < wire::kProtocolVersion) {
-    return Status(StatusCode::kVersionMismatch, "client speaks protocol versions " + std::to_string(m.min_version) +
-                                                    ".." + std::to_string(m.max_version) + ", this kvtierd speaks " +
-                                                    std::to_string(wire::kProtocolVersion));
-  }
-  int profile = 0;
-  if (!m.profile.empty()) {
-    profile = -1;
-    for (size_t i = 0; i < engines_.profiles(); ++i) {
-      if (engines_.Shared(i).profile().name == m.profile) profile = static_cast<int>(i);
-    }
-    if (profile < 0) {
-      return NotFound("no model profile named '" + m.profile + "' (see cachectl config)");
-    }
-  }
-  if (const std::vector<ModelId>& accepted = config_.profiles[static_cast<size_t>(profile)].models;
-      !accepted.empty() && std::find(accepted.begin(), accepted.end(), m.model) == accepted.end()) {
-    std::string list;
-    for (const ModelId& id : accepted) list += (list.empty() ? "" : ", ") + id.ToHex();
-    return Status(StatusCode::kPermissionDenied,
-                  "profile '" + config_.profiles[static_cast<size_t>(profile)].profile.name + "' accepts only models " +
-                      list + " (profiles[].models); this client " +
-                      (m.model.IsNull() ? std::string("gave no model identity") : "runs " + m.model.ToHex()));
-  }
-  if (counters_.clients >= config_.max_clients) {
-    return ResourceExhausted("kvtierd serves at most " + std::to_string(config_.max_clients) + " clients");
-  }
-  if (!m.tenant.empty() && !IsValidTenantName(m.tenant)) {
-    // Not echoed: it may be long, or hold what a log line or a metric label must not.
-    return InvalidArgument("Hello.tenant: a tenant name is 1-" + std::to_string(kMaxTenantName) +
-                           " characters of [A-Za-z0-9._-]; got a " + std::to_string(m.tenant.size()) +
-                           "-byte name that is not");
-  }
-  auto tenant = access_.TenantFor(c.peer, m.tenant);
-  if (!tenant.ok()) return tenant.status();
-  const size_t member = engines_.IndexOf(static_cast<size_t>(profile), *tenant);
-  Engine& e = *engines_[member].engine;
-  // Last before the welcome (nothing after it fails), so every Connect has its Disconnect.
-  KVTIER_RETURN_IF_ERROR(
-      tenants_.Connect(*tenant, config_.max_tenants, [this](const std::string& t) { return TenantIdle(t); }));
-  c.welcomed = true;
-  c.name = Printable(m.client_name);  // Shown in logs and by cachectl: never raw peer bytes.
-  c.pid = m.pid;
-  c.tenant = *tenant;
-  c.admin = access_.IsAdmin(c.peer);
-  c.profile = profile;
-  c.engine = member;
-  // The namespace salt is the authenticated tenant, never a name the client chose.
-  c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
-  c.model = m.model;
-  ++counters_.clients;
-  ++counters_.connections;
-
-  wire::Welcome w;
-  w.version = wire::kProtocolVersion;
-  w.instance_id = instance_id_;
-  w.client_id = c.id;
-  w.profile = e.profile();
-  w.ns = KeyNamespace(c.ns, c.model);  // What the client chains its keys in.
-  w.backend = WireBackendKind(backend_->kind());
-  // The segments travel as descriptors with the Welcome (wire.h: the pools
-  // without an IPC handle in tier order, the index, the fences); their names
-  // are labels. A client gets no other way in: nothing is in /dev/shm.
-  std::vector<int> fds;
-  for (Tier t : kTiers) {
-    const tiering::PoolHandle h = e.pool(t).Export();
-    w.pools.push_back(wire::PoolDesc{t, h.slot_bytes, h.slots, h.shm_name, h.ipc_handle});
-    if (h.ipc_handle.empty()) fds.push_back(h.fd);
-  }
-  w.index_segment = e.index_segment_name();
-  w.fence_segment = backend_->FenceSegmentName();
-  fds.push_back(e.index_fd());
-  fds.push_back(backend_->FenceSegmentFd());
-  w.max_blocks_per_request = config_.max_blocks_per_request;
-  w.max_payload = config_.max_frame_bytes;
-  w.fence_events = backend_->PromotionFenceEvents();
-  LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) + ", " +
-          c.peer.Describe() + ", tenant '" + c.tenant + "'" + (c.admin ? ", admin" : "") +
-          (c.model.IsNull() ? std::string() : ", model " + c.model.ToHex()) + ", " + engines_.Describe(member) + ")");
-  Reply reply{std::move(w)};
-  reply.fds = std::move(fds);
-  return reply;
 }
 
 Result<Reply> Service::On(ClientState&, const wire::Ping& m) { return Reply{wire::Pong{m.nonce}}; }
@@ -512,52 +381,6 @@ Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
   return Reply{std::move(out)};
 }
 
-bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engine& e) {
-  const auto now = std::chrono::steady_clock::now();
-  if (c.fetch) {
-    if (c.fetch->result) return false;  // Came already; the Acquire waited for GPU room since.
-    if (auto result = stores_->TakeFetch(c.fetch->id)) {
-      c.fetch->result = std::move(result);
-      counters_.store_fetched_blocks += c.fetch->result->blocks();
-      return false;
-    }
-    if (now < c.fetch->deadline) return true;
-    // Past stores.fetch_budget_ms: served from the local tiers, the late result discarded.
-    stores_->CancelFetch(c.fetch->id);
-    c.fetch.reset();
-    ++counters_.store_fetch_timeouts;
-    LogLimited(LogLevel::kWarn, "store fetch timeout",
-               "a fetch from the stores took longer than stores.fetch_budget_ms (" +
-                   std::to_string(config_.stores.fetch_budget_ms) + " ms): answered from the local tiers");
-    return false;
-  }
-  const ModelProfile& profile = e.profile();
-  const uint32_t bt = profile.block_tokens;
-  if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
-  size_t want = m.keys.size();
-  if (config_.max_session_blocks != 0) want = std::min<size_t>(want, config_.max_session_blocks);
-  const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model);
-  if (matched >= want) return false;
-  // At most stores.max_fetch_bytes held in memory per fetch (at least one block).
-  const uint64_t most = std::max<uint64_t>(1, config_.stores.max_fetch_bytes / profile.BlockBytes());
-  want = std::min<size_t>(want, matched + most);
-  stores::FetchRequest r;
-  r.profile_fingerprint = profile.Fingerprint();
-  r.payload_bytes = profile.BlockBytes();
-  r.block_tokens = bt;
-  r.key_ns = KeyNamespace(c.ns, c.model);
-  r.parent = matched == 0 ? BlockKey{} : m.keys[matched - 1];
-  r.keys.assign(m.keys.begin() + matched, m.keys.begin() + static_cast<std::ptrdiff_t>(want));
-  r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
-  c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)),
-                                    matched,
-                                    now + std::chrono::milliseconds(config_.stores.fetch_budget_ms),
-                                    std::nullopt,
-                                    {}};
-  ++counters_.store_fetches;
-  return true;
-}
-
 Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
   if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
   auto after = WatchClientWork(c, m.after_event, "release");
@@ -594,201 +417,6 @@ Result<Reply> Service::On(ClientState& c, const wire::DemoteRequest& m) {
   auto r = EngineOf(c).Demote(TenantOf(c), m.session);
   if (!r.ok()) return r.status();
   return Reply{wire::CountResponse{*r}};
-}
-
-Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
-  const auto profile = static_cast<size_t>(c.profile);
-  if (m.all && !c.admin) {
-    return Status(StatusCode::kPermissionDenied, "evict --all is for admins (access.admin_users / admin_groups); " +
-                                                     c.peer.Describe() + " is not an admin");
-  }
-  if (!m.session.empty()) {
-    // With a tenant too: that tenant's session (admins only, unless it is the client's own).
-    auto tenant = TenantToActOn(c, m.tenant, "evict a session");
-    if (!tenant.ok()) return tenant.status();
-    Engine& e = engines_.Of(profile, *tenant);
-    const Status st = e.Evict(TenantNamed(*tenant, e), m.session);
-    if (!st.ok()) return st;
-    LogInfo("client " + std::to_string(c.id) + " evicted session '" + m.session + "' of tenant '" + *tenant + "'");
-    return Reply{wire::CountResponse{1}};
-  }
-  if (!m.all && m.tenant.empty()) return InvalidArgument("evict needs a session, a tenant or all");
-  if (!m.all) {
-    auto tenant = TenantToActOn(c, m.tenant, "evict the sessions");
-    if (!tenant.ok()) return tenant.status();
-  }
-  // One tenant's sessions are one range of its engine's table: only that range is walked.
-  uint32_t n = 0;
-  if (m.all) {
-    for (size_t i = engines_.First(profile); i < engines_.Last(profile); ++i) {
-      n += engines_[i].engine->EvictSessions(std::nullopt);
-    }
-  } else {
-    Engine& e = engines_.Of(profile, m.tenant);
-    n = e.EvictSessions(TenantNamed(m.tenant, e).ns);
-  }
-  LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
-          (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
-  return Reply{wire::CountResponse{n}};
-}
-
-Result<Reply> Service::On(ClientState& c, const wire::SetPriorityRequest& m) {
-  if (m.ttl_ms > static_cast<uint64_t>(std::chrono::milliseconds(tiering::kMaxPriorityTtl).count())) {
-    return InvalidArgument("priority ttl of " + std::to_string(m.ttl_ms) + " ms exceeds " +
-                           std::to_string(tiering::kMaxPriorityTtl.count()) + " hours");
-  }
-  const auto ttl = std::chrono::milliseconds(static_cast<int64_t>(m.ttl_ms));
-  const Status st = EngineOf(c).SetPriority(TenantOf(c), m.session, m.priority, ttl);
-  if (!st.ok()) return st;
-  if (m.ttl_ms > 0) {
-    LogInfo("client " + std::to_string(c.id) + " set session '" + m.session + "' to priority " +
-            std::to_string(m.priority) + " for " + std::to_string(m.ttl_ms) + " ms");
-  }
-  return Reply{wire::OkResponse{}};
-}
-
-wire::SessionSummary Service::Summarize(const tiering::SessionInfo& s) const {
-  wire::SessionSummary out;
-  out.tenant = s.tenant;
-  out.id = s.id;
-  out.priority = s.priority;
-  out.last_use_ms_ago = s.idle_ms;
-  out.blocks = s.blocks;
-  out.gpu_blocks = s.blocks_in[Tier::kGpu];
-  out.host_blocks = s.blocks_in[Tier::kHost];
-  out.moving = s.moving;
-  out.tokens = s.tokens;
-  out.model = s.model;
-  return out;
-}
-
-Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
-  // A client sees its own tenant's sessions; an admin every tenant's (or one's).
-  std::string only = m.tenant_filter;
-  if (!c.admin) {
-    auto tenant = TenantToActOn(c, m.tenant_filter, "list the sessions");
-    if (!tenant.ok()) return tenant.status();
-    only = *tenant;
-  }
-  const auto profile = static_cast<size_t>(c.profile);
-  tiering::SessionPageLimits limits;
-  limits.row_bytes = wire::EncodedSize(SessionSummary{});
-  std::optional<tiering::SessionCursor> after;
-  // The engines listed: one tenant's, or (an admin's whole listing) every
-  // engine of the profile in set order, resuming in the cursor's tenant's.
-  size_t first = engines_.IndexOf(profile, only), last = first + 1;
-  if (only.empty() && c.admin) {
-    first = engines_.First(profile);
-    last = engines_.Last(profile);
-  }
-  if (m.page) {
-    limits.sessions = m.page->limit == 0 ? kSessionsPerPage : std::min<size_t>(m.page->limit, kSessionsPerPage);
-    limits.bytes = kPageBytes;
-    limits.chain_blocks = kPageChainBlocks;
-    if (!m.page->after_id.empty()) {
-      const size_t resume = engines_.IndexOf(profile, m.page->after_tenant);
-      if (resume < first || resume >= last) return Reply{wire::ListSessionsResponse{}};  // Nothing after it here.
-      first = resume;
-      after = tiering::SessionCursor{TenantNamed(m.page->after_tenant, *engines_[resume].engine).ns, m.page->after_id};
-    }
-  } else {
-    // The older request gets every session in one reply, or an error: never a
-    // cut list (the client could not tell), never a frame it cannot take.
-    limits.sessions = wire::kMaxArray;
-    limits.bytes = wire::kMaxPayload - 4;  // Less the array's count.
-    limits.chain_blocks = kUnpagedChainBlocks;
-  }
-  tiering::SessionPage page;
-  for (size_t i = first; i < last; ++i) {
-    const Engine& e = *engines_[i].engine;
-    std::optional<Namespace> filter;  // One tenant's range of the table, or all of it.
-    if (!c.admin || !only.empty()) filter = TenantNamed(only, e).ns;
-    tiering::SessionPage part = e.ListSessions(filter, i == first ? after : std::nullopt, limits);
-    for (const tiering::SessionInfo& s : part.sessions) {
-      limits.bytes -= std::min(limits.bytes, limits.row_bytes + s.id.size() + s.tenant.size());
-      limits.chain_blocks -= std::min<uint64_t>(limits.chain_blocks, s.blocks);
-    }
-    limits.sessions -= std::min(limits.sessions, part.sessions.size());
-    if (page.sessions.empty()) {
-      page.sessions = std::move(part.sessions);  // The usual case: one engine, no copy.
-    } else {
-      page.sessions.insert(page.sessions.end(), std::make_move_iterator(part.sessions.begin()),
-                           std::make_move_iterator(part.sessions.end()));
-    }
-    // A full page with engines still to list: the next page resumes after its last row.
-    const bool full = limits.sessions == 0 || limits.bytes <= limits.row_bytes || limits.chain_blocks == 0;
-    if (part.more || (full && i + 1 < last)) {
-      page.more = true;
-      break;
-    }
-  }
-  if (!m.page && page.more) {
-    return ResourceExhausted("the sessions do not fit one reply (more than " + std::to_string(page.sessions.size()) +
-                             " of them); list them page by page (cachectl sessions, or libkvtier's ListSessions, "
-                             "which page with ListSessionsRequest.page)");
-  }
-  wire::ListSessionsResponse out;
-  out.sessions.reserve(page.sessions.size());
-  for (const tiering::SessionInfo& s : page.sessions) out.sessions.push_back(Summarize(s));
-  out.more = m.page.has_value() && page.more;
-  return Reply{std::move(out)};
-}
-
-Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
-  const Engine& e = EngineOf(c);
-  auto r = e.GetSession(TenantOf(c), m.session);
-  if (!r.ok()) {
-    if (c.fetch && stores_ != nullptr) stores_->CancelFetch(c.fetch->id);
-    c.fetch.reset();
-    return r.status();
-  }
-  std::vector<BlockKey> away;  // Dropped into the stores, held by no local tier.
-  for (size_t i = 0; i < r->below.size(); ++i) {
-    if (!r->below_local[i]) away.push_back(r->below[i]);
-  }
-  std::unordered_map<BlockKey, uint8_t, BlockKeyHash> places;  // Of `away`, as the stores said in time.
-  if (!away.empty() && stores_ != nullptr && !LocateInStores(c, e, away, places)) return Reply::Deferred();
-  wire::SessionInfoResponse out;
-  out.summary = Summarize(*r);
-  out.chain = r->chain;
-  for (Tier t : r->tiers) out.tiers.push_back(static_cast<uint8_t>(t));
-  for (size_t i = 0; i < r->below.size(); ++i) {
-    out.chain.push_back(r->below[i]);
-    uint8_t place = kPlaceUnknown;
-    if (r->below_local[i]) {
-      place = static_cast<uint8_t>(*r->below_local[i]);
-    } else if (auto it = places.find(r->below[i]); it != places.end()) {
-      place = it->second;
-    }
-    out.tiers.push_back(place);
-  }
-  return Reply{std::move(out)};
-}
-
-bool Service::LocateInStores(ClientState& c, const Engine& e, const std::vector<BlockKey>& away,
-                             std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places) {
-  const auto now = std::chrono::steady_clock::now();
-  if (!c.fetch) {
-    stores::FetchRequest r;
-    r.profile_fingerprint = e.profile().Fingerprint();
-    r.keys = away;
-    r.locate = true;
-    c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)), 0, now + kLocateWaitLimit, std::nullopt, away};
-    return false;
-  }
-  if (!c.fetch->result) c.fetch->result = stores_->TakeFetch(c.fetch->id);
-  if (!c.fetch->result && now < c.fetch->deadline) return false;
-  if (c.fetch->result) {
-    // The keys asked about when the session was read first (one that differs now shows as unknown).
-    const std::vector<uint8_t>& store = c.fetch->result->store;
-    for (size_t i = 0; i < c.fetch->located.size(); ++i) {
-      places[c.fetch->located[i]] = i < store.size() ? static_cast<uint8_t>(kPlaceStoreBase + store[i]) : kPlaceNowhere;
-    }
-  } else {
-    stores_->CancelFetch(c.fetch->id);
-  }
-  c.fetch.reset();
-  return true;
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::StatsRequest&) {

@@ -186,10 +186,10 @@ class Service {
   // Finds the handler of `request`'s type; turns its error into an
   // ErrorResponse, which closes the connection of a client not welcomed (yet).
   Reply Dispatch(ClientState& c, const wire::Message& request);
-  // A reply that grows with what the daemon holds (sessions, chains, tenants,
-  // the configuration) is sized before it is sent; one that would not fit one
-  // frame becomes an ErrorResponse (resource_exhausted) saying so, never a
-  // frame the client rejects. Every other reply is bounded by the limits.
+  // Every reply is sized before it is sent: one that would not fit one frame
+  // (those that grow with what the daemon holds: sessions, chains, tenants,
+  // the configuration) becomes an ErrorResponse (resource_exhausted) saying
+  // so, never a frame the client rejects.
   static void FitOneFrame(Reply& reply);
 
   // The handlers. REQUIRES: c.welcomed, except for Hello. Each returns the
@@ -210,8 +210,10 @@ class Service {
   Result<Reply> On(ClientState& c, const wire::SessionInfoRequest& m);
   Result<Reply> On(ClientState& c, const wire::StatsRequest& m);
   Result<Reply> On(ClientState& c, const wire::ConfigRequest& m);
-  // Every other message type is a reply, which no client sends.
+  // Every other message type is a reply, which no client sends. A request
+  // without its On above matches nothing: it does not compile.
   template <typename M>
+    requires(!wire::kIsRequest<M>)
   Result<Reply> On(ClientState&, const M&) {
     return InvalidArgument(std::string(M::kName) + " is not a request");
   }

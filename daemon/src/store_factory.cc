@@ -1,8 +1,6 @@
 // Opening the stores below the host tier (store_factory.h).
 #include "store_factory.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -59,13 +57,6 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
     if (!store.ok()) return Status(store.status().code(), key + " (" + t.kind + "): " + store.status().message());
     chain.push_back(stores::ChainedStore{std::move(store).value(), t.write_through});
   }
-  // A fetch holds its records (a block each) until the engine takes them:
-  // malloc keeps that memory for the next fetch instead of handing it back to
-  // the kernel and faulting it in again (512 page faults per fresh 2 MiB). One
-  // arena: the I/O thread's own would unmap its heaps as they empty.
-  ::mallopt(M_ARENA_MAX, 1);
-  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<uint64_t>(config.max_fetch_bytes * 2, uint64_t{1} << 30)));
   stores::StoreChainOptions o;
   o.key_prefix = config.key_prefix;
   o.max_queued_bytes = config.queue_bytes;

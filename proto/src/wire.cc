@@ -420,26 +420,6 @@ const char* MessageTypeName(MessageType type) {
 
 bool IsKnownMessageType(uint16_t type) { return Messages::IndexOf(type) >= 0; }
 
-const char* BackendKindName(BackendKind kind) {
-  switch (kind) {
-    case BackendKind::kHost:
-      return "host";
-    case BackendKind::kCuda:
-      return "cuda";
-  }
-  return "unknown";
-}
-
-std::optional<BackendKind> ParseBackendKind(std::string_view name) {
-  // The kinds are numbered from 0 without gaps; the first without a name ends them.
-  for (unsigned v = 0;; ++v) {
-    const auto kind = static_cast<BackendKind>(v);
-    const std::string_view known = BackendKindName(kind);
-    if (known == "unknown") return std::nullopt;
-    if (name == known) return kind;
-  }
-}
-
 MessageType TypeOf(const Message& m) {
   return std::visit([](const auto& msg) { return std::decay_t<decltype(msg)>::kType; }, m);
 }

@@ -200,7 +200,6 @@ class HostBackend final : public Backend {
 
 }  // namespace
 
-const char* BackendKindName(BackendKind kind) { return kind == BackendKind::kCuda ? "cuda" : "host"; }
 
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options) {
   auto fences = ShmSegment::CreateSealed(shm_names::Fences(options.name_prefix).substr(1), sizeof(FenceSegment),

@@ -50,10 +50,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "kvtier/backend_kind.h"
 #include "kvtier/block_key.h"
 #include "kvtier/fence_layout.h"
 #include "kvtier/index_layout.h"
@@ -133,11 +135,10 @@ Result<FrameHeader> DecodeHeader(std::span<const uint8_t, kHeaderBytes> bytes);
 
 // The backend a kvtierd runs (Welcome.backend). On the wire it is its name, a
 // string ("host", "cuda"), as in every protocol version-1 peer; a string that
-// names no BackendKind is a protocol error.
-enum class BackendKind : uint8_t { kHost = 0, kCuda = 1 };  // Numbered from 0, without gaps.
-// "host", "cuda"; "unknown" for a value that names no kind.
-const char* BackendKindName(BackendKind kind);
-std::optional<BackendKind> ParseBackendKind(std::string_view name);
+// names no BackendKind is a protocol error. (kvtier/backend_kind.h.)
+using kvtier::BackendKind;
+using kvtier::BackendKindName;
+using kvtier::ParseBackendKind;
 
 struct PoolDesc {
   Tier tier = Tier::kGpu;
@@ -475,6 +476,12 @@ static_assert(internal::AlternativesFollowTheEnum(static_cast<const Message*>(nu
               "wire::Message must list its alternatives in MessageType order, each with its own kType and kName");
 
 MessageType TypeOf(const Message& m);
+
+// What a client sends, each answered with one reply: Hello, Ping and every
+// *Request. kvtierd has a handler for each (a request without one does not compile).
+template <typename M>
+inline constexpr bool kIsRequest =
+    std::is_same_v<M, Hello> || std::is_same_v<M, Ping> || std::string_view(M::kName).ends_with("Request");
 
 // An ErrorResponse's Status (never ok: a kOk code reads as kInternal), and back.
 // FromStatus truncates the message to kMaxString bytes; REQUIRES: !status.ok()

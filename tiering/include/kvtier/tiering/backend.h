@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/backend_kind.h"
 #include "kvtier/fence_layout.h"
 #include "kvtier/index_layout.h"
 #include "kvtier/status.h"
@@ -21,8 +22,8 @@
 
 namespace kvtier::tiering {
 
-enum class BackendKind : uint8_t { kHost = 0, kCuda = 1 };
-const char* BackendKindName(BackendKind kind);  // "host", "cuda"
+using kvtier::BackendKind;  // kvtier/backend_kind.h: one vocabulary with the wire's.
+using kvtier::BackendKindName;
 
 struct PoolSpec {
   Tier tier = Tier::kGpu;

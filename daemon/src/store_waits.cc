@@ -1,0 +1,89 @@
+// Store waits: an Acquire or a SessionInfo that asks the stores below the host
+// tier (stores/) waits for them without holding the event loop: the request is
+// deferred (Reply::deferred) and handled again until their answer came or
+// stores.fetch_budget_ms passed (ClientState::StoreFetch).
+#include <algorithm>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "log.h"
+#include "service.h"
+
+namespace kvtier::daemon {
+
+using tiering::Engine;
+
+bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engine& e) {
+  const auto now = std::chrono::steady_clock::now();
+  if (c.fetch) {
+    if (c.fetch->result) return false;  // Came already; the Acquire waited for GPU room since.
+    if (auto result = stores_->TakeFetch(c.fetch->id)) {
+      c.fetch->result = std::move(result);
+      counters_.store_fetched_blocks += c.fetch->result->blocks();
+      return false;
+    }
+    if (now < c.fetch->deadline) return true;
+    // Past stores.fetch_budget_ms: served from the local tiers, the late result discarded.
+    stores_->CancelFetch(c.fetch->id);
+    c.fetch.reset();
+    ++counters_.store_fetch_timeouts;
+    LogLimited(LogLevel::kWarn, "store fetch timeout",
+               "a fetch from the stores took longer than stores.fetch_budget_ms (" +
+                   std::to_string(config_.stores.fetch_budget_ms) + " ms): answered from the local tiers");
+    return false;
+  }
+  const ModelProfile& profile = e.profile();
+  const uint32_t bt = profile.block_tokens;
+  if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
+  size_t want = m.keys.size();
+  if (config_.max_session_blocks != 0) want = std::min<size_t>(want, config_.max_session_blocks);
+  const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model);
+  if (matched >= want) return false;
+  // At most stores.max_fetch_bytes held in memory per fetch (at least one block).
+  const uint64_t most = std::max<uint64_t>(1, config_.stores.max_fetch_bytes / profile.BlockBytes());
+  want = std::min<size_t>(want, matched + most);
+  stores::FetchRequest r;
+  r.profile_fingerprint = profile.Fingerprint();
+  r.payload_bytes = profile.BlockBytes();
+  r.block_tokens = bt;
+  r.key_ns = KeyNamespace(c.ns, c.model);
+  r.parent = matched == 0 ? BlockKey{} : m.keys[matched - 1];
+  r.keys.assign(m.keys.begin() + matched, m.keys.begin() + static_cast<std::ptrdiff_t>(want));
+  r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
+  c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)),
+                                    matched,
+                                    now + std::chrono::milliseconds(config_.stores.fetch_budget_ms),
+                                    std::nullopt,
+                                    {}};
+  ++counters_.store_fetches;
+  return true;
+}
+
+bool Service::LocateInStores(ClientState& c, const Engine& e, const std::vector<BlockKey>& away,
+                             std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!c.fetch) {
+    stores::FetchRequest r;
+    r.profile_fingerprint = e.profile().Fingerprint();
+    r.keys = away;
+    r.locate = true;
+    c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)), 0, now + kLocateWaitLimit, std::nullopt, away};
+    return false;
+  }
+  if (!c.fetch->result) c.fetch->result = stores_->TakeFetch(c.fetch->id);
+  if (!c.fetch->result && now < c.fetch->deadline) return false;
+  if (c.fetch->result) {
+    // The keys asked about when the session was read first (one that differs now shows as unknown).
+    const std::vector<uint8_t>& store = c.fetch->result->store;
+    for (size_t i = 0; i < c.fetch->located.size(); ++i) {
+      places[c.fetch->located[i]] = i < store.size() ? static_cast<uint8_t>(kPlaceStoreBase + store[i]) : kPlaceNowhere;
+    }
+  } else {
+    stores_->CancelFetch(c.fetch->id);
+  }
+  c.fetch.reset();
+  return true;
+}
+
+}  // namespace kvtier::daemon
