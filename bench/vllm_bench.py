@@ -9,10 +9,15 @@ round, the same prefix with a new question (--suffix tokens) goes to
   (i)   B, which loads the prefix from kvtierd            ttft_kvtier_ms
   (ii)  R, which recomputes it                            ttft_recompute_ms
   (iii) A, which finds it in its own prefix cache         ttft_own_prefix_cache_ms
-and a prompt nobody has seen goes to B and to R (zero reuse: what the connector
-costs when it finds nothing; zero_reuse_ratio = B / R). Ratios are medians of
-per-round ratios, with the smallest and largest; TTFT is vLLM's own first-token
-latency. Each timed request waits --settle seconds first: after a step, a vLLM
+and prompts nobody has seen go to B and to R (zero reuse: what the connector
+costs when it finds nothing). zero_reuse_ratio compares B with itself: a new
+prompt that the connector looks up and saves, against one with a cache_salt,
+which it leaves alone (no lookup, no save: B as if without it), so that the
+figure is the connector's work and not the difference between two processes.
+That difference is zero_reuse_vs_engine_without_connector (B / R): engines
+started alike differ by several percent in either direction on a small machine,
+more than the connector costs. Ratios are medians of per-round ratios, with the
+smallest and largest; TTFT is vLLM's own first-token latency. Each timed request waits --settle seconds first: after a step, a vLLM
 worker busy-polls its queue for a second, which on a small machine takes a core
 from the engine timed next. The model defaults to the real one (scripts/make_model.py), with
 kvtierd's smollm2 profile. Prints progress, then one JSON object as its last line.
@@ -88,7 +93,7 @@ def main() -> int:
         cases = {"kvtier": "B", "recompute": "R", "own_prefix_cache": "A"}
         ttft = {k: [] for k in cases}
         cached = {k: [] for k in cases}
-        zero = {"B": [], "R": []}
+        zero = {"B": [], "B salted": [], "R": []}
         same_tokens = 0
         for r in range(a.rounds):
             prefix = tokens(a.prefix)
@@ -103,16 +108,20 @@ def main() -> int:
                 cached[case].append(out["cached"])
                 firsts.append(out["tokens"])
             same_tokens += all(t == firsts[0] for t in firsts)
-            for name in (["B", "R"] if r % 2 == 0 else ["R", "B"]):
+            zorder = list(zero)[r % 3:] + list(zero)[:r % 3]
+            for name in zorder:
                 time.sleep(a.settle)
-                zero[name].append(engines[name].generate([tokens(a.prefix + a.suffix)], max_tokens=1)[0]["ttft"] * 1000)
+                salt = [f"zero-reuse-{r}"] if name == "B salted" else None
+                zero[name].append(engines[name.split()[0]].generate([tokens(a.prefix + a.suffix)], max_tokens=1,
+                                                                    salts=salt)[0]["ttft"] * 1000)
             print(f"  round {r + 1}: kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
                   f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
-                  f"({cached['own_prefix_cache'][-1]} cached); zero reuse B {zero['B'][-1]:.1f} / R "
-                  f"{zero['R'][-1]:.1f} ms", file=sys.stderr, flush=True)
+                  f"({cached['own_prefix_cache'][-1]} cached); zero reuse B {zero['B'][-1]:.1f}, B salted "
+                  f"{zero['B salted'][-1]:.1f}, R {zero['R'][-1]:.1f} ms", file=sys.stderr, flush=True)
         ratio_own = [k / o for k, o in zip(ttft["kvtier"], ttft["own_prefix_cache"])]
         ratio_recompute = [c / k for c, k in zip(ttft["recompute"], ttft["kvtier"])]
-        ratio_zero = [b / r for b, r in zip(zero["B"], zero["R"])]
+        ratio_zero = [b / o for b, o in zip(zero["B"], zero["B salted"])]
+        ratio_zero_r = [b / r for b, r in zip(zero["B"], zero["R"])]
         result = {
             "bench": "vllm", "model": os.path.basename(os.path.normpath(model)), "prefix_tokens": a.prefix,
             "suffix_tokens": a.suffix, "rounds": a.rounds, "seed": seed,
@@ -126,6 +135,8 @@ def main() -> int:
             "recompute_vs_kvtier": spread(ratio_recompute),
             "zero_reuse_ratio": round(statistics.median(ratio_zero), 3),
             "zero_reuse_ratio_spread": spread(ratio_zero),
+            "zero_reuse_vs_engine_without_connector": spread(ratio_zero_r),
+            "ttft_zero_reuse_ms": {k: round(statistics.median(v), 2) for k, v in zero.items()},
             "cached_tokens_kvtier": statistics.median(cached["kvtier"]),
             "cached_tokens_own_prefix_cache": statistics.median(cached["own_prefix_cache"]),
             "rounds_with_equal_tokens": same_tokens,

@@ -178,9 +178,12 @@ def save_blocks(client, paged: PagedKV, tokens: list[int], session: str, block_i
     pieces = paged.pieces(client.block_tokens)
     bt = client.block_tokens
     total = len(block_ids) * pieces
-    if have < total and client.probe(tokens[: total * bt]) >= total:
+    cached = client.probe(tokens[: total * bt]) if have < total else have
+    if cached >= total:
         return have, 0  # Every block is in kvtierd already (another engine's, an earlier request's).
-    if have < total:
+    if cached == 0:
+        have = 0  # Nothing of it is cached (kvtierd may have restarted): written from the start.
+    elif have < total:
         # What kvtierd holds of this prefix becomes the session's chain; only the rest is written.
         with client.acquire(tokens[: total * bt], session=session, promote=False) as lease:
             have = len(lease)

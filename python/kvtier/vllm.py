@@ -257,6 +257,9 @@ class _Save:
 class KvtierConnectorMetadata(KVConnectorMetadata):
     loads: list[_Load] = dataclasses.field(default_factory=list)
     saves: list[_Save] = dataclasses.field(default_factory=list)
+    # Requests whose blocks vLLM freed since the last step (finished, preempted):
+    # the only blocks this step may write that a save still running could read.
+    freed: set[str] = dataclasses.field(default_factory=set)
 
 
 # --- the connector --------------------------------------------------------------------
@@ -320,21 +323,36 @@ class _Connection:
         self._stop.set()
 
 
+# The save thread's nice value: on a machine where the engine's threads take
+# every core, its copies give way to the forward and the step's output path.
+_SAVER_NICE = 10
+
+
 class _Saver:
-    """One thread that runs the steps' saves, in order; drain() returns once
-    every save queued so far has ended."""
+    """One thread that runs the steps' saves, in order. drain() returns once
+    every save queued so far has ended; busy(ids) says whether a save of one
+    of those requests is queued or running."""
 
     def __init__(self):
         self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}  # Request id -> its saves queued or running.
         self._thread = threading.Thread(target=self._run, name="kvtier-save", daemon=True)
         self._thread.start()
 
-    def put(self, fn) -> None:
-        self._queue.put(fn)
+    def put(self, fn, rid: str | None = None) -> None:
+        if rid is not None:
+            with self._lock:
+                self._pending[rid] = self._pending.get(rid, 0) + 1
+        self._queue.put((fn, rid))
 
     def _run(self) -> None:
+        try:  # Behind the engine's own threads for the CPU (Linux: a thread's nice value is its own).
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _SAVER_NICE)
+        except (AttributeError, OSError):
+            pass
         while True:
-            fn = self._queue.get()
+            fn, rid = self._queue.get()
             try:
                 if fn is None:
                     return
@@ -342,13 +360,23 @@ class _Saver:
             except Exception:  # noqa: BLE001 - a save that fails is logged; the engine goes on
                 _log.exception("kvtier: a save failed")
             finally:
+                if rid is not None:
+                    with self._lock:
+                        if self._pending[rid] == 1:
+                            del self._pending[rid]
+                        else:
+                            self._pending[rid] -= 1
                 self._queue.task_done()
+
+    def busy(self, rids) -> bool:
+        with self._lock:
+            return any(r in self._pending for r in rids)
 
     def drain(self) -> None:
         self._queue.join()
 
     def close(self) -> None:
-        self._queue.put(None)
+        self._queue.put((None, None))
         self._thread.join(timeout=60)
 
 
@@ -516,7 +544,8 @@ class KvtierConnector(KVConnectorBase_V1):
         return f"vllm-{self._engine}-{rid}"
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        meta = KvtierConnectorMetadata(loads=list(self._loads.values()))
+        freed = set(scheduler_output.finished_req_ids) | set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        meta = KvtierConnectorMetadata(loads=list(self._loads.values()), freed=freed)
         self._loads.clear()
         bs = self._block_size
         manager = self._kv_cache_manager
@@ -527,8 +556,10 @@ class KvtierConnector(KVConnectorBase_V1):
             request = self._requests.get(rid)
             if request is None or rid in self._uncached or manager is None:
                 continue
-            done = (computed + scheduler_output.num_scheduled_tokens.get(rid, 0)) // bs
-            done = min(done, request.num_tokens // bs)
+            end = computed + scheduler_output.num_scheduled_tokens.get(rid, 0)
+            if end < request.num_prompt_tokens:
+                continue  # A chunk of a long prompt: saved with the step that ends the prefill, off its TTFT.
+            done = min(end // bs, request.num_tokens // bs)
             if done <= self._saved.get(rid, 0):
                 continue
             block_ids = list(manager.get_blocks(rid).get_block_ids()[0][:done])
@@ -568,16 +599,21 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = self._connector_metadata
         return getattr(meta, kind) if isinstance(meta, KvtierConnectorMetadata) else []
 
-    def handle_preemptions(self, kv_connector_metadata) -> None:
-        # The first thing vLLM does in a step, before any block that a finished or
-        # preempted request freed can be written again: the last step's saves,
-        # which read such blocks, end here.
-        if self._saver is not None:
+    def _settle_saves(self, meta) -> None:
+        """Waits for the saves still running that read blocks vLLM freed since
+        (their request finished or was preempted): this step may write those."""
+        if self._saver is None:
+            return
+        if not isinstance(meta, KvtierConnectorMetadata) or self._saver.busy(meta.freed):
             self._saver.drain()
 
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        # The first thing vLLM does in a step, before any block that a finished or
+        # preempted request freed can be zeroed, copied into or written.
+        self._settle_saves(kv_connector_metadata)
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
-        if self._saver is not None:
-            self._saver.drain()  # Also here, for a runner that skipped handle_preemptions.
+        self._settle_saves(self._connector_metadata)  # Also here, for a runner without handle_preemptions.
         for load in self._planned("loads"):
             self._load(load)
 
@@ -615,7 +651,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # output and schedules the next; the next step drains them first.
         stream = self._stream()
         for save in self._planned("saves"):
-            self._saver.put(functools.partial(self._save, save, stream))
+            self._saver.put(functools.partial(self._save, save, stream), save.req_id)
 
     def _save(self, save: _Save, stream) -> None:
         started = time.perf_counter()
@@ -636,8 +672,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if finished_req_ids and self._saver is not None:
-            # After any save of theirs still queued (vLLM names a request finished
-            # one step after its last, so none should be).
+            # On the saver's thread: after any save of theirs still queued.
             rids = set(finished_req_ids)
             self._saver.put(lambda: [self._chain.pop(rid, None) for rid in rids])
         return None, None

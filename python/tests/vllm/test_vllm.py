@@ -293,7 +293,7 @@ def test_the_benchmark_runs_and_names_its_figures(models, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for key in ("ttft_kvtier_ms", "ttft_recompute_ms", "ttft_own_prefix_cache_ms", "zero_reuse_ratio",
-                "ttft_kvtier_spread", "zero_reuse_ratio_spread"):
+                "ttft_kvtier_spread", "zero_reuse_ratio_spread", "zero_reuse_vs_engine_without_connector"):
         assert key in result, key
     assert result["cached_tokens_kvtier"] == hit(256 + 16)
     assert result["rounds_with_equal_tokens"] == 1
