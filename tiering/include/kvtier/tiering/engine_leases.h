@@ -1,0 +1,73 @@
+// What an Engine's lease calls give and take (engine.h): write leases of GPU
+// slots and their commits, read leases of a cached prefix and their promotion
+// fence, a client's GPU work to wait for, blocks a store returned, and what the
+// lease timeout revoked.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvtier/tier.h"
+#include "kvtier/tiering/backend.h"
+
+namespace kvtier::tiering {
+
+using LeaseId = uint64_t;
+
+struct BlockLocation {
+  Tier tier = Tier::kGpu;
+  uint32_t slot = 0;
+};
+
+struct WriteLease {
+  LeaseId id = 0;
+  std::vector<uint32_t> slots;  // GPU-tier slots reserved for the caller to write.
+};
+
+struct ReadLease {
+  LeaseId id = 0;                       // 0 when nothing was leased.
+  uint32_t matched = 0;                 // Blocks of the prefix found in the cache.
+  std::vector<BlockLocation> blocks;    // The leased prefix (<= matched), in order.
+  Fence fence;                          // Completes when every promoted block has landed.
+  uint32_t promoted = 0;                // Blocks whose host->gpu copy this lease waits for.
+  uint32_t imported = 0;                // Of `matched`: placed from FetchedBlocks.
+};
+
+// What one ExpireLeases call revoked.
+struct LeaseExpiry {
+  uint32_t write = 0;    // Write leases revoked.
+  uint32_t read = 0;     // Read leases revoked.
+  uint32_t slots = 0;    // GPU slots the write leases gave back.
+  uint32_t records = 0;  // Blocks the read leases unpinned.
+  bool more = false;     // Expired leases are left for the next call (the work bound).
+  uint32_t leases() const { return write + read; }
+};
+
+// A client's GPU work on GPU-tier blocks or slots: a watch on the
+// interprocess event it recorded after that work (Backend::WatchClientEvent).
+// An engine handed one owns the watch from then on, whatever the call returns:
+// it ends it (Backend::EndWatch) once the work is done, or at destruction.
+struct GpuWork {
+  uint64_t watch = 0;   // 0: no GPU work to wait for (host backend, or done).
+  uint64_t client = 0;  // Whose event it is (ClientGone).
+  bool none() const { return watch == 0; }
+};
+
+// Blocks a store below the host tier returned for an Acquire (their records
+// verified by the caller): payloads[i] holds the bytes of block start + i of
+// the acquired keys (each the host pool's slot size).
+struct FetchedBlocks {
+  uint32_t start = 0;  // The cached prefix the fetch continued (what Match said).
+  std::vector<std::span<const std::byte>> payloads;
+};
+
+struct CommitResult {
+  uint32_t stored = 0;      // New blocks published (duplicates not counted).
+  uint32_t duplicates = 0;  // Blocks that were already cached; their slots were freed.
+};
+
+// The work bound of one ExpireLeases call, in slots and blocks given back.
+inline constexpr uint32_t kLeaseExpiryWork = 16384;
+
+}  // namespace kvtier::tiering
