@@ -85,7 +85,7 @@ python_module() {
   suffix=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') || return 1
   # shellcheck disable=SC2046  # pybind11's include flags are several words.
   c++ -O2 -std=c++20 -shared -fPIC $("$py" -m pybind11 --includes) -I"$root/client/include" -I"$root/proto/include" \
-    "$root/python/src/module.cc" "$bundle/static/libkvtier.a" "$bundle/static/libkvtier_proto.a" -ldl -pthread \
+    "$root"/python/src/*.cc "$bundle/static/libkvtier.a" "$bundle/static/libkvtier_proto.a" -ldl -pthread \
     -o "$pkg/_native$suffix" || return 1
   # test_stores.py needs a redis-server, test_events.py pyzmq and msgpack, vllm/ vLLM and real_model/ the model
   # made on the build machine: the GPU machine has none of them (and the vLLM connector's GPU copies are

@@ -187,3 +187,23 @@ def test_blocks_as_torch_tensors_view_the_pool(daemon):
         view = kvtier.hf.block_tensor(c, lease, 0)
         assert float(view.min()) == 3.5 and float(view.max()) == 3.5
         assert view.data_ptr() == lease.block(0).ctypes.data, "a view, not a copy"
+
+
+def test_gather_checks_every_size_it_computes_from_the_callers_numbers(daemon):
+    c = daemon.client()
+    t = tokens(9, 2)
+    put(c, "g", t, seed=9)
+    with c.acquire(t, promote=False) as lease:
+        layers, heads, dim = c.profile["layers"], c.profile["kv_heads"], c.profile["head_dim"]
+        out = np.zeros((layers, 2, heads, 2 * BT, dim), np.float32)
+        lease.gather(out)
+        for i in range(2):  # [layers, 2, heads, rows, dim] from the blocks' [layers, 2, rows, heads, dim].
+            np.testing.assert_array_equal(out[:, :, :, i * BT:(i + 1) * BT],
+                                          pattern(9, i, (layers, 2, BT, heads, dim)).transpose(0, 1, 3, 2, 4))
+        # 2 x 2 layers x 2 heads x 8 dims x 4 bytes = 256 bytes a row: 2**56 rows wrap to 0 bytes, and
+        # 2**56 + 1 to 256, which once matched these small buffers and wrote far past them.
+        for capacity, buf in ((2**56, np.zeros(0, np.float32)), (2**56 + 1, np.zeros(64, np.float32)),
+                              (2**63, np.zeros(0, np.float32))):
+            with pytest.raises(ValueError, match="capacity"):
+                lease.gather(buf, capacity=capacity)
+            assert not buf.any()
