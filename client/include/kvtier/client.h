@@ -318,6 +318,17 @@ class Client {
   Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, Promote promote = Promote::kNow);
   Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                             Promote promote = Promote::kNow);
+  // Before Promote: true was Promote::kNow, false Promote::kNo. Kept so that
+  // workers written against the earlier header still compile.
+  [[deprecated("pass a kvtier::Promote: kNow (was true), kNo (was false) or kAfterRead")]]
+  Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote) {
+    return Acquire(session, tokens, promote ? Promote::kNow : Promote::kNo);
+  }
+  [[deprecated("pass a kvtier::Promote: kNow (was true), kNo (was false) or kAfterRead")]]
+  Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                            bool promote) {
+    return AcquireKeys(session, keys, tokens, promote ? Promote::kNow : Promote::kNo);
+  }
 
   Result<WriteLease> Allocate(uint32_t blocks);
   // Publishes blocks written into lease slots `slot_indices` (indices into

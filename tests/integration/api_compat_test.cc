@@ -1,0 +1,58 @@
+// A worker written against an earlier client.h still compiles and behaves the
+// same: Client::Acquire and AcquireKeys took `bool promote` before Promote
+// existed (true: promote now, false: lease where they lie). The overloads are
+// deprecated, not removed; this file is built with the deprecation warning off,
+// as such a worker would be until it moves to Promote.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "daemon_config.h"
+#include "kvtier/client.h"
+#include "process.h"
+
+namespace kvtier {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::DaemonProcess;
+using testing::kSmallDaemonConfig;
+
+TEST(ApiCompatTest, AcquireWithABoolPromoteStillWorks) {
+  DaemonProcess daemon(kSmallDaemonConfig);
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  ClientOptions o;
+  o.socket_path = daemon.socket();
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::vector<TokenId> tokens(2 * (*c)->block_tokens(), 11);
+  auto w = (*c)->Allocate(2);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*c)->Commit(*w, "old", BlockKey{}, 0, tokens).ok());
+  auto demoted = (*c)->Demote("old");
+  ASSERT_TRUE(demoted.ok()) << demoted.status().ToString();
+  for (int i = 0; i < 500; ++i) {
+    auto s = (*c)->GetSession("old");
+    if (s.ok() && s->summary.host_blocks == 2) break;
+    std::this_thread::sleep_for(2ms);
+  }
+
+  auto where_they_lie = (*c)->Acquire("old", tokens, false);  // Promote::kNo
+  ASSERT_TRUE(where_they_lie.ok()) << where_they_lie.status().ToString();
+  ASSERT_EQ(where_they_lie->size(), 2u);
+  EXPECT_EQ(where_they_lie->promoted(), 0u);
+  EXPECT_EQ(where_they_lie->block(0).tier, Tier::kHost);
+  ASSERT_TRUE(where_they_lie->Release().ok());
+
+  auto keys = (*c)->Keys(tokens, BlockKey{});
+  auto now = (*c)->AcquireKeys("old", keys, tokens, true);  // Promote::kNow
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_EQ(now->promoted(), 2u);
+  ASSERT_TRUE(now->Wait(5s).ok());
+  EXPECT_EQ(now->block(0).tier, Tier::kGpu);
+}
+
+}  // namespace
+}  // namespace kvtier
