@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <new>
@@ -339,6 +340,24 @@ TEST_F(DiskStoreTest, ASymbolicLinkUnderABlockNameIsNeverFollowed) {
   ASSERT_NE(reopened, nullptr);
   EXPECT_EQ(*reopened->Present(names), 0u);
   EXPECT_TRUE(fs::exists(secret));
+}
+
+// A FIFO under a block's name once blocked the store's I/O thread in open()
+// for ever (no writer ever came): every later fetch waited its whole budget.
+TEST_F(DiskStoreTest, AFifoUnderABlockNameIsAMissNotAHang) {
+  auto store = Open();
+  ASSERT_NE(store, nullptr);
+  const Block b(2, 1000), other(3, 1000);
+  ASSERT_TRUE(store->Put(std::vector<StoreItem>{b.Item(), other.Item()}).ok());
+  ASSERT_TRUE(fs::remove(PathOf(b.Name())));
+  ASSERT_EQ(::mkfifo(PathOf(b.Name()).c_str(), 0600), 0) << std::strerror(errno);
+  const std::vector<std::string> names{b.Name(), other.Name()};
+  const auto start = std::chrono::steady_clock::now();
+  auto got = store->Get(names);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "open() waited for a writer";
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE((*got)[0].has_value());
+  EXPECT_TRUE((*got)[1].has_value()) << "the rest is read on";
 }
 
 // --- The byte cap ---------------------------------------------------------------------

@@ -141,7 +141,9 @@ int BlockFileIo::Read(const std::string& name, uint64_t max_bytes, StoreValue* o
 }
 
 int BlockFileIo::ReadFile(const std::string& name, uint64_t max_bytes, StoreValue* out, bool direct) {
-  UniqueFd fd(::openat(dir_fd_, name.c_str(), O_RDONLY | OpenFlags(direct)));
+  // O_NONBLOCK: a FIFO (or a device) under a block's name opens at once instead
+  // of waiting for a writer, and fstat below says it is no block file.
+  UniqueFd fd(::openat(dir_fd_, name.c_str(), O_RDONLY | O_NONBLOCK | OpenFlags(direct)));
   if (!fd) return errno == ELOOP ? ENOENT : errno;  // A symbolic link is no block file.
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return errno;
