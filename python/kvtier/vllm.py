@@ -34,11 +34,13 @@ How it works (docs/design.md, "vLLM connector"):
   cache layout; on the CPU, packed for the ISA), so tokens are never sliced out
   of a block; the layout is part of the identity instead.
 - Loads are synchronous (before the forward that needs them). Saves of the
-  blocks a step completed start when the step ends (wait_for_save) and run on a
-  thread while vLLM returns the step's output and schedules the next; the next
-  step drains them before anything else (handle_preemptions), so a block that a
-  finished or preempted request freed is never written while a save reads it,
-  and a save never adds to a request's time to first token. A block whose load
+  blocks a step completed (a long prompt's once its prefill ends) start when the
+  step ends (wait_for_save) and run on a thread at a low CPU priority while vLLM
+  returns the step's output and goes on. A step that may write a block a save
+  still reads (its request finished or was preempted: vLLM freed its blocks)
+  first waits for that save (handle_preemptions, the first thing vLLM does in a
+  step), so a save never reads a block being rewritten, and it adds nothing to
+  a request's time to first token. A block whose load
   failed (kvtierd gone, a prefix evicted between probe and load, a lease
   revoked) is reported by get_block_ids_with_load_errors and recomputed: a
   request never continues on bytes that were not loaded.
@@ -648,7 +650,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         # The step's saves run on the saver's thread while vLLM returns the step's
-        # output and schedules the next; the next step drains them first.
+        # output and goes on; a later step waits for one only if it may write the
+        # blocks that save reads (_settle_saves).
         stream = self._stream()
         for save in self._planned("saves"):
             self._saver.put(functools.partial(self._save, save, stream), save.req_id)
