@@ -11,6 +11,8 @@
 //   warm_restart.cc  saving and adopting the host tier across restarts
 //   engine_check.h   the invariant checker (tests)
 //   engine.cc        creation and the request API
+//   engine_leases.cc leases: granting, ending, releases, promotions at release, the timeout
+//   engine_sessions.cc  the reference counting and session bookkeeping requests share
 //
 // Everything runs on the engine's thread (see engine.h).
 #pragma once
@@ -21,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <variant>
@@ -76,6 +79,8 @@ struct RevokedLease {
   std::chrono::milliseconds held{0};     // Its age when it was revoked.
   std::chrono::milliseconds timeout{0};  // The lease timeout then.
 };
+// "write lease 7 expired after 30012 ms (limits.lease_timeout_ms: 30000)".
+std::string DescribeExpired(LeaseId id, const RevokedLease& r);
 
 // What a client's GPU work still uses, held back until the engine sees the
 // work done (gpu_work.cc): the slots of a released write lease or a commit's
