@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -38,6 +39,35 @@ struct GlobalOptions {
 int Usage(const std::string& what);
 // "30s", "5m", "2h", "1h30m", "250ms", "1d" -> milliseconds (> 0).
 Result<std::chrono::milliseconds> ParseDuration(const std::string& text);
+
+// The commands (session_commands.cc, stats_commands.cc); each returns its exit code.
+struct SessionsArgs {
+  std::string tenant;
+  std::string sort = "id";
+  size_t limit = 0;
+};
+struct EvictArgs {
+  std::string session;
+  std::string tenant;
+  bool all = false;
+};
+struct StatsArgs {
+  std::string tenant;  // Only this tenant's per-tenant figures.
+  double watch = 0;
+  bool watching = false;
+  uint64_t count = 0;
+};
+int CmdStatus(const GlobalOptions& g);
+int CmdSessions(const GlobalOptions& g, const SessionsArgs& a);
+int CmdSession(const GlobalOptions& g, const std::string& id);
+int CmdEvict(const GlobalOptions& g, const EvictArgs& a);
+// demote / prefetch: one session, a block count back.
+int CmdMove(const GlobalOptions& g, const std::string& verb, const std::string& id);
+// pin / unpin. `ttl` (pin --ttl) empty: until changed.
+int CmdPriority(const GlobalOptions& g, const std::string& verb, const std::string& id, int priority,
+                const std::string& ttl = "");
+int CmdStats(const GlobalOptions& g, const StatsArgs& a);
+int CmdConfig(const GlobalOptions& g);
 
 // cachectl events (events.cc).
 struct EventsArgs {
