@@ -101,7 +101,9 @@ Status BuildEngines(const DaemonConfig& config, tiering::Backend& backend, const
                        b.dropped);
         };
       }
-      if (EventPublisher* events = wiring.events) {
+      // An isolated tenant's blocks are out of every other tenant's reach, and the
+      // events stream is read by the socket's whole group: they are not published.
+      if (EventPublisher* events = tenant.empty() ? wiring.events : nullptr) {
         const std::string profile = options.profile.name;
         const uint32_t bt = options.profile.block_tokens;
         options.on_block_event = [events, profile, bt](const tiering::BlockEvent& e) {

@@ -26,6 +26,17 @@ namespace kvtier::daemon {
 namespace {
 
 constexpr const char* kPipe = "inproc://kvtier-events";
+// What a peer may send: a replay request is [empty, 8 bytes], a subscription a
+// topic. A larger message closes its connection before it is buffered (two
+// peers sending 700 MiB of a declared 1 GiB frame grew kvtierd by 1.4 GiB).
+constexpr int64_t kMaxReplayMessage = 64;
+constexpr int64_t kMaxSubscription = 4096;
+// Replays answered, all peers together: a burst of kReplayBurst, then
+// kReplaysPerSecond. A request past it gets the end marker alone (nothing
+// replayed; the subscriber reports the batches lost), so a flood of requests
+// costs the publisher thread little and the event loop nothing.
+constexpr double kReplaysPerSecond = 20;
+constexpr double kReplayBurst = 20;
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
 
@@ -107,6 +118,7 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::Start(const EventsConfig
   pub = zmq::socket_t(impl->context, zmq::socket_type::pub);
   pub.set(zmq::sockopt::linger, 0);
   pub.set(zmq::sockopt::sndhwm, static_cast<int>(config.queue_batches));
+  pub.set(zmq::sockopt::maxmsgsize, kMaxSubscription);
   for (const std::string* ep : {&publish, &replay}) {
     if (ep->starts_with("ipc://")) impl->socket_files.push_back(ep->substr(6));
   }
@@ -115,6 +127,7 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::Start(const EventsConfig
   router.set(zmq::sockopt::linger, 0);
   // A replay is at most replay_batches messages: queued whole, never dropped midway.
   router.set(zmq::sockopt::sndhwm, static_cast<int>(config.replay_batches + 16));
+  router.set(zmq::sockopt::maxmsgsize, kMaxReplayMessage);
   KVTIER_RETURN_IF_ERROR(Bind(router, replay, access, "events.replay"));
   pipe_out = zmq::socket_t(impl->context, zmq::socket_type::pull);
   pipe_out.set(zmq::sockopt::rcvhwm, static_cast<int>(config.queue_batches));
@@ -256,6 +269,8 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
     out.copy(m);
     return out;
   };
+  double tokens = kReplayBurst;  // Replays that may be answered now (the token bucket above).
+  auto refilled = std::chrono::steady_clock::now();
   std::array<zmq::pollitem_t, 2> items = {zmq::pollitem_t{pipe_out.handle(), 0, ZMQ_POLLIN, 0},
                                           zmq::pollitem_t{router.handle(), 0, ZMQ_POLLIN, 0}};
   for (;;) {
@@ -289,11 +304,19 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
                                              std::move(batch)};
         (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
       };
-      for (auto& [seq, batch] : kept) {
-        if (seq >= start) reply(seq, shared(batch));
+      const auto now = std::chrono::steady_clock::now();
+      tokens = std::min(kReplayBurst, tokens + std::chrono::duration<double>(now - refilled).count() * kReplaysPerSecond);
+      refilled = now;
+      if (tokens >= 1) {
+        tokens -= 1;
+        for (auto& [seq, batch] : kept) {
+          if (seq >= start) reply(seq, shared(batch));
+        }
+        counters->replays.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        counters->replays_refused.fetch_add(1, std::memory_order_relaxed);
       }
       reply(events::kReplayEnd, zmq::message_t());
-      counters->replays.fetch_add(1, std::memory_order_relaxed);
     }
   }
 }

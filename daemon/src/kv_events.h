@@ -38,6 +38,7 @@ struct EventCounters {
   std::atomic<uint64_t> batches{0};          // Closed (each took a sequence number).
   std::atomic<uint64_t> dropped_batches{0};  // Closed but not published: the publisher thread had no room.
   std::atomic<uint64_t> replays{0};          // Replay requests answered.
+  std::atomic<uint64_t> replays_refused{0};  // Past the replay rate: answered with the end marker alone.
   std::atomic<uint64_t> last_seq{0};         // The last sequence number taken (0: none yet).
 };
 

@@ -468,7 +468,8 @@ StatsView Service::View(std::vector<std::string> tenants) const {
   if (events_ != nullptr) {
     const EventCounters& c = events_->counters();
     v.events =
-        EventStats{c.events.load(), c.batches.load(), c.dropped_batches.load(), c.replays.load(), c.last_seq.load()};
+        EventStats{c.events.load(),   c.batches.load(),  c.dropped_batches.load(),
+                   c.replays.load(),  c.last_seq.load(), c.replays_refused.load()};
   }
   return v;
 }

@@ -358,6 +358,9 @@ constexpr StatRow kStats[] = {
    kNoLabel, &Events<&EventStats::dropped_batches>},
   {"event_replays", "kvtier_event_replays_total", Type::kCounter, "KV event replay requests answered", S::kDaemon,
    kNoLabel, &Events<&EventStats::replays>},
+  {"event_replays_refused", "kvtier_event_replays_refused_total", Type::kCounter,
+   "KV event replay requests past the replay rate (20 a second, all peers together): answered with the end marker "
+   "alone", S::kDaemon, kNoLabel, &Events<&EventStats::replays_refused>},
   {"event_seq", "kvtier_event_seq", Type::kGauge, "The last KV event batch's sequence number", S::kDaemon, kNoLabel,
    &Events<&EventStats::last_seq>},
 

@@ -73,7 +73,7 @@ struct ServiceCounters {
 // Everything a row reads, gathered for one rendering.
 // The KV event stream's figures (EventPublisher's counters; all 0 when off).
 struct EventStats {
-  uint64_t events = 0, batches = 0, dropped_batches = 0, replays = 0, last_seq = 0;
+  uint64_t events = 0, batches = 0, dropped_batches = 0, replays = 0, last_seq = 0, replays_refused = 0;
 };
 
 struct StatsView {

@@ -127,3 +127,100 @@ def test_batches_the_replay_no_longer_holds_are_reported_lost(tmp_path):
         assert lost.value.first == 1
     finally:
         d.stop()
+
+
+def test_an_isolated_tenants_blocks_and_sessions_never_reach_the_stream(tmp_path):
+    """The stream's readers are the socket's whole group: an isolated tenant's
+    keys, token ids and session ids must not be among what they read."""
+    d = Daemon(tmp_path, EVENTS.format(replay=4096) + """tenants:
+  - name: ta
+    isolated: true
+    gpu_blocks: 16
+    host_blocks: 64
+  - name: tb
+""")
+    try:
+        ta, tb = d.client(tenant="ta"), d.client(tenant="tb")
+        secret, public = tokens(7, 4), tokens(8, 4)
+        with ta.allocate(4) as w:
+            ta.commit(w, "ta-secret-session", secret)
+        ta.demote("ta-secret-session")
+        with tb.allocate(4) as w:
+            tb.commit(w, "tb-session", public)
+        ta.evict("ta-secret-session")
+        tb.evict("tb-session")
+        with tb.allocate(4) as w:
+            tb.commit(w, "tb-again", public)
+        time.sleep(0.2)  # The last batch closes at the next tick.
+        events = []
+        with EventStream(socket=d.socket, from_seq=1) as stream:
+            while (stream.last_seq or 0) < stat(tb, "event_seq"):
+                batch = stream.next(timeout=5)
+                assert batch is not None
+                events += batch["events"]
+        seen_keys = {e["key"] for e in events if "key" in e}
+        seen_tokens = {t for e in events for t in e.get("tokens", [])}
+        seen_sessions = {e.get("session") for e in events if e["type"] == "session_evicted"}
+        assert set(tb.keys(public)) <= seen_keys, "the shared tenant's blocks are published"
+        assert "tb-session" in seen_sessions
+        assert not set(ta.keys(secret)) & seen_keys
+        assert not set(secret) & seen_tokens
+        assert "ta-secret-session" not in seen_sessions
+    finally:
+        d.stop()
+
+
+def _rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_the_replay_endpoint_bounds_message_size_and_request_rate(events_daemon):
+    """Peers of the socket's group once grew kvtierd by 1.4 GiB with two huge
+    frames on the replay socket, and took its CPU with a pipelined replay flood."""
+    import zmq
+
+    c = events_daemon.client()
+    workload(c, 6)
+    time.sleep(0.1)
+    ctx = zmq.Context()
+    endpoint = f"ipc://{events_daemon.socket}.replay"
+    try:
+        rss = _rss_kib(events_daemon.proc.pid)
+        big = [ctx.socket(zmq.DEALER) for _ in range(4)]
+        for s in big:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(endpoint)
+            s.send_multipart([b"", b"x" * (64 << 20)])  # 64 MiB each: refused as it arrives.
+        time.sleep(1.0)
+        assert _rss_kib(events_daemon.proc.pid) - rss < 64 << 10, "kvtierd buffered the huge frames"
+
+        flood = ctx.socket(zmq.DEALER)
+        flood.setsockopt(zmq.LINGER, 0)
+        flood.setsockopt(zmq.RCVHWM, 0)
+        flood.connect(endpoint)
+        started = time.monotonic()
+        for _ in range(2000):
+            flood.send_multipart([b"", (1).to_bytes(8, "big")])
+        pings = []
+        while time.monotonic() - started < 1.5:
+            t = time.perf_counter()
+            c.ping()
+            pings.append(time.perf_counter() - t)
+            time.sleep(0.01)
+        elapsed = time.monotonic() - started
+        stats = c.stats()
+        assert stats["event_replays"] <= 20 + 20 * elapsed + 2, stats["event_replays"]
+        assert stats["event_replays_refused"] > 0
+        pings.sort()
+        assert pings[len(pings) // 2] < 0.02, f"a bystander's ping p50 {pings[len(pings) // 2] * 1000:.1f} ms"
+
+        # An honest subscriber still gets its replay once the rate allows.
+        time.sleep(1.1)
+        with EventStream(socket=events_daemon.socket, from_seq=1) as stream:
+            assert stream.next(timeout=5)["seq"] == 1
+    finally:
+        ctx.destroy(linger=0)
