@@ -281,6 +281,11 @@ uint32_t SessionsPerTenant(const DaemonConfig& c) {
   return std::max<uint32_t>(1, c.max_sessions / static_cast<uint32_t>(c.tenants.size() + 1));
 }
 
+uint32_t ClientsPerTenant(const DaemonConfig& c) {
+  if (c.max_clients_per_tenant != 0 || c.tenants.empty()) return c.max_clients_per_tenant;
+  return std::max<uint32_t>(1, c.max_clients / static_cast<uint32_t>(c.tenants.size() + 1));
+}
+
 Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_view) {
   const std::string source(source_view);
   YAML::Node root;
@@ -344,6 +349,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients", &c.max_clients, 1, 1u << 20));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions", &c.max_sessions, 1, 1u << 28));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions_per_tenant", &c.max_sessions_per_tenant, 0, 1u << 28));
+      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients_per_tenant", &c.max_clients_per_tenant, 0, 1u << 20));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_session_blocks", &c.max_session_blocks, 0, 1u << 28));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_tenants", &c.max_tenants, 1, kMaxTenants));
       KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_leases_per_client", &c.max_leases_per_client, 1, 1u << 24));

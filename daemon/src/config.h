@@ -148,6 +148,9 @@ struct DaemonConfig {
   uint32_t warm_snapshot_ms = 2000;
 
   uint32_t max_clients = 256;
+  // Clients one tenant may have connected at once; a Hello past it is refused.
+  // 0 (the default): derived, see ClientsPerTenant.
+  uint32_t max_clients_per_tenant = 0;
   uint32_t max_sessions = 65536;
   // Sessions per tenant and profile; a new one past it is refused. 0 (the
   // default): derived, see SessionsPerTenant.
@@ -204,6 +207,11 @@ inline constexpr uint64_t kMaxConfigFileBytes = uint64_t{1} << 20;
 // tenants:, and none without (a box whose clients label themselves; the fair
 // eviction of a full max_sessions keeps labels from evicting one another).
 uint32_t SessionsPerTenant(const DaemonConfig& config);
+// The per-tenant client limit in force: limits.max_clients_per_tenant, or with
+// tenants: configured max_clients / (their number + 1, for the default tenant),
+// so that no tenant can take every connection while others wait; 0 (no limit
+// of its own) without tenants:, where a tenant is a label any client may pick.
+uint32_t ClientsPerTenant(const DaemonConfig& config);
 
 struct ListenAddress {
   std::string host;  // An IP address literal, without brackets.

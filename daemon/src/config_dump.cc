@@ -89,6 +89,7 @@ std::string DumpConfig(const DaemonConfig& c) {
     << "  warm_snapshot_ms: " << c.warm_snapshot_ms << "\n"
     << "limits:\n"
     << "  max_clients: " << c.max_clients << "\n"
+    << "  max_clients_per_tenant: " << c.max_clients_per_tenant << "\n"
     << "  max_sessions: " << c.max_sessions << "\n"
     << "  max_sessions_per_tenant: " << c.max_sessions_per_tenant << "\n"
     << "  max_session_blocks: " << c.max_session_blocks << "\n"
@@ -203,6 +204,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("tiering.tick_ms", std::to_string(c.tick_ms), true);
   add("tiering.warm_snapshot_ms", std::to_string(c.warm_snapshot_ms), true);
   add("limits.max_clients", std::to_string(c.max_clients), true);
+  add("limits.max_clients_per_tenant", std::to_string(c.max_clients_per_tenant), true);
   add("limits.max_sessions", std::to_string(c.max_sessions), false);
   add("limits.max_sessions_per_tenant", std::to_string(c.max_sessions_per_tenant), false);
   add("limits.max_session_blocks", std::to_string(c.max_session_blocks), false);
@@ -281,6 +283,7 @@ ReloadPlan PlanReload(const DaemonConfig& running, const DaemonConfig& loaded) {
   n.tick_ms = loaded.tick_ms;
   n.warm_snapshot_ms = loaded.warm_snapshot_ms;
   n.max_clients = loaded.max_clients;
+  n.max_clients_per_tenant = loaded.max_clients_per_tenant;
   n.max_leases_per_client = loaded.max_leases_per_client;
   n.max_tenants = loaded.max_tenants;
   n.hello_timeout_ms = loaded.hello_timeout_ms;

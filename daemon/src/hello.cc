@@ -50,6 +50,12 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   }
   auto tenant = access_.TenantFor(c.peer, m.tenant);
   if (!tenant.ok()) return tenant.status();
+  if (const uint32_t cap = ClientsPerTenant(config_); cap != 0 && tenants_.clients(*tenant) >= cap) {
+    return ResourceExhausted("tenant '" + *tenant + "' has " + std::to_string(tenants_.clients(*tenant)) +
+                             " clients connected, its most (limits.max_clients_per_tenant" +
+                             (config_.max_clients_per_tenant == 0 ? ", by default max_clients / (tenants + 1)" : "") +
+                             "): the other tenants keep their share of the connections");
+  }
   const size_t member = engines_.IndexOf(static_cast<size_t>(profile), *tenant);
   Engine& e = *engines_[member].engine;
   // Last before the welcome (nothing after it fails), so every Connect has its Disconnect.

@@ -322,6 +322,40 @@ TEST_F(ServiceTest, StatsOfTheMostTenantsFitOneFrame) {
   EXPECT_EQ(stat("tenant." + std::string(kMaxTenantName - 1, 'n') + "0.read_errors"), 1);
 }
 
+// One tenant holding every max_clients slot locked the others out. With
+// tenants: configured, each may connect max_clients / (tenants + 1) clients by
+// default (here 6 / 3 = 2); limits.max_clients_per_tenant sets it.
+TEST_F(ServiceTest, NoTenantTakesEveryConnection) {
+  std::vector<std::unique_ptr<ClientState>> held;
+  // A Hello as `tenant` (an admin may name any tenant); its status. Kept connected if welcomed.
+  auto hello = [&](const std::string& tenant) {
+    auto c = NewClient(/*admin=*/true);
+    const Status st = Hello(*c, tenant);
+    held.push_back(std::move(c));
+    return st;
+  };
+  Start("limits:\n  max_clients: 6\ntenants:\n  - name: a\n  - name: b\n");
+  EXPECT_TRUE(hello("a").ok());
+  EXPECT_TRUE(hello("a").ok());
+  const Status refused = hello("a");
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("max_clients_per_tenant"), std::string::npos) << refused.message();
+  EXPECT_TRUE(hello("b").ok());
+  EXPECT_TRUE(hello("b").ok());
+  EXPECT_TRUE(hello("default").ok());
+  svc_->Disconnect(*held[0]);  // One of a's: a slot of its own comes back.
+  EXPECT_TRUE(hello("a").ok());
+
+  held.clear();
+  Start("limits:\n  max_clients: 6\n  max_clients_per_tenant: 5\ntenants:\n  - name: a\n");
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(hello("a").ok()) << i;
+  EXPECT_EQ(hello("a").code(), StatusCode::kResourceExhausted);
+  // Without tenants: (labels anyone may pick) there is no cap of its own.
+  held.clear();
+  Start("limits:\n  max_clients: 6\n");
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(hello("x").ok()) << i;
+}
+
 TEST_F(ServiceTest, ListSessionsPagesWhereOneReplyCannotHoldThem) {
   Start();
   auto a = Connected("a"), b = Connected("b");
