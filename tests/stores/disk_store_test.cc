@@ -360,6 +360,25 @@ TEST_F(DiskStoreTest, AFifoUnderABlockNameIsAMissNotAHang) {
   EXPECT_TRUE((*got)[1].has_value()) << "the rest is read on";
 }
 
+// A 1 GiB (sparse) file under a block's name was read whole (763 ms): a fetch
+// bounds what it reads by the record size it wants, and fstat says so first.
+TEST_F(DiskStoreTest, AFileLargerThanTheRecordAskedForIsRefusedUnread) {
+  auto store = Open(uint64_t{4} << 30);
+  ASSERT_NE(store, nullptr);
+  const Block b(4, 1000), other(5, 1000);
+  ASSERT_TRUE(store->Put(std::vector<StoreItem>{b.Item(), other.Item()}).ok());
+  const uint64_t record = b.Encode().size();
+  ASSERT_EQ(::truncate(PathOf(b.Name()).c_str(), off_t{1} << 30), 0) << std::strerror(errno);
+  const std::vector<std::string> names{b.Name(), other.Name()};
+  const auto start = std::chrono::steady_clock::now();
+  auto got = store->Get(names, record);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200)) << "read it whole?";
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE((*got)[0].has_value());
+  EXPECT_TRUE((*got)[1].has_value());
+  EXPECT_FALSE(fs::exists(PathOf(b.Name()))) << "no record of ours: evicted";
+}
+
 // --- The byte cap ---------------------------------------------------------------------
 
 TEST_F(DiskStoreTest, TheCapHoldsUnderManyPutsAndARecentlyReadKeySurvives) {

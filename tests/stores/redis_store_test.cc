@@ -198,6 +198,36 @@ TEST_F(RedisStandaloneTest, TwoMiBBinaryValuesRoundTripThroughPutGetAndPresent) 
   EXPECT_EQ(store->Get(std::vector<std::string>{"big:1"}).value()[0], "small");
 }
 
+// A value far larger than the record a fetch wants (30 MiB under a victim's
+// key, against 2 MiB records) was read whole; bounded, at most bound + 1 bytes
+// come back (GETRANGE) and the value is refused, while records of the right
+// size are served in the same call.
+TEST_F(RedisStandaloneTest, AValueLongerThanTheBoundIsRefusedWithoutBeingReadWhole) {
+  ASSERT_NE(server_, nullptr);
+  auto store = MustOpen(OptionsFor({server_->address()}, false));
+  ASSERT_NE(store, nullptr);
+  const std::vector<std::string> keys = {"rec:0", "huge:1", "rec:2"};
+  std::vector<StoreItem> items = Items(keys, kTwoMiB);
+  items[1].value.assign(30u << 20, 'x');
+  ASSERT_TRUE(store->Put(items).ok());
+  auto got = store->Get(keys, kTwoMiB);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_TRUE((*got)[0].has_value() && *(*got)[0] == items[0].value);
+  EXPECT_FALSE((*got)[1].has_value()) << "30 MiB where at most 2 MiB was asked for";
+  EXPECT_TRUE((*got)[2].has_value() && *(*got)[2] == items[2].value);
+  EXPECT_EQ(CounterOf(*store, "oversized"), 1u);
+  // A key gone since Present reads as absent, not as an empty value.
+  auto gone = store->Get(std::vector<std::string>{"never-set"}, kTwoMiB);
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE((*gone)[0].has_value());
+  // Unbounded, the whole value comes back as before.
+  auto whole = store->Get(std::vector<std::string>{"huge:1"});
+  ASSERT_TRUE(whole.ok());
+  ASSERT_TRUE((*whole)[0].has_value());
+  EXPECT_EQ((*whole)[0]->size(), size_t{30} << 20);
+}
+
 TEST_F(RedisStandaloneTest, PresentCountsTheLeadingKeysUpToTheFirstMissingOne) {
   ASSERT_NE(server_, nullptr);
   auto store = MustOpen(OptionsFor({server_->address()}, false));

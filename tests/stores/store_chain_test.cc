@@ -49,13 +49,15 @@ class MemoryStore final : public BlockStore {
     while (n < keys.size() && d_->values.count(keys[n]) != 0) ++n;
     return n;
   }
-  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) override {
+  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys,
+                                                     uint64_t max_value_bytes) override {
     std::lock_guard<std::mutex> l(d_->mu);
     if (d_->down) return Unavailable(kind_ + " is down");
     std::vector<std::optional<StoreValue>> out;
     for (const auto& k : keys) {
       auto it = d_->values.find(k);
-      out.push_back(it == d_->values.end() ? std::nullopt : std::optional<StoreValue>(StoreValue::Copy(it->second)));
+      const bool fits = it != d_->values.end() && it->second.size() <= max_value_bytes;
+      out.push_back(fits ? std::optional<StoreValue>(StoreValue::Copy(it->second)) : std::nullopt);
     }
     return out;
   }

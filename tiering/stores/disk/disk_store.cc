@@ -59,7 +59,8 @@ class DiskStore final : public BlockStore {
   std::string_view kind() const override { return "disk"; }
   std::string Describe() const override;
   Result<size_t> Present(std::span<const std::string> keys) override;
-  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) override;
+  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys,
+                                                     uint64_t max_value_bytes) override;
   Status Put(std::span<const StoreItem> items) override;
   std::vector<StoreCounter> Counters() const override;
 
@@ -145,7 +146,8 @@ Result<size_t> DiskStore::Present(std::span<const std::string> keys) {
   return n;
 }
 
-Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const std::string> keys) {
+Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const std::string> keys,
+                                                             uint64_t max_value_bytes) {
   std::vector<std::optional<StoreValue>> out;
   out.reserve(keys.size());
   for (const std::string& key : keys) {
@@ -155,7 +157,7 @@ Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const st
       continue;
     }
     StoreValue value;
-    const int err = io_.Read(*name, options_.max_bytes, &value);
+    const int err = io_.Read(*name, std::min(options_.max_bytes, max_value_bytes), &value);
     if (err == 0) {
       index_.Put(*name, value.size());  // The size read, should the file have changed.
       out.emplace_back(std::move(value));
@@ -165,7 +167,7 @@ Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const st
     if (err == ENOENT) {
       Forget(*name, false);  // Gone behind our back.
     } else if (err == EFBIG) {
-      Evict(*name);  // Grown past the cap behind our back: no value of ours.
+      Evict(*name);  // Past the cap or the size asked for (fstat said so; nothing read): no value of ours.
     } else {
       io_errors_.fetch_add(1, std::memory_order_relaxed);
       Forget(*name, true);  // Unreadable: of no use, and its space is counted.

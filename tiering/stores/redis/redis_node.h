@@ -34,6 +34,7 @@ struct RedisCounters {
   std::atomic<uint64_t> reconnects{0};          // Connections opened after a node's first.
   std::atomic<uint64_t> redirects{0};           // MOVED and ASK replies followed.
   std::atomic<uint64_t> topology_refreshes{0};  // Slot maps read (CLUSTER SLOTS).
+  std::atomic<uint64_t> oversized{0};           // Values longer than a record asked for: refused, not read whole.
   std::atomic<uint64_t> node_errors{0};         // Failed connects, AUTHs, reads and writes.
 };
 

@@ -23,7 +23,7 @@ using redis::Reply;
 constexpr int kMaxMoves = 3;
 constexpr int32_t kNoOwner = -1;
 
-enum class Op { kExists, kGet, kSet };
+enum class Op { kExists, kGet, kGetRange, kSet };
 
 // The answer to one key: a reply that is not an error, or why there is none.
 struct Outcome {
@@ -126,7 +126,8 @@ class RedisStore final : public BlockStore {
   std::string_view kind() const override { return "remote"; }
   std::string Describe() const override;
   Result<size_t> Present(std::span<const std::string> keys) override;
-  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) override;
+  Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys,
+                                                     uint64_t max_value_bytes) override;
   Status Put(std::span<const StoreItem> items) override;
   std::vector<StoreCounter> Counters() const override;
 
@@ -195,6 +196,7 @@ std::vector<StoreCounter> RedisStore::Counters() const {
       {"redirects", counters_.redirects.load(std::memory_order_relaxed), false},
       {"topology_refreshes", counters_.topology_refreshes.load(std::memory_order_relaxed), false},
       {"node_errors", counters_.node_errors.load(std::memory_order_relaxed), false},
+      {"oversized", counters_.oversized.load(std::memory_order_relaxed), false},
   };
 }
 
@@ -204,6 +206,8 @@ Command RedisStore::MakeCommand(Op op, const Request& request) const {
       return {"EXISTS", request.key};
     case Op::kGet:
       return {"GET", request.key};
+    case Op::kGetRange:
+      return {"GETRANGE", request.key, "0", request.value};
     case Op::kSet:
       if (options_.ttl_seconds == 0) return {"SET", request.key, request.value};
       return {"SET", request.key, request.value, "EX", ttl_text_};
@@ -426,17 +430,27 @@ Result<size_t> RedisStore::Present(std::span<const std::string> keys) {
   return held;
 }
 
-Result<std::vector<std::optional<StoreValue>>> RedisStore::Get(std::span<const std::string> keys) {
+Result<std::vector<std::optional<StoreValue>>> RedisStore::Get(std::span<const std::string> keys,
+                                                              uint64_t max_value_bytes) {
+  // With a bound, GETRANGE key 0 <bound>: at most bound + 1 bytes come back,
+  // and a value that long is too long, whatever its size on the server.
+  const bool bounded = max_value_bytes < kAnyValueSize;
+  const std::string last = bounded ? std::to_string(max_value_bytes) : std::string();
   std::vector<Request> requests;
   requests.reserve(keys.size());
-  for (const std::string& k : keys) requests.push_back({k, {}});
-  std::vector<Outcome> out = Execute(Op::kGet, requests);
+  for (const std::string& k : keys) requests.push_back({k, last});
+  std::vector<Outcome> out = Execute(bounded ? Op::kGetRange : Op::kGet, requests);
   if (!out.empty() && std::none_of(out.begin(), out.end(), [](const Outcome& o) { return o.answered(); })) {
     return Summarize("get", out);
   }
   std::vector<std::optional<StoreValue>> values(out.size());
   for (size_t i = 0; i < out.size(); ++i) {
     if (out[i].answered() && out[i].reply->type == REDIS_REPLY_STRING) {
+      // GETRANGE answers "" for a key gone since Present; no record is empty.
+      if (bounded && (out[i].reply->len == 0 || out[i].reply->len > max_value_bytes)) {
+        if (out[i].reply->len > max_value_bytes) counters_.oversized.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       // The reply's buffer (hiredis allocates it with malloc) is handed on, not copied.
       redisReply& r = *out[i].reply;
       values[i].emplace(StoreValue::Adopt(r.str, r.len));

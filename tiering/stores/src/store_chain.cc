@@ -274,7 +274,8 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
       c.errors.fetch_add(1, std::memory_order_relaxed);
       if (out.status.ok()) out.status = present.status();
     } else if (*present > 0) {
-      auto values = s.chained.store->Get(want.first(std::min(*present, asked)));
+      auto values = s.chained.store->Get(want.first(std::min(*present, asked)),
+                                         BlockRecordBytes(r.block_tokens, r.payload_bytes));
       if (!values.ok()) {
         c.errors.fetch_add(1, std::memory_order_relaxed);
         if (out.status.ok()) out.status = values.status();

@@ -81,6 +81,8 @@ struct StoreCounter {
 
 class BlockStore {
  public:
+  static constexpr uint64_t kAnyValueSize = UINT64_MAX;
+
   virtual ~BlockStore() = default;
 
   // "disk" or "remote": the tier it is, in metrics, logs and cachectl.
@@ -97,8 +99,11 @@ class BlockStore {
   // The values of `keys`, in order: nullopt for a key the store does not hold
   // (it may have gone since Present). Errors as Present's; a store that can
   // answer some keys and not others (one cluster node down) answers those it
-  // can and leaves the others nullopt.
-  virtual Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys) = 0;
+  // can and leaves the others nullopt. A value longer than `max_value_bytes`
+  // is nullopt too, found so without reading it whole (a fetch knows the size
+  // of the records it wants; a larger value under their key is no record).
+  virtual Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys,
+                                                            uint64_t max_value_bytes = kAnyValueSize) = 0;
 
   // Stores `items`, replacing the values of keys it holds. Errors as
   // Present's; a store past its byte cap makes room (its least recently used
