@@ -103,6 +103,8 @@ class Service:
         self.inflight_lock = threading.Lock()
         self.cache = None
         self.next_connect = 0.0
+        self._checked_at = -10.0  # When cache_connected last asked kvtierd, and what it found.
+        self._connected = False
         # --cache local: each conversation's DynamicCache kept in this process
         # (the design kvtier replaces; for comparison), the coldest dropped first.
         self.local = collections.OrderedDict()
@@ -124,6 +126,23 @@ class Service:
             except kvtier.UnavailableError as e:
                 log.warning("kvtier: %s; serving without the cache until it is back", e)
         return self.cache
+
+    def cache_connected(self) -> bool:
+        """Whether kvtierd answers now: a ping (at most one a second; the
+        answer is remembered in between). A client object alone says nothing:
+        it outlives the kvtierd it was connected to."""
+        cache = self.cache
+        if cache is None:
+            return False
+        now = time.monotonic()
+        if now - self._checked_at >= 1.0:
+            try:
+                cache.client.ping()
+                self._connected = True
+            except kvtier.Error:
+                self._connected = False
+            self._checked_at = now
+        return self._connected
 
     # --- requests --------------------------------------------------------------------
     def prompt_ids(self, messages):
@@ -243,8 +262,17 @@ def parse_request(body: bytes, service: Service):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
             raise ApiError(400, f"messages[{i}] needs a role of system, user or assistant", param=f"messages[{i}]")
         content = m.get("content")
-        if isinstance(content, list):  # Content parts: the text ones.
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if isinstance(content, list):  # Content parts: each an object with a type; the text ones are read.
+            texts = []
+            for j, p in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                if not isinstance(p, dict) or not isinstance(p.get("type"), str):
+                    raise ApiError(400, f"{where} must be an object with a 'type'", param=where)
+                if p["type"] == "text":
+                    if not isinstance(p.get("text"), str):
+                        raise ApiError(400, f"{where}.text must be a string", param=f"{where}.text")
+                    texts.append(p["text"])
+            content = "".join(texts)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string", param=f"messages[{i}].content")
         clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
@@ -257,8 +285,8 @@ def parse_request(body: bytes, service: Service):
     if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
         raise ApiError(400, "'temperature' must be a number in [0, 2]", param="temperature")
     seed = req.get("seed")
-    if seed is not None and not isinstance(seed, int):
-        raise ApiError(400, "'seed' must be an integer", param="seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64):
+        raise ApiError(400, "'seed' must be an integer of at most 64 bits", param="seed")
     return clean, max_tokens, float(temperature), seed, bool(req.get("stream", False))
 
 
@@ -272,7 +300,8 @@ def build_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": service.name, "kvtier": service.cache is not None, "cache": service.args.cache}
+        connected = await asyncio.to_thread(service.cache_connected)
+        return {"status": "ok", "model": service.name, "kvtier": connected, "cache": service.args.cache}
 
     @app.get("/v1/models")
     async def models():
@@ -281,7 +310,7 @@ def build_app(service: Service) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(service.metrics.render(service.cache is not None))
+        return PlainTextResponse(service.metrics.render(await asyncio.to_thread(service.cache_connected)))
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -159,6 +159,17 @@ def test_bad_requests_get_openai_style_errors(services):
     assert status == 404 and body["error"]["code"] == "model_not_found"
     status, body = kv.post(json.dumps({"model": "tiny-chat", "messages": []}).encode())
     assert status == 400 and body["error"]["param"] == "messages"
+    # Content parts that are no objects, or text that is no string (a 500 once); a seed past 64 bits (a 500
+    # once, and a 200 then an error event streamed).
+    for content, param in (([{"type": "text", "text": 5}], "messages[0].content[0].text"),
+                           ([1, 2], "messages[0].content[0]"), ([{"text": "no type"}], "messages[0].content[0]")):
+        status, body = kv.post(json.dumps({"model": "tiny-chat",
+                                           "messages": [{"role": "user", "content": content}]}).encode())
+        assert status == 400 and body["error"]["param"] == param, (content, status, body)
+    for stream in (False, True):
+        status, body = kv.post(json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}],
+                                           "seed": 2**70, "stream": stream}).encode())
+        assert status == 400 and body["error"]["param"] == "seed", (stream, status, body)
     with pytest.raises(openai.BadRequestError) as e:
         chat(kv, [{"role": "user", "content": "word " * 80}])
     assert e.value.code == "context_length_exceeded"
@@ -183,8 +194,13 @@ def test_kvtierd_killed_mid_conversation_means_recomputing_not_failing(services)
     kv = make("kvtier")
     messages = [{"role": "user", "content": "a chat that outlives its cache"}]
     reply, _ = chat(kv, messages)
+    assert json.loads(urllib.request.urlopen(kv.url + "/health", timeout=5).read())["kvtier"] is True
     d.proc.kill()
     d.proc.wait()
+    time.sleep(1.1)  # What /health found is remembered for a second.
+    assert json.loads(urllib.request.urlopen(kv.url + "/health", timeout=5).read())["kvtier"] is False, \
+        "kvtierd is down: /health must not say it is connected"
+    assert "kvtier_serve_cache_connected 0" in urllib.request.urlopen(kv.url + "/metrics", timeout=5).read().decode()
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "still there?"}]
     reply2, usage = chat(kv, messages)
     assert usage.prompt_tokens_details.cached_tokens == 0
