@@ -102,6 +102,7 @@ void Service::Tick() {
     lease_log_.slots += expired.slots;
   }
   LogExpiredLeases();
+  if (stores_ != nullptr) LandDetachedFetches();
   FlushLimitedLogs();
   warm_.MaybeSnapshot(engines_, config_);
   // One batch per tick (tick_ms) of what changed since (or sooner, at events.max_batch_events).

@@ -246,6 +246,9 @@ class Service {
   // Acquire should wait for it (deferred); false when it is answered now, with
   // whatever came (c.fetch->result) or without (none started, or the budget ran out).
   bool WaitForStores(ClientState& c, const wire::AcquireRequest& m, tiering::Engine& e);
+  // Places what detached fetches brought (at each tick): see DetachedFetch.
+  void LandDetachedFetches();
+  bool HasDetachedFetch(const std::string& tenant) const;
   // For a SessionInfo whose session has blocks dropped into the stores: the
   // stores' answer of where `away` (those no local tier holds) are, asked for
   // once. Returns false while the SessionInfo should wait for it (deferred);
@@ -266,6 +269,23 @@ class Service {
   // Before the engines, whose on_spill offers it blocks; after them at
   // destruction (~Service), so that it writes what they offered last.
   std::unique_ptr<stores::StoreChain> stores_;
+  // A fetch whose Acquire stopped waiting for it (stores.fetch_budget_ms) goes
+  // on; what it brings is placed into the Acquire's session when it comes
+  // (Engine::ImportLate, at the next tick), so the session's next Acquire finds
+  // it in the host tier instead of asking the stores again. At most one per
+  // tenant: while it is under way, that tenant's Acquires start no new fetch,
+  // so a tenant looping on a prefix the stores are slow to give reads it once,
+  // and cannot fill the store I/O thread's queue ahead of other tenants.
+  struct DetachedFetch {
+    uint64_t id = 0;
+    size_t engine = 0;
+    tiering::Tenant tenant;
+    std::string session;
+    uint32_t start = 0;
+    std::vector<BlockKey> keys;
+    std::vector<TokenId> tokens;
+  };
+  std::vector<DetachedFetch> detached_;
   std::unique_ptr<EventPublisher> events_;  // KV events (events.enabled); outlives the engines.
   std::mutex wake_mu_;
   std::function<void()> wake_;  // Guarded by wake_mu_.

@@ -200,6 +200,12 @@ constexpr StatRow kStats[] = {
    kNoLabel, &Counter<&C::store_fetch_timeouts>},
   {"store_fetched_blocks", "kvtier_store_fetched_blocks_total", Type::kCounter,
    "Verified blocks the stores returned to those fetches", S::kDaemon, kNoLabel, &Counter<&C::store_fetched_blocks>},
+  {"store_fetches_landed", "kvtier_store_fetches_landed_total", Type::kCounter,
+   "Of the timed-out fetches, those that came later and were placed into their sessions (one per tenant at a time)",
+   S::kDaemon, kNoLabel, &Counter<&C::store_fetches_landed>},
+  {"store_fetch_landed_blocks", "kvtier_store_fetch_landed_blocks_total", Type::kCounter,
+   "Blocks the late fetches placed in the host tier and their sessions", S::kDaemon, kNoLabel,
+   &Counter<&C::store_fetch_landed_blocks>},
   {"errors", nullptr, Type::kCounter, "Requests answered with an error", S::kDaemon, kNoLabel, &Counter<&C::errors>},
   {"gpu_commits_without_writer_event", "kvtier_gpu_commits_without_writer_event_total", Type::kCounter,
    "Commits on the cuda backend that carried no writer event (WriteLease::RecordWritten): nothing orders their "

@@ -59,6 +59,8 @@ struct ServiceCounters {
   uint64_t store_fetches = 0;        // Acquires that asked the stores below the host tier.
   uint64_t store_fetch_timeouts = 0;  // Of those, answered without them after stores.fetch_budget_ms.
   uint64_t store_fetched_blocks = 0;  // Verified blocks the fetches brought (the engines imported those that fit).
+  uint64_t store_fetches_landed = 0;       // Of the timed-out ones, fetches that came later and were placed.
+  uint64_t store_fetch_landed_blocks = 0;  // Blocks those placed into their sessions.
   // Commits on the cuda backend without a writer event: nothing orders their
   // blocks' demotions after the worker's GPU writes.
   uint64_t gpu_commits_without_writer_event = 0;

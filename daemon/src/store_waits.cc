@@ -24,15 +24,25 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
       return false;
     }
     if (now < c.fetch->deadline) return true;
-    // Past stores.fetch_budget_ms: served from the local tiers, the late result discarded.
-    stores_->CancelFetch(c.fetch->id);
+    // Past stores.fetch_budget_ms: served from the local tiers now; the fetch
+    // goes on and lands in the session when it comes (one per tenant, else it
+    // is cancelled).
+    if (!m.session.empty() && !HasDetachedFetch(c.tenant)) {
+      detached_.push_back(DetachedFetch{c.fetch->id, c.engine, TenantOf(c), m.session, c.fetch->start, m.keys,
+                                        m.tokens});
+    } else {
+      stores_->CancelFetch(c.fetch->id);
+    }
     c.fetch.reset();
     ++counters_.store_fetch_timeouts;
     LogLimited(LogLevel::kWarn, "store fetch timeout",
                "a fetch from the stores took longer than stores.fetch_budget_ms (" +
-                   std::to_string(config_.stores.fetch_budget_ms) + " ms): answered from the local tiers");
+                   std::to_string(config_.stores.fetch_budget_ms) +
+                   " ms): answered from the local tiers; what it brings lands in the session when it comes");
     return false;
   }
+  // A fetch of this tenant's is still under way: no second one (the first lands in the host tier).
+  if (HasDetachedFetch(c.tenant)) return false;
   const ModelProfile& profile = e.profile();
   const uint32_t bt = profile.block_tokens;
   if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
@@ -84,6 +94,26 @@ bool Service::LocateInStores(ClientState& c, const Engine& e, const std::vector<
   }
   c.fetch.reset();
   return true;
+}
+
+bool Service::HasDetachedFetch(const std::string& tenant) const {
+  return std::any_of(detached_.begin(), detached_.end(),
+                     [&](const DetachedFetch& d) { return d.tenant.name == tenant; });
+}
+
+void Service::LandDetachedFetches() {
+  std::erase_if(detached_, [&](DetachedFetch& d) {
+    std::optional<stores::FetchResult> result = stores_->TakeFetch(d.id);
+    if (!result) return false;
+    counters_.store_fetched_blocks += result->blocks();
+    ++counters_.store_fetches_landed;
+    tiering::FetchedBlocks fetched;
+    fetched.start = d.start;
+    fetched.payloads = result->payloads;
+    auto placed = engines_[d.engine].engine->ImportLate(d.tenant, d.session, d.keys, d.tokens, fetched);
+    if (placed.ok()) counters_.store_fetch_landed_blocks += *placed;
+    return true;
+  });
 }
 
 }  // namespace kvtier::daemon

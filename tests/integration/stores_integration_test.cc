@@ -249,11 +249,11 @@ TEST_F(DiskTierTest, BlocksPressureDropsFromTheHostTierAreWrittenBack) {
 
 // --- The remote tier: two daemons ("hosts") sharing one Redis -----------------
 
-std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster) {
+std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster, int fetch_budget_ms = 2000) {
   std::string list;
   for (const auto& n : nodes) list += (list.empty() ? "" : ", ") + n;
-  return std::string(kSmallDaemonConfig) +
-         "stores:\n  fetch_budget_ms: 2000\n  tiers:\n    - kind: redis\n      nodes: [" + list +
+  return std::string(kSmallDaemonConfig) + "stores:\n  fetch_budget_ms: " + std::to_string(fetch_budget_ms) +
+         "\n  tiers:\n    - kind: redis\n      nodes: [" + list +
          "]\n      cluster: " + (cluster ? "true" : "false") + "\n      timeout_ms: 300\n";
 }
 
@@ -318,6 +318,37 @@ TEST_F(RemoteTierTest, AValueCorruptedOrTakenFromAnotherBlockIsAMissNeverServed)
   const auto st = b.Stats();
   EXPECT_EQ(st.at("store.remote.foreign_records"), 1);
   EXPECT_EQ(st.at("store.remote.corrupt_records"), 1);
+}
+
+// A fetch that overran stores.fetch_budget_ms was thrown away, and the next
+// Acquire started it again: a cold host never got a prefix the stores take
+// longer than the budget to give, and a tenant looping on one reread it each
+// time, filling the store I/O thread. Now it lands in the session when it
+// comes, and that tenant starts no second fetch meanwhile.
+TEST_F(RemoteTierTest, AFetchPastTheBudgetLandsInTheSessionForItsNextAcquire) {
+  Host a(RemoteConfig({redis_->address()}, false)), b(RemoteConfig({redis_->address()}, false, 50));
+  a.Start();
+  b.Start();
+  const auto tokens = Tokens(11, 8);
+  a.PutAndDemote("chat", tokens, /*demote=*/false);
+  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 8));
+  redis_->Pause();  // Answers 250 ms late: past the 50 ms budget, within the 300 ms timeout.
+  std::thread resume([this] {
+    std::this_thread::sleep_for(250ms);
+    redis_->Resume();
+  });
+  EXPECT_EQ(b.VerifiedHits("chat", tokens), 0u) << "the budget ran out";
+  EXPECT_EQ(b.VerifiedHits("chat", tokens), 0u) << "no second fetch while the first is under way";
+  resume.join();
+  ASSERT_TRUE(b.WaitForStat("store_fetches_landed", 1));
+  auto st = b.Stats();
+  EXPECT_EQ(st.at("store_fetch_landed_blocks"), 8);
+  EXPECT_EQ(st.at("store_fetches"), 1);
+  EXPECT_EQ(st.at("store_fetch_timeouts"), 1);
+  EXPECT_EQ(b.VerifiedHits("chat", tokens), 8u) << "from the host tier, bytes verified";
+  st = b.Stats();
+  EXPECT_EQ(st.at("store_fetches"), 1) << "the stores were not asked again";
+  EXPECT_EQ(st.at("hit_tokens_host") + st.at("hit_tokens_gpu"), 8 * 16);
 }
 
 TEST_F(RemoteTierTest, RedisDownCostsABoundedWaitAndIsUsedAgainWhenItIsBack) {

@@ -144,4 +144,42 @@ uint32_t Engine::SpillHostTier() {
   return static_cast<uint32_t>(offered.size());
 }
 
+Result<uint32_t> Engine::ImportLate(const Tenant& tenant, std::string_view session_id,
+                                    std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                                    const FetchedBlocks& fetched) {
+  Impl& m = *impl_;
+  if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) {
+    return InvalidArgument("late import: " + std::to_string(keys.size()) + " keys and " +
+                           std::to_string(tokens.size()) + " tokens");
+  }
+  if (session_id.empty()) return 0;  // Nothing would hold them.
+  m.Settle();
+  const size_t asked =
+      m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
+  std::vector<uint32_t> recs;
+  m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
+  // The session's chain must be a prefix of what the request names (it held the
+  // cached prefix then, or has grown along the same keys since): else it moved on.
+  Session* s = m.FindSession(tenant, session_id);
+  if (s != nullptr) {
+    if (s->chain.size() > recs.size() || !std::equal(s->chain.begin(), s->chain.end(), recs.begin())) return 0;
+  } else if (!m.CheckNewSession(tenant, session_id).ok()) {
+    return 0;
+  }
+  const uint32_t imported = m.ImportFetched(tenant, keys.first(asked), tokens.first(asked * m.bt()), fetched, recs);
+  if (imported == 0) return 0;
+  ++m.clock;
+  for (uint32_t r : recs) m.Ref(r);  // Before making the session: making one may evict another's blocks.
+  s = m.GetOrCreateSession(tenant, session_id);
+  for (uint32_t r : recs) m.blocks[r].last_use = m.clock;
+  std::vector<BlockKey> before;
+  if (!s->below.empty()) before = m.ChainAndBelow(*s);
+  std::vector<uint32_t> old = std::move(s->chain);
+  s->chain = recs;
+  if (!before.empty()) m.ReconcileBelow(s, before);
+  for (auto r = old.rbegin(); r != old.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
+  m.Touch(s);
+  return imported;
+}
+
 }  // namespace kvtier::tiering

@@ -129,6 +129,16 @@ class Engine {
   Result<ReadLease> Acquire(const Tenant& tenant, std::string_view session, std::span<const BlockKey> keys,
                             std::span<const TokenId> tokens, bool promote = true,
                             const FetchedBlocks* fetched = nullptr);
+  // Blocks a store returned after the Acquire that asked for them stopped
+  // waiting (stores.fetch_budget_ms): placed in the host tier as that Acquire
+  // would have (ImportFetched), and into `session`'s chain, so the session's
+  // next Acquire finds them here. Nothing is leased and no lookup is counted.
+  // Only where the session (made now if it has no block yet) still holds the
+  // prefix the fetch continued and nothing past it that the request's keys do
+  // not name: a chain that moved on since is left as it is, and the blocks are
+  // not placed (nothing would hold them). Returns the blocks placed.
+  Result<uint32_t> ImportLate(const Tenant& tenant, std::string_view session, std::span<const BlockKey> keys,
+                              std::span<const TokenId> tokens, const FetchedBlocks& fetched);
   // True if an Acquire of `keys` now would wait for GPU slots to promote its
   // host-tier blocks into, which demotions in flight (scheduled here if
   // needed) will free: the caller retries it after Poll applied copies. When
