@@ -3107,6 +3107,52 @@ TEST_F(EngineStoreTest, FetchedBlocksContinueTheCachedPrefixUntilTheHostTierIsFu
   ExpectConsistent();
 }
 
+// A fetch that came after its Acquire stopped waiting: placed into the
+// session, unleased, without counting a lookup; not where the session moved on.
+TEST_F(EngineStoreTest, ALateFetchLandsInItsSessionUnlessTheSessionMovedOn) {
+  Start(SpillOptions(8, 8));
+  const Chain c = MakeChain(5, 4);
+  Chain head = c;
+  head.tokens.resize(kBt);
+  head.keys.resize(1);
+  Put("s", head);  // Block 0 cached, in the session; the fetch continues from it.
+  std::vector<std::vector<std::byte>> bytes;
+  for (uint32_t i = 1; i < 4; ++i) bytes.push_back(Payload(c, i));
+  const FetchedBlocks fetched{1, {bytes.begin(), bytes.end()}};
+  const uint64_t hits = engine_->stats().hit_blocks, misses = engine_->stats().miss_blocks;
+  auto placed = engine_->ImportLate(tenant_, "s", c.keys, c.tokens, fetched);
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(*placed, 3u);
+  EXPECT_EQ(Tiers("s"), (std::vector<Tier>{Tier::kGpu, Tier::kHost, Tier::kHost, Tier::kHost}));
+  EXPECT_EQ(engine_->stats().read_leases, 0u);
+  EXPECT_EQ(engine_->stats().hit_blocks, hits);
+  EXPECT_EQ(engine_->stats().miss_blocks, misses);
+  auto lease = Get("s", c);
+  ASSERT_TRUE(lease.ok());
+  ExpectLeaseHolds(*lease, c);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+
+  // A cold session (nothing cached): made with the blocks.
+  const Chain d = MakeChain(6, 2);
+  std::vector<std::vector<std::byte>> dbytes{Payload(d, 0), Payload(d, 1)};
+  EXPECT_EQ(*engine_->ImportLate(tenant_, "cold", d.keys, d.tokens, FetchedBlocks{0, {dbytes.begin(), dbytes.end()}}),
+            2u);
+  EXPECT_EQ(Tiers("cold"), All(Tier::kHost, 2));
+
+  // A session whose chain moved on to other tokens since: left alone, nothing placed.
+  const Chain e = MakeChain(7, 3), other = MakeChain(8, 1);
+  Put("moved", other);
+  std::vector<std::vector<std::byte>> ebytes{Payload(e, 0), Payload(e, 1), Payload(e, 2)};
+  EXPECT_EQ(*engine_->ImportLate(tenant_, "moved", e.keys, e.tokens, FetchedBlocks{0, {ebytes.begin(), ebytes.end()}}),
+            0u);
+  EXPECT_EQ(Tiers("moved"), All(Tier::kGpu, 1));
+  EXPECT_EQ(engine_->Match(tenant_.ns, e.keys, e.tokens), 0u) << "no unheld block left behind";
+  // No session named: nothing would hold them.
+  EXPECT_EQ(*engine_->ImportLate(tenant_, "", e.keys, e.tokens, FetchedBlocks{0, {ebytes.begin(), ebytes.end()}}),
+            0u);
+  ExpectConsistent();
+}
+
 TEST_F(EngineStoreTest, FetchedBlocksThatDoNotFitTheRequestOrThePoolAreLeftOut) {
   Start(SpillOptions(8, 8));
   const Chain c = MakeChain(5, 3);
