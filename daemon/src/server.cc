@@ -94,6 +94,13 @@ struct Server::Impl {
   Service& service;
   DaemonConfig config;  // The effective configuration; a reload replaces it.
   ConfigSource reload_source;
+  // What the connections reach the server through; declared before them, so it outlives them.
+  ConnectionHost host{service, config,
+                      [this](const std::shared_ptr<Connection>& c) { parked.push_back(c); },
+                      [this](const std::shared_ptr<Connection>& c) {
+                        connections.erase(c);
+                        ConnectionClosed();
+                      }};
   asio::io_context io;
   stream_protocol::acceptor acceptor;
   asio::signal_set signals;
@@ -110,12 +117,6 @@ struct Server::Impl {
   std::string status;  // The last STATUS= sent.
   bool listening = false;
   bool stopping = false;
-  ConnectionHost host{service, config,
-                      [this](const std::shared_ptr<Connection>& c) { parked.push_back(c); },
-                      [this](const std::shared_ptr<Connection>& c) {
-                        connections.erase(c);
-                        ConnectionClosed();
-                      }};
 
   // Connections whose current request waits for GPU room (Reply::deferred),
   // oldest first. Retried after copies complete and at every tick.
