@@ -105,6 +105,7 @@ class Service:
         self.next_connect = 0.0
         self._checked_at = -10.0  # When cache_connected last asked kvtierd, and what it found.
         self._connected = False
+        self._check_every = 0.0  # Seconds between its asks: 0 while kvtierd answers, 1 doubling to 30 while not.
         # --cache local: each conversation's DynamicCache kept in this process
         # (the design kvtier replaces; for comparison), the coldest dropped first.
         self.local = collections.OrderedDict()
@@ -128,19 +129,22 @@ class Service:
         return self.cache
 
     def cache_connected(self) -> bool:
-        """Whether kvtierd answers now: a ping (at most one a second; the
-        answer is remembered in between). A client object alone says nothing:
-        it outlives the kvtierd it was connected to."""
+        """Whether kvtierd answers now: a ping (a round trip, ~0.1 ms) each time
+        while it does; while it does not, the next ping waits 1, 2, 4 ... 30 s,
+        the answer remembered in between, so a request pays at most one failed
+        connection attempt per interval. A client object alone says nothing: it
+        outlives the kvtierd it was connected to."""
         cache = self.cache
         if cache is None:
             return False
         now = time.monotonic()
-        if now - self._checked_at >= 1.0:
+        if now - self._checked_at >= self._check_every:
             try:
                 cache.client.ping()
-                self._connected = True
+                self._connected, self._check_every = True, 0.0
             except kvtier.Error:
                 self._connected = False
+                self._check_every = min(30.0, max(1.0, self._check_every * 2))
             self._checked_at = now
         return self._connected
 
@@ -204,6 +208,10 @@ class Service:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         with self.model_lock, torch.no_grad():
             cache = self.prefix_cache()
+            if cache is not None and not self.cache_connected():
+                # kvtierd is away: no load or store tries it (each waited to connect: ~0.9 s a
+                # request) until a ping finds it back.
+                cache = None
             if self.args.cache == "local":
                 past, cached = self.local_load(session, ids)
             else:
