@@ -398,22 +398,9 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   ++m.clock;
   m.st.hit_blocks += matched - imported;
   m.st.miss_blocks += keys.size() - matched;
-  if (into_session) {
-    // Take the new references before making the session (making one may evict
-    // another, whose blocks may be these) and before dropping the old ones.
-    for (uint32_t r : recs) m.Ref(r);
-    Session* s = m.GetOrCreateSession(tenant, session_id);
-    // Only a session's use orders demotion; a reader without one (a probe, a
-    // scheduler) must not make blocks look warmer than every session holding them.
-    for (uint32_t r : recs) m.blocks[r].last_use = m.clock;
-    std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
-    if (!s->below.empty()) before = m.ChainAndBelow(*s);
-    std::vector<uint32_t> old = std::move(s->chain);
-    s->chain = recs;
-    if (!before.empty()) m.ReconcileBelow(s, before);
-    for (auto r = old.rbegin(); r != old.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
-    m.Touch(s);
-  }
+  // Only a session's use orders demotion; a reader without one (a probe, a
+  // scheduler) must not make blocks look warmer than every session holding them.
+  if (into_session) m.SetChain(tenant, session_id, recs);
 
   if (promote && !recs.empty()) {
     // Host-tier hits need GPU slots: demote colder blocks to make room rather

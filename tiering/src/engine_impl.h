@@ -161,6 +161,11 @@ struct Engine::Impl {
   // kResourceExhausted if `id` is new and its tenant holds max_sessions_per_tenant.
   Status CheckNewSession(const Tenant& t, std::string_view id);
   void Touch(Session* s);
+  // Makes `recs` the chain of session `id` (made if it has none): the new
+  // references are taken before the session is made (making one may evict
+  // another, whose blocks may be these) and the old ones dropped after; the
+  // blocks are marked used now (clock), and the session touched.
+  void SetChain(const Tenant& t, std::string_view id, const std::vector<uint32_t>& recs);
   // Cuts the chain to `n` blocks (and forgets `below`: it no longer continues it).
   void Truncate(Session* s, size_t n, FreeReason why);
   // The session's keys, resident chain then `below`, for ReconcileBelow.

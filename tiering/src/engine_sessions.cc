@@ -248,4 +248,17 @@ std::vector<SessionInfo> Engine::ListSessions() const {
   return out;
 }
 
+void Engine::Impl::SetChain(const Tenant& t, std::string_view id, const std::vector<uint32_t>& recs) {
+  for (uint32_t r : recs) Ref(r);
+  Session* s = GetOrCreateSession(t, id);
+  for (uint32_t r : recs) blocks[r].last_use = clock;
+  std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
+  if (!s->below.empty()) before = ChainAndBelow(*s);
+  std::vector<uint32_t> old = std::move(s->chain);
+  s->chain = recs;
+  if (!before.empty()) ReconcileBelow(s, before);
+  for (auto r = old.rbegin(); r != old.rend(); ++r) Unref(*r, FreeReason::kReleased);
+  Touch(s);
+}
+
 }  // namespace kvtier::tiering

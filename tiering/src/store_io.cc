@@ -169,16 +169,7 @@ Result<uint32_t> Engine::ImportLate(const Tenant& tenant, std::string_view sessi
   const uint32_t imported = m.ImportFetched(tenant, keys.first(asked), tokens.first(asked * m.bt()), fetched, recs);
   if (imported == 0) return 0;
   ++m.clock;
-  for (uint32_t r : recs) m.Ref(r);  // Before making the session: making one may evict another's blocks.
-  s = m.GetOrCreateSession(tenant, session_id);
-  for (uint32_t r : recs) m.blocks[r].last_use = m.clock;
-  std::vector<BlockKey> before;
-  if (!s->below.empty()) before = m.ChainAndBelow(*s);
-  std::vector<uint32_t> old = std::move(s->chain);
-  s->chain = recs;
-  if (!before.empty()) m.ReconcileBelow(s, before);
-  for (auto r = old.rbegin(); r != old.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
-  m.Touch(s);
+  m.SetChain(tenant, session_id, recs);
   return imported;
 }
 
