@@ -42,10 +42,22 @@ sys.path.insert(0, HERE)
 from bench_kvtierd import start_kvtierd  # noqa: E402
 from vllm_engines import Engine  # noqa: E402
 
+import kvtier  # noqa: E402
+
 def spread(xs):
     xs = sorted(xs)
     return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),
             "n": len(xs)}
+
+
+def wait_for_commit(client, before: float, timeout: float = 10.0) -> None:
+    """Waits until kvtierd committed blocks past `before`: an engine's saves run
+    after its step, so its output can come back a few ms before they land."""
+    deadline = time.monotonic() + timeout
+    while client.stats()["committed_blocks"] <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError("engine A's blocks never reached kvtierd")
+        time.sleep(0.005)
 
 
 def main() -> int:
@@ -88,6 +100,7 @@ def main() -> int:
         engines["A"] = Engine(model, os.path.join(run, "a.log"), socket=sock, kv_cache_bytes=kv)
         engines["B"] = Engine(model, os.path.join(run, "b.log"), socket=sock, kv_cache_bytes=kv)
         engines["R"] = Engine(model, os.path.join(run, "r.log"), kv_cache_bytes=kv)
+        watch = kvtier.Client(socket=sock, client_name="vllm_bench")  # Reads kvtierd's figures.
         for e in engines.values():  # Warm-up: the first request of an engine pays for its set-up.
             e.generate([tokens(300)], max_tokens=1)
         cases = {"kvtier": "B", "recompute": "R", "own_prefix_cache": "A"}
@@ -97,7 +110,9 @@ def main() -> int:
         same_tokens = 0
         for r in range(a.rounds):
             prefix = tokens(a.prefix)
+            committed = watch.stats()["committed_blocks"]
             engines["A"].generate([prefix + tokens(a.suffix)], max_tokens=1)  # A computes (and saves) it.
+            wait_for_commit(watch, committed)
             question = tokens(a.suffix)
             order = list(cases)[r % 3:] + list(cases)[:r % 3]
             firsts = []
