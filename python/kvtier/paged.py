@@ -183,7 +183,7 @@ def save_blocks(client, paged: PagedKV, tokens: list[int], session: str, block_i
         return have, 0  # Every block is in kvtierd already (another engine's, an earlier request's).
     if cached == 0:
         have = 0  # Nothing of it is cached (kvtierd may have restarted): written from the start.
-    elif have < total:
+    else:
         # What kvtierd holds of this prefix becomes the session's chain; only the rest is written.
         with client.acquire(tokens[: total * bt], session=session, promote=False) as lease:
             have = len(lease)

@@ -632,7 +632,8 @@ class KvtierConnector(KVConnectorBase_V1):
         except kvtier.Error as e:
             _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
             done = []  # Nothing counts as loaded when the lease did not end well.
-        failed = [b for b in load.block_ids if b not in set(done)]
+        filled = set(done)
+        failed = [b for b in load.block_ids if b not in filled]
         self._errors.update(failed)
         pieces = self._paged.pieces(client.block_tokens) if done else 0
         self._stats.add(loaded_blocks=len(done) * pieces, loaded_tokens=len(done) * self._block_size,
