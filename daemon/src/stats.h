@@ -109,6 +109,9 @@ enum class StatScope : uint8_t {
   kDirection,    // Per copy direction, for the backend's copy engine (direction); "{direction}".
   kRequestType,  // Per request type answered so far (type).
   kStore,        // Per store below the host tier (store); the name holds "{store}".
+  // Per store and each counter the store keeps itself (BlockStore::Counters:
+  // reconnects, held_bytes, ...): store, kind, counter; "{store}", "{counter}".
+  kStoreCounter,
 };
 
 // Where one figure is read: which profile, tier, tenant, direction or request
@@ -120,6 +123,7 @@ struct StatPoint {
   CopyDirection direction = CopyDirection::kGpuToHost;
   wire::MessageType type{};
   size_t store = 0;
+  size_t counter = 0;  // Into stores[store].counters.
 };
 
 struct StatRow {

@@ -21,7 +21,7 @@ namespace kvtier::daemon {
 Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify);
 
 // The stores' names in metrics and cachectl, in chain order: their kind
-// ("disk", "remote"), numbered when two are of one kind ("disk0", "disk1").
+// ("disk", "redis"), numbered when two are of one kind ("disk0", "disk1").
 std::vector<std::string> StoreNames(const std::vector<stores::StoreStats>& stats);
 
 }  // namespace kvtier::daemon

@@ -101,7 +101,7 @@ def test_a_chat_started_on_host_a_continues_on_host_b_with_the_logits_of_recompu
     past, cached = on_a.load("chat", ids)
     out = model(ids, past_key_values=past, use_cache=True)
     assert on_a.store("chat", ids, out.past_key_values) == 5
-    assert wait_for_stat(a.client(), "store.remote.put_blocks", 5), "host A writes its blocks through to Redis"
+    assert wait_for_stat(a.client(), "store.redis.put_blocks", 5), "host A writes its blocks through to Redis"
 
     client_b = b.client(model_id=identity)
     on_b = kvtier.hf.PrefixCache(client_b, model)
@@ -110,7 +110,7 @@ def test_a_chat_started_on_host_a_continues_on_host_b_with_the_logits_of_recompu
     assert cached == 20
     step = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
     torch.testing.assert_close(step, model(longer).logits[0, -1], rtol=1e-5, atol=1e-5)
-    assert stat(client_b, "store.remote.hit_blocks") == 5
+    assert stat(client_b, "store.redis.hit_blocks") == 5
     assert stat(client_b, "imported_blocks") == 5
 
     # Another model on host B (same geometry, other weights) never loads them.
@@ -129,7 +129,7 @@ def test_redis_down_means_recomputing_on_host_b_not_a_failed_turn(hosts, redis):
     ids = prompt(40, 16)
     out = model(ids, use_cache=True)
     assert on_a.store("chat", ids, out.past_key_values) == 4
-    assert wait_for_stat(a.client(), "store.remote.put_blocks", 4)
+    assert wait_for_stat(a.client(), "store.redis.put_blocks", 4)
     redis.stop()
 
     on_b = kvtier.hf.PrefixCache(b.client(model_id=identity), model)
@@ -140,4 +140,4 @@ def test_redis_down_means_recomputing_on_host_b_not_a_failed_turn(hosts, redis):
     assert cached == 0
     logits = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
     torch.testing.assert_close(logits, model(longer).logits[0, -1])
-    assert stat(b.client(), "store.remote.errors") >= 1
+    assert stat(b.client(), "store.redis.errors") >= 1

@@ -156,6 +156,11 @@ TEST_F(DiskTierTest, BlocksWrittenToTheDiskTierAreServedAfterTheDaemonIsKilled) 
   const auto tokens = Tokens(1, 6);
   h.PutAndDemote("chat", tokens);
   ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 6)) << "the demoted blocks reach the disk tier";
+  // The disk store's own counters are shown beside the chain's: its level of files and bytes held.
+  const auto written = h.Stats();
+  EXPECT_EQ(written.at("store.disk.files"), 6);
+  EXPECT_GT(written.at("store.disk.held_bytes"), 6 * 16 * 4) << "six records, each with its 16 token ids and bytes";
+  EXPECT_EQ(written.at("store.disk.evicted_files"), 0);
   h.Kill(SIGKILL);
 
   h.Start();
@@ -280,11 +285,11 @@ TEST_F(RemoteTierTest, ASessionStartedOnHostAContinuesOnHostBWithTheSameBytes) {
   b.Start();
   const auto tokens = Tokens(5, 8);
   a.PutAndDemote("chat", tokens, /*demote=*/false);  // Written through at commit, from the GPU tier.
-  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 8));
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 8));
   EXPECT_EQ(a.Stats()["gpu_used"], 8) << "host A keeps its blocks where they are";
   EXPECT_EQ(b.VerifiedHits("chat", tokens), 8u);
   const auto st = b.Stats();
-  EXPECT_EQ(st.at("store.remote.hit_blocks"), 8);
+  EXPECT_EQ(st.at("store.redis.hit_blocks"), 8);
   EXPECT_EQ(st.at("imported_blocks"), 8);
   EXPECT_EQ(st.at("promoted_blocks"), 8) << "fetched into the host tier, promoted to the GPU tier";
   EXPECT_EQ(st.at("store_hit_tokens"), 128);
@@ -307,7 +312,7 @@ TEST_F(RemoteTierTest, AValueCorruptedOrTakenFromAnotherBlockIsAMissNeverServed)
   const std::vector<BlockKey> xk = a.c().Keys(x), yk = a.c().Keys(y);
   a.PutAndDemote("x", x);
   a.PutAndDemote("y", y);
-  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 8));
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 8));
   // x's block 1 holds y's block 1 record; y's block 2 has a payload byte changed.
   ASSERT_TRUE(redis_->Command({"COPY", RedisKey(yk[1]), RedisKey(xk[1]), "REPLACE"}).ok());
   auto len = redis_->Command({"STRLEN", RedisKey(yk[2])});
@@ -316,8 +321,8 @@ TEST_F(RemoteTierTest, AValueCorruptedOrTakenFromAnotherBlockIsAMissNeverServed)
   EXPECT_EQ(b.VerifiedHits("x", x), 1u);
   EXPECT_EQ(b.VerifiedHits("y", y), 2u);
   const auto st = b.Stats();
-  EXPECT_EQ(st.at("store.remote.foreign_records"), 1);
-  EXPECT_EQ(st.at("store.remote.corrupt_records"), 1);
+  EXPECT_EQ(st.at("store.redis.foreign_records"), 1);
+  EXPECT_EQ(st.at("store.redis.corrupt_records"), 1);
 }
 
 // A fetch that overran stores.fetch_budget_ms was thrown away, and the next
@@ -331,7 +336,7 @@ TEST_F(RemoteTierTest, AFetchPastTheBudgetLandsInTheSessionForItsNextAcquire) {
   b.Start();
   const auto tokens = Tokens(11, 8);
   a.PutAndDemote("chat", tokens, /*demote=*/false);
-  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 8));
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 8));
   redis_->Pause();  // Answers 250 ms late: past the 50 ms budget, within the 300 ms timeout.
   std::thread resume([this] {
     std::this_thread::sleep_for(250ms);
@@ -358,18 +363,20 @@ TEST_F(RemoteTierTest, RedisDownCostsABoundedWaitAndIsUsedAgainWhenItIsBack) {
   redis_->Kill(SIGKILL);
   const auto x = Tokens(8, 4);
   a.PutAndDemote("x", x);  // Its writes fail: counted, nothing else.
-  ASSERT_TRUE(a.WaitForStat("store.remote.errors", 1));
+  ASSERT_TRUE(a.WaitForStat("store.redis.errors", 1));
   const auto t0 = Clock::now();
   EXPECT_EQ(b.VerifiedHits("x", x), 0u);
   EXPECT_LT(Clock::now() - t0, 1500ms) << "a Redis that is down costs at most a timeout";
-  EXPECT_GE(b.Stats().at("store.remote.errors"), 1);
+  EXPECT_GE(b.Stats().at("store.redis.errors"), 1);
 
   ASSERT_TRUE(redis_->Restart().ok());
   std::this_thread::sleep_for(1100ms);  // The stores' reconnect interval.
   const auto y = Tokens(9, 4);
   a.PutAndDemote("y", y);
-  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 4));
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 4));
   EXPECT_EQ(b.VerifiedHits("y", y), 4u);
+  // The Redis store's own counters are shown: host A's connection to the restarted server was made anew.
+  EXPECT_GE(a.Stats().at("store.redis.reconnects") + a.Stats().at("store.redis.node_errors"), 1);
 }
 
 TEST(RemoteClusterTest, HostBContinuesThroughARedisClusterAndAKilledMasterOnlyCostsItsKeysUntilFailover) {
@@ -382,7 +389,7 @@ TEST(RemoteClusterTest, HostBContinuesThroughARedisClusterAndAKilledMasterOnlyCo
   b.Start();
   const auto x = Tokens(10, 16);
   a.PutAndDemote("x", x);
-  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 16));
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 16));
   EXPECT_EQ(b.VerifiedHits("x", x), 16u);
 
   ASSERT_TRUE(rc.WaitForReplication().ok());
@@ -390,7 +397,7 @@ TEST(RemoteClusterTest, HostBContinuesThroughARedisClusterAndAKilledMasterOnlyCo
   // Both hosts go on answering while the master is gone; its keys are misses.
   const auto y = Tokens(11, 16);
   a.PutAndDemote("y", y);
-  EXPECT_TRUE(a.WaitForStat("store.remote.errors", 1)) << "the dead master's writes fail, counted";
+  EXPECT_TRUE(a.WaitForStat("store.redis.errors", 1)) << "the dead master's writes fail, counted";
   const auto t0 = Clock::now();
   const size_t partial = b.VerifiedHits("y", y);
   EXPECT_LE(partial, 16u);
@@ -401,7 +408,7 @@ TEST(RemoteClusterTest, HostBContinuesThroughARedisClusterAndAKilledMasterOnlyCo
   const auto z = Tokens(12, 16);
   a.PutAndDemote("z", z);
   // x's and z's batches (y's failed on the dead master's keys: counted as an error).
-  ASSERT_TRUE(a.WaitForStat("store.remote.put_blocks", 32));
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 32));
   // Every block of z is readable through the cluster once the replica took over.
   const auto until = Clock::now() + 10s;
   size_t hits = 0;

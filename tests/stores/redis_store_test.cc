@@ -140,7 +140,7 @@ TEST(RedisStoreOptionsTest, AnUnreachableServerIsNoErrorAtOpenButEveryCallFailsP
   auto store = MustOpen(OptionsFor({address}, false));
   ASSERT_NE(store, nullptr);
   EXPECT_EQ(store->Describe(), "redis " + address);
-  EXPECT_EQ(store->kind(), "remote");
+  EXPECT_EQ(store->kind(), "redis");
   const std::vector<std::string> keys = {"a", "b"};
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();

@@ -123,7 +123,7 @@ class RedisStore final : public BlockStore {
   // Adds the nodes and makes the first contact. REQUIRES: options validated.
   Status Open();
 
-  std::string_view kind() const override { return "remote"; }
+  std::string_view kind() const override { return "redis"; }
   std::string Describe() const override;
   Result<size_t> Present(std::span<const std::string> keys) override;
   Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys,

@@ -85,7 +85,7 @@ class BlockStore {
 
   virtual ~BlockStore() = default;
 
-  // "disk" or "remote": the tier it is, in metrics, logs and cachectl.
+  // "disk" or "redis": the kind of store it is, in metrics, logs and cachectl.
   virtual std::string_view kind() const = 0;
   // One line for the start-up log: "redis cluster 127.0.0.1:7000 (3 masters)".
   virtual std::string Describe() const = 0;
