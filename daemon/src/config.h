@@ -14,6 +14,7 @@
 #include "kvtier/block_key.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
+#include "store_kinds.h"
 
 namespace kvtier::daemon {
 
@@ -69,20 +70,9 @@ struct TenantConfig {
 
 // One store below the host tier (stores.tiers[i]); fetches ask them in order.
 struct StoreTierConfig {
-  std::string kind;            // disk | redis
+  std::string kind;            // A StoreKind's name (store_kinds.h): disk | redis
   bool write_through = false;  // write: through (blocks as they are committed) | back (as the host tier drops them)
-  // kind: disk
-  std::string path;
-  uint64_t max_bytes = 0;
-  bool direct_io = true;
-  // kind: redis
-  std::vector<std::string> nodes;  // "host:port"; a cluster's seed nodes
-  bool cluster = false;
-  std::string user;           // ACL user; empty: the default user
-  std::string password_file;  // The password is read from it at start: the YAML never holds it.
-  uint32_t ttl_s = 0;         // 0: values never expire
-  uint32_t connect_timeout_ms = 200;
-  uint32_t timeout_ms = 500;
+  StoreOptions options;        // The kind's own keys: its alternative (DiskTierOptions, RedisTierOptions).
   friend bool operator==(const StoreTierConfig&, const StoreTierConfig&) = default;
 };
 

@@ -1,5 +1,6 @@
 // Writing a DaemonConfig back out, and planning what a reload may change (config.h).
 #include "config.h"
+#include "config_section.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,17 +10,13 @@
 #include <vector>
 
 namespace kvtier::daemon {
-namespace {
 
-// The shortest text that reads back as exactly `v`.
-std::string FmtDouble(double v) {
+std::string YamlDouble(double v) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof(buf), v);
   return std::string(buf, r.ptr);
 }
 
-// `v` as a YAML scalar that reads back as the same string: plain when it is
-// unambiguous (names, paths), otherwise double-quoted with escapes.
 std::string YamlString(const std::string& v) {
   const bool plain =
       !v.empty() && v != "null" && v != "Null" && v != "NULL" && v != "~" &&
@@ -46,14 +43,11 @@ std::string YamlString(const std::string& v) {
   return out + "\"";
 }
 
-// ["a", "1001"]: user or group names as written.
-std::string IdList(const std::vector<std::string>& items) {
+std::string YamlList(const std::vector<std::string>& items) {
   std::string out = "[";
   for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + YamlString(items[i]);
   return out + "]";
 }
-
-}  // namespace
 
 std::string DumpConfig(const DaemonConfig& c) {
   std::ostringstream o;
@@ -79,10 +73,10 @@ std::string DumpConfig(const DaemonConfig& c) {
     }
   }
   o << "tiering:\n"
-    << "  gpu_high_watermark: " << FmtDouble(c.gpu_high_watermark) << "\n"
-    << "  gpu_low_watermark: " << FmtDouble(c.gpu_low_watermark) << "\n"
-    << "  host_high_watermark: " << FmtDouble(c.host_high_watermark) << "\n"
-    << "  host_low_watermark: " << FmtDouble(c.host_low_watermark) << "\n"
+    << "  gpu_high_watermark: " << YamlDouble(c.gpu_high_watermark) << "\n"
+    << "  gpu_low_watermark: " << YamlDouble(c.gpu_low_watermark) << "\n"
+    << "  host_high_watermark: " << YamlDouble(c.host_high_watermark) << "\n"
+    << "  host_low_watermark: " << YamlDouble(c.host_low_watermark) << "\n"
     << "  max_copy_batch: " << c.max_copy_batch << "\n"
     << "  policy: " << c.policy << "\n"
     << "  tick_ms: " << c.tick_ms << "\n"
@@ -106,18 +100,18 @@ std::string DumpConfig(const DaemonConfig& c) {
   char mode[8];
   std::snprintf(mode, sizeof(mode), "%04o", c.access.mode);
   o << "access:\n"
-    << "  allow_users: " << IdList(c.access.allow_users) << "\n"
-    << "  allow_groups: " << IdList(c.access.allow_groups) << "\n"
-    << "  admin_users: " << IdList(c.access.admin_users) << "\n"
-    << "  admin_groups: " << IdList(c.access.admin_groups) << "\n"
+    << "  allow_users: " << YamlList(c.access.allow_users) << "\n"
+    << "  allow_groups: " << YamlList(c.access.allow_groups) << "\n"
+    << "  admin_users: " << YamlList(c.access.admin_users) << "\n"
+    << "  admin_groups: " << YamlList(c.access.admin_groups) << "\n"
     << "  allow_root: " << (c.access.allow_root ? "true" : "false") << "\n"
     << "  group: " << (c.access.group.empty() ? "\"\"" : YamlString(c.access.group)) << "\n"
     << "  mode: \"" << mode << "\"\n";
   o << "tenants:" << (c.tenants.empty() ? " []" : "") << "\n";
   for (const TenantConfig& t : c.tenants) {
     o << "  - name: " << YamlString(t.name) << "\n"
-      << "    users: " << IdList(t.users) << "\n"
-      << "    groups: " << IdList(t.groups) << "\n"
+      << "    users: " << YamlList(t.users) << "\n"
+      << "    groups: " << YamlList(t.groups) << "\n"
       << "    allow_requested: " << (t.allow_requested ? "true" : "false") << "\n"
       << "    gpu_blocks: " << t.gpu_blocks << "\n"
       << "    host_blocks: " << t.host_blocks << "\n"
@@ -133,18 +127,8 @@ std::string DumpConfig(const DaemonConfig& c) {
   for (const StoreTierConfig& t : st.tiers) {
     o << "    - kind: " << t.kind << "\n"
       << "      write: " << (t.write_through ? "through" : "back") << "\n";
-    if (t.kind == "disk") {
-      o << "      path: " << YamlString(t.path) << "\n"
-        << "      max_bytes: " << t.max_bytes << "\n"
-        << "      direct_io: " << (t.direct_io ? "true" : "false") << "\n";
-    } else {
-      o << "      nodes: " << IdList(t.nodes) << "\n"
-        << "      cluster: " << (t.cluster ? "true" : "false") << "\n"
-        << "      user: " << (t.user.empty() ? "\"\"" : YamlString(t.user)) << "\n"
-        << "      password_file: " << (t.password_file.empty() ? "\"\"" : YamlString(t.password_file)) << "\n"
-        << "      ttl_s: " << t.ttl_s << "\n"
-        << "      connect_timeout_ms: " << t.connect_timeout_ms << "\n"
-        << "      timeout_ms: " << t.timeout_ms << "\n";
+    for (const auto& [key, value] : FindStoreKind(t.kind)->settings(t.options)) {
+      o << "      " << key << ": " << value << "\n";
     }
   }
   const EventsConfig& ev = c.events;
@@ -195,10 +179,10 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     for (const ModelId& m : p.models) models += (models.empty() ? "" : ",") + m.ToHex();
     add(k + "models", models.empty() ? "any" : models, false);
   }
-  add("tiering.gpu_high_watermark", FmtDouble(c.gpu_high_watermark), true);
-  add("tiering.gpu_low_watermark", FmtDouble(c.gpu_low_watermark), true);
-  add("tiering.host_high_watermark", FmtDouble(c.host_high_watermark), true);
-  add("tiering.host_low_watermark", FmtDouble(c.host_low_watermark), true);
+  add("tiering.gpu_high_watermark", YamlDouble(c.gpu_high_watermark), true);
+  add("tiering.gpu_low_watermark", YamlDouble(c.gpu_low_watermark), true);
+  add("tiering.host_high_watermark", YamlDouble(c.host_high_watermark), true);
+  add("tiering.host_low_watermark", YamlDouble(c.host_low_watermark), true);
   add("tiering.max_copy_batch", std::to_string(c.max_copy_batch), true);
   add("tiering.policy", c.policy, true);
   add("tiering.tick_ms", std::to_string(c.tick_ms), true);
@@ -217,10 +201,10 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
   add("limits.max_reply_backlog_bytes", std::to_string(c.max_reply_backlog_bytes), true);
   add("limits.lease_timeout_ms", std::to_string(c.lease_timeout_ms), true);
   add("metrics.listen", "\"" + c.metrics_listen + "\"", false);
-  add("access.allow_users", IdList(c.access.allow_users), false);
-  add("access.allow_groups", IdList(c.access.allow_groups), false);
-  add("access.admin_users", IdList(c.access.admin_users), false);
-  add("access.admin_groups", IdList(c.access.admin_groups), false);
+  add("access.allow_users", YamlList(c.access.allow_users), false);
+  add("access.allow_groups", YamlList(c.access.allow_groups), false);
+  add("access.admin_users", YamlList(c.access.admin_users), false);
+  add("access.admin_groups", YamlList(c.access.admin_groups), false);
   add("access.allow_root", c.access.allow_root ? "true" : "false", false);
   add("access.group", "\"" + c.access.group + "\"", false);
   add("access.mode", std::to_string(c.access.mode), false);
@@ -228,8 +212,8 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     const TenantConfig& t = c.tenants[i];
     const std::string k = "tenants[" + std::to_string(i) + "].";
     add(k + "name", t.name, false);
-    add(k + "users", IdList(t.users), false);
-    add(k + "groups", IdList(t.groups), false);
+    add(k + "users", YamlList(t.users), false);
+    add(k + "groups", YamlList(t.groups), false);
     add(k + "allow_requested", t.allow_requested ? "true" : "false", false);
     add(k + "gpu_blocks", std::to_string(t.gpu_blocks), false);
     add(k + "host_blocks", std::to_string(t.host_blocks), false);
@@ -244,16 +228,7 @@ std::vector<Setting> Flatten(const DaemonConfig& c) {
     const std::string k = "stores.tiers[" + std::to_string(i) + "].";
     add(k + "kind", t.kind, false);
     add(k + "write", t.write_through ? "through" : "back", false);
-    add(k + "path", t.path, false);
-    add(k + "max_bytes", std::to_string(t.max_bytes), false);
-    add(k + "direct_io", t.direct_io ? "true" : "false", false);
-    add(k + "nodes", IdList(t.nodes), false);
-    add(k + "cluster", t.cluster ? "true" : "false", false);
-    add(k + "user", t.user, false);
-    add(k + "password_file", t.password_file, false);
-    add(k + "ttl_s", std::to_string(t.ttl_s), false);
-    add(k + "connect_timeout_ms", std::to_string(t.connect_timeout_ms), false);
-    add(k + "timeout_ms", std::to_string(t.timeout_ms), false);
+    for (auto& [key, value] : FindStoreKind(t.kind)->settings(t.options)) add(k + key, std::move(value), false);
   }
   add("events.enabled", c.events.enabled ? "true" : "false", false);
   add("events.publish", c.events.publish, false);

@@ -1,15 +1,17 @@
 // Section: reading one YAML mapping of the configuration, so that every error
-// names its key and unknown keys are errors (config.cc, config_stores.cc).
-// Internal to the configuration parser.
+// names its key and unknown keys are errors (config.cc, config_stores.cc), and
+// the YAML scalars DumpConfig writes. Internal to the configuration parser.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
 
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "config.h"
 
@@ -57,6 +59,10 @@ class Section {
   }
 
   Status ReadString(const char* key, std::string* out, std::initializer_list<const char*> allowed = {}) {
+    return ReadString(key, out, std::span<const char* const>(allowed.begin(), allowed.size()));
+  }
+  // `allowed`: the values it may take; empty: any.
+  Status ReadString(const char* key, std::string* out, std::span<const char* const> allowed) {
     YAML::Node n = Get(key);
     if (!n) return Status::Ok();
     if (!n.IsScalar()) return Error(key, std::string("expected a string, got a ") + Kind(n));
@@ -134,6 +140,15 @@ class Section {
   std::string source_;
   std::set<std::string> seen_;
 };
+
+// Writing YAML (config_dump.cc).
+// `v` as a YAML scalar that reads back as the same string: plain when it is
+// unambiguous (names, paths), otherwise double-quoted with escapes.
+std::string YamlString(const std::string& v);
+// ["a", "1001"]: a list of strings, each as YamlString writes it.
+std::string YamlList(const std::vector<std::string>& items);
+// The shortest text that reads back as exactly `v`.
+std::string YamlDouble(double v);
 
 // The stores: section (config_stores.cc).
 Status ParseStores(const YAML::Node& node, const std::string& source, StoresConfig* out);

@@ -1,55 +1,45 @@
 // The stores: section of the configuration (config.h's StoresConfig).
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "config_section.h"
 
 namespace kvtier::daemon {
 namespace {
 
+// The kinds' names, for an error naming them.
+std::vector<const char*> KindNames() {
+  std::vector<const char*> out;
+  for (const StoreKind* k : kStoreKinds) out.push_back(k->name);
+  return out;
+}
+
 Status ParseTier(const YAML::Node& node, const std::string& path, const std::string& source, StoreTierConfig* t) {
   if (!node.IsMap()) return InvalidArgument(source + ": " + path + ": expected a mapping");
   Section s(node, path, source);
-  KVTIER_RETURN_IF_ERROR(s.ReadString("kind", &t->kind, {"disk", "redis"}));
-  if (t->kind.empty()) return s.Error("kind", "is required: disk or redis");
-  std::string write = t->kind == "redis" ? "through" : "back";
+  const std::vector<const char*> kinds = KindNames();
+  KVTIER_RETURN_IF_ERROR(s.ReadString("kind", &t->kind, kinds));
+  const StoreKind* kind = FindStoreKind(t->kind);
+  if (kind == nullptr) {
+    std::string names;
+    for (const char* k : kinds) names += (names.empty() ? "" : " or ") + std::string(k);
+    return s.Error("kind", "is required: " + names);
+  }
+  std::string write = kind->writes_through ? "through" : "back";
   KVTIER_RETURN_IF_ERROR(s.ReadString("write", &write, {"back", "through"}));
   t->write_through = write == "through";
-  if (t->kind == "disk") {
-    KVTIER_RETURN_IF_ERROR(s.Known({"kind", "write", "path", "max_bytes", "direct_io"}));
-    KVTIER_RETURN_IF_ERROR(s.ReadString("path", &t->path));
-    if (t->path.empty() || t->path[0] != '/') return s.Error("path", "is required: an absolute directory path");
-    KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_bytes", &t->max_bytes));
-    if (t->max_bytes == 0) return s.Error("max_bytes", "is required: the disk tier's size, such as 64GiB");
-    KVTIER_RETURN_IF_ERROR(s.ReadBool("direct_io", &t->direct_io));
-    return s.CheckUnknown();
-  }
-  KVTIER_RETURN_IF_ERROR(s.Known(
-      {"kind", "write", "nodes", "cluster", "user", "password_file", "ttl_s", "connect_timeout_ms", "timeout_ms"}));
-  YAML::Node nodes = s.Get("nodes");
-  if (!nodes || !nodes.IsSequence() || nodes.size() == 0) {
-    return s.Error("nodes", "is required: a list of host:port (the server, or a cluster's seed nodes)");
-  }
-  for (const auto& n : nodes) {
-    const std::string hp = n.IsScalar() ? n.Scalar() : std::string();
-    const size_t colon = hp.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size() ||
-        hp.find_first_not_of("0123456789", colon + 1) != std::string::npos || hp.size() - colon - 1 > 5 ||
-        std::stoul(hp.substr(colon + 1)) > 65535) {
-      return s.Error("nodes", "'" + hp.substr(0, 80) + "' is not host:port");
-    }
-    t->nodes.push_back(hp);
-  }
-  KVTIER_RETURN_IF_ERROR(s.ReadBool("cluster", &t->cluster));
-  KVTIER_RETURN_IF_ERROR(s.ReadString("user", &t->user));
-  KVTIER_RETURN_IF_ERROR(s.ReadString("password_file", &t->password_file));
-  if (!t->password_file.empty() && t->password_file[0] != '/') {
-    return s.Error("password_file", "must be an absolute path");
-  }
-  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("ttl_s", &t->ttl_s, 0, 365u * 86400));
-  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("connect_timeout_ms", &t->connect_timeout_ms, 1, 60000));
-  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("timeout_ms", &t->timeout_ms, 1, 60000));
+  KVTIER_RETURN_IF_ERROR(kind->parse(s, &t->options));
   return s.CheckUnknown();
+}
+
+// The value of `key` among a store's settings, or nullptr.
+const std::string* SettingOf(const std::vector<std::pair<std::string, std::string>>& settings, const char* key) {
+  for (const auto& [k, v] : settings) {
+    if (k == key) return &v;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -67,14 +57,20 @@ Status ParseStores(const YAML::Node& node, const std::string& source, StoresConf
   if (out->max_fetch_bytes < (1u << 20)) return s.Error("max_fetch_bytes", "must be at least 1MiB");
   YAML::Node tiers = s.Get("tiers");
   if (tiers && !tiers.IsNull()) {
-    if (!tiers.IsSequence()) return s.Error("tiers", "expected a list of stores (kind: disk or redis)");
+    if (!tiers.IsSequence()) return s.Error("tiers", "expected a list of stores (each with its kind:)");
     if (tiers.size() > 8) return s.Error("tiers", "at most 8 stores");
     for (size_t i = 0; i < tiers.size(); ++i) {
       StoreTierConfig t;
       KVTIER_RETURN_IF_ERROR(ParseTier(tiers[i], "stores.tiers[" + std::to_string(i) + "]", source, &t));
+      // Two stores of a kind may not share its exclusive key's value (one directory, one disk store).
+      const StoreKind& kind = *FindStoreKind(t.kind);
       for (const StoreTierConfig& other : out->tiers) {
-        if (t.kind == "disk" && other.kind == "disk" && t.path == other.path) {
-          return s.Error("tiers[" + std::to_string(i) + "].path", "'" + t.path + "' is another disk store's too");
+        if (kind.exclusive_key == nullptr || other.kind != t.kind) continue;
+        const std::string* mine = SettingOf(kind.settings(t.options), kind.exclusive_key);
+        const std::string* theirs = SettingOf(kind.settings(other.options), kind.exclusive_key);
+        if (mine != nullptr && theirs != nullptr && *mine == *theirs) {
+          return s.Error("tiers[" + std::to_string(i) + "]." + kind.exclusive_key,
+                         "'" + *mine + "' is another " + t.kind + " store's too");
         }
       }
       out->tiers.push_back(std::move(t));

@@ -2,29 +2,11 @@
 #include "store_factory.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
 
-#include "disk/disk_store.h"
-#include "redis/redis_store.h"
+#include "kvtier/stores/block_store.h"
 
 namespace kvtier::daemon {
-namespace {
-
-Result<std::string> ReadSecret(const std::string& path, const std::string& key) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(key + ": cannot read '" + path + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  std::string s = text.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r'))
-    s.pop_back();  // One trailing newline is not the password's.
-  if (s.empty()) return InvalidArgument(key + ": '" + path + "' is empty");
-  return s;
-}
-
-}  // namespace
 
 Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify) {
   if (config.tiers.empty()) return std::unique_ptr<stores::StoreChain>();
@@ -32,28 +14,9 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
   for (size_t i = 0; i < config.tiers.size(); ++i) {
     const StoreTierConfig& t = config.tiers[i];
     const std::string key = "stores.tiers[" + std::to_string(i) + "]";
-    Result<std::unique_ptr<stores::BlockStore>> store = Status(StatusCode::kInternal, "unknown store kind");
-    if (t.kind == "disk") {
-      stores::DiskStoreOptions o;
-      o.dir = t.path;
-      o.max_bytes = t.max_bytes;
-      o.direct_io = t.direct_io;
-      store = stores::OpenDiskStore(o);
-    } else {
-      stores::RedisStoreOptions o;
-      o.nodes = t.nodes;
-      o.cluster = t.cluster;
-      o.user = t.user;
-      if (!t.password_file.empty()) {
-        auto secret = ReadSecret(t.password_file, key + ".password_file");
-        if (!secret.ok()) return secret.status();
-        o.password = std::move(secret).value();
-      }
-      o.connect_timeout = std::chrono::milliseconds(t.connect_timeout_ms);
-      o.io_timeout = std::chrono::milliseconds(t.timeout_ms);
-      o.ttl_seconds = t.ttl_s;
-      store = stores::OpenRedisStore(o);
-    }
+    const StoreKind* kind = FindStoreKind(t.kind);
+    if (kind == nullptr || kind->open == nullptr) return Status(StatusCode::kInternal, key + ": unknown store kind");
+    Result<std::unique_ptr<stores::BlockStore>> store = kind->open(t.options, key);
     if (!store.ok()) return Status(store.status().code(), key + " (" + t.kind + "): " + store.status().message());
     chain.push_back(stores::ChainedStore{std::move(store).value(), t.write_through});
   }

@@ -184,10 +184,11 @@ TEST(ConfigTest, StoresBelowTheHostTierParseDumpAndNameTheirMistakes) {
   EXPECT_EQ(c->stores.queue_bytes, uint64_t{64} << 20);
   EXPECT_EQ(c->stores.tiers[0].kind, "disk");
   EXPECT_FALSE(c->stores.tiers[0].write_through) << "a disk store writes back by default";
-  EXPECT_EQ(c->stores.tiers[0].max_bytes, uint64_t{8} << 30);
+  EXPECT_EQ(std::get<DiskTierOptions>(c->stores.tiers[0].options).max_bytes, uint64_t{8} << 30);
   EXPECT_TRUE(c->stores.tiers[1].write_through) << "a remote store writes through by default";
-  EXPECT_EQ(c->stores.tiers[1].nodes, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7000"}));
-  EXPECT_TRUE(c->stores.tiers[1].cluster);
+  const auto& redis = std::get<RedisTierOptions>(c->stores.tiers[1].options);
+  EXPECT_EQ(redis.nodes, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.2:7000"}));
+  EXPECT_TRUE(redis.cluster);
   auto again = ParseConfig(DumpConfig(*c), "dump");
   ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << DumpConfig(*c);
   EXPECT_EQ(*again, *c);

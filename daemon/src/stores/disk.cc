@@ -1,0 +1,47 @@
+// kind: disk (stores/disk.h).
+#include "disk.h"
+
+#include "../config_section.h"
+
+#ifndef KVTIER_CONFIG_PARSER_ONLY
+#include "disk/disk_store.h"
+#endif
+
+namespace kvtier::daemon {
+namespace {
+
+Status Parse(Section& s, StoreOptions* out) {
+  DiskTierOptions& o = out->emplace<DiskTierOptions>();
+  KVTIER_RETURN_IF_ERROR(s.Known({"path", "max_bytes", "direct_io"}));
+  KVTIER_RETURN_IF_ERROR(s.ReadString("path", &o.path));
+  if (o.path.empty() || o.path[0] != '/') return s.Error("path", "is required: an absolute directory path");
+  KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_bytes", &o.max_bytes));
+  if (o.max_bytes == 0) return s.Error("max_bytes", "is required: the disk tier's size, such as 64GiB");
+  return s.ReadBool("direct_io", &o.direct_io);
+}
+
+std::vector<std::pair<std::string, std::string>> Settings(const StoreOptions& options) {
+  const auto& o = std::get<DiskTierOptions>(options);
+  return {{"path", YamlString(o.path)},
+          {"max_bytes", std::to_string(o.max_bytes)},
+          {"direct_io", o.direct_io ? "true" : "false"}};
+}
+
+#ifndef KVTIER_CONFIG_PARSER_ONLY
+Result<std::unique_ptr<stores::BlockStore>> Open(const StoreOptions& options, const std::string&) {
+  const auto& o = std::get<DiskTierOptions>(options);
+  stores::DiskStoreOptions d;
+  d.dir = o.path;
+  d.max_bytes = o.max_bytes;
+  d.direct_io = o.direct_io;
+  return stores::OpenDiskStore(d);
+}
+#else
+constexpr std::nullptr_t Open = nullptr;
+#endif
+
+}  // namespace
+
+const StoreKind kDiskStoreKind{"disk", /*writes_through=*/false, "path", &Parse, &Settings, Open};
+
+}  // namespace kvtier::daemon
