@@ -17,7 +17,9 @@
 #include <set>
 #include <sstream>
 
+#include "config_keys.h"
 #include "config_section.h"
+#include "kvtier/event_stream.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -203,12 +205,14 @@ Status ParseTenants(const YAML::Node& node, const std::string& source, std::vect
   return Status::Ok();
 }
 
-// A NUL would cut a shared-memory or socket name short; no name needs the others.
-bool HasControlCharacter(const std::string& v) {
-  return std::any_of(v.begin(), v.end(), [](char ch) {
-    const auto u = static_cast<unsigned char>(ch);
-    return u < 0x20 || u == 0x7f;
-  });
+// A section that holds only keys of the table (config_keys.cc): tiering, limits, metrics, events.
+Status ParseKeySection(Section& top, const char* section, const std::string& source, DaemonConfig* c) {
+  YAML::Node node = top.Get(section);
+  if (!node || node.IsNull()) return Status::Ok();
+  if (!node.IsMap()) return top.Error(section, "expected a mapping");
+  Section s(node, section, source);
+  KVTIER_RETURN_IF_ERROR(ReadConfigKeys(s, section, c));
+  return s.CheckUnknown();
 }
 
 // The isolated tenants' pools are carved out of each profile's; what is left
@@ -299,19 +303,7 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
   DaemonConfig c;
   try {
     Section top(root, "", source);
-    KVTIER_RETURN_IF_ERROR(top.ReadString("instance", &c.instance));
-    if (c.instance.empty() || c.instance.size() > 64 || c.instance.find('/') != std::string::npos ||
-        HasControlCharacter(c.instance)) {
-      return top.Error("instance", "must be 1-64 characters without '/' or control characters");
-    }
-    KVTIER_RETURN_IF_ERROR(top.ReadString("socket", &c.socket_path));
-    if (c.socket_path.empty() || c.socket_path.size() > 107) return top.Error("socket", "must be a path of 1-107 bytes");
-    if (HasControlCharacter(c.socket_path)) return top.Error("socket", "must not hold control characters");
-    KVTIER_RETURN_IF_ERROR(top.ReadString("backend", &c.backend, {"auto", "host", "cuda"}));
-    KVTIER_RETURN_IF_ERROR(top.ReadString("log_level", &c.log_level, {"error", "warn", "info", "debug"}));
-    KVTIER_RETURN_IF_ERROR(top.ReadBool("warm_restart", &c.warm_restart));
-    KVTIER_RETURN_IF_ERROR(top.Read<uint32_t>("busy_poll_us", &c.busy_poll_us, 0, 10000));
-
+    KVTIER_RETURN_IF_ERROR(ReadConfigKeys(top, "", &c));
     YAML::Node profiles = top.Get("profiles");
     if (!profiles || !profiles.IsSequence() || profiles.size() == 0) {
       return top.Error("profiles", "is required: a list of at least one model profile");
@@ -326,79 +318,31 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source_
       c.profiles.push_back(pc);
     }
 
-    if (YAML::Node t = top.Get("tiering")) {
-      if (!t.IsMap()) return top.Error("tiering", "expected a mapping");
-      Section s(t, "tiering", source);
-      KVTIER_RETURN_IF_ERROR(s.Read<double>("gpu_high_watermark", &c.gpu_high_watermark, 0.01, 1.0));
-      KVTIER_RETURN_IF_ERROR(s.Read<double>("gpu_low_watermark", &c.gpu_low_watermark, 0.0, 1.0));
-      KVTIER_RETURN_IF_ERROR(s.Read<double>("host_high_watermark", &c.host_high_watermark, 0.01, 1.0));
-      KVTIER_RETURN_IF_ERROR(s.Read<double>("host_low_watermark", &c.host_low_watermark, 0.0, 1.0));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_copy_batch", &c.max_copy_batch, 1, 65536));
-      KVTIER_RETURN_IF_ERROR(s.ReadString("policy", &c.policy, {"lru"}));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("tick_ms", &c.tick_ms, 1, 60000));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("warm_snapshot_ms", &c.warm_snapshot_ms, 0, 3600000));
-      if (c.gpu_low_watermark > c.gpu_high_watermark) return s.Error("gpu_low_watermark", "must not exceed gpu_high_watermark");
-      if (c.host_low_watermark > c.host_high_watermark) return s.Error("host_low_watermark", "must not exceed host_high_watermark");
-      if (c.gpu_low_watermark <= 0) return s.Error("gpu_low_watermark", "must be > 0");
-      if (c.host_low_watermark <= 0) return s.Error("host_low_watermark", "must be > 0");
-      KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
-    }
-    if (YAML::Node l = top.Get("limits")) {
-      if (!l.IsMap()) return top.Error("limits", "expected a mapping");
-      Section s(l, "limits", source);
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients", &c.max_clients, 1, 1u << 20));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions", &c.max_sessions, 1, 1u << 28));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_sessions_per_tenant", &c.max_sessions_per_tenant, 0, 1u << 28));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_clients_per_tenant", &c.max_clients_per_tenant, 0, 1u << 20));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_session_blocks", &c.max_session_blocks, 0, 1u << 28));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_tenants", &c.max_tenants, 1, kMaxTenants));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_leases_per_client", &c.max_leases_per_client, 1, 1u << 24));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("max_blocks_per_request", &c.max_blocks_per_request, 1, 1u << 20));
-      uint64_t frame = c.max_frame_bytes;
-      KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_frame_bytes", &frame));
-      if (frame < 4096 || frame > (16u << 20)) return s.Error("max_frame_bytes", "must be in [4KiB, 16MiB]");
-      c.max_frame_bytes = static_cast<uint32_t>(frame);
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("hello_timeout_ms", &c.hello_timeout_ms, 10, 600000));
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("frame_timeout_ms", &c.frame_timeout_ms, 10, 600000));
-      uint64_t backlog = c.max_reply_backlog_bytes;
-      KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_reply_backlog_bytes", &backlog));
-      if (backlog < (64u << 10) || backlog > (1u << 30)) {
-        return s.Error("max_reply_backlog_bytes", "must be in [64KiB, 1GiB]");
-      }
-      c.max_reply_backlog_bytes = static_cast<uint32_t>(backlog);
-      KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("lease_timeout_ms", &c.lease_timeout_ms, 0, 86400000));
-      if (c.lease_timeout_ms != 0 && c.lease_timeout_ms < 100) {
-        return s.Error("lease_timeout_ms",
-                       "must be 0 (never) or at least 100, got " + std::to_string(c.lease_timeout_ms));
-      }
-      KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
-    }
-    if (YAML::Node m = top.Get("metrics")) {
-      if (!m.IsMap()) return top.Error("metrics", "expected a mapping");
-      Section s(m, "metrics", source);
-      KVTIER_RETURN_IF_ERROR(s.ReadString("listen", &c.metrics_listen));
-      if (!c.metrics_listen.empty()) {
-        auto addr = ParseListenAddress(c.metrics_listen);
-        if (!addr.ok()) return s.Error("listen", addr.status().message());
-      }
-      KVTIER_RETURN_IF_ERROR(s.CheckUnknown());
+    for (const char* section : {"tiering", "limits", "metrics"}) {
+      KVTIER_RETURN_IF_ERROR(ParseKeySection(top, section, source, &c));
     }
     if (YAML::Node a = top.Get("access")) KVTIER_RETURN_IF_ERROR(ParseAccess(a, source, &c.access));
     if (YAML::Node t = top.Get("tenants")) {
       if (!t.IsNull()) KVTIER_RETURN_IF_ERROR(ParseTenants(t, source, &c.tenants));
     }
     if (YAML::Node st = top.Get("stores")) {
-      if (!st.IsNull()) KVTIER_RETURN_IF_ERROR(ParseStores(st, source, &c.stores));
+      if (!st.IsNull()) KVTIER_RETURN_IF_ERROR(ParseStores(st, source, &c));
     }
-    if (YAML::Node ev = top.Get("events")) {
-      if (!ev.IsNull()) KVTIER_RETURN_IF_ERROR(ParseEvents(ev, source, &c.events));
-    }
+    KVTIER_RETURN_IF_ERROR(ParseKeySection(top, "events", source, &c));
     KVTIER_RETURN_IF_ERROR(CheckIsolatedPools(c, source));
     KVTIER_RETURN_IF_ERROR(top.CheckUnknown());
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   return c;
+}
+
+std::string EventsPublishEndpoint(const EventsConfig& e, const std::string& socket_path) {
+  return e.publish.empty() ? events::DefaultPublishEndpoint(socket_path) : e.publish;
+}
+
+std::string EventsReplayEndpoint(const EventsConfig& e, const std::string& socket_path) {
+  return e.replay.empty() ? events::DefaultReplayEndpoint(socket_path) : e.replay;
 }
 
 Result<DaemonConfig> LoadConfigFile(const std::string& path) {

@@ -2,8 +2,9 @@
 //
 // Every error names the key ("profiles[0].block_tokens: must be in [1, 1024]"),
 // and unknown keys are errors, so a typo never silently means "the default".
-// Parsing is config.cc; writing a configuration back out, as YAML (DumpConfig)
-// or key by key to compare two (PlanReload), is config_dump.cc.
+// Each scalar key (a member below) is one row of config_keys.cc: its range,
+// whether a reload applies it and its meaning, which parsing (config.cc),
+// writing back out (DumpConfig, config_dump.cc) and the reload plan follow.
 #pragma once
 
 #include <cstdint>
@@ -210,12 +211,10 @@ struct ListenAddress {
 // "127.0.0.1:9464", "[::1]:9464" -> host and port.
 Result<ListenAddress> ParseListenAddress(std::string_view text);
 
-// What re-reading the configuration file while running does. Some settings take
-// effect at once (log_level, busy_poll_us, tiering.*, limits.max_clients,
-// limits.max_leases_per_client, limits.max_tenants, limits.hello_timeout_ms,
-// limits.frame_timeout_ms, limits.max_reply_backlog_bytes and
-// limits.lease_timeout_ms); the rest shape shared memory, the socket or what
-// clients were told at Hello, and keep their running values.
+// What re-reading the configuration file while running does. The keys marked
+// reloadable in config_keys.cc (`kvtierd --config-keys` lists them) take
+// effect at once; the rest shape shared memory, the socket or what clients
+// were told at Hello, and keep their running values.
 struct ReloadPlan {
   DaemonConfig next;                 // `running` with every reloadable setting taken from `loaded`.
   std::vector<std::string> applied;  // "tiering.tick_ms: 20 -> 50", one per reloadable setting that changes.

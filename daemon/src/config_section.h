@@ -151,7 +151,6 @@ std::string YamlList(const std::vector<std::string>& items);
 std::string YamlDouble(double v);
 
 // The stores: section (config_stores.cc).
-Status ParseStores(const YAML::Node& node, const std::string& source, StoresConfig* out);
-Status ParseEvents(const YAML::Node& node, const std::string& source, EventsConfig* out);
+Status ParseStores(const YAML::Node& node, const std::string& source, DaemonConfig* config);
 
 }  // namespace kvtier::daemon

@@ -1,9 +1,11 @@
-// The stores: section of the configuration (config.h's StoresConfig).
+// The stores: section of the configuration (config.h's StoresConfig): its keys are
+// rows of config_keys.cc, its tiers entries each of a StoreKind (store_kinds.h).
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "config_keys.h"
 #include "config_section.h"
 
 namespace kvtier::daemon {
@@ -44,17 +46,11 @@ const std::string* SettingOf(const std::vector<std::pair<std::string, std::strin
 
 }  // namespace
 
-Status ParseStores(const YAML::Node& node, const std::string& source, StoresConfig* out) {
+Status ParseStores(const YAML::Node& node, const std::string& source, DaemonConfig* config) {
   if (!node.IsMap()) return InvalidArgument(source + ": stores: expected a mapping (fetch_budget_ms, tiers, ...)");
   Section s(node, "stores", source);
-  KVTIER_RETURN_IF_ERROR(s.Known({"tiers", "fetch_budget_ms", "key_prefix", "queue_bytes", "max_fetch_bytes"}));
-  KVTIER_RETURN_IF_ERROR(s.Read<uint32_t>("fetch_budget_ms", &out->fetch_budget_ms, 1, 60000));
-  KVTIER_RETURN_IF_ERROR(s.ReadString("key_prefix", &out->key_prefix));
-  if (out->key_prefix.size() > 64) return s.Error("key_prefix", "must be at most 64 bytes");
-  KVTIER_RETURN_IF_ERROR(s.ReadBytes("queue_bytes", &out->queue_bytes));
-  if (out->queue_bytes < (1u << 20)) return s.Error("queue_bytes", "must be at least 1MiB");
-  KVTIER_RETURN_IF_ERROR(s.ReadBytes("max_fetch_bytes", &out->max_fetch_bytes));
-  if (out->max_fetch_bytes < (1u << 20)) return s.Error("max_fetch_bytes", "must be at least 1MiB");
+  KVTIER_RETURN_IF_ERROR(ReadConfigKeys(s, "stores", config));
+  StoresConfig* out = &config->stores;
   YAML::Node tiers = s.Get("tiers");
   if (tiers && !tiers.IsNull()) {
     if (!tiers.IsSequence()) return s.Error("tiers", "expected a list of stores (each with its kind:)");

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config.h"
+#include "config_keys.h"
 #include "instance_lock.h"
 #include "kvtier/stores/allocator.h"
 #include "log.h"
@@ -17,7 +18,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: kvtierd [--config FILE] [--socket PATH] [--instance NAME] [--metrics-listen ADDR]\n"
-    "               [--check-config] [--version]\n"
+    "               [--check-config] [--config-keys] [--version]\n"
     "\n"
     "The kvtier KV-cache daemon: owns KV blocks in a GPU tier and a host tier and\n"
     "serves model-worker processes over a Unix socket. SIGHUP re-reads the\n"
@@ -29,6 +30,8 @@ constexpr const char* kUsage =
     "  --metrics-listen ADDR  serve Prometheus metrics on http://ADDR/metrics (HOST:PORT,\n"
     "                         port 0 picks one; \"\" turns it off) instead of metrics.listen\n"
     "  --check-config         validate the configuration, print it, and exit\n"
+    "  --config-keys          list every configuration key with its default, its range and\n"
+    "                         whether SIGHUP applies it, and exit\n"
     "  --version              print the version and exit\n";
 
 }  // namespace
@@ -69,6 +72,9 @@ int main(int argc, char** argv) {
           return 2;
         }
       }
+    } else if (a == "--config-keys") {
+      std::fputs(DescribeConfigKeys().c_str(), stdout);
+      return 0;
     } else if (a == "--check-config") {
       check_only = true;
     } else {

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "config.h"
+#include "config_keys.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -768,6 +769,54 @@ metrics:
   EXPECT_NE(plain_dump.find("instance: kvtier\n"), std::string::npos) << plain_dump;
   EXPECT_NE(plain_dump.find("socket: /run/kvtier/kvtierd.sock\n"), std::string::npos) << plain_dump;
   EXPECT_NE(plain_dump.find("gpu_high_watermark: 0.9\n"), std::string::npos) << plain_dump;
+}
+
+// One table drives every scalar key: `kvtierd --config-keys` lists each with
+// its default, range and whether a reload applies it.
+TEST(ConfigTest, EveryKeyIsListedWithItsDefaultItsRangeAndWhetherAReloadAppliesIt) {
+  const std::string d = DescribeConfigKeys();
+  EXPECT_NE(d.find("limits.lease_timeout_ms  (default 30000; in [0, 86400000]; reloadable)"), std::string::npos) << d;
+  EXPECT_NE(d.find("limits.max_frame_bytes  (default 16777216; a size in [4KiB, 16MiB]; at start)"), std::string::npos);
+  EXPECT_NE(d.find("backend  (default auto; one of auto host cuda; at start)"), std::string::npos);
+  EXPECT_NE(d.find("metrics.listen  (default \"\"; at start)"), std::string::npos);
+  for (const ConfigKey& k : ConfigKeys()) {
+    EXPECT_NE(d.find(k.Path() + "  (default "), std::string::npos) << k.Path();
+    EXPECT_STRNE(k.doc, "") << k.Path();
+  }
+}
+
+// Each row's reloadable mark is what PlanReload does: a changed reloadable key
+// is applied (the next config has the loaded value), any other is kept.
+TEST(ConfigTest, AReloadAppliesExactlyTheKeysMarkedReloadable) {
+  const DaemonConfig running = *ParseConfig(kMinimal, "t");
+  size_t reloadable = 0;
+  for (const ConfigKey& k : ConfigKeys()) {
+    if (k.choices.size() == 1) continue;  // tiering.policy: lru is the one value it takes.
+    DaemonConfig loaded = running;
+    std::visit(
+        [&](auto member) {
+          auto& v = member(loaded);
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, bool>) {
+            v = !v;
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            v = k.choices.size() > 1 && v == k.choices[0] ? k.choices[1] : k.choices.empty() ? v + "x" : k.choices[0];
+          } else {
+            v = v == static_cast<T>(k.hi) ? static_cast<T>(k.lo) : static_cast<T>(k.hi);
+          }
+        },
+        k.field);
+    ASSERT_NE(k.ValueText(loaded), k.ValueText(running)) << k.Path() << " did not change";
+    const ReloadPlan plan = PlanReload(running, loaded);
+    const std::vector<std::string>& changed = k.reloadable ? plan.applied : plan.kept;
+    ASSERT_EQ(changed.size(), 1u) << k.Path() << ": " << ::testing::PrintToString(plan.applied)
+                                  << ::testing::PrintToString(plan.kept);
+    EXPECT_EQ(changed[0].rfind(k.Path() + ": ", 0), 0u) << changed[0];
+    EXPECT_EQ(k.ValueText(plan.next), k.ValueText(k.reloadable ? loaded : running)) << k.Path();
+    EXPECT_EQ(plan.applied.size() + plan.kept.size(), 1u) << k.Path();
+    reloadable += k.reloadable;
+  }
+  EXPECT_EQ(reloadable, 17u) << "log_level, busy_poll_us, tiering.* but policy (7) and limits' 8 reloadable keys";
 }
 
 }  // namespace
