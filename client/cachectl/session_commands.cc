@@ -82,12 +82,9 @@ int CmdSession(const GlobalOptions& g, const std::string& id) {
   // Past the session's own blocks: those pressure dropped into the stores below
   // the host tier, which the stores (or another session) hold.
   const size_t dropped = info.chain.size() - std::min<size_t>(info.chain.size(), s.blocks);
-  std::vector<std::string> stores;
-  if (dropped > 0) {
-    auto stats = c->Stats();
-    if (stats.ok()) stores = StoreNames(*stats);  // Else they show as "store<i>".
-  }
-  auto place = [&](size_t i) { return i < info.tiers.size() ? PlaceName(info.tiers[i], stores) : std::string("?"); };
+  auto place = [&](size_t i) {
+    return i < info.tiers.size() ? PlaceName(info.tiers[i], info.stores) : std::string("?");
+  };
   if (g.json) {
     json chain = json::array();
     for (size_t i = 0; i < info.chain.size(); ++i) {

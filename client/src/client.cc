@@ -260,7 +260,7 @@ Result<SessionInfo> Client::GetSession(std::string_view session) {
   auto r = core_->Call<wire::SessionInfoResponse>(wire::SessionInfoRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
   wire::SessionInfoResponse& info = r->message;
-  return SessionInfo{std::move(info.summary), std::move(info.chain), std::move(info.tiers)};
+  return SessionInfo{std::move(info.summary), std::move(info.chain), std::move(info.tiers), std::move(info.stores)};
 }
 
 Result<std::vector<std::pair<std::string, double>>> Client::Stats() {

@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "service.h"
+#include "store_factory.h"
 
 namespace kvtier::daemon {
 
@@ -179,6 +180,7 @@ Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
     }
     out.tiers.push_back(place);
   }
+  out.stores = StoreNames(config_.stores);
   return Reply{std::move(out)};
 }
 

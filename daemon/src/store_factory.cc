@@ -26,16 +26,28 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
   return std::make_unique<stores::StoreChain>(std::move(chain), o, std::move(notify));
 }
 
-std::vector<std::string> StoreNames(const std::vector<stores::StoreStats>& stats) {
+std::vector<std::string> StoreNames(const std::vector<std::string>& kinds) {
   std::map<std::string, int> of_kind;
-  for (const auto& s : stats) ++of_kind[s.kind];
+  for (const auto& k : kinds) ++of_kind[k];
   std::map<std::string, int> seen;
   std::vector<std::string> out;
-  for (const auto& s : stats) {
-    const int n = seen[s.kind]++;
-    out.push_back(of_kind[s.kind] > 1 ? s.kind + std::to_string(n) : s.kind);
+  for (const auto& k : kinds) {
+    const int n = seen[k]++;
+    out.push_back(of_kind[k] > 1 ? k + std::to_string(n) : k);
   }
   return out;
+}
+
+std::vector<std::string> StoreNames(const std::vector<stores::StoreStats>& stats) {
+  std::vector<std::string> kinds;
+  for (const auto& s : stats) kinds.push_back(s.kind);
+  return StoreNames(kinds);
+}
+
+std::vector<std::string> StoreNames(const StoresConfig& config) {
+  std::vector<std::string> kinds;
+  for (const StoreTierConfig& t : config.tiers) kinds.push_back(t.kind);
+  return StoreNames(kinds);
 }
 
 }  // namespace kvtier::daemon

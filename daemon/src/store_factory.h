@@ -22,6 +22,8 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
 
 // The stores' names in metrics and cachectl, in chain order: their kind
 // ("disk", "redis"), numbered when two are of one kind ("disk0", "disk1").
+std::vector<std::string> StoreNames(const std::vector<std::string>& kinds);
 std::vector<std::string> StoreNames(const std::vector<stores::StoreStats>& stats);
+std::vector<std::string> StoreNames(const StoresConfig& config);
 
 }  // namespace kvtier::daemon

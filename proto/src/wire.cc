@@ -1,6 +1,8 @@
 #include "kvtier/wire.h"
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <concepts>
 #include <cstdio>
 #include <cstdlib>
@@ -315,12 +317,47 @@ void Fields(IO& io, M& m) {
   More(io, m.more);
 }
 
+// SessionInfoResponse.stores as one extension byte string: "disk,redis".
+inline constexpr size_t kMaxStoreNames = 16, kMaxStoreName = 64;
+bool IsStoreName(std::string_view n) {
+  return !n.empty() && n.size() <= kMaxStoreName && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+void StoreNamesExtension(Writer& w, const std::vector<std::string>& names) {
+  std::string joined;
+  for (const std::string& n : names) {
+    if (!IsStoreName(n)) return w.Require(false, "stores", "each name must be 1-64 of [A-Za-z0-9_-]");
+    joined += (joined.empty() ? "" : ",") + n;
+  }
+  w.Require(names.size() <= kMaxStoreNames, "stores", "at most 16 names");
+  w.ExtensionBytes("stores", std::span(reinterpret_cast<const uint8_t*>(joined.data()), joined.size()),
+                   kMaxStoreNames * (kMaxStoreName + 1));
+}
+void StoreNamesExtension(Reader& r, std::vector<std::string>& names) {
+  std::vector<uint8_t> bytes;
+  if (!r.ExtensionBytes("stores", bytes, kMaxStoreNames * (kMaxStoreName + 1))) return;
+  names.clear();
+  const std::string joined(bytes.begin(), bytes.end());
+  for (size_t at = 0; at <= joined.size() && !bytes.empty();) {
+    const size_t end = std::min(joined.find(',', at), joined.size());
+    names.push_back(joined.substr(at, end - at));
+    if (!IsStoreName(names.back())) {
+      r.Require(false, "stores", "each name must be 1-64 of [A-Za-z0-9_-]");
+      return;
+    }
+    at = end + 1;
+  }
+  r.Require(names.size() <= kMaxStoreNames, "stores", "at most 16 names");
+}
+
 template <typename IO, Is<SessionInfoResponse> M>
 void Fields(IO& io, M& m) {
   Fields(io, m.summary);
   io.Array("chain", m.chain, kBlockKeyBytes, [](auto& sub, auto& k) { Fields(sub, k); });
   io.Bytes("tiers", m.tiers, kMaxArray);
   io.Require(m.tiers.size() == m.chain.size(), "tiers", "must have one entry per chain block");
+  StoreNamesExtension(io, m.stores);
 }
 
 template <typename IO, typename M>

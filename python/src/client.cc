@@ -123,16 +123,11 @@ void BindClient(py::module_& m) {
             auto r = Unlocked([&] { return c.client->GetSession(id); });
             const SessionInfo info = Take(std::move(r));
             py::dict d = SummaryDict(info.summary);
-            // Past the session's own blocks: those dropped into the stores, named as the stats name them.
-            std::vector<std::string> stores;
-            if (info.chain.size() > info.summary.blocks) {
-              auto stats = Unlocked([&] { return c.client->Stats(); });
-              if (stats.ok()) stores = StoreNames(*stats);
-            }
+            // Past the session's own blocks: those dropped into the stores, named as kvtierd names them.
             py::list chain;
             for (size_t i = 0; i < info.chain.size(); ++i) {
               const uint8_t t = i < info.tiers.size() ? info.tiers[i] : kPlaceUnknown;
-              chain.append(py::make_tuple(info.chain[i].ToHex(), PlaceName(t, stores)));
+              chain.append(py::make_tuple(info.chain[i].ToHex(), PlaceName(t, info.stores)));
             }
             d["chain"] = chain;
             d["dropped_blocks"] = info.chain.size() - std::min<size_t>(info.chain.size(), info.summary.blocks);

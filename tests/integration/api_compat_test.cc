@@ -2,7 +2,8 @@
 // same: Client::Acquire and AcquireKeys took `bool promote` before Promote
 // existed (true: promote now, false: lease where they lie). The overloads are
 // deprecated, not removed; this file is built with the deprecation warning off,
-// as such a worker would be until it moves to Promote.
+// as such a worker would be until it moves to Promote. StoreNames(stats) is
+// deprecated for SessionInfo::stores.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -52,6 +53,22 @@ TEST(ApiCompatTest, AcquireWithABoolPromoteStillWorks) {
   EXPECT_EQ(now->promoted(), 2u);
   ASSERT_TRUE(now->Wait(5s).ok());
   EXPECT_EQ(now->block(0).tier, Tier::kGpu);
+}
+
+// StoreNames recovered the stores' names from the stats before SessionInfo
+// carried them; it still does (no store configured: none).
+TEST(ApiCompatTest, StoreNamesFromTheStatsStillWorks) {
+  EXPECT_EQ(StoreNames({{"store.disk.hit_blocks", 1}, {"gpu_slots", 8}, {"store.redis.hit_blocks", 0}}),
+            (std::vector<std::string>{"disk", "redis"}));
+  DaemonProcess daemon(kSmallDaemonConfig);
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  ClientOptions o;
+  o.socket_path = daemon.socket();
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto stats = (*c)->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_TRUE(StoreNames(*stats).empty());
 }
 
 }  // namespace

@@ -101,6 +101,7 @@ std::vector<Message> SampleMessages() {
   si.summary = Summary("chat-42", 2);
   si.chain = {BlockKey{10, 11}, BlockKey{12, 13}};
   si.tiers = {0, 1};
+  si.stores = {"disk", "redis"};
   out.push_back(si);
 
   out.push_back(StatsRequest{});
@@ -119,6 +120,7 @@ Message WithoutExtensions(const Message& m) {
   if (auto* p = std::get_if<SetPriorityRequest>(&out)) p->ttl_ms = 0;
   if (auto* l = std::get_if<ListSessionsRequest>(&out)) l->page.reset();
   if (auto* l = std::get_if<ListSessionsResponse>(&out)) l->more = false;
+  if (auto* i = std::get_if<SessionInfoResponse>(&out)) i->stores.clear();
   return out;
 }
 

@@ -867,6 +867,37 @@ TEST(WireTest, ListSessionsMoreIsAnExtensionThatIsOneWhenPresent) {
   ExpectProtocolError(zero, "omit it instead");
 }
 
+// SessionInfoResponse names the stores in an extension: without stores it is
+// the older layout byte for byte; a malformed list is a protocol error.
+TEST(WireTest, SessionInfoStoreNamesAreAnExtension) {
+  SessionInfoResponse none;
+  none.chain = {BlockKey{1, 2}};
+  none.tiers = {16};
+  const Bytes older = EncodeFrame(1, none);
+  SessionInfoResponse named = none;
+  named.stores = {"disk", "redis0", "redis1"};
+  const Bytes with = EncodeFrame(1, named);
+  ASSERT_EQ(with.size(), older.size() + 4 + std::string("disk,redis0,redis1").size());
+  EXPECT_TRUE(std::equal(older.begin() + kHeaderBytes, older.end(), with.begin() + kHeaderBytes))
+      << "the older payload, then the extension";
+  auto r = DecodeFrame(with);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(std::get<SessionInfoResponse>(r->second).stores, named.stores);
+  auto o = DecodeFrame(older);
+  ASSERT_TRUE(o.ok());
+  EXPECT_TRUE(std::get<SessionInfoResponse>(o->second).stores.empty());
+  Bytes out;
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{""}, {"a,b"}, {std::string(65, 'x')},
+                                             std::vector<std::string>(17, "disk")}) {
+    SessionInfoResponse m = none;
+    m.stores = bad;
+    EXPECT_EQ(TryAppendFrame(out, 1, m).code(), StatusCode::kInvalidArgument) << ::testing::PrintToString(bad);
+  }
+  Bytes comma = with;
+  comma[comma.size() - 1] = ',';  // "disk,redis0,redis," : an empty name.
+  ExpectProtocolError(comma, "SessionInfoResponse.stores");
+}
+
 // What the daemon sizes its replies with.
 TEST(WireTest, PayloadSizeAndEncodedSizeMatchTheEncoding) {
   for (const auto& m : testing::SampleMessages()) {

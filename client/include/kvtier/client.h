@@ -267,12 +267,15 @@ struct SessionInfo {
   // value (kvtier/tier.h: a store, nowhere, unknown), or a number this library
   // does not know (a newer kvtierd's), passed on as is. PlaceName names them.
   std::vector<uint8_t> tiers;
+  // The names of kvtierd's stores below the host tier, in stores.tiers order
+  // (a place kPlaceStoreBase + i is stores[i]): PlaceName(tiers[i], stores).
+  std::vector<std::string> stores;
   friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
 };
 
-// The names of kvtierd's stores below the host tier, in stores.tiers order
-// (the order of kPlaceStoreBase + i), from its Stats.
-std::vector<std::string> StoreNames(const std::vector<std::pair<std::string, double>>& stats);
+// The names of kvtierd's stores below the host tier, recovered from its Stats.
+[[deprecated("SessionInfo::stores names them")]] std::vector<std::string> StoreNames(
+    const std::vector<std::pair<std::string, double>>& stats);
 
 // The wire protocol version this library speaks (a Client and kvtierd agree on
 // one at Hello).

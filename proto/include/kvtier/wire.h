@@ -383,6 +383,11 @@ struct SessionInfoResponse {
   // unknown; not validated, so that a newer daemon's places still display).
   // Same length as chain.
   std::vector<uint8_t> tiers;
+  // Extension: the stores below the host tier, named as in stats ("disk",
+  // "redis", "disk0"), in stores.tiers order: a place kPlaceStoreBase + i is
+  // stores[i]; absent = none configured. Encoded as ExtensionBytes of the
+  // names joined by ',' (each 1-64 of [A-Za-z0-9_-]; at most 16).
+  std::vector<std::string> stores;
   friend bool operator==(const SessionInfoResponse&, const SessionInfoResponse&) = default;
 };
 
