@@ -20,12 +20,12 @@ void Engine::Impl::MaybeFree(uint32_t r, FreeReason why) {
   const Record& rec = blocks[r];
   if (rec.held() || rec.doomed) return;
   const BlockKey key = rec.key;
-  if (why == FreeReason::kPressure && opt.on_spill && rec.ReadyIn(Tier::kHost)) Spill(r, /*dropped=*/true);
+  if (why == FreeReason::kPressure && options.on_spill && rec.ReadyIn(Tier::kHost)) Spill(r, /*dropped=*/true);
   blocks.Unpublish(r);
   ++changes;
   const bool dropped = why == FreeReason::kPressure;
-  if (dropped) ++st.dropped_blocks;
-  if (opt.on_free) opt.on_free(key, dropped);
+  if (dropped) ++stats.dropped_blocks;
+  if (options.on_free) options.on_free(key, dropped);
 }
 
 uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
@@ -68,9 +68,9 @@ uint32_t Engine::Impl::Promotable(std::span<const uint32_t> recs) const {
 }
 
 Status Engine::Impl::CheckAllocateCount(uint32_t count) const {
-  if (count == 0 || count > opt.max_blocks_per_request) {
+  if (count == 0 || count > options.max_blocks_per_request) {
     return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
-                           std::to_string(opt.max_blocks_per_request) + "]");
+                           std::to_string(options.max_blocks_per_request) + "]");
   }
   if (count > slots(Tier::kGpu).capacity()) {
     return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
@@ -81,7 +81,7 @@ Status Engine::Impl::CheckAllocateCount(uint32_t count) const {
 
 Status Engine::Impl::MakeAllocateQuotaRoom(TenantAccount& tenant, uint32_t count) {
   const Status room = reclaim.MakeQuotaRoom(tenant, count, nullptr, "allocate of " + std::to_string(count) + " blocks");
-  if (!room.ok()) ++st.allocation_failures;
+  if (!room.ok()) ++stats.allocation_failures;
   return room;
 }
 
@@ -93,7 +93,7 @@ Result<WriteLease> Engine::Impl::AllocateNow(TenantAccount& tenant, uint32_t cou
     if (reclaim.Droppable(Tier::kGpu, short_by) >= short_by) reclaim.DropFromTier(Tier::kGpu, short_by);
   }
   if (gpu.free_count() < count) {
-    ++st.allocation_failures;
+    ++stats.allocation_failures;
     return ResourceExhausted("gpu tier full: " + std::to_string(gpu.free_count()) + " of " +
                              std::to_string(gpu.capacity()) + " slots free, " + std::to_string(count) +
                              " requested; the rest are leased or moving");
@@ -137,7 +137,7 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
   for (Settling& s : impl_->settling) impl_->EndWatch(s.work);
   // Copies for the stores target the pools: they land before the pools go.
-  for (const auto& m : impl_->mirrors) (void)impl_->backend.Wait(m.fence, std::chrono::seconds(30));
+  for (const auto& batch : impl_->mirrors) (void)impl_->backend.Wait(batch.fence, std::chrono::seconds(30));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
@@ -166,8 +166,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-const ModelProfile& Engine::profile() const { return impl_->opt.profile; }
-const EngineOptions& Engine::options() const { return impl_->opt; }
+const ModelProfile& Engine::profile() const { return impl_->options.profile; }
+const EngineOptions& Engine::options() const { return impl_->options; }
 Pool& Engine::pool(Tier tier) const { return *impl_->pools[tier]; }
 const std::string& Engine::index_segment_name() const { return impl_->blocks.index().segment_name(); }
 int Engine::index_fd() const { return impl_->blocks.index().share_fd(); }
@@ -175,31 +175,31 @@ int Engine::index_fd() const { return impl_->blocks.index().share_fd(); }
 // --- Write path -----------------------------------------------------------------------------
 
 Result<WriteLease> Engine::Allocate(const Tenant& tenant, uint32_t count) {
-  Impl& m = *impl_;
-  KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
-  m.mover.Poll();
-  TenantAccount& account = m.tenants.Get(tenant);
-  KVTIER_RETURN_IF_ERROR(m.MakeAllocateQuotaRoom(account, count));
-  m.reclaim.MakeGpuRoom(count);
-  m.reclaim.WaitForGpuRoom(count, std::chrono::milliseconds(200));
-  return m.AllocateNow(account, count);
+  Impl& impl = *impl_;
+  KVTIER_RETURN_IF_ERROR(impl.CheckAllocateCount(count));
+  impl.mover.Poll();
+  TenantAccount& account = impl.tenants.Get(tenant);
+  KVTIER_RETURN_IF_ERROR(impl.MakeAllocateQuotaRoom(account, count));
+  impl.reclaim.MakeGpuRoom(count);
+  impl.reclaim.WaitForGpuRoom(count, std::chrono::milliseconds(200));
+  return impl.AllocateNow(account, count);
 }
 
 Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint32_t count, bool may_wait) {
-  Impl& m = *impl_;
-  KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
-  m.mover.Poll();
+  Impl& impl = *impl_;
+  KVTIER_RETURN_IF_ERROR(impl.CheckAllocateCount(count));
+  impl.mover.Poll();
   // The quota first: the demotions that make room under it free GPU slots too.
-  TenantAccount& account = m.tenants.Get(tenant);
-  KVTIER_RETURN_IF_ERROR(m.MakeAllocateQuotaRoom(account, count));
-  if (m.slots(Tier::kGpu).free_count() < count) {
-    m.reclaim.MakeGpuRoom(count);
+  TenantAccount& account = impl.tenants.Get(tenant);
+  KVTIER_RETURN_IF_ERROR(impl.MakeAllocateQuotaRoom(account, count));
+  if (impl.slots(Tier::kGpu).free_count() < count) {
+    impl.reclaim.MakeGpuRoom(count);
     // Demotions in flight free slots within a copy's time: come back then.
-    if (may_wait && m.slots(Tier::kGpu).free_count() < count && m.mover.demoting() > 0) {
+    if (may_wait && impl.slots(Tier::kGpu).free_count() < count && impl.mover.demoting() > 0) {
       return std::optional<WriteLease>();
     }
   }
-  auto lease = m.AllocateNow(account, count);
+  auto lease = impl.AllocateNow(account, count);
   if (!lease.ok()) return lease.status();
   return std::optional<WriteLease>(std::move(*lease));
 }
@@ -207,36 +207,36 @@ Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint
 Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std::string_view session_id,
                                     const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
                                     std::span<const uint32_t> slots, GpuWork writer) {
-  Impl& m = *impl_;
+  Impl& impl = *impl_;
   // The watch is the engine's from here: ended on every early return.
   struct WatchOwner {
-    Impl& m;
+    Impl& impl;
     GpuWork& w;
-    ~WatchOwner() { m.EndWatch(w); }
-  } owner{m, writer};
-  auto it = m.leases.find(lease_id);
-  WriteSlots* lease = it == m.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second.held);
+    ~WatchOwner() { impl.EndWatch(w); }
+  } owner{impl, writer};
+  auto it = impl.leases.find(lease_id);
+  WriteSlots* lease = it == impl.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second.held);
   if (lease == nullptr) {
-    if (auto r = m.revoked.find(lease_id); r != m.revoked.end() && r->second.write) {
+    if (auto r = impl.revoked.find(lease_id); r != impl.revoked.end() && r->second.write) {
       return FailedPrecondition(DescribeExpired(lease_id, r->second) + ": its slots went back to the pool; allocate again");
     }
     return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
   }
-  TenantAccount& account = m.tenants.Get(tenant);
+  TenantAccount& account = impl.tenants.Get(tenant);
   if (lease->tenant != &account) {
     return Status(StatusCode::kPermissionDenied, "write lease " + std::to_string(lease_id) + " is tenant '" +
                                                      lease->tenant->tenant.name + "''s, not '" + tenant.name + "''s");
   }
   if (session_id.empty()) return InvalidArgument("commit needs a session id");
-  if (tokens.size() % m.bt() != 0) {
+  if (tokens.size() % impl.bt() != 0) {
     return InvalidArgument(std::to_string(tokens.size()) + " tokens is not a whole number of " +
-                           std::to_string(m.bt()) + "-token blocks");
+                           std::to_string(impl.bt()) + "-token blocks");
   }
-  const size_t n = tokens.size() / m.bt();
+  const size_t n = tokens.size() / impl.bt();
   if (n != slots.size()) {
     return InvalidArgument(std::to_string(n) + " blocks of tokens but " + std::to_string(slots.size()) + " slots");
   }
-  if (n == 0 || n > m.opt.max_blocks_per_request) return InvalidArgument("commit of 0 or too many blocks");
+  if (n == 0 || n > impl.options.max_blocks_per_request) return InvalidArgument("commit of 0 or too many blocks");
   std::vector<uint32_t> committed(slots.begin(), slots.end());
   std::sort(committed.begin(), committed.end());
   {
@@ -252,23 +252,24 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   {
     // The commit must continue the session where the caller saw it: its first
     // start_block blocks, the last of them keyed `parent`.
-    const Session* existing = m.FindSession(tenant, session_id);
+    const Session* existing = impl.FindSession(tenant, session_id);
     const size_t have = existing == nullptr ? 0 : existing->chain.size();
     if (start_block > have) {
       return FailedPrecondition("commit at block " + std::to_string(start_block) + " of session '" +
                                 std::string(session_id) + "', which holds " + std::to_string(have) +
                                 " blocks; acquire its prefix under the session first");
     }
-    if (start_block > 0 && m.blocks[existing->chain[start_block - 1]].key != parent) {
+    if (start_block > 0 && impl.blocks[existing->chain[start_block - 1]].key != parent) {
       return FailedPrecondition("commit parent is not block " + std::to_string(start_block - 1) + " of session '" +
                                 std::string(session_id) + "'");
     }
     if (start_block == 0 && !parent.IsNull()) return InvalidArgument("a commit at block 0 must have the null parent key");
   }
-  KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
-  if (m.opt.max_session_blocks != 0 && start_block + n > m.opt.max_session_blocks) {
+  KVTIER_RETURN_IF_ERROR(impl.CheckNewSession(tenant, session_id));
+  if (impl.options.max_session_blocks != 0 && start_block + n > impl.options.max_session_blocks) {
     return ResourceExhausted("session '" + std::string(session_id) + "' would hold " + std::to_string(start_block + n) +
-                             " blocks, past limits.max_session_blocks (" + std::to_string(m.opt.max_session_blocks) +
+                             " blocks, past limits.max_session_blocks (" +
+                             std::to_string(impl.options.max_session_blocks) +
                              "): commit fewer, or start a new session");
   }
   const Namespace key_ns = tenant.KeyNs();  // Keys are chained in the model's namespace.
@@ -280,19 +281,19 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     uint32_t fresh = 0;
     BlockKey prev = parent;
     for (size_t i = 0; i < n; ++i) {
-      prev = ChainKey(prev, key_ns, tokens.subspan(i * m.bt(), m.bt()));
-      fresh += m.blocks.index().Find(prev) == kNoRecord ? 1 : 0;
+      prev = ChainKey(prev, key_ns, tokens.subspan(i * impl.bt(), impl.bt()));
+      fresh += impl.blocks.index().Find(prev) == kNoRecord ? 1 : 0;
     }
-    KVTIER_RETURN_IF_ERROR(m.reclaim.MakeQuotaRoom(account, fresh, m.FindSession(tenant, session_id),
-                                                   "commit of " + std::to_string(fresh) + " new blocks",
-                                                   /*credit=*/static_cast<uint32_t>(n)));
+    KVTIER_RETURN_IF_ERROR(impl.reclaim.MakeQuotaRoom(account, fresh, impl.FindSession(tenant, session_id),
+                                                      "commit of " + std::to_string(fresh) + " new blocks",
+                                                      /*credit=*/static_cast<uint32_t>(n)));
   }
-  ++m.clock;
-  Session* s = m.GetOrCreateSession(tenant, session_id);
+  ++impl.clock;
+  Session* s = impl.GetOrCreateSession(tenant, session_id);
   // The chain past start_block is replaced; its references go only after the new
   // blocks took theirs, so re-committing cached blocks finds them as duplicates.
   std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
-  if (!s->below.empty()) before = m.ChainAndBelow(*s);
+  if (!s->below.empty()) before = impl.ChainAndBelow(*s);
   std::vector<uint32_t> replaced;
   if (s->chain.size() > start_block) {
     replaced.assign(s->chain.begin() + start_block, s->chain.end());
@@ -303,40 +304,40 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
   BlockKey prev = parent;
   for (size_t i = 0; i < n; ++i) {
-    const std::span<const TokenId> block = tokens.subspan(i * m.bt(), m.bt());
+    const std::span<const TokenId> block = tokens.subspan(i * impl.bt(), impl.bt());
     const BlockKey key = ChainKey(prev, key_ns, block);
-    uint32_t r = m.blocks.index().Find(key);
+    uint32_t r = impl.blocks.index().Find(key);
     if (r != kNoRecord) {
       duplicate_slots.push_back(slots[i]);  // First copy wins.
       ++result.duplicates;
-      if (!m.blocks.index().RowMatches(r, prev, block) || m.blocks[r].tenant != &account ||
-          m.blocks[r].model != tenant.model) {
+      if (!impl.blocks.index().RowMatches(r, prev, block) || impl.blocks[r].tenant != &account ||
+          impl.blocks[r].model != tenant.model) {
         prev = key;  // A 128-bit collision: the block cannot be published.
         continue;
       }
     } else {
-      r = m.blocks.Publish(key, prev, block, account, tenant.model, Tier::kGpu, slots[i]);
-      ++m.blocks[r].readers;  // Pinned until the writer is done (below).
+      r = impl.blocks.Publish(key, prev, block, account, tenant.model, Tier::kGpu, slots[i]);
+      ++impl.blocks[r].readers;  // Pinned until the writer is done (below).
       written.push_back(r);
       ++result.stored;
     }
-    m.blocks[r].last_use = m.clock;
-    m.Ref(r);
+    impl.blocks[r].last_use = impl.clock;
+    impl.Ref(r);
     s->chain.push_back(r);
     prev = key;
   }
-  for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
-  if (!before.empty()) m.ReconcileBelow(s, before);
-  m.Touch(s);
+  for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) impl.Unref(*r, FreeReason::kReleased);
+  if (!before.empty()) impl.ReconcileBelow(s, before);
+  impl.Touch(s);
   // Committed slots leave the write lease (n log n, not n * lease size), and
   // the tenant's leased count: they are its blocks now, or the duplicates'
   // slots, which stay counted until given back after the writer.
   std::erase_if(lease->slots, [&](uint32_t x) { return std::binary_search(committed.begin(), committed.end(), x); });
   account.Unleased(static_cast<uint32_t>(n - duplicate_slots.size()));
-  m.GiveBackAfter(std::exchange(writer, GpuWork{}), std::move(duplicate_slots), &account, std::move(written),
-                  /*writes=*/true);
-  m.st.committed_blocks += result.stored;
-  m.st.duplicate_blocks += result.duplicates;
+  impl.GiveBackAfter(std::exchange(writer, GpuWork{}), std::move(duplicate_slots), &account, std::move(written),
+                     /*writes=*/true);
+  impl.stats.committed_blocks += result.stored;
+  impl.stats.duplicate_blocks += result.duplicates;
   return result;
 }
 
@@ -350,57 +351,59 @@ uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std:
 
 bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                               const ModelId& model) {
-  Impl& m = *impl_;
-  if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) return false;
+  Impl& impl = *impl_;
+  if (keys.size() > impl.options.max_blocks_per_request || tokens.size() != keys.size() * impl.bt()) return false;
   // Room for every key: nothing to wait for, and no need to match twice.
-  if (m.slots(Tier::kGpu).free_count() >= keys.size()) return false;
-  m.mover.Poll();
+  if (impl.slots(Tier::kGpu).free_count() >= keys.size()) return false;
+  impl.mover.Poll();
   std::vector<uint32_t> recs;
-  m.MatchRecords(ns, model, keys, tokens, &recs);
-  const uint32_t to_promote = m.Promotable(recs);
-  if (to_promote <= m.slots(Tier::kGpu).free_count()) return false;
+  impl.MatchRecords(ns, model, keys, tokens, &recs);
+  const uint32_t to_promote = impl.Promotable(recs);
+  if (to_promote <= impl.slots(Tier::kGpu).free_count()) return false;
   // Pinned while room is made, so the demotion walk and host-tier drops pass
   // them by (Acquire pins them the same way).
-  for (uint32_t r : recs) ++m.blocks[r].readers;
-  m.reclaim.MakeGpuRoom(to_promote);
-  for (uint32_t r : recs) --m.blocks[r].readers;
-  return m.slots(Tier::kGpu).free_count() < to_promote && m.mover.demoting() > 0;
+  for (uint32_t r : recs) ++impl.blocks[r].readers;
+  impl.reclaim.MakeGpuRoom(to_promote);
+  for (uint32_t r : recs) --impl.blocks[r].readers;
+  return impl.slots(Tier::kGpu).free_count() < to_promote && impl.mover.demoting() > 0;
 }
 
 Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session_id, std::span<const BlockKey> keys,
                                   std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched) {
-  Impl& m = *impl_;
-  if (keys.size() > m.opt.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
-  if (tokens.size() != keys.size() * m.bt()) {
+  Impl& impl = *impl_;
+  if (keys.size() > impl.options.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
+  if (tokens.size() != keys.size() * impl.bt()) {
     return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
-                           std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
+                           std::to_string(keys.size() * impl.bt()) + " tokens, got " + std::to_string(tokens.size()));
   }
-  m.Settle();  // Blocks whose writer finished by now are served.
+  impl.Settle();  // Blocks whose writer finished by now are served.
   std::vector<uint32_t> recs;
   // A session never holds more than max_session_blocks, however long the prefix cached.
-  const size_t asked =
-      m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
-  uint32_t matched = m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
-  for (uint32_t r : recs) ++m.st.hit_blocks_in[m.blocks[r].tier];
+  const size_t asked = impl.options.max_session_blocks != 0
+                           ? std::min<size_t>(keys.size(), impl.options.max_session_blocks)
+                           : keys.size();
+  uint32_t matched =
+      impl.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), &recs);
+  for (uint32_t r : recs) ++impl.stats.hit_blocks_in[impl.blocks[r].tier];
 
   // A session comes into being with its first block: an acquire that matches
   // nothing names none into being (it would cost the table an entry for no
   // block), while an existing session's chain becomes what matched.
-  const bool existing = !session_id.empty() && m.FindSession(tenant, session_id) != nullptr;
+  const bool existing = !session_id.empty() && impl.FindSession(tenant, session_id) != nullptr;
   uint32_t imported = 0;
-  if (fetched != nullptr && (existing || session_id.empty() || m.CheckNewSession(tenant, session_id).ok())) {
+  if (fetched != nullptr && (existing || session_id.empty() || impl.CheckNewSession(tenant, session_id).ok())) {
     // Published unheld: the session's references or the lease below take them.
-    imported = m.ImportFetched(tenant, keys.first(asked), tokens.first(asked * m.bt()), *fetched, recs);
+    imported = impl.ImportFetched(tenant, keys.first(asked), tokens.first(asked * impl.bt()), *fetched, recs);
     matched += imported;
   }
   const bool into_session = existing || (!session_id.empty() && matched > 0);
-  if (into_session && !existing) KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
-  ++m.clock;
-  m.st.hit_blocks += matched - imported;
-  m.st.miss_blocks += keys.size() - matched;
+  if (into_session && !existing) KVTIER_RETURN_IF_ERROR(impl.CheckNewSession(tenant, session_id));
+  ++impl.clock;
+  impl.stats.hit_blocks += matched - imported;
+  impl.stats.miss_blocks += keys.size() - matched;
   // Only a session's use orders demotion; a reader without one (a probe, a
   // scheduler) must not make blocks look warmer than every session holding them.
-  if (into_session) m.SetChain(tenant, session_id, recs);
+  if (into_session) impl.SetChain(tenant, session_id, recs);
 
   if (promote && !recs.empty()) {
     // Host-tier hits need GPU slots: demote colder blocks to make room rather
@@ -408,36 +411,36 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     // last one the demotion walk reaches. Making room may drop host blocks: the
     // matched ones are pinned meanwhile, so none is dropped (or freed) before it
     // is leased below.
-    const uint32_t to_promote = m.Promotable(recs);
-    for (uint32_t r : recs) ++m.blocks[r].readers;
-    if (to_promote > m.slots(Tier::kGpu).free_count()) {
-      m.reclaim.MakeGpuRoom(to_promote);
+    const uint32_t to_promote = impl.Promotable(recs);
+    for (uint32_t r : recs) ++impl.blocks[r].readers;
+    if (to_promote > impl.slots(Tier::kGpu).free_count()) {
+      impl.reclaim.MakeGpuRoom(to_promote);
       // Blocks a store brought are never waited for: without room for every
       // promotion, the prefix is leased where it is (the demotions just
       // scheduled make room for the next turn).
-      if (fetched == nullptr) m.reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
-      if (fetched != nullptr && to_promote > m.slots(Tier::kGpu).free_count()) promote = false;
+      if (fetched == nullptr) impl.reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
+      if (fetched != nullptr && to_promote > impl.slots(Tier::kGpu).free_count()) promote = false;
     }
     // Under a GPU quota, the tenant's colder GPU blocks make way.
-    TenantAccount& account = m.tenants.Get(tenant);
+    TenantAccount& account = impl.tenants.Get(tenant);
     const uint32_t room = account.Room(Tier::kGpu);
-    if (to_promote > room) m.reclaim.DemoteColdest(to_promote - room, &account);
-    for (uint32_t r : recs) --m.blocks[r].readers;  // Taken again below, or freed after it.
+    if (to_promote > room) impl.reclaim.DemoteColdest(to_promote - room, &account);
+    for (uint32_t r : recs) --impl.blocks[r].readers;  // Taken again below, or freed after it.
   }
   ReadRecords lease;
   for (uint32_t r : recs) {
-    Record& rec = m.blocks[r];
+    Record& rec = impl.blocks[r];
     if (promote && rec.IdleIn(Tier::kHost) && rec.tenant->Room(Tier::kGpu) > 0) {
-      if (m.slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
-      m.mover.Schedule(r, CopyDirection::kHostToGpu);
+      if (impl.slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
+      impl.mover.Schedule(r, CopyDirection::kHostToGpu);
     }
     ++rec.readers;
     lease.records.push_back(r);
   }
   // A matched block left out of the lease (no room to promote) whose last
   // session reference went while it was pinned is freed now.
-  for (size_t i = lease.records.size(); i < recs.size(); ++i) m.MaybeFree(recs[i], FreeReason::kPressure);
-  m.Flush(CopyDirection::kHostToGpu);
+  for (size_t i = lease.records.size(); i < recs.size(); ++i) impl.MaybeFree(recs[i], FreeReason::kPressure);
+  impl.Flush(CopyDirection::kHostToGpu);
   // Locations are read after the flush: if the backend refused a batch, its moves
   // were cancelled and those blocks are leased where they are.
   ReadLease out;
@@ -445,7 +448,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   out.imported = imported;
   uint64_t wait_seq = 0;
   for (uint32_t r : lease.records) {
-    const Record& rec = m.blocks[r];
+    const Record& rec = impl.blocks[r];
     if (rec.state == BlockState::kPromoting) {
       out.blocks.push_back(BlockLocation{Tier::kGpu, rec.dst_slot});
       ++out.promoted;
@@ -455,16 +458,16 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     }
   }
   out.fence = Fence{wait_seq, CopyDirection::kHostToGpu};
-  if (!lease.records.empty()) out.id = m.NewLease(std::move(lease));
+  if (!lease.records.empty()) out.id = impl.NewLease(std::move(lease));
   return out;
 }
 
 // --- Background and introspection -------------------------------------------------------------
 
 uint32_t Engine::Poll() {
-  Impl& m = *impl_;
-  const uint32_t settled = m.mover.Poll() + m.Settle() + m.PollMirrors();
-  m.PromoteWanted();  // Demotions that landed made room.
+  Impl& impl = *impl_;
+  const uint32_t settled = impl.mover.Poll() + impl.Settle() + impl.PollMirrors();
+  impl.PromoteWanted();  // Demotions that landed made room.
   return settled;
 }
 
@@ -472,19 +475,19 @@ void Engine::EnforceWatermarks() { impl_->reclaim.EnforceWatermarks(); }
 
 Status Engine::Retune(const EngineOptions& o) {
   KVTIER_RETURN_IF_ERROR(CheckTunables(o));
-  EngineOptions& opt = impl_->opt;
-  opt.gpu_high_watermark = o.gpu_high_watermark;
-  opt.gpu_low_watermark = o.gpu_low_watermark;
-  opt.host_high_watermark = o.host_high_watermark;
-  opt.host_low_watermark = o.host_low_watermark;
-  opt.max_copy_batch = o.max_copy_batch;
-  opt.lease_timeout = o.lease_timeout;
+  EngineOptions& options = impl_->options;
+  options.gpu_high_watermark = o.gpu_high_watermark;
+  options.gpu_low_watermark = o.gpu_low_watermark;
+  options.host_high_watermark = o.host_high_watermark;
+  options.host_low_watermark = o.host_low_watermark;
+  options.max_copy_batch = o.max_copy_batch;
+  options.lease_timeout = o.lease_timeout;
   return Status::Ok();
 }
 
 Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
   do {  // Landed demotions may let wanted promotions start.
-    impl_->mover.FlushAll(impl_->opt.max_copy_batch);
+    impl_->mover.FlushAll(impl_->options.max_copy_batch);
     KVTIER_RETURN_IF_ERROR(impl_->mover.WaitIdle(timeout));
   } while (impl_->PromoteWanted() > 0);
   return Status::Ok();
@@ -493,23 +496,24 @@ Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
 bool Engine::CopiesInFlight() const { return impl_->mover.in_flight(); }
 
 EngineStats Engine::stats() const {
-  const Impl& m = *impl_;
-  EngineStats s = m.st;
+  const Impl& impl = *impl_;
+  EngineStats s = impl.stats;
   for (Tier t : kTiers) {
-    s.slots[t] = m.slots(t).capacity();
-    s.used[t] = m.slots(t).used();
+    s.slots[t] = impl.slots(t).capacity();
+    s.used[t] = impl.slots(t).used();
   }
-  s.blocks = m.blocks.index().size();
-  s.sessions = static_cast<uint32_t>(m.sessions.size());
-  s.copies_in_flight = m.mover.copies_in_flight();
-  s.gpu_work_pending = static_cast<uint32_t>(m.settling.size());
-  s.demoted_blocks = m.mover.demoted();
-  s.promoted_blocks = m.mover.promoted();
-  m.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });
-  if (!m.leases.empty()) {
-    s.oldest_lease_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                  std::chrono::steady_clock::now() - m.leases.begin()->second.granted)
-                                                  .count());
+  s.blocks = impl.blocks.index().size();
+  s.sessions = static_cast<uint32_t>(impl.sessions.size());
+  s.copies_in_flight = impl.mover.copies_in_flight();
+  s.gpu_work_pending = static_cast<uint32_t>(impl.settling.size());
+  s.demoted_blocks = impl.mover.demoted();
+  s.promoted_blocks = impl.mover.promoted();
+  impl.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });
+  if (!impl.leases.empty()) {
+    s.oldest_lease_ms =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                                    impl.leases.begin()->second.granted)
+                                  .count());
   }
   return s;
 }

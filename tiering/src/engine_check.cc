@@ -32,46 +32,46 @@ void EngineInspector::SkewLeasedSlots(Engine& engine, const Namespace& ns, int d
 }
 
 Status EngineInspector::CheckInvariants(const Engine& engine) {
-  const Engine::Impl& m = *engine.impl_;
-  const BlockTable& blocks = m.blocks;
+  const Engine::Impl& impl = *engine.impl_;
+  const BlockTable& blocks = impl.blocks;
   PerTier<std::vector<uint8_t>> owned;
-  for (Tier t : kTiers) owned[t].resize(m.slots(t).capacity());
+  for (Tier t : kTiers) owned[t].resize(impl.slots(t).capacity());
   auto own = [&](Tier t, uint32_t slot, const char* who) -> Status {
     auto& v = owned[t];
     if (slot >= v.size()) return Fail(std::string(who) + " holds an out-of-range slot");
     if (v[slot]++) return Fail(std::string(who) + " shares " + TierName(t) + " slot " + std::to_string(slot));
-    if (!m.slots(t).in_use(slot)) return Fail(std::string(who) + " holds a free slot");
+    if (!impl.slots(t).in_use(slot)) return Fail(std::string(who) + " holds a free slot");
     return Status::Ok();
   };
   std::vector<uint32_t> refs(blocks.capacity(), 0), readers(blocks.capacity(), 0);
   std::unordered_map<const TenantAccount*, Counts> counts;
-  Status st;
-  m.sessions.ForEach([&](const Session& s) {
-    if (!st.ok()) return;
+  Status status;
+  impl.sessions.ForEach([&](const Session& s) {
+    if (!status.ok()) return;
     ++counts[s.tenant].sessions;
     std::unordered_set<uint32_t> seen;
     for (uint32_t r : s.chain) {
       if (blocks[r].state == BlockState::kFree || blocks[r].doomed) {
-        st = Fail("session '" + s.id + "' holds a dead block");
+        status = Fail("session '" + s.id + "' holds a dead block");
         return;
       }
       if (!seen.insert(r).second) {
-        st = Fail("session '" + s.id + "' holds a block twice");
+        status = Fail("session '" + s.id + "' holds a block twice");
         return;
       }
       ++refs[r];
     }
   });
-  KVTIER_RETURN_IF_ERROR(st);
+  KVTIER_RETURN_IF_ERROR(status);
   // Ids in grant order (ExpireLeases revokes a prefix of the map).
   LeaseId previous = 0;
   std::chrono::steady_clock::time_point previous_grant{};
-  for (const auto& [id, lease] : m.leases) {
-    if (id <= previous || id >= m.next_lease) return Fail("lease ids are out of order");
+  for (const auto& [id, lease] : impl.leases) {
+    if (id <= previous || id >= impl.next_lease) return Fail("lease ids are out of order");
     if (lease.granted < previous_grant) return Fail("leases are not in grant order");
     previous = id;
     previous_grant = lease.granted;
-    if (m.revoked.count(id) != 0) return Fail("lease " + std::to_string(id) + " is live and revoked");
+    if (impl.revoked.count(id) != 0) return Fail("lease " + std::to_string(id) + " is live and revoked");
     if (const auto* write = std::get_if<WriteSlots>(&lease.held)) {
       if (write->tenant == nullptr) return Fail("a write lease has no tenant");
       counts[write->tenant].leased += static_cast<uint32_t>(write->slots.size());
@@ -80,7 +80,7 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
       for (uint32_t r : std::get<ReadRecords>(lease.held).records) ++readers[r];
     }
   }
-  for (const Settling& s : m.settling) {
+  for (const Settling& s : impl.settling) {
     if (s.work.none()) return Fail("a settling entry waits for no work");
     if (!s.slots.empty()) {
       if (s.tenant == nullptr) return Fail("settling slots have no tenant");
@@ -92,15 +92,15 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
       if (s.writes && !blocks[r].writing) return Fail("a block being written is not marked writing");
     }
   }
-  for (const auto& batch : m.mirrors) {
+  for (const auto& batch : impl.mirrors) {
     for (const auto& [r, slot] : batch.copies) {
       ++readers[r];
       KVTIER_RETURN_IF_ERROR(own(Tier::kHost, slot, "a copy for the stores"));
     }
   }
   uint32_t write_leases = 0;
-  for (const auto& [id, lease] : m.leases) write_leases += lease.write() ? 1 : 0;
-  if (write_leases != m.st.write_leases || m.leases.size() - write_leases != m.st.read_leases) {
+  for (const auto& [id, lease] : impl.leases) write_leases += lease.write() ? 1 : 0;
+  if (write_leases != impl.stats.write_leases || impl.leases.size() - write_leases != impl.stats.read_leases) {
     return Fail("lease counts are off");
   }
   uint32_t live = 0, demoting = 0, doomed = 0;
@@ -132,36 +132,36 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     ++live;
   }
   size_t holding = 0;
-  m.tenants.ForEach([&](const TenantAccount& a) {
-    if (!st.ok()) return;
+  impl.tenants.ForEach([&](const TenantAccount& a) {
+    if (!status.ok()) return;
     holding += a.sessions > 0 ? 1 : 0;
     const Counts& want = counts[&a];
     if (a.blocks != want.blocks || a.moving_to != want.moving_to) {
-      st = Fail("tenant usage of '" + a.tenant.name + "' is off");
+      status = Fail("tenant usage of '" + a.tenant.name + "' is off");
     } else if (a.leased != want.leased) {
-      st = Fail("tenant '" + a.tenant.name + "' counts " + std::to_string(a.leased) +
-                " leased slots, its write leases hold " + std::to_string(want.leased));
+      status = Fail("tenant '" + a.tenant.name + "' counts " + std::to_string(a.leased) +
+                    " leased slots, its write leases hold " + std::to_string(want.leased));
     } else if (a.sessions != want.sessions) {
-      st = Fail("session count of tenant '" + a.tenant.name + "' is off");
+      status = Fail("session count of tenant '" + a.tenant.name + "' is off");
     }
   });
-  KVTIER_RETURN_IF_ERROR(st);
-  if (holding != m.sessions.tenants_holding()) return Fail("the count of tenants holding sessions is off");
-  if (const TenantAccount* top = m.sessions.LargestHolder()) {
+  KVTIER_RETURN_IF_ERROR(status);
+  if (holding != impl.sessions.tenants_holding()) return Fail("the count of tenants holding sessions is off");
+  if (const TenantAccount* top = impl.sessions.LargestHolder()) {
     uint32_t most = 0;
-    m.tenants.ForEach([&](const TenantAccount& a) { most = std::max(most, a.sessions); });
+    impl.tenants.ForEach([&](const TenantAccount& a) { most = std::max(most, a.sessions); });
     if (top->sessions != most) return Fail("the tenant holding the most sessions is off");
   }
   if (live != blocks.index().size()) {
     return Fail("index holds " + std::to_string(blocks.index().size()) + " entries for " + std::to_string(live) +
                 " blocks");
   }
-  if (demoting != m.mover.demoting()) return Fail("demotion count is off");
+  if (demoting != impl.mover.demoting()) return Fail("demotion count is off");
   for (Tier t : kTiers) {
     uint32_t n = 0;
     for (uint8_t o : owned[t]) n += o;
-    if (n != m.slots(t).used()) {
-      return Fail(std::string(TierName(t)) + " tier leaks " + std::to_string(m.slots(t).used() - n) + " slots");
+    if (n != impl.slots(t).used()) {
+      return Fail(std::string(TierName(t)) + " tier leaks " + std::to_string(impl.slots(t).used() - n) + " slots");
     }
   }
   if (blocks.free_records() + live + doomed != blocks.capacity()) return Fail("block records leak");

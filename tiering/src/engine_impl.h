@@ -97,17 +97,17 @@ struct Settling {
 
 struct Engine::Impl {
   Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
-      : opt(o),
+      : options(o),
         backend(b),
         blocks(std::move(index), o.gpu_slots, o.host_slots),
         sessions(std::move(policy)),
         mover(b, pools, blocks),
         reclaim(*this) {
-    if (opt.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
-    if (opt.on_block_event) blocks.set_observer(opt.on_block_event);
+    if (options.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
+    if (options.on_block_event) blocks.set_observer(options.on_block_event);
   }
 
-  EngineOptions opt;
+  EngineOptions options;
   Backend& backend;
   PerTier<std::unique_ptr<Pool>> pools;  // Before the mover: copies in flight target them.
   BlockTable blocks;
@@ -131,9 +131,9 @@ struct Engine::Impl {
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
-  EngineStats st;
+  EngineStats stats;
 
-  uint32_t bt() const { return opt.profile.block_tokens; }
+  uint32_t bt() const { return options.profile.block_tokens; }
   SlotAllocator& slots(Tier t) { return blocks.slots(t); }
   const SlotAllocator& slots(Tier t) const { return blocks.slots(t); }
   // Warm-snapshot dirtiness: request changes plus the copies the mover applied.
@@ -239,7 +239,7 @@ struct Engine::Impl {
   // Takes blocks whose writing went wrong out of every session and the index.
   void DropUnwritten(std::span<const uint32_t> records);
   void EndWatch(GpuWork& work);
-  void Flush(CopyDirection dir) { mover.Flush(dir, opt.max_copy_batch); }
+  void Flush(CopyDirection dir) { mover.Flush(dir, options.max_copy_batch); }
 };
 
 }  // namespace kvtier::tiering
