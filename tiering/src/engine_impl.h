@@ -9,7 +9,7 @@
 //   gpu_work.cc      what waits for clients' GPU work: released leases, commits
 //   store_io.cc      the stores below the host tier: blocks offered to them, blocks imported
 //   warm_restart.cc  saving and adopting the host tier across restarts
-//   engine_check.h   the invariant checker (tests)
+//   engine_inspector.h   the invariant checker (tests)
 //   engine.cc        creation and the request API
 //   engine_leases.cc leases: granting, ending, releases, promotions at release, the timeout
 //   engine_sessions.cc  the reference counting and session bookkeeping requests share

@@ -1,5 +1,5 @@
-// EngineInspector: the engine's full invariant recount, for tests (engine_check.h).
-#include "engine_check.h"
+// EngineInspector: the engine's full invariant recount, for tests (engine_inspector.h).
+#include "engine_inspector.h"
 
 #include <chrono>
 #include <algorithm>
