@@ -102,18 +102,8 @@ Result<WriteLease> Engine::Impl::AllocateNow(TenantAccount& tenant, uint32_t cou
   out.slots.reserve(count);
   for (uint32_t i = 0; i < count; ++i) out.slots.push_back(gpu.Allocate());
   tenant.Leased(count);
-  out.id = NewLease(WriteSlots{out.slots, &tenant});
+  out.id = leases.Grant(WriteSlots{out.slots, &tenant});
   return out;
-}
-
-size_t Lease::size() const {
-  if (const auto* write = std::get_if<WriteSlots>(&held)) return write->slots.size();
-  return std::get<ReadRecords>(held).records.size();
-}
-
-std::string DescribeExpired(LeaseId id, const RevokedLease& r) {
-  return std::string(r.write ? "write" : "read") + " lease " + std::to_string(id) + " expired after " +
-         std::to_string(r.held.count()) + " ms (limits.lease_timeout_ms: " + std::to_string(r.timeout.count()) + ")";
 }
 
 // --- Creation -----------------------------------------------------------------------------
@@ -214,11 +204,11 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     GpuWork& w;
     ~WatchOwner() { impl.EndWatch(w); }
   } owner{impl, writer};
-  auto it = impl.leases.find(lease_id);
-  WriteSlots* lease = it == impl.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second.held);
+  WriteSlots* lease = impl.leases.FindWrite(lease_id);
   if (lease == nullptr) {
-    if (auto r = impl.revoked.find(lease_id); r != impl.revoked.end() && r->second.write) {
-      return FailedPrecondition(DescribeExpired(lease_id, r->second) + ": its slots went back to the pool; allocate again");
+    if (const RevokedLease* revoked = impl.leases.FindRevoked(lease_id); revoked != nullptr && revoked->write) {
+      return FailedPrecondition(DescribeExpired(lease_id, *revoked) +
+                                ": its slots went back to the pool; allocate again");
     }
     return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
   }
@@ -458,7 +448,7 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
     }
   }
   out.fence = Fence{wait_seq, CopyDirection::kHostToGpu};
-  if (!lease.records.empty()) out.id = impl.NewLease(std::move(lease));
+  if (!lease.records.empty()) out.id = impl.leases.Grant(std::move(lease));
   return out;
 }
 
@@ -509,11 +499,11 @@ EngineStats Engine::stats() const {
   s.demoted_blocks = impl.mover.demoted();
   s.promoted_blocks = impl.mover.promoted();
   impl.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });
-  if (!impl.leases.empty()) {
-    s.oldest_lease_ms =
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                                    impl.leases.begin()->second.granted)
-                                  .count());
+  s.write_leases = impl.leases.write_count();
+  s.read_leases = impl.leases.read_count();
+  if (const auto oldest = impl.leases.OldestGrant()) {
+    s.oldest_lease_ms = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - *oldest).count());
   }
   return s;
 }

@@ -31,6 +31,7 @@
 
 #include "block_table.h"
 #include "kvtier/tiering/engine.h"
+#include "lease_table.h"
 #include "mover.h"
 #include "reclaim.h"
 #include "session_table.h"
@@ -45,17 +46,6 @@ enum class FreeReason : uint8_t { kReleased, kPressure };
 // by pressure (its last blocks were dropped).
 enum class SessionEnd : uint8_t { kEvicted, kEmptied };
 
-// A write lease reserves GPU slots for its tenant to write into (counted in
-// the tenant's `leased`); a read lease pins blocks (each counted in its
-// record's `readers`).
-struct WriteSlots {
-  std::vector<uint32_t> slots;
-  TenantAccount* tenant = nullptr;  // Never null.
-};
-struct ReadRecords {
-  std::vector<uint32_t> records;
-  bool promote_after = false;  // Its host-tier blocks go to the GPU tier when it is released.
-};
 // A host-tier block a lease read in place, to be promoted once GPU room comes
 // (Engine::PromoteOnRelease). Nothing is pinned: `key` tells a record freed
 // and reused since from the block that was read.
@@ -66,22 +56,6 @@ struct WantedPromotion {
 };
 // How long a wanted promotion waits for GPU room before the block stays where it is.
 inline constexpr std::chrono::milliseconds kWantedPromotionFor{1000};
-struct Lease {
-  std::variant<WriteSlots, ReadRecords> held;
-  std::chrono::steady_clock::time_point granted;
-  bool write() const { return std::holds_alternative<WriteSlots>(held); }
-  // Slots or blocks it holds: the work of ending it.
-  size_t size() const;
-};
-// What is kept of a lease the timeout revoked, until its holder releases it.
-struct RevokedLease {
-  bool write = false;
-  std::chrono::milliseconds held{0};     // Its age when it was revoked.
-  std::chrono::milliseconds timeout{0};  // The lease timeout then.
-};
-// "write lease 7 expired after 30012 ms (limits.lease_timeout_ms: 30000)".
-std::string DescribeExpired(LeaseId id, const RevokedLease& r);
-
 // What a client's GPU work still uses, held back until the engine sees the
 // work done (gpu_work.cc): the slots of a released write lease or a commit's
 // duplicates (still counted in `tenant`'s leased slots), and the blocks of a
@@ -115,9 +89,7 @@ struct Engine::Impl {
   SessionTable sessions;
   Mover mover;
   Reclaimer reclaim;
-  // By id, which is the order of grant: the oldest lease comes first.
-  std::map<LeaseId, Lease> leases;
-  std::unordered_map<LeaseId, RevokedLease> revoked;
+  LeaseTable leases;
   std::vector<Settling> settling;  // Oldest first.
   // Committed blocks being copied to host slots for the stores (spill_committed):
   // each pins its block and owns its host slot until the fence completes.
@@ -127,7 +99,6 @@ struct Engine::Impl {
   };
   std::deque<MirrorBatch> mirrors;  // In submission order.
   std::deque<WantedPromotion> wanted_promotions;  // Oldest first; at most the GPU tier's slots.
-  LeaseId next_lease = 1;
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
@@ -189,12 +160,9 @@ struct Engine::Impl {
   // GPU blocks if that makes enough room; kResourceExhausted (losing nothing)
   // otherwise. REQUIRES: room under its quota.
   Result<WriteLease> AllocateNow(TenantAccount& tenant, uint32_t count);
-  LeaseId NewLease(std::variant<WriteSlots, ReadRecords> held);
   // Gives back what a lease holds: slots come free (and off its tenant's
   // quota), pins end and blocks no one holds any more are freed.
   void EndLease(Lease& lease);
-  // Counts a lease as ended (read_leases / write_leases).
-  void CountEnded(const Lease& lease);
 
   // --- The stores below the host tier (store_io.cc) ----------------------------------
   // Offers host-tier block `r` to on_spill: landed (once per stay: `spilled`)

@@ -22,6 +22,46 @@ struct Counts {
   uint32_t sessions = 0;
 };
 
+// Ids in grant order (the timeout revokes the oldest first), none both live
+// and revoked, the table's counts; each lease's slots and pins are tallied.
+template <typename Own>
+Status CheckLeases(const LeaseTable& leases, std::unordered_map<const TenantAccount*, Counts>& counts,
+                   std::vector<uint32_t>& readers, Own& own) {
+  LeaseId previous = 0;
+  std::chrono::steady_clock::time_point previous_grant{};
+  uint32_t writes = 0;
+  Status status;
+  leases.ForEach([&](LeaseId id, const Lease& lease) {
+    if (!status.ok()) return;
+    if (id <= previous || id >= leases.next_id()) {
+      status = Fail("lease ids are out of order");
+    } else if (lease.granted < previous_grant) {
+      status = Fail("leases are not in grant order");
+    } else if (leases.IsRevoked(id)) {
+      status = Fail("lease " + std::to_string(id) + " is live and revoked");
+    } else if (const auto* write = std::get_if<WriteSlots>(&lease.held)) {
+      ++writes;
+      if (write->tenant == nullptr) {
+        status = Fail("a write lease has no tenant");
+        return;
+      }
+      counts[write->tenant].leased += static_cast<uint32_t>(write->slots.size());
+      for (uint32_t slot : write->slots) {
+        if (status.ok()) status = own(Tier::kGpu, slot, "a write lease");
+      }
+    } else {
+      for (uint32_t r : std::get<ReadRecords>(lease.held).records) ++readers[r];
+    }
+    previous = id;
+    previous_grant = lease.granted;
+  });
+  KVTIER_RETURN_IF_ERROR(status);
+  if (writes != leases.write_count() || leases.size() - writes != leases.read_count()) {
+    return Fail("lease counts are off");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 size_t EngineInspector::PendingDeadlines(const Engine& engine) { return engine.impl_->sessions.pending_deadlines(); }
@@ -63,23 +103,7 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     }
   });
   KVTIER_RETURN_IF_ERROR(status);
-  // Ids in grant order (ExpireLeases revokes a prefix of the map).
-  LeaseId previous = 0;
-  std::chrono::steady_clock::time_point previous_grant{};
-  for (const auto& [id, lease] : impl.leases) {
-    if (id <= previous || id >= impl.next_lease) return Fail("lease ids are out of order");
-    if (lease.granted < previous_grant) return Fail("leases are not in grant order");
-    previous = id;
-    previous_grant = lease.granted;
-    if (impl.revoked.count(id) != 0) return Fail("lease " + std::to_string(id) + " is live and revoked");
-    if (const auto* write = std::get_if<WriteSlots>(&lease.held)) {
-      if (write->tenant == nullptr) return Fail("a write lease has no tenant");
-      counts[write->tenant].leased += static_cast<uint32_t>(write->slots.size());
-      for (uint32_t slot : write->slots) KVTIER_RETURN_IF_ERROR(own(Tier::kGpu, slot, "a write lease"));
-    } else {
-      for (uint32_t r : std::get<ReadRecords>(lease.held).records) ++readers[r];
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(CheckLeases(impl.leases, counts, readers, own));
   for (const Settling& s : impl.settling) {
     if (s.work.none()) return Fail("a settling entry waits for no work");
     if (!s.slots.empty()) {
@@ -97,11 +121,6 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
       ++readers[r];
       KVTIER_RETURN_IF_ERROR(own(Tier::kHost, slot, "a copy for the stores"));
     }
-  }
-  uint32_t write_leases = 0;
-  for (const auto& [id, lease] : impl.leases) write_leases += lease.write() ? 1 : 0;
-  if (write_leases != impl.stats.write_leases || impl.leases.size() - write_leases != impl.stats.read_leases) {
-    return Fail("lease counts are off");
   }
   uint32_t live = 0, demoting = 0, doomed = 0;
   for (uint32_t r = 0; r < blocks.capacity(); ++r) {

@@ -1,9 +1,10 @@
 // Engine: leases. Granting and ending them, releases after a client's GPU
 // work, promotions asked for at release, and the lease timeout's revocations
-// (engine_impl.h has the lease table; engine.cc the calls that grant them).
+// (lease_table.h keeps them; engine.cc has the calls that grant them).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "engine_impl.h"
@@ -11,27 +12,7 @@
 
 namespace kvtier::tiering {
 
-LeaseId Engine::Impl::NewLease(std::variant<WriteSlots, ReadRecords> held) {
-  const LeaseId id = next_lease++;
-  Lease lease{std::move(held), std::chrono::steady_clock::now()};
-  if (lease.write())
-    ++stats.write_leases;
-  else
-    ++stats.read_leases;
-  leases.emplace_hint(leases.end(), id, std::move(lease));  // Ids only grow: the newest goes last.
-  return id;
-}
-
-void Engine::Impl::CountEnded(const Lease& lease) {
-  if (lease.write()) {
-    --stats.write_leases;
-  } else {
-    --stats.read_leases;
-  }
-}
-
 void Engine::Impl::EndLease(Lease& lease) {
-  CountEnded(lease);
   if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
     write->tenant->Unleased(static_cast<uint32_t>(write->slots.size()));
     for (uint32_t slot : write->slots) slots(Tier::kGpu).Free(slot);
@@ -43,43 +24,42 @@ void Engine::Impl::EndLease(Lease& lease) {
   }
 }
 
+namespace {
+
+Status NoLease(LeaseId id, const std::optional<RevokedLease>& revoked) {
+  if (!revoked) return NotFound("lease " + std::to_string(id) + " does not exist");
+  return NotFound(DescribeExpired(id, *revoked) + (revoked->write ? ": its slots had gone back to the pool"
+                                                                  : ": its blocks were unpinned then, so what was read "
+                                                                    "through it after that may be another block's"));
+}
+
+}  // namespace
+
 Status Engine::Release(LeaseId lease_id, GpuWork after) {
   Impl& impl = *impl_;
-  auto it = impl.leases.find(lease_id);
-  if (it == impl.leases.end()) {
+  std::optional<Lease> lease = impl.leases.Take(lease_id);
+  if (!lease) {
     impl.EndWatch(after);
-    auto r = impl.revoked.find(lease_id);
-    if (r == impl.revoked.end()) return NotFound("lease " + std::to_string(lease_id) + " does not exist");
-    const RevokedLease gone = r->second;
-    impl.revoked.erase(r);
-    return NotFound(DescribeExpired(lease_id, gone) + (gone.write ? ": its slots had gone back to the pool"
-                                                          : ": its blocks were unpinned then, so what was read "
-                                                            "through it after that may be another block's"));
+    return NoLease(lease_id, impl.leases.ForgetRevoked(lease_id));
   }
-  Lease lease = std::move(it->second);
-  impl.leases.erase(it);
   std::vector<uint32_t> promote;  // Still pinned by a GPU reader: PromoteWanted waits for it.
-  if (const auto* read = std::get_if<ReadRecords>(&lease.held); read != nullptr && read->promote_after) {
+  if (const auto* read = std::get_if<ReadRecords>(&lease->held); read != nullptr && read->promote_after) {
     promote = read->records;
   }
   if (after.none()) {
-    impl.EndLease(lease);
-  } else {
+    impl.EndLease(*lease);
+  } else if (auto* write = std::get_if<WriteSlots>(&lease->held)) {
     // Held until the client's GPU work on them is done.
-    impl.CountEnded(lease);
-    if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
-      impl.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
-    } else {
-      impl.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease.held).records), /*writes=*/false);
-    }
+    impl.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
+  } else {
+    impl.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease->held).records), /*writes=*/false);
   }
   if (!promote.empty()) impl.WantPromotion(promote);
   return Status::Ok();
 }
 
 Status Engine::PromoteOnRelease(LeaseId lease_id) {
-  auto it = impl_->leases.find(lease_id);
-  auto* read = it == impl_->leases.end() ? nullptr : std::get_if<ReadRecords>(&it->second.held);
+  ReadRecords* read = impl_->leases.FindRead(lease_id);
   if (read == nullptr) return NotFound("read lease " + std::to_string(lease_id) + " does not exist");
   read->promote_after = true;
   return Status::Ok();
@@ -132,26 +112,15 @@ uint32_t Engine::Impl::PromoteWanted() {
   return scheduled;
 }
 
-bool Engine::LeaseExpired(LeaseId lease) const { return impl_->revoked.count(lease) != 0; }
+bool Engine::LeaseExpired(LeaseId lease) const { return impl_->leases.IsRevoked(lease); }
 
 LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
   Impl& impl = *impl_;
   LeaseExpiry out;
   const std::chrono::milliseconds timeout = impl.options.lease_timeout;
   if (timeout.count() <= 0) return out;
-  size_t work = 0;
-  // Leases are ordered by grant, so the expired ones are a prefix of the map.
-  while (!impl.leases.empty() && now - impl.leases.begin()->second.granted >= timeout) {
-    if (work >= kLeaseExpiryWork) {
-      out.more = true;
-      break;
-    }
-    auto it = impl.leases.begin();
-    const LeaseId id = it->first;
-    Lease lease = std::move(it->second);
-    impl.leases.erase(it);
+  out.more = impl.leases.RevokeExpired(now, timeout, kLeaseExpiryWork, [&](Lease& lease) {
     const auto n = static_cast<uint32_t>(lease.size());
-    work += n + 1;  // An empty write lease (all of it committed) still costs a step.
     if (lease.write()) {
       ++out.write;
       out.slots += n;
@@ -161,10 +130,8 @@ LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
       out.records += n;
       ++impl.stats.expired_read_leases;
     }
-    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - lease.granted);
-    impl.revoked.emplace(id, RevokedLease{lease.write(), age, timeout});
     impl.EndLease(lease);
-  }
+  });
   return out;
 }
 
