@@ -33,6 +33,7 @@
 #include "kvtier/tiering/engine.h"
 #include "lease_table.h"
 #include "mover.h"
+#include "promotions.h"
 #include "reclaim.h"
 #include "session_table.h"
 #include "tenant_ledger.h"
@@ -46,16 +47,6 @@ enum class FreeReason : uint8_t { kReleased, kPressure };
 // by pressure (its last blocks were dropped).
 enum class SessionEnd : uint8_t { kEvicted, kEmptied };
 
-// A host-tier block a lease read in place, to be promoted once GPU room comes
-// (Engine::PromoteOnRelease). Nothing is pinned: `key` tells a record freed
-// and reused since from the block that was read.
-struct WantedPromotion {
-  uint32_t record = 0;
-  BlockKey key;
-  std::chrono::steady_clock::time_point since;
-};
-// How long a wanted promotion waits for GPU room before the block stays where it is.
-inline constexpr std::chrono::milliseconds kWantedPromotionFor{1000};
 // What a client's GPU work still uses, held back until the engine sees the
 // work done (gpu_work.cc): the slots of a released write lease or a commit's
 // duplicates (still counted in `tenant`'s leased slots), and the blocks of a
@@ -76,7 +67,8 @@ struct Engine::Impl {
         blocks(std::move(index), o.gpu_slots, o.host_slots),
         sessions(std::move(policy)),
         mover(b, pools, blocks),
-        reclaim(*this) {
+        reclaim(*this),
+        promotions(o.gpu_slots) {
     if (options.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
     if (options.on_block_event) blocks.set_observer(options.on_block_event);
   }
@@ -98,7 +90,7 @@ struct Engine::Impl {
     std::vector<std::pair<uint32_t, uint32_t>> copies;  // (record, host slot)
   };
   std::deque<MirrorBatch> mirrors;  // In submission order.
-  std::deque<WantedPromotion> wanted_promotions;  // Oldest first; at most the GPU tier's slots.
+  PromotionQueue promotions;        // Read in place, waiting for GPU room.
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
@@ -186,7 +178,7 @@ struct Engine::Impl {
   // A block a session holds, ready in the host tier: promoting it after a read still makes sense.
   static bool WantsPromotion(const Record& rec) { return !rec.doomed && rec.refs > 0 && rec.ReadyIn(Tier::kHost); }
   // Blocks among `recs` (a released promote-after lease's) that a session
-  // holds in the host tier join wanted_promotions; then PromoteWanted.
+  // holds in the host tier join `promotions`; then PromoteWanted.
   void WantPromotion(std::span<const uint32_t> recs);
   // Promotes the wanted blocks idle in the host tier while GPU slots are free,
   // and starts demotions to make room for the rest (never waits). A block

@@ -69,45 +69,36 @@ void Engine::Impl::WantPromotion(std::span<const uint32_t> recs) {
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t r : recs) {
     // Freed with the lease (no session held it), or promoted already by another reader: not wanted.
-    if (WantsPromotion(blocks[r])) wanted_promotions.push_back(WantedPromotion{r, blocks[r].key, now});
-  }
-  while (wanted_promotions.size() > slots(Tier::kGpu).capacity()) {
-    wanted_promotions.pop_front();
-    ++stats.after_read_given_up;
+    if (WantsPromotion(blocks[r])) stats.after_read_given_up += promotions.Add(r, blocks[r].key, now);
   }
   PromoteWanted();
 }
 
 uint32_t Engine::Impl::PromoteWanted() {
-  if (wanted_promotions.empty()) return 0;
+  if (promotions.empty()) return 0;
   const auto now = std::chrono::steady_clock::now();
   uint32_t scheduled = 0;
-  std::deque<WantedPromotion> left;
-  for (const WantedPromotion& w : wanted_promotions) {
+  promotions.Retain([&](const WantedPromotion& w) {
     const Record& rec = blocks[w.record];
     // Gone (freed, perhaps reused by another block), or moved by another reader meanwhile.
-    if (rec.key != w.key || !WantsPromotion(rec)) continue;
+    if (rec.key != w.key || !WantsPromotion(rec)) return false;
     if (rec.tenant->Room(Tier::kGpu) == 0 || now - w.since > kWantedPromotionFor) {
       ++stats.after_read_given_up;
-      continue;
+      return false;
     }
     if (rec.readers == 0 && slots(Tier::kGpu).free_count() > 0) {
       mover.Schedule(w.record, CopyDirection::kHostToGpu);
       ++scheduled;
-      continue;
+      return false;
     }
-    left.push_back(w);
-  }
-  if (!left.empty()) {
-    reclaim.MakeGpuRoom(static_cast<uint32_t>(left.size()));
+    return true;
+  });
+  if (!promotions.empty()) {
+    reclaim.MakeGpuRoom(static_cast<uint32_t>(promotions.size()));
     // No free slot and none coming: nothing to wait for.
-    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) {
-      stats.after_read_given_up += left.size();
-      left.clear();
-    }
+    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) stats.after_read_given_up += promotions.Clear();
   }
   stats.after_read_promotions += scheduled;
-  wanted_promotions = std::move(left);
   if (scheduled > 0) Flush(CopyDirection::kHostToGpu);
   return scheduled;
 }
