@@ -125,9 +125,9 @@ Status CheckTunables(const EngineOptions& o) {
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
-  for (Settling& s : impl_->settling) impl_->EndWatch(s.work);
+  impl_->settling.ForEach([&](Settling& s) { impl_->EndWatch(s.work); });
   // Copies for the stores target the pools: they land before the pools go.
-  for (const auto& batch : impl_->mirrors) (void)impl_->backend.Wait(batch.fence, std::chrono::seconds(30));
+  impl_->mirrors.WaitAll(impl_->backend, std::chrono::seconds(30));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,

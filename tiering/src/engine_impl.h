@@ -32,10 +32,12 @@
 #include "block_table.h"
 #include "kvtier/tiering/engine.h"
 #include "lease_table.h"
+#include "mirror_queue.h"
 #include "mover.h"
 #include "promotions.h"
 #include "reclaim.h"
 #include "session_table.h"
+#include "settling.h"
 #include "tenant_ledger.h"
 
 namespace kvtier::tiering {
@@ -46,19 +48,6 @@ enum class FreeReason : uint8_t { kReleased, kPressure };
 // Why a session ends: evicted (by a client, or past max_sessions), or emptied
 // by pressure (its last blocks were dropped).
 enum class SessionEnd : uint8_t { kEvicted, kEmptied };
-
-// What a client's GPU work still uses, held back until the engine sees the
-// work done (gpu_work.cc): the slots of a released write lease or a commit's
-// duplicates (still counted in `tenant`'s leased slots), and the blocks of a
-// released read lease or of a commit (pinned: counted in their `readers`).
-struct Settling {
-  GpuWork work;
-  std::vector<uint32_t> slots;      // GPU slots, freed after the work.
-  TenantAccount* tenant = nullptr;  // Whose leased count `slots` are in; set when slots is non-empty.
-  std::vector<uint32_t> records;    // Blocks pinned until the work is done.
-  bool writes = false;              // The work writes `records` (a commit's new blocks).
-  std::chrono::steady_clock::time_point since;
-};
 
 struct Engine::Impl {
   Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
@@ -82,14 +71,8 @@ struct Engine::Impl {
   Mover mover;
   Reclaimer reclaim;
   LeaseTable leases;
-  std::vector<Settling> settling;  // Oldest first.
-  // Committed blocks being copied to host slots for the stores (spill_committed):
-  // each pins its block and owns its host slot until the fence completes.
-  struct MirrorBatch {
-    Fence fence;
-    std::vector<std::pair<uint32_t, uint32_t>> copies;  // (record, host slot)
-  };
-  std::deque<MirrorBatch> mirrors;  // In submission order.
+  SettlingQueue settling;           // Released leases' and commits' slots and blocks the clients' GPUs may still use.
+  MirrorQueue mirrors;              // Committed blocks being copied for the stores (spill_committed).
   PromotionQueue promotions;        // Read in place, waiting for GPU room.
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).

@@ -62,6 +62,37 @@ Status CheckLeases(const LeaseTable& leases, std::unordered_map<const TenantAcco
   return Status::Ok();
 }
 
+// Each entry waits for work and its slots have a tenant; a commit's blocks are
+// marked writing; the slots (leased) and pins are tallied.
+template <typename Own>
+Status CheckSettling(const SettlingQueue& settling, const BlockTable& blocks,
+                     std::unordered_map<const TenantAccount*, Counts>& counts, std::vector<uint32_t>& readers,
+                     Own& own) {
+  Status status;
+  settling.ForEach([&](const Settling& s) {
+    if (!status.ok()) return;
+    if (s.work.none()) {
+      status = Fail("a settling entry waits for no work");
+      return;
+    }
+    if (!s.slots.empty()) {
+      if (s.tenant == nullptr) {
+        status = Fail("settling slots have no tenant");
+        return;
+      }
+      counts[s.tenant].leased += static_cast<uint32_t>(s.slots.size());
+    }
+    for (uint32_t slot : s.slots) {
+      if (status.ok()) status = own(Tier::kGpu, slot, "a settling entry");
+    }
+    for (uint32_t r : s.records) {
+      ++readers[r];
+      if (status.ok() && s.writes && !blocks[r].writing) status = Fail("a block being written is not marked writing");
+    }
+  });
+  return status;
+}
+
 }  // namespace
 
 size_t EngineInspector::PendingDeadlines(const Engine& engine) { return engine.impl_->sessions.pending_deadlines(); }
@@ -104,24 +135,12 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
   });
   KVTIER_RETURN_IF_ERROR(status);
   KVTIER_RETURN_IF_ERROR(CheckLeases(impl.leases, counts, readers, own));
-  for (const Settling& s : impl.settling) {
-    if (s.work.none()) return Fail("a settling entry waits for no work");
-    if (!s.slots.empty()) {
-      if (s.tenant == nullptr) return Fail("settling slots have no tenant");
-      counts[s.tenant].leased += static_cast<uint32_t>(s.slots.size());
-    }
-    for (uint32_t slot : s.slots) KVTIER_RETURN_IF_ERROR(own(Tier::kGpu, slot, "a settling entry"));
-    for (uint32_t r : s.records) {
-      ++readers[r];
-      if (s.writes && !blocks[r].writing) return Fail("a block being written is not marked writing");
-    }
-  }
-  for (const auto& batch : impl.mirrors) {
-    for (const auto& [r, slot] : batch.copies) {
-      ++readers[r];
-      KVTIER_RETURN_IF_ERROR(own(Tier::kHost, slot, "a copy for the stores"));
-    }
-  }
+  KVTIER_RETURN_IF_ERROR(CheckSettling(impl.settling, blocks, counts, readers, own));
+  impl.mirrors.ForEachCopy([&](const MirrorQueue::Copy& c) {
+    ++readers[c.record];
+    if (status.ok()) status = own(Tier::kHost, c.host_slot, "a copy for the stores");
+  });
+  KVTIER_RETURN_IF_ERROR(status);
   uint32_t live = 0, demoting = 0, doomed = 0;
   for (uint32_t r = 0; r < blocks.capacity(); ++r) {
     const Record& rec = blocks[r];

@@ -3,6 +3,7 @@
 // tier (Import). The stores themselves (tiering/stores) know nothing of the engine.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -32,14 +33,14 @@ void Engine::Impl::Offer(uint32_t r, std::span<const std::byte> payload, bool dr
 }
 
 void Engine::Impl::Mirror(std::span<const uint32_t> records) {
-  MirrorBatch batch;
+  MirrorQueue::Batch batch;
   std::vector<CopyOp> ops;
   auto submit = [&] {
     if (ops.empty()) return;
     auto fence = backend.SubmitCopies(CopyDirection::kGpuToHost, *pools[Tier::kGpu], *pools[Tier::kHost], ops);
     if (fence.ok()) {
       batch.fence = *fence;
-      mirrors.push_back(std::move(batch));
+      mirrors.Add(std::move(batch));
     } else {
       // Refused: offered when they land in the host tier instead.
       for (const auto& [r, slot] : batch.copies) {
@@ -48,7 +49,7 @@ void Engine::Impl::Mirror(std::span<const uint32_t> records) {
         MaybeFree(r, FreeReason::kReleased);
       }
     }
-    batch = MirrorBatch{};
+    batch = MirrorQueue::Batch{};
     ops.clear();
   };
   for (uint32_t r : records) {
@@ -58,7 +59,7 @@ void Engine::Impl::Mirror(std::span<const uint32_t> records) {
     const uint32_t slot = slots(Tier::kHost).Allocate();
     ++rec.readers;
     ops.push_back(CopyOp{rec.slot, slot});
-    batch.copies.emplace_back(r, slot);
+    batch.copies.push_back({r, slot});
     if (ops.size() >= options.max_copy_batch) submit();
   }
   submit();
@@ -67,15 +68,14 @@ void Engine::Impl::Mirror(std::span<const uint32_t> records) {
 uint32_t Engine::Impl::PollMirrors() {
   uint32_t done = 0;
   const Pool& host = *pools[Tier::kHost];
-  while (!mirrors.empty() && backend.IsComplete(mirrors.front().fence)) {
-    for (const auto& [r, slot] : mirrors.front().copies) {
+  while (std::optional<MirrorQueue::Batch> landed = mirrors.TakeLanded(backend)) {
+    for (const auto& [r, slot] : landed->copies) {
       if (!blocks[r].doomed) Offer(r, std::span<const std::byte>(host.slot_data(slot), host.slot_bytes()), false);
       slots(Tier::kHost).Free(slot);
       --blocks[r].readers;
       if (!blocks.FreeDoomed(r)) MaybeFree(r, FreeReason::kReleased);
       ++done;
     }
-    mirrors.pop_front();
   }
   return done;
 }
