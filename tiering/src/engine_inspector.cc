@@ -93,6 +93,18 @@ Status CheckSettling(const SettlingQueue& settling, const BlockTable& blocks,
   return status;
 }
 
+// The policy visits every session once, each by its own handle.
+Status CheckEvictionOrder(const SessionTable& sessions) {
+  std::unordered_set<const Session*> visited;
+  bool known = true;
+  sessions.VisitColdest([&](const Session* s) {
+    known = sessions.ByHandle(s->handle) == s && visited.insert(s).second;
+    return known;
+  });
+  if (!known || visited.size() != sessions.size()) return Fail("the eviction order does not hold each session once");
+  return Status::Ok();
+}
+
 }  // namespace
 
 size_t EngineInspector::PendingDeadlines(const Engine& engine) { return engine.impl_->sessions.pending_deadlines(); }
@@ -190,6 +202,7 @@ Status EngineInspector::CheckInvariants(const Engine& engine) {
     impl.tenants.ForEach([&](const TenantAccount& a) { most = std::max(most, a.sessions); });
     if (top->sessions != most) return Fail("the tenant holding the most sessions is off");
   }
+  KVTIER_RETURN_IF_ERROR(CheckEvictionOrder(impl.sessions));
   if (live != blocks.index().size()) {
     return Fail("index holds " + std::to_string(blocks.index().size()) + " entries for " + std::to_string(live) +
                 " blocks");
