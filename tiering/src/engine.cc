@@ -1,5 +1,5 @@
-// Engine: creation and the request API (write path, read path, sessions,
-// background work). The parts it is made of are listed in engine_impl.h.
+// Engine: creation, the read path, background work and figures (the write path
+// is engine_write.cc). The parts it is made of are listed in engine_impl.h.
 #include "kvtier/tiering/engine.h"
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 
 namespace kvtier::tiering {
 
-// --- Impl: references, sessions, lookup, leases ---------------------------------------
+// --- Impl: freeing blocks, lookup -------------------------------------------------------------
 
 void Engine::Impl::MaybeFree(uint32_t r, FreeReason why) {
   const Record& rec = blocks[r];
@@ -65,45 +65,6 @@ uint32_t Engine::Impl::Promotable(std::span<const uint32_t> recs) const {
   uint32_t n = 0;
   for (uint32_t r : recs) n += blocks[r].IdleIn(Tier::kHost) ? 1 : 0;
   return n;
-}
-
-Status Engine::Impl::CheckAllocateCount(uint32_t count) const {
-  if (count == 0 || count > options.max_blocks_per_request) {
-    return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
-                           std::to_string(options.max_blocks_per_request) + "]");
-  }
-  if (count > slots(Tier::kGpu).capacity()) {
-    return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
-                             std::to_string(slots(Tier::kGpu).capacity()) + " slots");
-  }
-  return Status::Ok();
-}
-
-Status Engine::Impl::MakeAllocateQuotaRoom(TenantAccount& tenant, uint32_t count) {
-  const Status room = reclaim.MakeQuotaRoom(tenant, count, nullptr, "allocate of " + std::to_string(count) + " blocks");
-  if (!room.ok()) ++stats.allocation_failures;
-  return room;
-}
-
-Result<WriteLease> Engine::Impl::AllocateNow(TenantAccount& tenant, uint32_t count) {
-  SlotAllocator& gpu = slots(Tier::kGpu);
-  if (gpu.free_count() < count) {
-    // Drop only when dropping makes enough room: a failed allocation loses nothing.
-    const uint32_t short_by = count - gpu.free_count();
-    if (reclaim.Droppable(Tier::kGpu, short_by) >= short_by) reclaim.DropFromTier(Tier::kGpu, short_by);
-  }
-  if (gpu.free_count() < count) {
-    ++stats.allocation_failures;
-    return ResourceExhausted("gpu tier full: " + std::to_string(gpu.free_count()) + " of " +
-                             std::to_string(gpu.capacity()) + " slots free, " + std::to_string(count) +
-                             " requested; the rest are leased or moving");
-  }
-  WriteLease out;
-  out.slots.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) out.slots.push_back(gpu.Allocate());
-  tenant.Leased(count);
-  out.id = leases.Grant(WriteSlots{out.slots, &tenant});
-  return out;
 }
 
 // --- Creation -----------------------------------------------------------------------------
@@ -162,175 +123,6 @@ Pool& Engine::pool(Tier tier) const { return *impl_->pools[tier]; }
 const std::string& Engine::index_segment_name() const { return impl_->blocks.index().segment_name(); }
 int Engine::index_fd() const { return impl_->blocks.index().share_fd(); }
 
-// --- Write path -----------------------------------------------------------------------------
-
-Result<WriteLease> Engine::Allocate(const Tenant& tenant, uint32_t count) {
-  Impl& impl = *impl_;
-  KVTIER_RETURN_IF_ERROR(impl.CheckAllocateCount(count));
-  impl.mover.Poll();
-  TenantAccount& account = impl.tenants.Get(tenant);
-  KVTIER_RETURN_IF_ERROR(impl.MakeAllocateQuotaRoom(account, count));
-  impl.reclaim.MakeGpuRoom(count);
-  impl.reclaim.WaitForGpuRoom(count, std::chrono::milliseconds(200));
-  return impl.AllocateNow(account, count);
-}
-
-Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint32_t count, bool may_wait) {
-  Impl& impl = *impl_;
-  KVTIER_RETURN_IF_ERROR(impl.CheckAllocateCount(count));
-  impl.mover.Poll();
-  // The quota first: the demotions that make room under it free GPU slots too.
-  TenantAccount& account = impl.tenants.Get(tenant);
-  KVTIER_RETURN_IF_ERROR(impl.MakeAllocateQuotaRoom(account, count));
-  if (impl.slots(Tier::kGpu).free_count() < count) {
-    impl.reclaim.MakeGpuRoom(count);
-    // Demotions in flight free slots within a copy's time: come back then.
-    if (may_wait && impl.slots(Tier::kGpu).free_count() < count && impl.mover.demoting() > 0) {
-      return std::optional<WriteLease>();
-    }
-  }
-  auto lease = impl.AllocateNow(account, count);
-  if (!lease.ok()) return lease.status();
-  return std::optional<WriteLease>(std::move(*lease));
-}
-
-Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std::string_view session_id,
-                                    const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
-                                    std::span<const uint32_t> slots, GpuWork writer) {
-  Impl& impl = *impl_;
-  // The watch is the engine's from here: ended on every early return.
-  struct WatchOwner {
-    Impl& impl;
-    GpuWork& w;
-    ~WatchOwner() { impl.EndWatch(w); }
-  } owner{impl, writer};
-  WriteSlots* lease = impl.leases.FindWrite(lease_id);
-  if (lease == nullptr) {
-    if (const RevokedLease* revoked = impl.leases.FindRevoked(lease_id); revoked != nullptr && revoked->write) {
-      return FailedPrecondition(DescribeExpired(lease_id, *revoked) +
-                                ": its slots went back to the pool; allocate again");
-    }
-    return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
-  }
-  TenantAccount& account = impl.tenants.Get(tenant);
-  if (lease->tenant != &account) {
-    return Status(StatusCode::kPermissionDenied, "write lease " + std::to_string(lease_id) + " is tenant '" +
-                                                     lease->tenant->tenant.name + "''s, not '" + tenant.name + "''s");
-  }
-  if (session_id.empty()) return InvalidArgument("commit needs a session id");
-  if (tokens.size() % impl.bt() != 0) {
-    return InvalidArgument(std::to_string(tokens.size()) + " tokens is not a whole number of " +
-                           std::to_string(impl.bt()) + "-token blocks");
-  }
-  const size_t n = tokens.size() / impl.bt();
-  if (n != slots.size()) {
-    return InvalidArgument(std::to_string(n) + " blocks of tokens but " + std::to_string(slots.size()) + " slots");
-  }
-  if (n == 0 || n > impl.options.max_blocks_per_request) return InvalidArgument("commit of 0 or too many blocks");
-  std::vector<uint32_t> committed(slots.begin(), slots.end());
-  std::sort(committed.begin(), committed.end());
-  {
-    if (std::adjacent_find(committed.begin(), committed.end()) != committed.end()) {
-      return InvalidArgument("a slot is committed twice");
-    }
-    std::vector<uint32_t> have = lease->slots;
-    std::sort(have.begin(), have.end());
-    if (!std::includes(have.begin(), have.end(), committed.begin(), committed.end())) {
-      return InvalidArgument("a committed slot is not part of write lease " + std::to_string(lease_id));
-    }
-  }
-  {
-    // The commit must continue the session where the caller saw it: its first
-    // start_block blocks, the last of them keyed `parent`.
-    const Session* existing = impl.FindSession(tenant, session_id);
-    const size_t have = existing == nullptr ? 0 : existing->chain.size();
-    if (start_block > have) {
-      return FailedPrecondition("commit at block " + std::to_string(start_block) + " of session '" +
-                                std::string(session_id) + "', which holds " + std::to_string(have) +
-                                " blocks; acquire its prefix under the session first");
-    }
-    if (start_block > 0 && impl.blocks[existing->chain[start_block - 1]].key != parent) {
-      return FailedPrecondition("commit parent is not block " + std::to_string(start_block - 1) + " of session '" +
-                                std::string(session_id) + "'");
-    }
-    if (start_block == 0 && !parent.IsNull()) return InvalidArgument("a commit at block 0 must have the null parent key");
-  }
-  KVTIER_RETURN_IF_ERROR(impl.CheckNewSession(tenant, session_id));
-  if (impl.options.max_session_blocks != 0 && start_block + n > impl.options.max_session_blocks) {
-    return ResourceExhausted("session '" + std::string(session_id) + "' would hold " + std::to_string(start_block + n) +
-                             " blocks, past limits.max_session_blocks (" +
-                             std::to_string(impl.options.max_session_blocks) +
-                             "): commit fewer, or start a new session");
-  }
-  const Namespace key_ns = tenant.KeyNs();  // Keys are chained in the model's namespace.
-  if (account.has_quota(Tier::kGpu)) {
-    // New blocks count against the tenant's GPU quota; duplicates do not. The
-    // committed slots were counted since Allocate: their charge passes to the
-    // new blocks, so this only finds the tenant short of room when it went over
-    // meanwhile (a quota demotion cancelled by a reader).
-    uint32_t fresh = 0;
-    BlockKey prev = parent;
-    for (size_t i = 0; i < n; ++i) {
-      prev = ChainKey(prev, key_ns, tokens.subspan(i * impl.bt(), impl.bt()));
-      fresh += impl.blocks.index().Find(prev) == kNoRecord ? 1 : 0;
-    }
-    KVTIER_RETURN_IF_ERROR(impl.reclaim.MakeQuotaRoom(account, fresh, impl.FindSession(tenant, session_id),
-                                                      "commit of " + std::to_string(fresh) + " new blocks",
-                                                      /*credit=*/static_cast<uint32_t>(n)));
-  }
-  ++impl.clock;
-  Session* s = impl.GetOrCreateSession(tenant, session_id);
-  // The chain past start_block is replaced; its references go only after the new
-  // blocks took theirs, so re-committing cached blocks finds them as duplicates.
-  std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
-  if (!s->below.empty()) before = impl.ChainAndBelow(*s);
-  std::vector<uint32_t> replaced;
-  if (s->chain.size() > start_block) {
-    replaced.assign(s->chain.begin() + start_block, s->chain.end());
-    s->chain.resize(start_block);
-  }
-  CommitResult result;
-  std::vector<uint32_t> duplicate_slots;  // Freed once the writer is done.
-  std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
-  BlockKey prev = parent;
-  for (size_t i = 0; i < n; ++i) {
-    const std::span<const TokenId> block = tokens.subspan(i * impl.bt(), impl.bt());
-    const BlockKey key = ChainKey(prev, key_ns, block);
-    uint32_t r = impl.blocks.index().Find(key);
-    if (r != kNoRecord) {
-      duplicate_slots.push_back(slots[i]);  // First copy wins.
-      ++result.duplicates;
-      if (!impl.blocks.index().RowMatches(r, prev, block) || impl.blocks[r].tenant != &account ||
-          impl.blocks[r].model != tenant.model) {
-        prev = key;  // A 128-bit collision: the block cannot be published.
-        continue;
-      }
-    } else {
-      r = impl.blocks.Publish(key, prev, block, account, tenant.model, Tier::kGpu, slots[i]);
-      ++impl.blocks[r].readers;  // Pinned until the writer is done (below).
-      written.push_back(r);
-      ++result.stored;
-    }
-    impl.blocks[r].last_use = impl.clock;
-    impl.Ref(r);
-    s->chain.push_back(r);
-    prev = key;
-  }
-  for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) impl.Unref(*r, FreeReason::kReleased);
-  if (!before.empty()) impl.ReconcileBelow(s, before);
-  impl.Touch(s);
-  // Committed slots leave the write lease (n log n, not n * lease size), and
-  // the tenant's leased count: they are its blocks now, or the duplicates'
-  // slots, which stay counted until given back after the writer.
-  std::erase_if(lease->slots, [&](uint32_t x) { return std::binary_search(committed.begin(), committed.end(), x); });
-  account.Unleased(static_cast<uint32_t>(n - duplicate_slots.size()));
-  impl.GiveBackAfter(std::exchange(writer, GpuWork{}), std::move(duplicate_slots), &account, std::move(written),
-                     /*writes=*/true);
-  impl.stats.committed_blocks += result.stored;
-  impl.stats.duplicate_blocks += result.duplicates;
-  return result;
-}
-
 // --- Read path ------------------------------------------------------------------------------
 
 uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
@@ -358,6 +150,64 @@ bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> key
   return impl.slots(Tier::kGpu).free_count() < to_promote && impl.mover.demoting() > 0;
 }
 
+bool Engine::Impl::MakePromotionRoom(const Tenant& tenant, std::span<const uint32_t> recs, bool fetched) {
+  // Host-tier hits need GPU slots: demote colder blocks to make room rather
+  // than lease a shorter prefix. The reading session was just touched, so it is
+  // the last one the demotion walk reaches. Making room may drop host blocks:
+  // the matched ones are pinned meanwhile, so none is dropped (or freed) before
+  // it is leased.
+  bool promote = true;
+  const uint32_t to_promote = Promotable(recs);
+  for (uint32_t r : recs) ++blocks[r].readers;
+  if (to_promote > slots(Tier::kGpu).free_count()) {
+    reclaim.MakeGpuRoom(to_promote);
+    // Blocks a store brought are never waited for: without room for every
+    // promotion, the prefix is leased where it is (the demotions just
+    // scheduled make room for the next turn).
+    if (!fetched) reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
+    if (fetched && to_promote > slots(Tier::kGpu).free_count()) promote = false;
+  }
+  // Under a GPU quota, the tenant's colder GPU blocks make way.
+  TenantAccount& account = tenants.Get(tenant);
+  const uint32_t room = account.Room(Tier::kGpu);
+  if (to_promote > room) reclaim.DemoteColdest(to_promote - room, &account);
+  for (uint32_t r : recs) --blocks[r].readers;  // Pinned again for the lease, or freed.
+  return promote;
+}
+
+ReadRecords Engine::Impl::PinForRead(std::span<const uint32_t> recs, bool promote) {
+  ReadRecords lease;
+  for (uint32_t r : recs) {
+    Record& rec = blocks[r];
+    if (promote && rec.IdleIn(Tier::kHost) && rec.tenant->Room(Tier::kGpu) > 0) {
+      if (slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
+      mover.Schedule(r, CopyDirection::kHostToGpu);
+    }
+    ++rec.readers;
+    lease.records.push_back(r);
+  }
+  // A matched block left out of the lease (no room to promote) whose last
+  // session reference went while it was pinned is freed now.
+  for (size_t i = lease.records.size(); i < recs.size(); ++i) MaybeFree(recs[i], FreeReason::kPressure);
+  Flush(CopyDirection::kHostToGpu);
+  return lease;
+}
+
+void Engine::Impl::LocateLeased(std::span<const uint32_t> leased, ReadLease* out) const {
+  uint64_t wait_seq = 0;
+  for (uint32_t r : leased) {
+    const Record& rec = blocks[r];
+    if (rec.state == BlockState::kPromoting) {
+      out->blocks.push_back(BlockLocation{Tier::kGpu, rec.dst_slot});
+      ++out->promoted;
+      wait_seq = std::max(wait_seq, rec.move_seq);
+    } else {
+      out->blocks.push_back(BlockLocation{rec.tier, rec.slot});
+    }
+  }
+  out->fence = Fence{wait_seq, CopyDirection::kHostToGpu};
+}
+
 Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session_id, std::span<const BlockKey> keys,
                                   std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched) {
   Impl& impl = *impl_;
@@ -372,82 +222,31 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
   const size_t asked = impl.options.max_session_blocks != 0
                            ? std::min<size_t>(keys.size(), impl.options.max_session_blocks)
                            : keys.size();
-  uint32_t matched =
-      impl.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), &recs);
+  ReadLease out;
+  out.matched = impl.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), &recs);
   for (uint32_t r : recs) ++impl.stats.hit_blocks_in[impl.blocks[r].tier];
 
   // A session comes into being with its first block: an acquire that matches
   // nothing names none into being (it would cost the table an entry for no
   // block), while an existing session's chain becomes what matched.
   const bool existing = !session_id.empty() && impl.FindSession(tenant, session_id) != nullptr;
-  uint32_t imported = 0;
   if (fetched != nullptr && (existing || session_id.empty() || impl.CheckNewSession(tenant, session_id).ok())) {
-    // Published unheld: the session's references or the lease below take them.
-    imported = impl.ImportFetched(tenant, keys.first(asked), tokens.first(asked * impl.bt()), *fetched, recs);
-    matched += imported;
+    // Published unheld: the session's references or the lease take them.
+    out.imported = impl.ImportFetched(tenant, keys.first(asked), tokens.first(asked * impl.bt()), *fetched, recs);
+    out.matched += out.imported;
   }
-  const bool into_session = existing || (!session_id.empty() && matched > 0);
+  const bool into_session = existing || (!session_id.empty() && out.matched > 0);
   if (into_session && !existing) KVTIER_RETURN_IF_ERROR(impl.CheckNewSession(tenant, session_id));
   ++impl.clock;
-  impl.stats.hit_blocks += matched - imported;
-  impl.stats.miss_blocks += keys.size() - matched;
+  impl.stats.hit_blocks += out.matched - out.imported;
+  impl.stats.miss_blocks += keys.size() - out.matched;
   // Only a session's use orders demotion; a reader without one (a probe, a
   // scheduler) must not make blocks look warmer than every session holding them.
   if (into_session) impl.SetChain(tenant, session_id, recs);
 
-  if (promote && !recs.empty()) {
-    // Host-tier hits need GPU slots: demote colder blocks to make room rather
-    // than lease a shorter prefix. This session was just touched, so it is the
-    // last one the demotion walk reaches. Making room may drop host blocks: the
-    // matched ones are pinned meanwhile, so none is dropped (or freed) before it
-    // is leased below.
-    const uint32_t to_promote = impl.Promotable(recs);
-    for (uint32_t r : recs) ++impl.blocks[r].readers;
-    if (to_promote > impl.slots(Tier::kGpu).free_count()) {
-      impl.reclaim.MakeGpuRoom(to_promote);
-      // Blocks a store brought are never waited for: without room for every
-      // promotion, the prefix is leased where it is (the demotions just
-      // scheduled make room for the next turn).
-      if (fetched == nullptr) impl.reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
-      if (fetched != nullptr && to_promote > impl.slots(Tier::kGpu).free_count()) promote = false;
-    }
-    // Under a GPU quota, the tenant's colder GPU blocks make way.
-    TenantAccount& account = impl.tenants.Get(tenant);
-    const uint32_t room = account.Room(Tier::kGpu);
-    if (to_promote > room) impl.reclaim.DemoteColdest(to_promote - room, &account);
-    for (uint32_t r : recs) --impl.blocks[r].readers;  // Taken again below, or freed after it.
-  }
-  ReadRecords lease;
-  for (uint32_t r : recs) {
-    Record& rec = impl.blocks[r];
-    if (promote && rec.IdleIn(Tier::kHost) && rec.tenant->Room(Tier::kGpu) > 0) {
-      if (impl.slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
-      impl.mover.Schedule(r, CopyDirection::kHostToGpu);
-    }
-    ++rec.readers;
-    lease.records.push_back(r);
-  }
-  // A matched block left out of the lease (no room to promote) whose last
-  // session reference went while it was pinned is freed now.
-  for (size_t i = lease.records.size(); i < recs.size(); ++i) impl.MaybeFree(recs[i], FreeReason::kPressure);
-  impl.Flush(CopyDirection::kHostToGpu);
-  // Locations are read after the flush: if the backend refused a batch, its moves
-  // were cancelled and those blocks are leased where they are.
-  ReadLease out;
-  out.matched = matched;
-  out.imported = imported;
-  uint64_t wait_seq = 0;
-  for (uint32_t r : lease.records) {
-    const Record& rec = impl.blocks[r];
-    if (rec.state == BlockState::kPromoting) {
-      out.blocks.push_back(BlockLocation{Tier::kGpu, rec.dst_slot});
-      ++out.promoted;
-      wait_seq = std::max(wait_seq, rec.move_seq);
-    } else {
-      out.blocks.push_back(BlockLocation{rec.tier, rec.slot});
-    }
-  }
-  out.fence = Fence{wait_seq, CopyDirection::kHostToGpu};
+  if (promote && !recs.empty()) promote = impl.MakePromotionRoom(tenant, recs, fetched != nullptr);
+  ReadRecords lease = impl.PinForRead(recs, promote);
+  impl.LocateLeased(lease.records, &out);
   if (!lease.records.empty()) out.id = impl.leases.Grant(std::move(lease));
   return out;
 }

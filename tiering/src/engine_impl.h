@@ -10,7 +10,8 @@
 //   store_io.cc      the stores below the host tier: blocks offered to them, blocks imported
 //   warm_restart.cc  saving and adopting the host tier across restarts
 //   engine_inspector.h   the invariant checker (tests)
-//   engine.cc        creation and the request API
+//   engine.cc        creation, the read path, background work, figures
+//   engine_write.cc  the write path: allocating, and Commit's steps
 //   engine_leases.cc leases: granting, ending, releases, promotions at release, the timeout
 //   engine_sessions.cc  the reference counting and session bookkeeping requests share
 //
@@ -127,6 +128,24 @@ struct Engine::Impl {
                         std::span<const TokenId> tokens, std::vector<uint32_t>* out) const;
   // Blocks of `recs` in the host tier that a promotion would move now.
   uint32_t Promotable(std::span<const uint32_t> recs) const;
+  // For an Acquire of `recs` (pinned meanwhile): starts demotions for the GPU
+  // room their promotion needs and waits for it, unless they were `fetched`
+  // from a store; under a GPU quota the tenant's colder GPU blocks make way.
+  // False when fetched blocks find no room: lease them where they are.
+  bool MakePromotionRoom(const Tenant& tenant, std::span<const uint32_t> recs, bool fetched);
+  // Pins `recs` for a read lease, in order, scheduling (and submitting)
+  // the promotion of host-tier ones if `promote`; stops at the first with no
+  // GPU slot for it (those left out are freed if no one holds them).
+  ReadRecords PinForRead(std::span<const uint32_t> recs, bool promote);
+  // Where each leased block is read (a promotion's destination, if moving),
+  // and the fence of their promotions. After PinForRead: a batch the backend
+  // refused was cancelled, so its blocks are read where they are.
+  void LocateLeased(std::span<const uint32_t> leased, ReadLease* out) const;
+  // Gives back what a lease holds: slots come free (and off its tenant's
+  // quota), pins end and blocks no one holds any more are freed.
+  void EndLease(Lease& lease);
+
+  // --- Allocating and committing (engine_write.cc) -----------------------------------
   // An allocation of `count` slots is possible at all (however full the tier).
   Status CheckAllocateCount(uint32_t count) const;
   // Makes room under `tenant`'s GPU quota for an allocation of `count`.
@@ -135,9 +154,43 @@ struct Engine::Impl {
   // GPU blocks if that makes enough room; kResourceExhausted (losing nothing)
   // otherwise. REQUIRES: room under its quota.
   Result<WriteLease> AllocateNow(TenantAccount& tenant, uint32_t count);
-  // Gives back what a lease holds: slots come free (and off its tenant's
-  // quota), pins end and blocks no one holds any more are freed.
-  void EndLease(Lease& lease);
+  // One Engine::Commit's arguments, which its steps share.
+  struct CommitRequest {
+    LeaseId lease_id;
+    const Tenant& tenant;
+    std::string_view session_id;
+    BlockKey parent;
+    uint32_t start_block;
+    std::span<const TokenId> tokens;
+    std::span<const uint32_t> slots;
+    size_t count;  // Blocks of tokens.
+  };
+  // What a commit's blocks became: the writer's GPU work holds both lists back.
+  struct Committed {
+    CommitResult result;
+    std::vector<uint32_t> duplicate_slots;  // Slots of blocks already cached: freed once the writer is done.
+    std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
+  };
+  // The commit's write lease: kNotFound, kFailedPrecondition if the timeout
+  // revoked it, kPermissionDenied if it is another tenant's.
+  Result<WriteSlots*> CommitLease(const CommitRequest& c);
+  // Whole blocks, one per slot, at most max_blocks_per_request; the slots
+  // distinct and all in `lease`. Fills `committed` with them, sorted.
+  Status CheckCommitSlots(const CommitRequest& c, const WriteSlots& lease, std::vector<uint32_t>* committed) const;
+  // The commit continues its session where the caller saw it, and the session
+  // may take it (a new one within max_sessions_per_tenant; max_session_blocks).
+  Status CheckCommitPlace(const CommitRequest& c);
+  // Room under `account`'s GPU quota for the blocks the commit adds.
+  Status MakeCommitQuotaRoom(const CommitRequest& c, TenantAccount& account);
+  // Makes the committed blocks the session's chain after its first
+  // start_block (the session made if new), new ones published in the GPU tier.
+  Committed ChainCommitted(const CommitRequest& c, TenantAccount& account);
+  // Appends the committed blocks to `s`'s chain: each published, or the cached
+  // block with its key, both referenced and marked used now.
+  Committed PublishCommitted(const CommitRequest& c, TenantAccount& account, Session* s);
+  // Takes the `committed` slots (sorted) out of `lease` and its tenant's leased
+  // count, and hands `done`'s slots and blocks to `writer`'s watch.
+  void HandOverCommitted(WriteSlots& lease, const std::vector<uint32_t>& committed, Committed& done, GpuWork writer);
 
   // --- The stores below the host tier (store_io.cc) ----------------------------------
   // Offers host-tier block `r` to on_spill: landed (once per stay: `spilled`)
