@@ -43,6 +43,8 @@
 
 namespace kvtier::tiering {
 
+struct WarmManifest;
+
 // Why a block leaves the cache: its last holder let go, or pressure pushed it
 // out (counted as dropped_blocks and reported to on_free as dropped).
 enum class FreeReason : uint8_t { kReleased, kPressure };
@@ -222,6 +224,17 @@ struct Engine::Impl {
   // kWantedPromotionFor (or with no room coming) is left where it is.
   // Returns how many were scheduled.
   uint32_t PromoteWanted();
+
+  // --- Warm restart (warm_restart.cc) --------------------------------------------------
+  // Publishes the manifest's blocks in the host tier, parents first: each that
+  // chains from an adopted block of its tenant (or the null key), recomputes
+  // to its key and still holds the bytes it was saved with. Takes their host
+  // slots. Returns the record of each listed block (kNoRecord: not adopted).
+  std::vector<uint32_t> AdoptBlocks(const WarmManifest& manifest);
+  // Makes the manifest's sessions again, coldest first (so the eviction order
+  // comes back), each cut at its first block not adopted or not continuing its
+  // chain; `record_of` is AdoptBlocks'. Counts them in `report`.
+  void AdoptSessions(const WarmManifest& manifest, const std::vector<uint32_t>& record_of, WarmAdoptReport* report);
 
   // --- Clients' GPU work (gpu_work.cc) ---------------------------------------------
   // Frees `slots` (off `tenant`'s leased count) and unpins `records` now, or,

@@ -95,6 +95,68 @@ uint32_t Engine::DemoteForShutdown() {
   return scheduled;
 }
 
+std::vector<uint32_t> Engine::Impl::AdoptBlocks(const WarmManifest& manifest) {
+  const Pool& host = *pools[Tier::kHost];
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+  std::vector<uint32_t> record_of(manifest.blocks.size(), kNoRecord);
+  std::vector<uint32_t> taken;  // Host slots.
+  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
+    const WarmBlock& b = manifest.blocks[i];
+    if (!b.parent.IsNull()) {
+      // Its parent must be adopted, and its tenant's (BlockTable's invariant).
+      auto parent = by_key.find(b.parent);
+      if (parent == by_key.end() || !(blocks[parent->second].ns() == b.ns) || blocks[parent->second].model != b.model) {
+        continue;
+      }
+    }
+    if (by_key.find(b.key) != by_key.end()) continue;
+    if (ChainKey(b.parent, KeyNamespace(b.ns, b.model), b.tokens) != b.key) continue;
+    if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
+    const uint32_t r = blocks.Publish(b.key, b.parent, b.tokens, tenants.Get(b.ns), b.model, Tier::kHost, b.host_slot);
+    blocks[r].checksum = b.checksum;
+    blocks[r].checksummed = true;
+    by_key.emplace(b.key, r);
+    record_of[i] = r;
+    taken.push_back(b.host_slot);
+  }
+  if (!slots(Tier::kHost).Take(taken)) std::abort();  // Decode guarantees distinct, in-range slots.
+  return record_of;
+}
+
+void Engine::Impl::AdoptSessions(const WarmManifest& manifest, const std::vector<uint32_t>& record_of,
+                                 WarmAdoptReport* report) {
+  for (const WarmSession& ws : manifest.sessions) {
+    std::vector<uint32_t> chain;
+    BlockKey prev;
+    for (uint32_t i : ws.chain) {
+      const uint32_t r = record_of[i];
+      if (r == kNoRecord || manifest.blocks[i].parent != prev) break;
+      chain.push_back(r);
+      prev = manifest.blocks[i].key;
+    }
+    if (chain.empty()) {
+      ++report->dropped_sessions;
+      continue;
+    }
+    // The session's tenant is its blocks' (keys are chained in its namespace).
+    const Tenant tenant{blocks[chain.front()].ns(), ws.tenant, ModelId{}};
+    if (FindSession(tenant, ws.id) != nullptr) {
+      ++report->dropped_sessions;
+      continue;
+    }
+    ++clock;
+    for (uint32_t r : chain) {
+      Ref(r);
+      blocks[r].last_use = clock;
+    }
+    Session* s = GetOrCreateSession(tenant, ws.id);
+    s->chain = std::move(chain);
+    sessions.SetPriority(s, std::clamp(ws.priority, kMinPriority, kMaxPriority), {});
+    Touch(s);
+    ++report->adopted_sessions;
+  }
+}
+
 Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
   Impl& impl = *impl_;
   if (!impl.options.warm_restart) return FailedPrecondition("warm restart is off for this engine");
@@ -124,66 +186,8 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
   report.clean = manifest.clean;
   report.listed_blocks = static_cast<uint32_t>(manifest.blocks.size());
 
-  // Blocks, parents first: each must chain from an adopted parent (or the null
-  // key), recompute to its key, and still hold the bytes it was saved with.
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
-  std::vector<uint32_t> record_of(manifest.blocks.size(), kNoRecord);
-  std::vector<uint32_t> slots;
-  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
-    const WarmBlock& b = manifest.blocks[i];
-    if (!b.parent.IsNull()) {
-      // Its parent must be adopted, and its tenant's (BlockTable's invariant).
-      auto parent = by_key.find(b.parent);
-      if (parent == by_key.end() || !(impl.blocks[parent->second].ns() == b.ns) ||
-          impl.blocks[parent->second].model != b.model) {
-        continue;
-      }
-    }
-    if (by_key.find(b.key) != by_key.end()) continue;
-    if (ChainKey(b.parent, KeyNamespace(b.ns, b.model), b.tokens) != b.key) continue;
-    if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
-    const uint32_t r =
-        impl.blocks.Publish(b.key, b.parent, b.tokens, impl.tenants.Get(b.ns), b.model, Tier::kHost, b.host_slot);
-    impl.blocks[r].checksum = b.checksum;
-    impl.blocks[r].checksummed = true;
-    by_key.emplace(b.key, r);
-    record_of[i] = r;
-    slots.push_back(b.host_slot);
-  }
-  if (!impl.slots(Tier::kHost).Take(slots)) std::abort();  // Decode guarantees distinct, in-range slots.
-
-  // Sessions, coldest first (so the LRU order comes back), each cut at its first
-  // block that was not adopted or does not continue the chain.
-  for (const WarmSession& ws : manifest.sessions) {
-    std::vector<uint32_t> chain;
-    BlockKey prev;
-    for (uint32_t i : ws.chain) {
-      const uint32_t r = record_of[i];
-      if (r == kNoRecord || manifest.blocks[i].parent != prev) break;
-      chain.push_back(r);
-      prev = manifest.blocks[i].key;
-    }
-    if (chain.empty()) {
-      ++report.dropped_sessions;
-      continue;
-    }
-    // The session's tenant is its blocks' (keys are chained in its namespace).
-    const Tenant tenant{impl.blocks[chain.front()].ns(), ws.tenant};
-    if (impl.FindSession(tenant, ws.id) != nullptr) {
-      ++report.dropped_sessions;
-      continue;
-    }
-    ++impl.clock;
-    for (uint32_t r : chain) {
-      impl.Ref(r);
-      impl.blocks[r].last_use = impl.clock;
-    }
-    Session* s = impl.GetOrCreateSession(tenant, ws.id);
-    s->chain = std::move(chain);
-    impl.sessions.SetPriority(s, std::clamp(ws.priority, kMinPriority, kMaxPriority), {});
-    impl.Touch(s);
-    ++report.adopted_sessions;
-  }
+  const std::vector<uint32_t> record_of = impl.AdoptBlocks(manifest);
+  impl.AdoptSessions(manifest, record_of, &report);
   // What no session holds would be freed at once: let it go now.
   for (uint32_t r : record_of) {
     if (r == kNoRecord || impl.blocks[r].refs != 0) continue;
