@@ -1,33 +1,34 @@
 // Engine::Impl: the engine's state, composed of one part per concept, and the
 // reference counting that ties blocks to the sessions and leases holding them.
 //
-//   block_table.h    blocks: records, states, slots, the shared index, Publish
-//   mover.h          copies between tiers: batches, fences, completion
-//   tenant_ledger.h  tenants: usage per tier, quotas, sessions, room checks
-//   session_table.h  sessions by (tenant, id), the eviction order, priorities
-//   reclaim.h        making room: demote coldest, drop, watermarks, quota room
-//   gpu_work.cc      what waits for clients' GPU work: released leases, commits
-//   store_io.cc      the stores below the host tier: blocks offered to them, blocks imported
-//   warm_restart.cc  saving and adopting the host tier across restarts
-//   engine_inspector.h   the invariant checker (tests)
-//   engine.cc        creation, the read path, background work, figures
-//   engine_write.cc  the write path: allocating, and Commit's steps
-//   engine_leases.cc leases: granting, ending, releases, promotions at release, the timeout
+// The parts, each a type with its own invariants:
+//   block_table.h     blocks: records, states, slots, the shared index, Publish
+//   mover.h           copies between tiers: batches, fences, completion
+//   tenant_ledger.h   tenants: usage per tier, quotas, sessions, room checks
+//   session_table.h   sessions by (tenant, id), their handles in the eviction
+//                     policy's order (kvtier/tiering/policy.h, lru_policy.cc), priorities
+//   reclaim.h         making room: demote coldest, drop, watermarks, quota room
+//   lease_table.h     live leases in grant order, revoked ones, the timeout's revocation
+//   promotions.h      blocks read in place waiting for GPU room (PromoteOnRelease)
+//   settling.h        what waits for clients' GPU work: released leases, commits
+//   mirror_queue.h    committed blocks being copied for the stores (spill_committed)
+// The engine's work on them, by concept:
+//   engine.cc           creation, the read path (Match, Acquire), background work, figures
+//   engine_write.cc     the write path: allocating, and Commit's steps
+//   engine_leases.cc    ending and releasing leases, promotions at release, the timeout
 //   engine_sessions.cc  the reference counting and session bookkeeping requests share
+//   gpu_work.cc         giving back what clients' GPU work held once it is done
+//   store_io.cc         the stores below the host tier: blocks offered to them, blocks imported
+//   warm_restart.cc     saving and adopting the host tier across restarts
+//   engine_inspector.h  the invariant checker (tests)
 //
 // Everything runs on the engine's thread (see engine.h).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
 #include <span>
-#include <string>
 #include <string_view>
-#include <unordered_map>
-#include <variant>
 #include <vector>
 
 #include "block_table.h"
@@ -74,9 +75,9 @@ struct Engine::Impl {
   Mover mover;
   Reclaimer reclaim;
   LeaseTable leases;
-  SettlingQueue settling;           // Released leases' and commits' slots and blocks the clients' GPUs may still use.
-  MirrorQueue mirrors;              // Committed blocks being copied for the stores (spill_committed).
-  PromotionQueue promotions;        // Read in place, waiting for GPU room.
+  SettlingQueue settling;     // Slots and blocks clients' GPU work may still use.
+  MirrorQueue mirrors;        // Committed blocks being copied for the stores.
+  PromotionQueue promotions;  // Blocks read in place, waiting for GPU room.
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
