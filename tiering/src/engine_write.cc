@@ -243,18 +243,18 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     GpuWork& w;
     ~WatchOwner() { impl.EndWatch(w); }
   } owner{impl, writer};
-  const Impl::CommitRequest c{lease_id,    tenant, session_id, parent,
-                              start_block, tokens, slots,      tokens.size() / impl.bt()};
-  Result<WriteSlots*> lease = impl.CommitLease(c);
-  if (!lease.ok()) return lease.status();
+  const size_t count = tokens.size() / impl.bt();
+  const Impl::CommitRequest c{lease_id, tenant, session_id, parent, start_block, tokens, slots, count};
+  Result<WriteSlots*> found = impl.CommitLease(c);
+  if (!found.ok()) return found.status();
+  WriteSlots& lease = **found;
   std::vector<uint32_t> committed;  // The slots, sorted.
-  KVTIER_RETURN_IF_ERROR(impl.CheckCommitSlots(c, **lease, &committed));
+  KVTIER_RETURN_IF_ERROR(impl.CheckCommitSlots(c, lease, &committed));
   KVTIER_RETURN_IF_ERROR(impl.CheckCommitPlace(c));
-  TenantAccount& account = *(*lease)->tenant;
-  KVTIER_RETURN_IF_ERROR(impl.MakeCommitQuotaRoom(c, account));
+  KVTIER_RETURN_IF_ERROR(impl.MakeCommitQuotaRoom(c, *lease.tenant));
   ++impl.clock;
-  Impl::Committed done = impl.ChainCommitted(c, account);
-  impl.HandOverCommitted(**lease, committed, done, std::exchange(writer, GpuWork{}));
+  Impl::Committed done = impl.ChainCommitted(c, *lease.tenant);
+  impl.HandOverCommitted(lease, committed, done, std::exchange(writer, GpuWork{}));
   return done.result;
 }
 
