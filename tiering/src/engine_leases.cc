@@ -1,6 +1,6 @@
-// Engine: leases. Granting and ending them, releases after a client's GPU
-// work, promotions asked for at release, and the lease timeout's revocations
-// (lease_table.h keeps them; engine.cc has the calls that grant them).
+// Engine: leases. Ending them, releases after a client's GPU work, promotions
+// asked for at release, and the lease timeout's revocations (lease_table.h
+// keeps them; Allocate in engine_write.cc and Acquire in engine.cc grant them).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
