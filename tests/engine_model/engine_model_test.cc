@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine_check.h"
+#include "engine_inspector.h"
 #include "kvtier/block_key.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"

@@ -20,7 +20,7 @@
 
 #include "kvtier/shm_segment.h"
 #include "kvtier/tiering/host_backend.h"
-#include "engine_check.h"
+#include "engine_inspector.h"
 #include "support/test_names.h"
 
 namespace kvtier {

@@ -12,7 +12,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "engine_check.h"
+#include "engine_inspector.h"
 #include "kvtier/shm_segment.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"

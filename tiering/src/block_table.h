@@ -2,7 +2,7 @@
 // tier and its holders — the slots of both tiers, and the shared index that
 // publishes the blocks to clients.
 //
-// Invariants (verified by engine_check.h):
+// Invariants (verified by engine_inspector.h):
 //  - a live record (state != kFree) owns its slot in `tier`, and while moving
 //    also `dst_slot` in the other tier; every other used slot is a write lease's;
 //  - a live record is indexed under its key unless it is doomed (freed while

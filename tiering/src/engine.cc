@@ -1,5 +1,5 @@
-// Engine: creation and the request API (write path, read path, sessions,
-// background work). The parts it is made of are listed in engine_impl.h.
+// Engine: creation, the read path, background work and figures (the write path
+// is engine_write.cc). The parts it is made of are listed in engine_impl.h.
 #include "kvtier/tiering/engine.h"
 
 #include <algorithm>
@@ -14,18 +14,18 @@
 
 namespace kvtier::tiering {
 
-// --- Impl: references, sessions, lookup, leases ---------------------------------------
+// --- Impl: freeing blocks, lookup -------------------------------------------------------------
 
 void Engine::Impl::MaybeFree(uint32_t r, FreeReason why) {
   const Record& rec = blocks[r];
   if (rec.held() || rec.doomed) return;
   const BlockKey key = rec.key;
-  if (why == FreeReason::kPressure && opt.on_spill && rec.ReadyIn(Tier::kHost)) Spill(r, /*dropped=*/true);
+  if (why == FreeReason::kPressure && options.on_spill && rec.ReadyIn(Tier::kHost)) Spill(r, /*dropped=*/true);
   blocks.Unpublish(r);
   ++changes;
   const bool dropped = why == FreeReason::kPressure;
-  if (dropped) ++st.dropped_blocks;
-  if (opt.on_free) opt.on_free(key, dropped);
+  if (dropped) ++stats.dropped_blocks;
+  if (options.on_free) options.on_free(key, dropped);
 }
 
 uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
@@ -67,55 +67,6 @@ uint32_t Engine::Impl::Promotable(std::span<const uint32_t> recs) const {
   return n;
 }
 
-Status Engine::Impl::CheckAllocateCount(uint32_t count) const {
-  if (count == 0 || count > opt.max_blocks_per_request) {
-    return InvalidArgument("allocate count " + std::to_string(count) + " not in [1, " +
-                           std::to_string(opt.max_blocks_per_request) + "]");
-  }
-  if (count > slots(Tier::kGpu).capacity()) {
-    return ResourceExhausted("allocate " + std::to_string(count) + " blocks: the gpu tier has only " +
-                             std::to_string(slots(Tier::kGpu).capacity()) + " slots");
-  }
-  return Status::Ok();
-}
-
-Status Engine::Impl::MakeAllocateQuotaRoom(TenantAccount& tenant, uint32_t count) {
-  const Status room = reclaim.MakeQuotaRoom(tenant, count, nullptr, "allocate of " + std::to_string(count) + " blocks");
-  if (!room.ok()) ++st.allocation_failures;
-  return room;
-}
-
-Result<WriteLease> Engine::Impl::AllocateNow(TenantAccount& tenant, uint32_t count) {
-  SlotAllocator& gpu = slots(Tier::kGpu);
-  if (gpu.free_count() < count) {
-    // Drop only when dropping makes enough room: a failed allocation loses nothing.
-    const uint32_t short_by = count - gpu.free_count();
-    if (reclaim.Droppable(Tier::kGpu, short_by) >= short_by) reclaim.DropFromTier(Tier::kGpu, short_by);
-  }
-  if (gpu.free_count() < count) {
-    ++st.allocation_failures;
-    return ResourceExhausted("gpu tier full: " + std::to_string(gpu.free_count()) + " of " +
-                             std::to_string(gpu.capacity()) + " slots free, " + std::to_string(count) +
-                             " requested; the rest are leased or moving");
-  }
-  WriteLease out;
-  out.slots.reserve(count);
-  for (uint32_t i = 0; i < count; ++i) out.slots.push_back(gpu.Allocate());
-  tenant.Leased(count);
-  out.id = NewLease(WriteSlots{out.slots, &tenant});
-  return out;
-}
-
-size_t Lease::size() const {
-  if (const auto* write = std::get_if<WriteSlots>(&held)) return write->slots.size();
-  return std::get<ReadRecords>(held).records.size();
-}
-
-std::string DescribeExpired(LeaseId id, const RevokedLease& r) {
-  return std::string(r.write ? "write" : "read") + " lease " + std::to_string(id) + " expired after " +
-         std::to_string(r.held.count()) + " ms (limits.lease_timeout_ms: " + std::to_string(r.timeout.count()) + ")";
-}
-
 // --- Creation -----------------------------------------------------------------------------
 
 namespace {
@@ -135,9 +86,9 @@ Status CheckTunables(const EngineOptions& o) {
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() {
-  for (Settling& s : impl_->settling) impl_->EndWatch(s.work);
+  impl_->settling.ForEach([&](Settling& s) { impl_->EndWatch(s.work); });
   // Copies for the stores target the pools: they land before the pools go.
-  for (const auto& m : impl_->mirrors) (void)impl_->backend.Wait(m.fence, std::chrono::seconds(30));
+  impl_->mirrors.WaitAll(impl_->backend, std::chrono::seconds(30));
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& backend,
@@ -166,179 +117,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& o, Backend& 
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-const ModelProfile& Engine::profile() const { return impl_->opt.profile; }
-const EngineOptions& Engine::options() const { return impl_->opt; }
+const ModelProfile& Engine::profile() const { return impl_->options.profile; }
+const EngineOptions& Engine::options() const { return impl_->options; }
 Pool& Engine::pool(Tier tier) const { return *impl_->pools[tier]; }
 const std::string& Engine::index_segment_name() const { return impl_->blocks.index().segment_name(); }
 int Engine::index_fd() const { return impl_->blocks.index().share_fd(); }
-
-// --- Write path -----------------------------------------------------------------------------
-
-Result<WriteLease> Engine::Allocate(const Tenant& tenant, uint32_t count) {
-  Impl& m = *impl_;
-  KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
-  m.mover.Poll();
-  TenantAccount& account = m.tenants.Get(tenant);
-  KVTIER_RETURN_IF_ERROR(m.MakeAllocateQuotaRoom(account, count));
-  m.reclaim.MakeGpuRoom(count);
-  m.reclaim.WaitForGpuRoom(count, std::chrono::milliseconds(200));
-  return m.AllocateNow(account, count);
-}
-
-Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint32_t count, bool may_wait) {
-  Impl& m = *impl_;
-  KVTIER_RETURN_IF_ERROR(m.CheckAllocateCount(count));
-  m.mover.Poll();
-  // The quota first: the demotions that make room under it free GPU slots too.
-  TenantAccount& account = m.tenants.Get(tenant);
-  KVTIER_RETURN_IF_ERROR(m.MakeAllocateQuotaRoom(account, count));
-  if (m.slots(Tier::kGpu).free_count() < count) {
-    m.reclaim.MakeGpuRoom(count);
-    // Demotions in flight free slots within a copy's time: come back then.
-    if (may_wait && m.slots(Tier::kGpu).free_count() < count && m.mover.demoting() > 0) {
-      return std::optional<WriteLease>();
-    }
-  }
-  auto lease = m.AllocateNow(account, count);
-  if (!lease.ok()) return lease.status();
-  return std::optional<WriteLease>(std::move(*lease));
-}
-
-Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std::string_view session_id,
-                                    const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
-                                    std::span<const uint32_t> slots, GpuWork writer) {
-  Impl& m = *impl_;
-  // The watch is the engine's from here: ended on every early return.
-  struct WatchOwner {
-    Impl& m;
-    GpuWork& w;
-    ~WatchOwner() { m.EndWatch(w); }
-  } owner{m, writer};
-  auto it = m.leases.find(lease_id);
-  WriteSlots* lease = it == m.leases.end() ? nullptr : std::get_if<WriteSlots>(&it->second.held);
-  if (lease == nullptr) {
-    if (auto r = m.revoked.find(lease_id); r != m.revoked.end() && r->second.write) {
-      return FailedPrecondition(DescribeExpired(lease_id, r->second) + ": its slots went back to the pool; allocate again");
-    }
-    return NotFound("write lease " + std::to_string(lease_id) + " does not exist");
-  }
-  TenantAccount& account = m.tenants.Get(tenant);
-  if (lease->tenant != &account) {
-    return Status(StatusCode::kPermissionDenied, "write lease " + std::to_string(lease_id) + " is tenant '" +
-                                                     lease->tenant->tenant.name + "''s, not '" + tenant.name + "''s");
-  }
-  if (session_id.empty()) return InvalidArgument("commit needs a session id");
-  if (tokens.size() % m.bt() != 0) {
-    return InvalidArgument(std::to_string(tokens.size()) + " tokens is not a whole number of " +
-                           std::to_string(m.bt()) + "-token blocks");
-  }
-  const size_t n = tokens.size() / m.bt();
-  if (n != slots.size()) {
-    return InvalidArgument(std::to_string(n) + " blocks of tokens but " + std::to_string(slots.size()) + " slots");
-  }
-  if (n == 0 || n > m.opt.max_blocks_per_request) return InvalidArgument("commit of 0 or too many blocks");
-  std::vector<uint32_t> committed(slots.begin(), slots.end());
-  std::sort(committed.begin(), committed.end());
-  {
-    if (std::adjacent_find(committed.begin(), committed.end()) != committed.end()) {
-      return InvalidArgument("a slot is committed twice");
-    }
-    std::vector<uint32_t> have = lease->slots;
-    std::sort(have.begin(), have.end());
-    if (!std::includes(have.begin(), have.end(), committed.begin(), committed.end())) {
-      return InvalidArgument("a committed slot is not part of write lease " + std::to_string(lease_id));
-    }
-  }
-  {
-    // The commit must continue the session where the caller saw it: its first
-    // start_block blocks, the last of them keyed `parent`.
-    const Session* existing = m.FindSession(tenant, session_id);
-    const size_t have = existing == nullptr ? 0 : existing->chain.size();
-    if (start_block > have) {
-      return FailedPrecondition("commit at block " + std::to_string(start_block) + " of session '" +
-                                std::string(session_id) + "', which holds " + std::to_string(have) +
-                                " blocks; acquire its prefix under the session first");
-    }
-    if (start_block > 0 && m.blocks[existing->chain[start_block - 1]].key != parent) {
-      return FailedPrecondition("commit parent is not block " + std::to_string(start_block - 1) + " of session '" +
-                                std::string(session_id) + "'");
-    }
-    if (start_block == 0 && !parent.IsNull()) return InvalidArgument("a commit at block 0 must have the null parent key");
-  }
-  KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
-  if (m.opt.max_session_blocks != 0 && start_block + n > m.opt.max_session_blocks) {
-    return ResourceExhausted("session '" + std::string(session_id) + "' would hold " + std::to_string(start_block + n) +
-                             " blocks, past limits.max_session_blocks (" + std::to_string(m.opt.max_session_blocks) +
-                             "): commit fewer, or start a new session");
-  }
-  const Namespace key_ns = tenant.KeyNs();  // Keys are chained in the model's namespace.
-  if (account.has_quota(Tier::kGpu)) {
-    // New blocks count against the tenant's GPU quota; duplicates do not. The
-    // committed slots were counted since Allocate: their charge passes to the
-    // new blocks, so this only finds the tenant short of room when it went over
-    // meanwhile (a quota demotion cancelled by a reader).
-    uint32_t fresh = 0;
-    BlockKey prev = parent;
-    for (size_t i = 0; i < n; ++i) {
-      prev = ChainKey(prev, key_ns, tokens.subspan(i * m.bt(), m.bt()));
-      fresh += m.blocks.index().Find(prev) == kNoRecord ? 1 : 0;
-    }
-    KVTIER_RETURN_IF_ERROR(m.reclaim.MakeQuotaRoom(account, fresh, m.FindSession(tenant, session_id),
-                                                   "commit of " + std::to_string(fresh) + " new blocks",
-                                                   /*credit=*/static_cast<uint32_t>(n)));
-  }
-  ++m.clock;
-  Session* s = m.GetOrCreateSession(tenant, session_id);
-  // The chain past start_block is replaced; its references go only after the new
-  // blocks took theirs, so re-committing cached blocks finds them as duplicates.
-  std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
-  if (!s->below.empty()) before = m.ChainAndBelow(*s);
-  std::vector<uint32_t> replaced;
-  if (s->chain.size() > start_block) {
-    replaced.assign(s->chain.begin() + start_block, s->chain.end());
-    s->chain.resize(start_block);
-  }
-  CommitResult result;
-  std::vector<uint32_t> duplicate_slots;  // Freed once the writer is done.
-  std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
-  BlockKey prev = parent;
-  for (size_t i = 0; i < n; ++i) {
-    const std::span<const TokenId> block = tokens.subspan(i * m.bt(), m.bt());
-    const BlockKey key = ChainKey(prev, key_ns, block);
-    uint32_t r = m.blocks.index().Find(key);
-    if (r != kNoRecord) {
-      duplicate_slots.push_back(slots[i]);  // First copy wins.
-      ++result.duplicates;
-      if (!m.blocks.index().RowMatches(r, prev, block) || m.blocks[r].tenant != &account ||
-          m.blocks[r].model != tenant.model) {
-        prev = key;  // A 128-bit collision: the block cannot be published.
-        continue;
-      }
-    } else {
-      r = m.blocks.Publish(key, prev, block, account, tenant.model, Tier::kGpu, slots[i]);
-      ++m.blocks[r].readers;  // Pinned until the writer is done (below).
-      written.push_back(r);
-      ++result.stored;
-    }
-    m.blocks[r].last_use = m.clock;
-    m.Ref(r);
-    s->chain.push_back(r);
-    prev = key;
-  }
-  for (auto r = replaced.rbegin(); r != replaced.rend(); ++r) m.Unref(*r, FreeReason::kReleased);
-  if (!before.empty()) m.ReconcileBelow(s, before);
-  m.Touch(s);
-  // Committed slots leave the write lease (n log n, not n * lease size), and
-  // the tenant's leased count: they are its blocks now, or the duplicates'
-  // slots, which stay counted until given back after the writer.
-  std::erase_if(lease->slots, [&](uint32_t x) { return std::binary_search(committed.begin(), committed.end(), x); });
-  account.Unleased(static_cast<uint32_t>(n - duplicate_slots.size()));
-  m.GiveBackAfter(std::exchange(writer, GpuWork{}), std::move(duplicate_slots), &account, std::move(written),
-                  /*writes=*/true);
-  m.st.committed_blocks += result.stored;
-  m.st.duplicate_blocks += result.duplicates;
-  return result;
-}
 
 // --- Read path ------------------------------------------------------------------------------
 
@@ -350,121 +133,130 @@ uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std:
 
 bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                               const ModelId& model) {
-  Impl& m = *impl_;
-  if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) return false;
+  Impl& impl = *impl_;
+  if (keys.size() > impl.options.max_blocks_per_request || tokens.size() != keys.size() * impl.bt()) return false;
   // Room for every key: nothing to wait for, and no need to match twice.
-  if (m.slots(Tier::kGpu).free_count() >= keys.size()) return false;
-  m.mover.Poll();
+  if (impl.slots(Tier::kGpu).free_count() >= keys.size()) return false;
+  impl.mover.Poll();
   std::vector<uint32_t> recs;
-  m.MatchRecords(ns, model, keys, tokens, &recs);
-  const uint32_t to_promote = m.Promotable(recs);
-  if (to_promote <= m.slots(Tier::kGpu).free_count()) return false;
+  impl.MatchRecords(ns, model, keys, tokens, &recs);
+  const uint32_t to_promote = impl.Promotable(recs);
+  if (to_promote <= impl.slots(Tier::kGpu).free_count()) return false;
   // Pinned while room is made, so the demotion walk and host-tier drops pass
   // them by (Acquire pins them the same way).
-  for (uint32_t r : recs) ++m.blocks[r].readers;
-  m.reclaim.MakeGpuRoom(to_promote);
-  for (uint32_t r : recs) --m.blocks[r].readers;
-  return m.slots(Tier::kGpu).free_count() < to_promote && m.mover.demoting() > 0;
+  for (uint32_t r : recs) ++impl.blocks[r].readers;
+  impl.reclaim.MakeGpuRoom(to_promote);
+  for (uint32_t r : recs) --impl.blocks[r].readers;
+  return impl.slots(Tier::kGpu).free_count() < to_promote && impl.mover.demoting() > 0;
 }
 
-Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session_id, std::span<const BlockKey> keys,
-                                  std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched) {
-  Impl& m = *impl_;
-  if (keys.size() > m.opt.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
-  if (tokens.size() != keys.size() * m.bt()) {
-    return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
-                           std::to_string(keys.size() * m.bt()) + " tokens, got " + std::to_string(tokens.size()));
+bool Engine::Impl::MakePromotionRoom(const Tenant& tenant, std::span<const uint32_t> recs, bool fetched) {
+  // Host-tier hits need GPU slots: demote colder blocks to make room rather
+  // than lease a shorter prefix. The reading session was just touched, so it is
+  // the last one the demotion walk reaches. Making room may drop host blocks:
+  // the matched ones are pinned meanwhile, so none is dropped (or freed) before
+  // it is leased.
+  bool promote = true;
+  const uint32_t to_promote = Promotable(recs);
+  for (uint32_t r : recs) ++blocks[r].readers;
+  if (to_promote > slots(Tier::kGpu).free_count()) {
+    reclaim.MakeGpuRoom(to_promote);
+    // Blocks a store brought are never waited for: without room for every
+    // promotion, the prefix is leased where it is (the demotions just
+    // scheduled make room for the next turn).
+    if (!fetched) reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
+    if (fetched && to_promote > slots(Tier::kGpu).free_count()) promote = false;
   }
-  m.Settle();  // Blocks whose writer finished by now are served.
-  std::vector<uint32_t> recs;
-  // A session never holds more than max_session_blocks, however long the prefix cached.
-  const size_t asked =
-      m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
-  uint32_t matched = m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
-  for (uint32_t r : recs) ++m.st.hit_blocks_in[m.blocks[r].tier];
+  // Under a GPU quota, the tenant's colder GPU blocks make way.
+  TenantAccount& account = tenants.Get(tenant);
+  const uint32_t room = account.Room(Tier::kGpu);
+  if (to_promote > room) reclaim.DemoteColdest(to_promote - room, &account);
+  for (uint32_t r : recs) --blocks[r].readers;  // Pinned again for the lease, or freed.
+  return promote;
+}
 
-  // A session comes into being with its first block: an acquire that matches
-  // nothing names none into being (it would cost the table an entry for no
-  // block), while an existing session's chain becomes what matched.
-  const bool existing = !session_id.empty() && m.FindSession(tenant, session_id) != nullptr;
-  uint32_t imported = 0;
-  if (fetched != nullptr && (existing || session_id.empty() || m.CheckNewSession(tenant, session_id).ok())) {
-    // Published unheld: the session's references or the lease below take them.
-    imported = m.ImportFetched(tenant, keys.first(asked), tokens.first(asked * m.bt()), *fetched, recs);
-    matched += imported;
-  }
-  const bool into_session = existing || (!session_id.empty() && matched > 0);
-  if (into_session && !existing) KVTIER_RETURN_IF_ERROR(m.CheckNewSession(tenant, session_id));
-  ++m.clock;
-  m.st.hit_blocks += matched - imported;
-  m.st.miss_blocks += keys.size() - matched;
-  // Only a session's use orders demotion; a reader without one (a probe, a
-  // scheduler) must not make blocks look warmer than every session holding them.
-  if (into_session) m.SetChain(tenant, session_id, recs);
-
-  if (promote && !recs.empty()) {
-    // Host-tier hits need GPU slots: demote colder blocks to make room rather
-    // than lease a shorter prefix. This session was just touched, so it is the
-    // last one the demotion walk reaches. Making room may drop host blocks: the
-    // matched ones are pinned meanwhile, so none is dropped (or freed) before it
-    // is leased below.
-    const uint32_t to_promote = m.Promotable(recs);
-    for (uint32_t r : recs) ++m.blocks[r].readers;
-    if (to_promote > m.slots(Tier::kGpu).free_count()) {
-      m.reclaim.MakeGpuRoom(to_promote);
-      // Blocks a store brought are never waited for: without room for every
-      // promotion, the prefix is leased where it is (the demotions just
-      // scheduled make room for the next turn).
-      if (fetched == nullptr) m.reclaim.WaitForGpuRoom(to_promote, std::chrono::milliseconds(200));
-      if (fetched != nullptr && to_promote > m.slots(Tier::kGpu).free_count()) promote = false;
-    }
-    // Under a GPU quota, the tenant's colder GPU blocks make way.
-    TenantAccount& account = m.tenants.Get(tenant);
-    const uint32_t room = account.Room(Tier::kGpu);
-    if (to_promote > room) m.reclaim.DemoteColdest(to_promote - room, &account);
-    for (uint32_t r : recs) --m.blocks[r].readers;  // Taken again below, or freed after it.
-  }
+ReadRecords Engine::Impl::PinForRead(std::span<const uint32_t> recs, bool promote) {
   ReadRecords lease;
   for (uint32_t r : recs) {
-    Record& rec = m.blocks[r];
+    Record& rec = blocks[r];
     if (promote && rec.IdleIn(Tier::kHost) && rec.tenant->Room(Tier::kGpu) > 0) {
-      if (m.slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
-      m.mover.Schedule(r, CopyDirection::kHostToGpu);
+      if (slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
+      mover.Schedule(r, CopyDirection::kHostToGpu);
     }
     ++rec.readers;
     lease.records.push_back(r);
   }
   // A matched block left out of the lease (no room to promote) whose last
   // session reference went while it was pinned is freed now.
-  for (size_t i = lease.records.size(); i < recs.size(); ++i) m.MaybeFree(recs[i], FreeReason::kPressure);
-  m.Flush(CopyDirection::kHostToGpu);
-  // Locations are read after the flush: if the backend refused a batch, its moves
-  // were cancelled and those blocks are leased where they are.
-  ReadLease out;
-  out.matched = matched;
-  out.imported = imported;
+  for (size_t i = lease.records.size(); i < recs.size(); ++i) MaybeFree(recs[i], FreeReason::kPressure);
+  Flush(CopyDirection::kHostToGpu);
+  return lease;
+}
+
+void Engine::Impl::LocateLeased(std::span<const uint32_t> leased, ReadLease* out) const {
   uint64_t wait_seq = 0;
-  for (uint32_t r : lease.records) {
-    const Record& rec = m.blocks[r];
+  for (uint32_t r : leased) {
+    const Record& rec = blocks[r];
     if (rec.state == BlockState::kPromoting) {
-      out.blocks.push_back(BlockLocation{Tier::kGpu, rec.dst_slot});
-      ++out.promoted;
+      out->blocks.push_back(BlockLocation{Tier::kGpu, rec.dst_slot});
+      ++out->promoted;
       wait_seq = std::max(wait_seq, rec.move_seq);
     } else {
-      out.blocks.push_back(BlockLocation{rec.tier, rec.slot});
+      out->blocks.push_back(BlockLocation{rec.tier, rec.slot});
     }
   }
-  out.fence = Fence{wait_seq, CopyDirection::kHostToGpu};
-  if (!lease.records.empty()) out.id = m.NewLease(std::move(lease));
+  out->fence = Fence{wait_seq, CopyDirection::kHostToGpu};
+}
+
+Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session_id, std::span<const BlockKey> keys,
+                                  std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched) {
+  Impl& impl = *impl_;
+  if (keys.size() > impl.options.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
+  if (tokens.size() != keys.size() * impl.bt()) {
+    return InvalidArgument("acquire: " + std::to_string(keys.size()) + " keys need " +
+                           std::to_string(keys.size() * impl.bt()) + " tokens, got " + std::to_string(tokens.size()));
+  }
+  impl.Settle();  // Blocks whose writer finished by now are served.
+  std::vector<uint32_t> recs;
+  // A session never holds more than max_session_blocks, however long the prefix cached.
+  const size_t asked = impl.options.max_session_blocks != 0
+                           ? std::min<size_t>(keys.size(), impl.options.max_session_blocks)
+                           : keys.size();
+  ReadLease out;
+  out.matched = impl.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), &recs);
+  for (uint32_t r : recs) ++impl.stats.hit_blocks_in[impl.blocks[r].tier];
+
+  // A session comes into being with its first block: an acquire that matches
+  // nothing names none into being (it would cost the table an entry for no
+  // block), while an existing session's chain becomes what matched.
+  const bool existing = !session_id.empty() && impl.FindSession(tenant, session_id) != nullptr;
+  if (fetched != nullptr && (existing || session_id.empty() || impl.CheckNewSession(tenant, session_id).ok())) {
+    // Published unheld: the session's references or the lease take them.
+    out.imported = impl.ImportFetched(tenant, keys.first(asked), tokens.first(asked * impl.bt()), *fetched, recs);
+    out.matched += out.imported;
+  }
+  const bool into_session = existing || (!session_id.empty() && out.matched > 0);
+  if (into_session && !existing) KVTIER_RETURN_IF_ERROR(impl.CheckNewSession(tenant, session_id));
+  ++impl.clock;
+  impl.stats.hit_blocks += out.matched - out.imported;
+  impl.stats.miss_blocks += keys.size() - out.matched;
+  // Only a session's use orders demotion; a reader without one (a probe, a
+  // scheduler) must not make blocks look warmer than every session holding them.
+  if (into_session) impl.SetChain(tenant, session_id, recs);
+
+  if (promote && !recs.empty()) promote = impl.MakePromotionRoom(tenant, recs, fetched != nullptr);
+  ReadRecords lease = impl.PinForRead(recs, promote);
+  impl.LocateLeased(lease.records, &out);
+  if (!lease.records.empty()) out.id = impl.leases.Grant(std::move(lease));
   return out;
 }
 
 // --- Background and introspection -------------------------------------------------------------
 
 uint32_t Engine::Poll() {
-  Impl& m = *impl_;
-  const uint32_t settled = m.mover.Poll() + m.Settle() + m.PollMirrors();
-  m.PromoteWanted();  // Demotions that landed made room.
+  Impl& impl = *impl_;
+  const uint32_t settled = impl.mover.Poll() + impl.Settle() + impl.PollMirrors();
+  impl.PromoteWanted();  // Demotions that landed made room.
   return settled;
 }
 
@@ -472,19 +264,19 @@ void Engine::EnforceWatermarks() { impl_->reclaim.EnforceWatermarks(); }
 
 Status Engine::Retune(const EngineOptions& o) {
   KVTIER_RETURN_IF_ERROR(CheckTunables(o));
-  EngineOptions& opt = impl_->opt;
-  opt.gpu_high_watermark = o.gpu_high_watermark;
-  opt.gpu_low_watermark = o.gpu_low_watermark;
-  opt.host_high_watermark = o.host_high_watermark;
-  opt.host_low_watermark = o.host_low_watermark;
-  opt.max_copy_batch = o.max_copy_batch;
-  opt.lease_timeout = o.lease_timeout;
+  EngineOptions& options = impl_->options;
+  options.gpu_high_watermark = o.gpu_high_watermark;
+  options.gpu_low_watermark = o.gpu_low_watermark;
+  options.host_high_watermark = o.host_high_watermark;
+  options.host_low_watermark = o.host_low_watermark;
+  options.max_copy_batch = o.max_copy_batch;
+  options.lease_timeout = o.lease_timeout;
   return Status::Ok();
 }
 
 Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
   do {  // Landed demotions may let wanted promotions start.
-    impl_->mover.FlushAll(impl_->opt.max_copy_batch);
+    impl_->mover.FlushAll(impl_->options.max_copy_batch);
     KVTIER_RETURN_IF_ERROR(impl_->mover.WaitIdle(timeout));
   } while (impl_->PromoteWanted() > 0);
   return Status::Ok();
@@ -493,23 +285,24 @@ Status Engine::WaitIdle(std::chrono::milliseconds timeout) {
 bool Engine::CopiesInFlight() const { return impl_->mover.in_flight(); }
 
 EngineStats Engine::stats() const {
-  const Impl& m = *impl_;
-  EngineStats s = m.st;
+  const Impl& impl = *impl_;
+  EngineStats s = impl.stats;
   for (Tier t : kTiers) {
-    s.slots[t] = m.slots(t).capacity();
-    s.used[t] = m.slots(t).used();
+    s.slots[t] = impl.slots(t).capacity();
+    s.used[t] = impl.slots(t).used();
   }
-  s.blocks = m.blocks.index().size();
-  s.sessions = static_cast<uint32_t>(m.sessions.size());
-  s.copies_in_flight = m.mover.copies_in_flight();
-  s.gpu_work_pending = static_cast<uint32_t>(m.settling.size());
-  s.demoted_blocks = m.mover.demoted();
-  s.promoted_blocks = m.mover.promoted();
-  m.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });
-  if (!m.leases.empty()) {
-    s.oldest_lease_ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                  std::chrono::steady_clock::now() - m.leases.begin()->second.granted)
-                                                  .count());
+  s.blocks = impl.blocks.index().size();
+  s.sessions = static_cast<uint32_t>(impl.sessions.size());
+  s.copies_in_flight = impl.mover.copies_in_flight();
+  s.gpu_work_pending = static_cast<uint32_t>(impl.settling.size());
+  s.demoted_blocks = impl.mover.demoted();
+  s.promoted_blocks = impl.mover.promoted();
+  impl.tenants.ForEach([&](const TenantAccount& a) { s.leased_slots += a.leased; });
+  s.write_leases = impl.leases.write_count();
+  s.read_leases = impl.leases.read_count();
+  if (const auto oldest = impl.leases.OldestGrant()) {
+    s.oldest_lease_ms = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - *oldest).count());
   }
   return s;
 }

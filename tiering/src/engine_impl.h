@@ -1,42 +1,50 @@
 // Engine::Impl: the engine's state, composed of one part per concept, and the
 // reference counting that ties blocks to the sessions and leases holding them.
 //
-//   block_table.h    blocks: records, states, slots, the shared index, Publish
-//   mover.h          copies between tiers: batches, fences, completion
-//   tenant_ledger.h  tenants: usage per tier, quotas, sessions, room checks
-//   session_table.h  sessions by (tenant, id), the eviction order, priorities
-//   reclaim.h        making room: demote coldest, drop, watermarks, quota room
-//   gpu_work.cc      what waits for clients' GPU work: released leases, commits
-//   store_io.cc      the stores below the host tier: blocks offered to them, blocks imported
-//   warm_restart.cc  saving and adopting the host tier across restarts
-//   engine_check.h   the invariant checker (tests)
-//   engine.cc        creation and the request API
-//   engine_leases.cc leases: granting, ending, releases, promotions at release, the timeout
+// The parts, each a type with its own invariants:
+//   block_table.h     blocks: records, states, slots, the shared index, Publish
+//   mover.h           copies between tiers: batches, fences, completion
+//   tenant_ledger.h   tenants: usage per tier, quotas, sessions, room checks
+//   session_table.h   sessions by (tenant, id), their handles in the eviction
+//                     policy's order (kvtier/tiering/policy.h, lru_policy.cc), priorities
+//   reclaim.h         making room: demote coldest, drop, watermarks, quota room
+//   lease_table.h     live leases in grant order, revoked ones, the timeout's revocation
+//   promotions.h      blocks read in place waiting for GPU room (PromoteOnRelease)
+//   settling.h        what waits for clients' GPU work: released leases, commits
+//   mirror_queue.h    committed blocks being copied for the stores (spill_committed)
+// The engine's work on them, by concept:
+//   engine.cc           creation, the read path (Match, Acquire), background work, figures
+//   engine_write.cc     the write path: allocating, and Commit's steps
+//   engine_leases.cc    ending and releasing leases, promotions at release, the timeout
 //   engine_sessions.cc  the reference counting and session bookkeeping requests share
+//   gpu_work.cc         giving back what clients' GPU work held once it is done
+//   store_io.cc         the stores below the host tier: blocks offered to them, blocks imported
+//   warm_restart.cc     saving and adopting the host tier across restarts
+//   engine_inspector.h  the invariant checker (tests)
 //
 // Everything runs on the engine's thread (see engine.h).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
 #include <span>
-#include <string>
 #include <string_view>
-#include <unordered_map>
-#include <variant>
 #include <vector>
 
 #include "block_table.h"
 #include "kvtier/tiering/engine.h"
+#include "lease_table.h"
+#include "mirror_queue.h"
 #include "mover.h"
+#include "promotions.h"
 #include "reclaim.h"
 #include "session_table.h"
+#include "settling.h"
 #include "tenant_ledger.h"
 
 namespace kvtier::tiering {
+
+struct WarmManifest;
 
 // Why a block leaves the cache: its last holder let go, or pressure pushed it
 // out (counted as dropped_blocks and reported to on_free as dropped).
@@ -45,69 +53,20 @@ enum class FreeReason : uint8_t { kReleased, kPressure };
 // by pressure (its last blocks were dropped).
 enum class SessionEnd : uint8_t { kEvicted, kEmptied };
 
-// A write lease reserves GPU slots for its tenant to write into (counted in
-// the tenant's `leased`); a read lease pins blocks (each counted in its
-// record's `readers`).
-struct WriteSlots {
-  std::vector<uint32_t> slots;
-  TenantAccount* tenant = nullptr;  // Never null.
-};
-struct ReadRecords {
-  std::vector<uint32_t> records;
-  bool promote_after = false;  // Its host-tier blocks go to the GPU tier when it is released.
-};
-// A host-tier block a lease read in place, to be promoted once GPU room comes
-// (Engine::PromoteOnRelease). Nothing is pinned: `key` tells a record freed
-// and reused since from the block that was read.
-struct WantedPromotion {
-  uint32_t record = 0;
-  BlockKey key;
-  std::chrono::steady_clock::time_point since;
-};
-// How long a wanted promotion waits for GPU room before the block stays where it is.
-inline constexpr std::chrono::milliseconds kWantedPromotionFor{1000};
-struct Lease {
-  std::variant<WriteSlots, ReadRecords> held;
-  std::chrono::steady_clock::time_point granted;
-  bool write() const { return std::holds_alternative<WriteSlots>(held); }
-  // Slots or blocks it holds: the work of ending it.
-  size_t size() const;
-};
-// What is kept of a lease the timeout revoked, until its holder releases it.
-struct RevokedLease {
-  bool write = false;
-  std::chrono::milliseconds held{0};     // Its age when it was revoked.
-  std::chrono::milliseconds timeout{0};  // The lease timeout then.
-};
-// "write lease 7 expired after 30012 ms (limits.lease_timeout_ms: 30000)".
-std::string DescribeExpired(LeaseId id, const RevokedLease& r);
-
-// What a client's GPU work still uses, held back until the engine sees the
-// work done (gpu_work.cc): the slots of a released write lease or a commit's
-// duplicates (still counted in `tenant`'s leased slots), and the blocks of a
-// released read lease or of a commit (pinned: counted in their `readers`).
-struct Settling {
-  GpuWork work;
-  std::vector<uint32_t> slots;      // GPU slots, freed after the work.
-  TenantAccount* tenant = nullptr;  // Whose leased count `slots` are in; set when slots is non-empty.
-  std::vector<uint32_t> records;    // Blocks pinned until the work is done.
-  bool writes = false;              // The work writes `records` (a commit's new blocks).
-  std::chrono::steady_clock::time_point since;
-};
-
 struct Engine::Impl {
   Impl(const EngineOptions& o, Backend& b, BlockIndex index, std::unique_ptr<EvictionPolicy> policy)
-      : opt(o),
+      : options(o),
         backend(b),
         blocks(std::move(index), o.gpu_slots, o.host_slots),
         sessions(std::move(policy)),
         mover(b, pools, blocks),
-        reclaim(*this) {
-    if (opt.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
-    if (opt.on_block_event) blocks.set_observer(opt.on_block_event);
+        reclaim(*this),
+        promotions(o.gpu_slots) {
+    if (options.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
+    if (options.on_block_event) blocks.set_observer(options.on_block_event);
   }
 
-  EngineOptions opt;
+  EngineOptions options;
   Backend& backend;
   PerTier<std::unique_ptr<Pool>> pools;  // Before the mover: copies in flight target them.
   BlockTable blocks;
@@ -115,25 +74,16 @@ struct Engine::Impl {
   SessionTable sessions;
   Mover mover;
   Reclaimer reclaim;
-  // By id, which is the order of grant: the oldest lease comes first.
-  std::map<LeaseId, Lease> leases;
-  std::unordered_map<LeaseId, RevokedLease> revoked;
-  std::vector<Settling> settling;  // Oldest first.
-  // Committed blocks being copied to host slots for the stores (spill_committed):
-  // each pins its block and owns its host slot until the fence completes.
-  struct MirrorBatch {
-    Fence fence;
-    std::vector<std::pair<uint32_t, uint32_t>> copies;  // (record, host slot)
-  };
-  std::deque<MirrorBatch> mirrors;  // In submission order.
-  std::deque<WantedPromotion> wanted_promotions;  // Oldest first; at most the GPU tier's slots.
-  LeaseId next_lease = 1;
+  LeaseTable leases;
+  SettlingQueue settling;     // Slots and blocks clients' GPU work may still use.
+  MirrorQueue mirrors;        // Committed blocks being copied for the stores.
+  PromotionQueue promotions;  // Blocks read in place, waiting for GPU room.
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
-  EngineStats st;
+  EngineStats stats;
 
-  uint32_t bt() const { return opt.profile.block_tokens; }
+  uint32_t bt() const { return options.profile.block_tokens; }
   SlotAllocator& slots(Tier t) { return blocks.slots(t); }
   const SlotAllocator& slots(Tier t) const { return blocks.slots(t); }
   // Warm-snapshot dirtiness: request changes plus the copies the mover applied.
@@ -181,6 +131,24 @@ struct Engine::Impl {
                         std::span<const TokenId> tokens, std::vector<uint32_t>* out) const;
   // Blocks of `recs` in the host tier that a promotion would move now.
   uint32_t Promotable(std::span<const uint32_t> recs) const;
+  // For an Acquire of `recs` (pinned meanwhile): starts demotions for the GPU
+  // room their promotion needs and waits for it, unless they were `fetched`
+  // from a store; under a GPU quota the tenant's colder GPU blocks make way.
+  // False when fetched blocks find no room: lease them where they are.
+  bool MakePromotionRoom(const Tenant& tenant, std::span<const uint32_t> recs, bool fetched);
+  // Pins `recs` for a read lease, in order, scheduling (and submitting)
+  // the promotion of host-tier ones if `promote`; stops at the first with no
+  // GPU slot for it (those left out are freed if no one holds them).
+  ReadRecords PinForRead(std::span<const uint32_t> recs, bool promote);
+  // Where each leased block is read (a promotion's destination, if moving),
+  // and the fence of their promotions. After PinForRead: a batch the backend
+  // refused was cancelled, so its blocks are read where they are.
+  void LocateLeased(std::span<const uint32_t> leased, ReadLease* out) const;
+  // Gives back what a lease holds: slots come free (and off its tenant's
+  // quota), pins end and blocks no one holds any more are freed.
+  void EndLease(Lease& lease);
+
+  // --- Allocating and committing (engine_write.cc) -----------------------------------
   // An allocation of `count` slots is possible at all (however full the tier).
   Status CheckAllocateCount(uint32_t count) const;
   // Makes room under `tenant`'s GPU quota for an allocation of `count`.
@@ -189,12 +157,43 @@ struct Engine::Impl {
   // GPU blocks if that makes enough room; kResourceExhausted (losing nothing)
   // otherwise. REQUIRES: room under its quota.
   Result<WriteLease> AllocateNow(TenantAccount& tenant, uint32_t count);
-  LeaseId NewLease(std::variant<WriteSlots, ReadRecords> held);
-  // Gives back what a lease holds: slots come free (and off its tenant's
-  // quota), pins end and blocks no one holds any more are freed.
-  void EndLease(Lease& lease);
-  // Counts a lease as ended (read_leases / write_leases).
-  void CountEnded(const Lease& lease);
+  // One Engine::Commit's arguments, which its steps share.
+  struct CommitRequest {
+    LeaseId lease_id;
+    const Tenant& tenant;
+    std::string_view session_id;
+    BlockKey parent;
+    uint32_t start_block;
+    std::span<const TokenId> tokens;
+    std::span<const uint32_t> slots;
+    size_t count;  // Blocks of tokens.
+  };
+  // What a commit's blocks became: the writer's GPU work holds both lists back.
+  struct Committed {
+    CommitResult result;
+    std::vector<uint32_t> duplicate_slots;  // Slots of blocks already cached: freed once the writer is done.
+    std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
+  };
+  // The commit's write lease: kNotFound, kFailedPrecondition if the timeout
+  // revoked it, kPermissionDenied if it is another tenant's.
+  Result<WriteSlots*> CommitLease(const CommitRequest& c);
+  // Whole blocks, one per slot, at most max_blocks_per_request; the slots
+  // distinct and all in `lease`. Fills `committed` with them, sorted.
+  Status CheckCommitSlots(const CommitRequest& c, const WriteSlots& lease, std::vector<uint32_t>* committed) const;
+  // The commit continues its session where the caller saw it, and the session
+  // may take it (a new one within max_sessions_per_tenant; max_session_blocks).
+  Status CheckCommitPlace(const CommitRequest& c);
+  // Room under `account`'s GPU quota for the blocks the commit adds.
+  Status MakeCommitQuotaRoom(const CommitRequest& c, TenantAccount& account);
+  // Makes the committed blocks the session's chain after its first
+  // start_block (the session made if new), new ones published in the GPU tier.
+  Committed ChainCommitted(const CommitRequest& c, TenantAccount& account);
+  // Appends the committed blocks to `s`'s chain: each published, or the cached
+  // block with its key, both referenced and marked used now.
+  Committed PublishCommitted(const CommitRequest& c, TenantAccount& account, Session* s);
+  // Takes the `committed` slots (sorted) out of `lease` and its tenant's leased
+  // count, and hands `done`'s slots and blocks to `writer`'s watch.
+  void HandOverCommitted(WriteSlots& lease, const std::vector<uint32_t>& committed, Committed& done, GpuWork writer);
 
   // --- The stores below the host tier (store_io.cc) ----------------------------------
   // Offers host-tier block `r` to on_spill: landed (once per stay: `spilled`)
@@ -218,7 +217,7 @@ struct Engine::Impl {
   // A block a session holds, ready in the host tier: promoting it after a read still makes sense.
   static bool WantsPromotion(const Record& rec) { return !rec.doomed && rec.refs > 0 && rec.ReadyIn(Tier::kHost); }
   // Blocks among `recs` (a released promote-after lease's) that a session
-  // holds in the host tier join wanted_promotions; then PromoteWanted.
+  // holds in the host tier join `promotions`; then PromoteWanted.
   void WantPromotion(std::span<const uint32_t> recs);
   // Promotes the wanted blocks idle in the host tier while GPU slots are free,
   // and starts demotions to make room for the rest (never waits). A block
@@ -226,6 +225,17 @@ struct Engine::Impl {
   // kWantedPromotionFor (or with no room coming) is left where it is.
   // Returns how many were scheduled.
   uint32_t PromoteWanted();
+
+  // --- Warm restart (warm_restart.cc) --------------------------------------------------
+  // Publishes the manifest's blocks in the host tier, parents first: each that
+  // chains from an adopted block of its tenant (or the null key), recomputes
+  // to its key and still holds the bytes it was saved with. Takes their host
+  // slots. Returns the record of each listed block (kNoRecord: not adopted).
+  std::vector<uint32_t> AdoptBlocks(const WarmManifest& manifest);
+  // Makes the manifest's sessions again, coldest first (so the eviction order
+  // comes back), each cut at its first block not adopted or not continuing its
+  // chain; `record_of` is AdoptBlocks'. Counts them in `report`.
+  void AdoptSessions(const WarmManifest& manifest, const std::vector<uint32_t>& record_of, WarmAdoptReport* report);
 
   // --- Clients' GPU work (gpu_work.cc) ---------------------------------------------
   // Frees `slots` (off `tenant`'s leased count) and unpins `records` now, or,
@@ -239,7 +249,7 @@ struct Engine::Impl {
   // Takes blocks whose writing went wrong out of every session and the index.
   void DropUnwritten(std::span<const uint32_t> records);
   void EndWatch(GpuWork& work);
-  void Flush(CopyDirection dir) { mover.Flush(dir, opt.max_copy_batch); }
+  void Flush(CopyDirection dir) { mover.Flush(dir, options.max_copy_batch); }
 };
 
 }  // namespace kvtier::tiering

@@ -1,9 +1,10 @@
-// Engine: leases. Granting and ending them, releases after a client's GPU
-// work, promotions asked for at release, and the lease timeout's revocations
-// (engine_impl.h has the lease table; engine.cc the calls that grant them).
+// Engine: leases. Ending them, releases after a client's GPU work, promotions
+// asked for at release, and the lease timeout's revocations (lease_table.h
+// keeps them; Allocate in engine_write.cc and Acquire in engine.cc grant them).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "engine_impl.h"
@@ -11,24 +12,7 @@
 
 namespace kvtier::tiering {
 
-LeaseId Engine::Impl::NewLease(std::variant<WriteSlots, ReadRecords> held) {
-  const LeaseId id = next_lease++;
-  Lease lease{std::move(held), std::chrono::steady_clock::now()};
-  if (lease.write()) ++st.write_leases; else ++st.read_leases;
-  leases.emplace_hint(leases.end(), id, std::move(lease));  // Ids only grow: the newest goes last.
-  return id;
-}
-
-void Engine::Impl::CountEnded(const Lease& lease) {
-  if (lease.write()) {
-    --st.write_leases;
-  } else {
-    --st.read_leases;
-  }
-}
-
 void Engine::Impl::EndLease(Lease& lease) {
-  CountEnded(lease);
   if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
     write->tenant->Unleased(static_cast<uint32_t>(write->slots.size()));
     for (uint32_t slot : write->slots) slots(Tier::kGpu).Free(slot);
@@ -40,43 +24,42 @@ void Engine::Impl::EndLease(Lease& lease) {
   }
 }
 
+namespace {
+
+Status NoLease(LeaseId id, const std::optional<RevokedLease>& revoked) {
+  if (!revoked) return NotFound("lease " + std::to_string(id) + " does not exist");
+  return NotFound(DescribeExpired(id, *revoked) + (revoked->write ? ": its slots had gone back to the pool"
+                                                                  : ": its blocks were unpinned then, so what was read "
+                                                                    "through it after that may be another block's"));
+}
+
+}  // namespace
+
 Status Engine::Release(LeaseId lease_id, GpuWork after) {
-  Impl& m = *impl_;
-  auto it = m.leases.find(lease_id);
-  if (it == m.leases.end()) {
-    m.EndWatch(after);
-    auto r = m.revoked.find(lease_id);
-    if (r == m.revoked.end()) return NotFound("lease " + std::to_string(lease_id) + " does not exist");
-    const RevokedLease gone = r->second;
-    m.revoked.erase(r);
-    return NotFound(DescribeExpired(lease_id, gone) + (gone.write ? ": its slots had gone back to the pool"
-                                                          : ": its blocks were unpinned then, so what was read "
-                                                            "through it after that may be another block's"));
+  Impl& impl = *impl_;
+  std::optional<Lease> lease = impl.leases.Take(lease_id);
+  if (!lease) {
+    impl.EndWatch(after);
+    return NoLease(lease_id, impl.leases.ForgetRevoked(lease_id));
   }
-  Lease lease = std::move(it->second);
-  m.leases.erase(it);
   std::vector<uint32_t> promote;  // Still pinned by a GPU reader: PromoteWanted waits for it.
-  if (const auto* read = std::get_if<ReadRecords>(&lease.held); read != nullptr && read->promote_after) {
+  if (const auto* read = std::get_if<ReadRecords>(&lease->held); read != nullptr && read->promote_after) {
     promote = read->records;
   }
   if (after.none()) {
-    m.EndLease(lease);
-  } else {
+    impl.EndLease(*lease);
+  } else if (auto* write = std::get_if<WriteSlots>(&lease->held)) {
     // Held until the client's GPU work on them is done.
-    m.CountEnded(lease);
-    if (auto* write = std::get_if<WriteSlots>(&lease.held)) {
-      m.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
-    } else {
-      m.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease.held).records), /*writes=*/false);
-    }
+    impl.GiveBackAfter(after, std::move(write->slots), write->tenant, {}, /*writes=*/false);
+  } else {
+    impl.GiveBackAfter(after, {}, nullptr, std::move(std::get<ReadRecords>(lease->held).records), /*writes=*/false);
   }
-  if (!promote.empty()) m.WantPromotion(promote);
+  if (!promote.empty()) impl.WantPromotion(promote);
   return Status::Ok();
 }
 
 Status Engine::PromoteOnRelease(LeaseId lease_id) {
-  auto it = impl_->leases.find(lease_id);
-  auto* read = it == impl_->leases.end() ? nullptr : std::get_if<ReadRecords>(&it->second.held);
+  ReadRecords* read = impl_->leases.FindRead(lease_id);
   if (read == nullptr) return NotFound("read lease " + std::to_string(lease_id) + " does not exist");
   read->promote_after = true;
   return Status::Ok();
@@ -86,82 +69,60 @@ void Engine::Impl::WantPromotion(std::span<const uint32_t> recs) {
   const auto now = std::chrono::steady_clock::now();
   for (uint32_t r : recs) {
     // Freed with the lease (no session held it), or promoted already by another reader: not wanted.
-    if (WantsPromotion(blocks[r])) wanted_promotions.push_back(WantedPromotion{r, blocks[r].key, now});
-  }
-  while (wanted_promotions.size() > slots(Tier::kGpu).capacity()) {
-    wanted_promotions.pop_front();
-    ++st.after_read_given_up;
+    if (WantsPromotion(blocks[r])) stats.after_read_given_up += promotions.Add(r, blocks[r].key, now);
   }
   PromoteWanted();
 }
 
 uint32_t Engine::Impl::PromoteWanted() {
-  if (wanted_promotions.empty()) return 0;
+  if (promotions.empty()) return 0;
   const auto now = std::chrono::steady_clock::now();
   uint32_t scheduled = 0;
-  std::deque<WantedPromotion> left;
-  for (const WantedPromotion& w : wanted_promotions) {
+  promotions.Retain([&](const WantedPromotion& w) {
     const Record& rec = blocks[w.record];
     // Gone (freed, perhaps reused by another block), or moved by another reader meanwhile.
-    if (rec.key != w.key || !WantsPromotion(rec)) continue;
+    if (rec.key != w.key || !WantsPromotion(rec)) return false;
     if (rec.tenant->Room(Tier::kGpu) == 0 || now - w.since > kWantedPromotionFor) {
-      ++st.after_read_given_up;
-      continue;
+      ++stats.after_read_given_up;
+      return false;
     }
     if (rec.readers == 0 && slots(Tier::kGpu).free_count() > 0) {
       mover.Schedule(w.record, CopyDirection::kHostToGpu);
       ++scheduled;
-      continue;
+      return false;
     }
-    left.push_back(w);
-  }
-  if (!left.empty()) {
-    reclaim.MakeGpuRoom(static_cast<uint32_t>(left.size()));
+    return true;
+  });
+  if (!promotions.empty()) {
+    reclaim.MakeGpuRoom(static_cast<uint32_t>(promotions.size()));
     // No free slot and none coming: nothing to wait for.
-    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) {
-      st.after_read_given_up += left.size();
-      left.clear();
-    }
+    if (slots(Tier::kGpu).free_count() == 0 && mover.demoting() == 0) stats.after_read_given_up += promotions.Clear();
   }
-  st.after_read_promotions += scheduled;
-  wanted_promotions = std::move(left);
+  stats.after_read_promotions += scheduled;
   if (scheduled > 0) Flush(CopyDirection::kHostToGpu);
   return scheduled;
 }
 
-bool Engine::LeaseExpired(LeaseId lease) const { return impl_->revoked.count(lease) != 0; }
+bool Engine::LeaseExpired(LeaseId lease) const { return impl_->leases.IsRevoked(lease); }
 
 LeaseExpiry Engine::ExpireLeases(std::chrono::steady_clock::time_point now) {
-  Impl& m = *impl_;
+  Impl& impl = *impl_;
   LeaseExpiry out;
-  const std::chrono::milliseconds timeout = m.opt.lease_timeout;
+  const std::chrono::milliseconds timeout = impl.options.lease_timeout;
   if (timeout.count() <= 0) return out;
-  size_t work = 0;
-  // Leases are ordered by grant, so the expired ones are a prefix of the map.
-  while (!m.leases.empty() && now - m.leases.begin()->second.granted >= timeout) {
-    if (work >= kLeaseExpiryWork) {
-      out.more = true;
-      break;
-    }
-    auto it = m.leases.begin();
-    const LeaseId id = it->first;
-    Lease lease = std::move(it->second);
-    m.leases.erase(it);
+  out.more = impl.leases.RevokeExpired(now, timeout, kLeaseExpiryWork, [&](Lease& lease) {
     const auto n = static_cast<uint32_t>(lease.size());
-    work += n + 1;  // An empty write lease (all of it committed) still costs a step.
     if (lease.write()) {
       ++out.write;
       out.slots += n;
-      ++m.st.expired_write_leases;
+      ++impl.stats.expired_write_leases;
     } else {
       ++out.read;
       out.records += n;
-      ++m.st.expired_read_leases;
+      ++impl.stats.expired_read_leases;
     }
-    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - lease.granted);
-    m.revoked.emplace(id, RevokedLease{lease.write(), age, timeout});
-    m.EndLease(lease);
-  }
+    impl.EndLease(lease);
+  });
   return out;
 }
 

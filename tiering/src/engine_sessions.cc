@@ -17,7 +17,7 @@ Status NoSession(std::string_view id) { return NotFound("session '" + std::strin
 Session* Engine::Impl::GetOrCreateSession(const Tenant& t, std::string_view id) {
   if (Session* s = FindSession(t, id)) return s;
   TenantAccount& account = tenants.Get(t);
-  if (sessions.size() >= opt.max_sessions) {
+  if (sessions.size() >= options.max_sessions) {
     if (Session* victim = SessionToEvictFor(account)) RemoveSession(victim, SessionEnd::kEvicted);
   }
   return sessions.Add(account, id);
@@ -26,7 +26,7 @@ Session* Engine::Impl::GetOrCreateSession(const Tenant& t, std::string_view id) 
 Session* Engine::Impl::SessionToEvictFor(const TenantAccount& t) const {
   // The tenants holding sessions once `t` holds one, and the share of each.
   const size_t holders = sessions.tenants_holding() + (t.sessions == 0 ? 1 : 0);
-  const uint32_t share = std::max<uint32_t>(1, static_cast<uint32_t>(opt.max_sessions / holders));
+  const uint32_t share = std::max<uint32_t>(1, static_cast<uint32_t>(options.max_sessions / holders));
   const TenantAccount* from = &t;
   // Below its share, so the table being full, some tenant holds more than its
   // own: the one holding the most gives up its coldest.
@@ -36,10 +36,10 @@ Session* Engine::Impl::SessionToEvictFor(const TenantAccount& t) const {
 }
 
 Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
-  if (opt.max_sessions_per_tenant == 0 || FindSession(t, id) != nullptr) return Status::Ok();
+  if (options.max_sessions_per_tenant == 0 || FindSession(t, id) != nullptr) return Status::Ok();
   TenantAccount& account = tenants.Get(t);
-  Status st = tenants.CheckNewSession(account, id, opt.max_sessions_per_tenant);
-  if (st.ok()) return st;
+  Status status = tenants.CheckNewSession(account, id, options.max_sessions_per_tenant);
+  if (status.ok()) return status;
   // At its limit, the tenant's coldest session that holds no block (only the
   // keys of those dropped into the stores) makes room for the new one.
   Session* spare = nullptr;
@@ -47,7 +47,7 @@ Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
     if (s->tenant == &account && s->chain.empty()) spare = s;
     return spare == nullptr;
   });
-  if (spare == nullptr) return st;
+  if (spare == nullptr) return status;
   RemoveSession(spare, SessionEnd::kEvicted);
   return Status::Ok();
 }
@@ -89,8 +89,8 @@ void Engine::Impl::RemoveSession(Session* s, SessionEnd why) {
   ++changes;
   Truncate(s, 0, FreeReason::kReleased);
   if (why == SessionEnd::kEvicted) {
-    ++st.evicted_sessions;
-    if (opt.on_session_evicted) opt.on_session_evicted(s->tenant->tenant.name, s->id);
+    ++stats.evicted_sessions;
+    if (options.on_session_evicted) options.on_session_evicted(s->tenant->tenant.name, s->id);
   }
   sessions.Remove(s);
 }
@@ -103,40 +103,40 @@ Status Engine::Evict(const Tenant& tenant, std::string_view session_id) {
 }
 
 Result<uint32_t> Engine::Demote(const Tenant& tenant, std::string_view session_id) {
-  Impl& m = *impl_;
-  Session* s = m.FindSession(tenant, session_id);
+  Impl& impl = *impl_;
+  Session* s = impl.FindSession(tenant, session_id);
   if (s == nullptr) return NoSession(session_id);
   uint32_t want = 0;
-  for (uint32_t r : s->chain) want += m.blocks[r].IdleIn(Tier::kGpu) ? 1 : 0;
-  m.reclaim.MakeHostRoomFor(s, want);
+  for (uint32_t r : s->chain) want += impl.blocks[r].IdleIn(Tier::kGpu) ? 1 : 0;
+  impl.reclaim.MakeHostRoomFor(s, want);
   uint32_t scheduled = 0;
   for (uint32_t r : s->chain) {  // The session may have lost blocks to the drop above.
-    if (m.slots(Tier::kHost).free_count() == 0 || s->tenant->Room(Tier::kHost) == 0) break;
-    if (m.blocks[r].IdleIn(Tier::kGpu)) {
-      m.mover.Schedule(r, CopyDirection::kGpuToHost);
+    if (impl.slots(Tier::kHost).free_count() == 0 || s->tenant->Room(Tier::kHost) == 0) break;
+    if (impl.blocks[r].IdleIn(Tier::kGpu)) {
+      impl.mover.Schedule(r, CopyDirection::kGpuToHost);
       ++scheduled;
     }
   }
-  m.Flush(CopyDirection::kGpuToHost);
+  impl.Flush(CopyDirection::kGpuToHost);
   return scheduled;
 }
 
 Result<uint32_t> Engine::Prefetch(const Tenant& tenant, std::string_view session_id) {
-  Impl& m = *impl_;
-  Session* s = m.FindSession(tenant, session_id);
+  Impl& impl = *impl_;
+  Session* s = impl.FindSession(tenant, session_id);
   if (s == nullptr) return NoSession(session_id);
-  ++m.clock;
+  ++impl.clock;
   uint32_t scheduled = 0;
   for (uint32_t r : s->chain) {
-    Record& rec = m.blocks[r];
-    rec.last_use = m.clock;
+    Record& rec = impl.blocks[r];
+    rec.last_use = impl.clock;
     if (!rec.IdleIn(Tier::kHost)) continue;
-    if (m.slots(Tier::kGpu).free_count() == 0 || rec.tenant->Room(Tier::kGpu) == 0) break;
-    m.mover.Schedule(r, CopyDirection::kHostToGpu);
+    if (impl.slots(Tier::kGpu).free_count() == 0 || rec.tenant->Room(Tier::kGpu) == 0) break;
+    impl.mover.Schedule(r, CopyDirection::kHostToGpu);
     ++scheduled;
   }
-  m.Touch(s);
-  m.Flush(CopyDirection::kHostToGpu);
+  impl.Touch(s);
+  impl.Flush(CopyDirection::kHostToGpu);
   return scheduled;
 }
 
@@ -159,7 +159,7 @@ Status Engine::SetPriority(const Tenant& tenant, std::string_view session_id, in
 
 uint32_t Engine::ExpirePriorities(std::chrono::steady_clock::time_point now) {
   const uint32_t expired = impl_->sessions.Expire(now);
-  impl_->st.expired_priorities += expired;
+  impl_->stats.expired_priorities += expired;
   return expired;
 }
 

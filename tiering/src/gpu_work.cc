@@ -1,5 +1,5 @@
 // What waits for a client's GPU work: the slots and blocks of released leases
-// and commits whose work the client's GPU may still be doing (engine_impl.h).
+// and commits whose work the client's GPU may still be doing (settling.h).
 //
 // The engine never trusts a client to have finished: a slot is reused, and a
 // written block served or demoted, only once the event the client recorded
@@ -30,13 +30,13 @@ void Engine::Impl::GiveBackAfter(GpuWork work, std::vector<uint32_t> slots, Tena
     return;
   }
   for (uint32_t r : s.records) blocks[r].writing = blocks[r].writing || writes;
-  settling.push_back(std::move(s));
+  settling.Add(std::move(s));
 }
 
 void Engine::Impl::GiveBack(Settling& s) {
   EndWatch(s.work);
   // Committed blocks are written now: copies of them go to the stores.
-  if (s.writes && opt.spill_committed && opt.on_spill) Mirror(s.records);
+  if (s.writes && options.spill_committed && options.on_spill) Mirror(s.records);
   if (!s.slots.empty()) {
     s.tenant->Unleased(static_cast<uint32_t>(s.slots.size()));
     for (uint32_t slot : s.slots) slots(Tier::kGpu).Free(slot);
@@ -52,27 +52,22 @@ void Engine::Impl::GiveBack(Settling& s) {
 uint32_t Engine::Impl::Settle() {
   if (settling.empty()) return 0;
   const auto now = std::chrono::steady_clock::now();
-  const std::chrono::milliseconds timeout = opt.lease_timeout;
+  const std::chrono::milliseconds timeout = options.lease_timeout;
   uint32_t settled = 0;
-  // Given back in place: giving back frees blocks, never adds to `settling`.
-  std::vector<Settling> left;
-  left.reserve(settling.size());
-  std::vector<Settling> ready = std::move(settling);
-  settling.clear();
-  for (Settling& s : ready) {
+  // Giving back frees blocks, never adds work to wait for: what is added again is what still waits.
+  for (Settling& s : settling.TakeAll()) {
     const Backend::WorkState state = backend.QueryWatch(s.work.watch);
     const bool expired = timeout.count() > 0 && now - s.since >= timeout;
     if (state == Backend::WorkState::kPending && !expired) {
-      left.push_back(std::move(s));
+      settling.Add(std::move(s));
       continue;
     }
-    if (state == Backend::WorkState::kPending) ++st.expired_gpu_work;
+    if (state == Backend::WorkState::kPending) ++stats.expired_gpu_work;
     // Blocks whose writer's context failed (or timed out) hold whatever it left.
     if (s.writes && state != Backend::WorkState::kDone) DropUnwritten(s.records);
     settled += static_cast<uint32_t>(s.slots.size() + s.records.size());
     GiveBack(s);
   }
-  settling = std::move(left);
   return settled;
 }
 
@@ -107,19 +102,19 @@ void Engine::Impl::DropUnwritten(std::span<const uint32_t> records) {
   for (uint32_t r : drop) {
     blocks.Doom(r);
     ++changes;
-    ++st.unfinished_writes_dropped;
+    ++stats.unfinished_writes_dropped;
   }
 }
 
 uint32_t Engine::ClientGone(uint64_t client) {
-  Impl& m = *impl_;
+  Impl& impl = *impl_;
   uint32_t dropped = 0;
-  for (Settling& s : m.settling) {
-    if (!s.writes || s.work.client != client) continue;
-    if (m.backend.QueryWatch(s.work.watch) == Backend::WorkState::kDone) continue;  // Written after all.
-    for (uint32_t r : s.records) dropped += m.blocks[r].doomed ? 0 : 1;
-    m.DropUnwritten(s.records);
-  }
+  impl.settling.ForEach([&](const Settling& s) {
+    if (!s.writes || s.work.client != client) return;
+    if (impl.backend.QueryWatch(s.work.watch) == Backend::WorkState::kDone) return;  // Written after all.
+    for (uint32_t r : s.records) dropped += impl.blocks[r].doomed ? 0 : 1;
+    impl.DropUnwritten(s.records);
+  });
   return dropped;
 }
 

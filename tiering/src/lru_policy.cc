@@ -1,63 +1,61 @@
-// LRU eviction: one intrusive list per priority, coldest at the head.
+// LRU eviction: one list of handles per priority, coldest at the front, and
+// each tracked handle's place in them.
 #include <algorithm>
+#include <array>
+#include <list>
+#include <unordered_map>
 
 #include "kvtier/tiering/policy.h"
-#include "session.h"
 
 namespace kvtier::tiering {
 namespace {
 
 class LruPolicy final : public EvictionPolicy {
  public:
-  void Track(Session* s) override {
-    if (s->lru_list >= 0) Unlink(s);
-    PushBack(s, std::clamp(s->priority, kMinPriority, kMaxPriority));
+  void Track(SessionHandle session, int priority) override {
+    List& to = lists_[std::clamp(priority, kMinPriority, kMaxPriority)];
+    auto it = places_.find(session);
+    if (it == places_.end()) {
+      to.push_back(session);
+      places_.emplace(session, Place{&to, std::prev(to.end())});
+      return;
+    }
+    Place& place = it->second;
+    to.splice(to.end(), *place.list, place.at);  // Iterators stay valid across a splice.
+    place.list = &to;
   }
 
-  void Touch(Session* s) override {
-    const int list = s->lru_list >= 0 ? s->lru_list : std::clamp(s->priority, kMinPriority, kMaxPriority);
-    if (s->lru_list >= 0) Unlink(s);
-    PushBack(s, list);
+  void Touch(SessionHandle session) override {
+    auto it = places_.find(session);
+    if (it == places_.end()) return;
+    List& list = *it->second.list;
+    list.splice(list.end(), list, it->second.at);
   }
 
-  void Untrack(Session* s) override {
-    if (s->lru_list >= 0) Unlink(s);
+  void Untrack(SessionHandle session) override {
+    auto it = places_.find(session);
+    if (it == places_.end()) return;
+    it->second.list->erase(it->second.at);
+    places_.erase(it);
   }
 
-  void VisitColdest(const std::function<bool(Session*)>& visit) const override {
-    for (int p = kMinPriority; p <= kMaxPriority; ++p) {
-      for (Session* s = lists_[p].head; s != nullptr;) {
-        Session* next = s->lru_next;
-        if (!visit(s)) return;
-        s = next;
+  void VisitColdest(const std::function<bool(SessionHandle)>& visit) const override {
+    for (const List& list : lists_) {
+      for (SessionHandle session : list) {
+        if (!visit(session)) return;
       }
     }
   }
 
  private:
-  struct List {
-    Session* head = nullptr;
-    Session* tail = nullptr;
+  using List = std::list<SessionHandle>;
+  struct Place {
+    List* list;
+    List::iterator at;
   };
 
-  void PushBack(Session* s, int list) {
-    List& l = lists_[list];
-    s->lru_list = list;
-    s->lru_prev = l.tail;
-    s->lru_next = nullptr;
-    if (l.tail != nullptr) l.tail->lru_next = s; else l.head = s;
-    l.tail = s;
-  }
-
-  void Unlink(Session* s) {
-    List& l = lists_[s->lru_list];
-    if (s->lru_prev != nullptr) s->lru_prev->lru_next = s->lru_next; else l.head = s->lru_next;
-    if (s->lru_next != nullptr) s->lru_next->lru_prev = s->lru_prev; else l.tail = s->lru_prev;
-    s->lru_prev = s->lru_next = nullptr;
-    s->lru_list = -1;
-  }
-
-  List lists_[kMaxPriority + 1];
+  std::array<List, kMaxPriority + 1> lists_;  // By priority, coldest first.
+  std::unordered_map<SessionHandle, Place> places_;
 };
 
 }  // namespace

@@ -11,18 +11,18 @@
 namespace kvtier::tiering {
 
 uint32_t Reclaimer::DropFromTier(Tier tier, uint32_t need, const TenantAccount* only, const Session* keep) {
-  const SlotAllocator& slots = m_.slots(tier);
+  const SlotAllocator& slots = engine_.slots(tier);
   const uint32_t before = slots.free_count();
   auto freed = [&] { return slots.free_count() - before; };
   std::vector<Session*> emptied;
   std::vector<BlockKey> gone;  // Keys a session keeps (Session::below), last block first.
-  m_.sessions.VisitColdest([&](Session* s) {
+  engine_.sessions.VisitColdest([&](Session* s) {
     if ((only != nullptr && s->tenant != only) || s == keep) return true;
     gone.clear();
-    while (!s->chain.empty() && freed() < need && m_.blocks[s->chain.back()].IdleIn(tier)) {
+    while (!s->chain.empty() && freed() < need && engine_.blocks[s->chain.back()].IdleIn(tier)) {
       const uint32_t r = s->chain.back();
-      const Record& rec = m_.blocks[r];
-      if (m_.opt.on_spill && (rec.ReadyIn(Tier::kHost) || rec.spilled || rec.refs > 1)) {
+      const Record& rec = engine_.blocks[r];
+      if (engine_.options.on_spill && (rec.ReadyIn(Tier::kHost) || rec.spilled || rec.refs > 1)) {
         // Offered to the stores (landed, or as it drops), or kept by another session.
         gone.push_back(rec.key);
         s->below_model = rec.model;
@@ -32,13 +32,13 @@ uint32_t Reclaimer::DropFromTier(Tier tier, uint32_t need, const TenantAccount* 
         s->below.clear();
       }
       s->chain.pop_back();
-      m_.Unref(r, FreeReason::kPressure);
+      engine_.Unref(r, FreeReason::kPressure);
     }
     s->below.insert(s->below.begin(), gone.rbegin(), gone.rend());
     if (s->chain.empty() && s->below.empty()) emptied.push_back(s);
     return freed() < need;
   });
-  for (Session* s : emptied) m_.RemoveSession(s, SessionEnd::kEmptied);
+  for (Session* s : emptied) engine_.RemoveSession(s, SessionEnd::kEmptied);
   return freed();
 }
 
@@ -46,10 +46,10 @@ uint32_t Reclaimer::Droppable(Tier tier, uint32_t need, const TenantAccount* onl
   // The same walk as DropFromTier, counting references instead of dropping them.
   std::unordered_map<uint32_t, uint32_t> refs_left;
   uint32_t freed = 0;
-  m_.sessions.VisitColdest([&](Session* s) {
+  engine_.sessions.VisitColdest([&](Session* s) {
     if ((only != nullptr && s->tenant != only) || s == keep) return true;
     for (auto it = s->chain.rbegin(); it != s->chain.rend() && freed < need; ++it) {
-      const Record& rec = m_.blocks[*it];
+      const Record& rec = engine_.blocks[*it];
       if (!rec.IdleIn(tier)) break;
       auto [left, inserted] = refs_left.try_emplace(*it, rec.refs);
       if (--left->second == 0) ++freed;
@@ -64,18 +64,18 @@ uint32_t Reclaimer::DemoteColdest(uint32_t need, const TenantAccount* only) {
     const uint32_t room = only->Room(Tier::kHost);
     if (room < need) DropFromTier(Tier::kHost, need - room, only);
   }
-  const SlotAllocator& host = m_.slots(Tier::kHost);
+  const SlotAllocator& host = engine_.slots(Tier::kHost);
   if (host.free_count() < need) DropFromTier(Tier::kHost, need - host.free_count(), only);
   uint32_t scheduled = 0;
   for (const bool defer_shared : {true, false}) {
-    m_.sessions.VisitColdest([&](Session* s) {
+    engine_.sessions.VisitColdest([&](Session* s) {
       if (only != nullptr && s->tenant != only) return true;
       for (uint32_t r : s->chain) {
         if (scheduled >= need || host.free_count() == 0) return false;
-        const Record& rec = m_.blocks[r];
+        const Record& rec = engine_.blocks[r];
         if (rec.IdleIn(Tier::kGpu) && (!defer_shared || rec.last_use <= s->last_use) &&
             rec.tenant->Room(Tier::kHost) > 0) {
-          m_.mover.Schedule(r, CopyDirection::kGpuToHost);
+          engine_.mover.Schedule(r, CopyDirection::kGpuToHost);
           ++scheduled;
         }
       }
@@ -83,33 +83,33 @@ uint32_t Reclaimer::DemoteColdest(uint32_t need, const TenantAccount* only) {
     });
     if (scheduled >= need || host.free_count() == 0) break;
   }
-  m_.Flush(CopyDirection::kGpuToHost);
+  engine_.Flush(CopyDirection::kGpuToHost);
   return scheduled;
 }
 
 void Reclaimer::MakeGpuRoom(uint32_t count) {
-  const uint32_t coming = m_.slots(Tier::kGpu).free_count() + m_.mover.demoting();
+  const uint32_t coming = engine_.slots(Tier::kGpu).free_count() + engine_.mover.demoting();
   if (coming < count) DemoteColdest(count - coming);
 }
 
 void Reclaimer::WaitForGpuRoom(uint32_t count, std::chrono::milliseconds timeout) {
-  while (m_.slots(Tier::kGpu).free_count() < count && m_.mover.WaitOldestDemotion(timeout)) {
+  while (engine_.slots(Tier::kGpu).free_count() < count && engine_.mover.WaitOldestDemotion(timeout)) {
   }
 }
 
 void Reclaimer::EnforceWatermarks() {
-  const SlotAllocator& gpu = m_.slots(Tier::kGpu);
+  const SlotAllocator& gpu = engine_.slots(Tier::kGpu);
   const double gpu_cap = gpu.capacity();
-  const uint32_t gpu_effective = gpu.used() - m_.mover.demoting();
-  if (gpu_effective > m_.opt.gpu_high_watermark * gpu_cap) {
-    const auto target = static_cast<uint32_t>(std::floor(m_.opt.gpu_low_watermark * gpu_cap));
+  const uint32_t gpu_effective = gpu.used() - engine_.mover.demoting();
+  if (gpu_effective > engine_.options.gpu_high_watermark * gpu_cap) {
+    const auto target = static_cast<uint32_t>(std::floor(engine_.options.gpu_low_watermark * gpu_cap));
     if (gpu_effective > target) DemoteColdest(gpu_effective - target);
   }
-  const SlotAllocator& host = m_.slots(Tier::kHost);
+  const SlotAllocator& host = engine_.slots(Tier::kHost);
   const double host_cap = host.capacity();
   const uint32_t host_used = host.used();
-  if (host_used > m_.opt.host_high_watermark * host_cap) {
-    const auto target = static_cast<uint32_t>(std::floor(m_.opt.host_low_watermark * host_cap));
+  if (host_used > engine_.options.host_high_watermark * host_cap) {
+    const auto target = static_cast<uint32_t>(std::floor(engine_.options.host_low_watermark * host_cap));
     if (host_used > target) DropFromTier(Tier::kHost, host_used - target);
   }
 }
@@ -147,7 +147,7 @@ void Reclaimer::MakeHostRoomFor(const Session* s, uint32_t want) {
   if (const uint32_t room = s->tenant->Room(Tier::kHost); want > room) {
     DropFromTier(Tier::kHost, want - room, s->tenant, s);  // Under its host quota: its own blocks go.
   }
-  const uint32_t host_free = m_.slots(Tier::kHost).free_count();
+  const uint32_t host_free = engine_.slots(Tier::kHost).free_count();
   if (want > host_free) DropFromTier(Tier::kHost, want - host_free);
 }
 

@@ -23,7 +23,7 @@ struct TenantAccount;
 
 class Reclaimer {
  public:
-  explicit Reclaimer(Engine::Impl& engine) : m_(engine) {}
+  explicit Reclaimer(Engine::Impl& engine) : engine_(engine) {}
 
   // Cuts the tails of the coldest sessions while their last block is idle in
   // `tier`, until `need` slots of `tier` came free. With `only`, just that
@@ -64,7 +64,7 @@ class Reclaimer {
   void MakeHostRoomFor(const Session* s, uint32_t want);
 
  private:
-  Engine::Impl& m_;
+  Engine::Impl& engine_;
 };
 
 }  // namespace kvtier::tiering

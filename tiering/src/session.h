@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/tiering/policy.h"
 
 namespace kvtier::tiering {
 
@@ -27,11 +28,7 @@ struct Session {
   std::chrono::steady_clock::time_point used_at{};  // Wall time of last_use.
   int priority = 0;
   std::chrono::steady_clock::time_point priority_until{};  // When priority goes back to 0; epoch: never.
-
-  // Owned by the eviction policy.
-  Session* lru_prev = nullptr;
-  Session* lru_next = nullptr;
-  int lru_list = -1;
+  SessionHandle handle = 0;  // How the eviction policy knows it (SessionTable assigns it).
 };
 
 }  // namespace kvtier::tiering

@@ -20,13 +20,27 @@ Session* SessionTable::Add(TenantAccount& tenant, std::string_view id) {
   if (!sessions_.emplace(Key{tenant.tenant.ns, raw->id}, std::move(s)).second) std::abort();
   if (tenant.sessions > 0) holders_.erase({tenant.sessions, &tenant});
   holders_.insert({++tenant.sessions, &tenant});
-  policy_->Track(raw);
+  raw->handle = NewHandle(raw);
+  policy_->Track(raw->handle, raw->priority);
   return raw;
+}
+
+SessionHandle SessionTable::NewHandle(Session* s) {
+  if (free_handles_.empty()) {
+    by_handle_.push_back(s);
+    return by_handle_.size() - 1;
+  }
+  const SessionHandle h = free_handles_.back();
+  free_handles_.pop_back();
+  by_handle_[h] = s;
+  return h;
 }
 
 void SessionTable::Remove(Session* s) {
   if (!s->chain.empty()) std::abort();
-  policy_->Untrack(s);
+  policy_->Untrack(s->handle);
+  by_handle_[s->handle] = nullptr;
+  free_handles_.push_back(s->handle);
   TenantAccount& tenant = *s->tenant;
   holders_.erase({tenant.sessions, &tenant});
   if (--tenant.sessions > 0) holders_.insert({tenant.sessions, &tenant});
@@ -38,7 +52,7 @@ void SessionTable::Remove(Session* s) {
 void SessionTable::Touch(Session* s, uint64_t clock) {
   s->last_use = clock;
   s->used_at = std::chrono::steady_clock::now();
-  policy_->Touch(s);
+  policy_->Touch(s->handle);
 }
 
 void SessionTable::SetPriority(Session* s, int priority, std::chrono::steady_clock::time_point until) {
@@ -48,7 +62,7 @@ void SessionTable::SetPriority(Session* s, int priority, std::chrono::steady_clo
     expiries_.push(Expiry{until, Key{s->tenant->tenant.ns, s->id}});
     CompactDeadlines();
   }
-  policy_->Track(s);
+  policy_->Track(s->handle, priority);
 }
 
 void SessionTable::CompactDeadlines() {
@@ -72,7 +86,7 @@ uint32_t SessionTable::Expire(std::chrono::steady_clock::time_point now) {
     if (s == nullptr || s->priority_until != e.at) continue;
     s->priority = 0;  // What every session starts with.
     s->priority_until = {};
-    policy_->Track(s);
+    policy_->Track(s->handle, s->priority);
     ++expired;
   }
   return expired;
@@ -80,7 +94,7 @@ uint32_t SessionTable::Expire(std::chrono::steady_clock::time_point now) {
 
 Session* SessionTable::Coldest() const {
   Session* coldest = nullptr;
-  policy_->VisitColdest([&](Session* s) {
+  VisitColdest([&](Session* s) {
     coldest = s;
     return false;
   });
@@ -89,7 +103,7 @@ Session* SessionTable::Coldest() const {
 
 Session* SessionTable::ColdestOf(const TenantAccount& tenant) const {
   Session* coldest = nullptr;
-  policy_->VisitColdest([&](Session* s) {
+  VisitColdest([&](Session* s) {
     if (s->tenant != &tenant) return true;
     coldest = s;
     return false;
@@ -100,7 +114,7 @@ Session* SessionTable::ColdestOf(const TenantAccount& tenant) const {
 std::vector<Session*> SessionTable::ColdestFirst() const {
   std::vector<Session*> out;
   out.reserve(sessions_.size());
-  policy_->VisitColdest([&](Session* s) {
+  VisitColdest([&](Session* s) {
     out.push_back(s);
     return true;
   });

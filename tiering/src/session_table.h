@@ -1,5 +1,6 @@
 // SessionTable: the sessions of one engine, keyed by (tenant, id), the
-// eviction policy that orders them, and their priority deadlines.
+// eviction policy that orders them (knowing each by a SessionHandle the table
+// assigns), and their priority deadlines.
 //
 // It owns the Session objects and keeps each tenant's session count; what a
 // session's chain references is the engine's business (a session is removed
@@ -11,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +43,12 @@ class SessionTable {
   // The tenant holding the most sessions (nullptr if none); O(1).
   const TenantAccount* LargestHolder() const { return holders_.empty() ? nullptr : holders_.rbegin()->second; }
   Session* Find(const Namespace& ns, std::string_view id) const;
+  // The session the policy knows as `h`. Aborts if there is none: the policy
+  // named a session it was never given, or one untracked.
+  Session* ByHandle(SessionHandle h) const {
+    if (h >= by_handle_.size() || by_handle_[h] == nullptr) std::abort();
+    return by_handle_[h];
+  }
   // A new, empty session of `tenant`, tracked by the policy. REQUIRES: absent.
   Session* Add(TenantAccount& tenant, std::string_view id);
   // REQUIRES: s->chain is empty.
@@ -67,7 +75,7 @@ class SessionTable {
   // Visits coldest first until `visit` returns false; see EvictionPolicy.
   template <typename F>
   void VisitColdest(F&& visit) const {
-    policy_->VisitColdest(visit);
+    policy_->VisitColdest([&](SessionHandle h) { return visit(ByHandle(h)); });
   }
   // Every session, in key order.
   template <typename F>
@@ -125,10 +133,16 @@ class SessionTable {
   // The tenants holding sessions, by how many (kept as sessions come and go).
   std::set<std::pair<uint32_t, const TenantAccount*>> holders_;
   std::unique_ptr<EvictionPolicy> policy_;
+  // Each session by its handle, which is its index here; handles of removed
+  // sessions are given to new ones (free_handles_), so this stays as long as
+  // the most sessions ever held at once.
+  std::vector<Session*> by_handle_;
+  std::vector<SessionHandle> free_handles_;
   std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> expiries_;
 
   // Rebuilds the queue from the live deadlines once stale entries outnumber them.
   void CompactDeadlines();
+  SessionHandle NewHandle(Session* s);
 };
 
 }  // namespace kvtier::tiering

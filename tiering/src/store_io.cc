@@ -3,6 +3,7 @@
 // tier (Import). The stores themselves (tiering/stores) know nothing of the engine.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
@@ -27,19 +28,19 @@ void Engine::Impl::Offer(uint32_t r, std::span<const std::byte> payload, bool dr
   b.tokens = std::span<const TokenId>(blocks.index().tokens(r), bt());
   b.payload = payload;
   b.dropped = dropped;
-  ++st.spilled_blocks;
-  opt.on_spill(b);
+  ++stats.spilled_blocks;
+  options.on_spill(b);
 }
 
 void Engine::Impl::Mirror(std::span<const uint32_t> records) {
-  MirrorBatch batch;
+  MirrorQueue::Batch batch;
   std::vector<CopyOp> ops;
   auto submit = [&] {
     if (ops.empty()) return;
     auto fence = backend.SubmitCopies(CopyDirection::kGpuToHost, *pools[Tier::kGpu], *pools[Tier::kHost], ops);
     if (fence.ok()) {
       batch.fence = *fence;
-      mirrors.push_back(std::move(batch));
+      mirrors.Add(std::move(batch));
     } else {
       // Refused: offered when they land in the host tier instead.
       for (const auto& [r, slot] : batch.copies) {
@@ -48,7 +49,7 @@ void Engine::Impl::Mirror(std::span<const uint32_t> records) {
         MaybeFree(r, FreeReason::kReleased);
       }
     }
-    batch = MirrorBatch{};
+    batch = MirrorQueue::Batch{};
     ops.clear();
   };
   for (uint32_t r : records) {
@@ -58,8 +59,8 @@ void Engine::Impl::Mirror(std::span<const uint32_t> records) {
     const uint32_t slot = slots(Tier::kHost).Allocate();
     ++rec.readers;
     ops.push_back(CopyOp{rec.slot, slot});
-    batch.copies.emplace_back(r, slot);
-    if (ops.size() >= opt.max_copy_batch) submit();
+    batch.copies.push_back({r, slot});
+    if (ops.size() >= options.max_copy_batch) submit();
   }
   submit();
 }
@@ -67,15 +68,14 @@ void Engine::Impl::Mirror(std::span<const uint32_t> records) {
 uint32_t Engine::Impl::PollMirrors() {
   uint32_t done = 0;
   const Pool& host = *pools[Tier::kHost];
-  while (!mirrors.empty() && backend.IsComplete(mirrors.front().fence)) {
-    for (const auto& [r, slot] : mirrors.front().copies) {
+  while (std::optional<MirrorQueue::Batch> landed = mirrors.TakeLanded(backend)) {
+    for (const auto& [r, slot] : landed->copies) {
       if (!blocks[r].doomed) Offer(r, std::span<const std::byte>(host.slot_data(slot), host.slot_bytes()), false);
       slots(Tier::kHost).Free(slot);
       --blocks[r].readers;
       if (!blocks.FreeDoomed(r)) MaybeFree(r, FreeReason::kReleased);
       ++done;
     }
-    mirrors.pop_front();
   }
   return done;
 }
@@ -125,20 +125,20 @@ uint32_t Engine::Impl::ImportFetched(const Tenant& tenant, std::span<const Block
     prev = computed[i];
     ++imported;
   }
-  st.imported_blocks += imported;
+  stats.imported_blocks += imported;
   if (imported > 0) ++changes;
   return imported;
 }
 
 uint32_t Engine::SpillHostTier() {
-  Impl& m = *impl_;
-  if (!m.opt.on_spill) return 0;
-  m.mover.Poll();
-  const std::vector<Session*> coldest_first = m.sessions.ColdestFirst();
+  Impl& impl = *impl_;
+  if (!impl.options.on_spill) return 0;
+  impl.mover.Poll();
+  const std::vector<Session*> coldest_first = impl.sessions.ColdestFirst();
   std::unordered_set<uint32_t> offered;
   for (auto it = coldest_first.rbegin(); it != coldest_first.rend(); ++it) {
     for (uint32_t r : (*it)->chain) {
-      if (m.blocks[r].ReadyIn(Tier::kHost) && offered.insert(r).second) m.Spill(r, /*dropped=*/true);
+      if (impl.blocks[r].ReadyIn(Tier::kHost) && offered.insert(r).second) impl.Spill(r, /*dropped=*/true);
     }
   }
   return static_cast<uint32_t>(offered.size());
@@ -147,29 +147,31 @@ uint32_t Engine::SpillHostTier() {
 Result<uint32_t> Engine::ImportLate(const Tenant& tenant, std::string_view session_id,
                                     std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                                     const FetchedBlocks& fetched) {
-  Impl& m = *impl_;
-  if (keys.size() > m.opt.max_blocks_per_request || tokens.size() != keys.size() * m.bt()) {
+  Impl& impl = *impl_;
+  if (keys.size() > impl.options.max_blocks_per_request || tokens.size() != keys.size() * impl.bt()) {
     return InvalidArgument("late import: " + std::to_string(keys.size()) + " keys and " +
                            std::to_string(tokens.size()) + " tokens");
   }
   if (session_id.empty()) return 0;  // Nothing would hold them.
-  m.Settle();
-  const size_t asked =
-      m.opt.max_session_blocks != 0 ? std::min<size_t>(keys.size(), m.opt.max_session_blocks) : keys.size();
+  impl.Settle();
+  const size_t asked = impl.options.max_session_blocks != 0
+                           ? std::min<size_t>(keys.size(), impl.options.max_session_blocks)
+                           : keys.size();
   std::vector<uint32_t> recs;
-  m.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * m.bt()), &recs);
+  impl.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), &recs);
   // The session's chain must be a prefix of what the request names (it held the
   // cached prefix then, or has grown along the same keys since): else it moved on.
-  Session* s = m.FindSession(tenant, session_id);
+  Session* s = impl.FindSession(tenant, session_id);
   if (s != nullptr) {
     if (s->chain.size() > recs.size() || !std::equal(s->chain.begin(), s->chain.end(), recs.begin())) return 0;
-  } else if (!m.CheckNewSession(tenant, session_id).ok()) {
+  } else if (!impl.CheckNewSession(tenant, session_id).ok()) {
     return 0;
   }
-  const uint32_t imported = m.ImportFetched(tenant, keys.first(asked), tokens.first(asked * m.bt()), fetched, recs);
+  const uint32_t imported =
+      impl.ImportFetched(tenant, keys.first(asked), tokens.first(asked * impl.bt()), fetched, recs);
   if (imported == 0) return 0;
-  ++m.clock;
-  m.SetChain(tenant, session_id, recs);
+  ++impl.clock;
+  impl.SetChain(tenant, session_id, recs);
   return imported;
 }
 

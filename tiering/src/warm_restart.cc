@@ -20,23 +20,23 @@ std::chrono::microseconds Since(std::chrono::steady_clock::time_point start) {
 bool Engine::warm_dirty() const { return impl_->change_count() != impl_->saved_changes; }
 
 Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, bool clean) {
-  Impl& m = *impl_;
+  Impl& impl = *impl_;
   const auto start = std::chrono::steady_clock::now();
-  const Pool& host = *m.pools[Tier::kHost];
-  const BlockIndex& index = m.blocks.index();
+  const Pool& host = *impl.pools[Tier::kHost];
+  const BlockIndex& index = impl.blocks.index();
   WarmManifest manifest;
-  manifest.geometry = WarmGeometry{m.opt.profile.Fingerprint(), host.slot_bytes(), m.bt(), host.slots()};
+  manifest.geometry = WarmGeometry{impl.options.profile.Fingerprint(), host.slot_bytes(), impl.bt(), host.slots()};
   manifest.clean = clean;
   manifest.written_unix_ms = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count());
   WarmSaveReport report;
   std::unordered_map<uint32_t, uint32_t> listed;  // Record -> index in manifest.blocks.
-  for (Session* s : m.sessions.ColdestFirst()) {
+  for (Session* s : impl.sessions.ColdestFirst()) {
     WarmSession ws;
     for (uint32_t r : s->chain) {
       // Only the host-tier prefix: a block whose parent is not kept is of no use.
-      Record& rec = m.blocks[r];
+      Record& rec = impl.blocks[r];
       if (!rec.ReadyIn(Tier::kHost)) break;
       auto [it, added] = listed.try_emplace(r, static_cast<uint32_t>(manifest.blocks.size()));
       if (added) {
@@ -52,7 +52,7 @@ Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, boo
         b.model = rec.model;
         b.checksum = rec.checksum;
         b.host_slot = rec.slot;
-        b.tokens.assign(index.tokens(r), index.tokens(r) + m.bt());
+        b.tokens.assign(index.tokens(r), index.tokens(r) + impl.bt());
         manifest.blocks.push_back(std::move(b));
       }
       ws.chain.push_back(it->second);
@@ -65,8 +65,8 @@ Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, boo
   }
   const std::vector<std::byte> bytes = EncodeWarmManifest(manifest);
   KVTIER_RETURN_IF_ERROR(WriteWarmSegment(manifest_segment, bytes));
-  m.saved_changes = m.change_count();
-  ++m.st.warm_snapshots;
+  impl.saved_changes = impl.change_count();
+  ++impl.stats.warm_snapshots;
   report.blocks = static_cast<uint32_t>(manifest.blocks.size());
   report.sessions = static_cast<uint32_t>(manifest.sessions.size());
   report.bytes = bytes.size();
@@ -75,30 +75,92 @@ Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, boo
 }
 
 uint32_t Engine::DemoteForShutdown() {
-  Impl& m = *impl_;
-  const std::vector<Session*> coldest_first = m.sessions.ColdestFirst();
+  Impl& impl = *impl_;
+  const std::vector<Session*> coldest_first = impl.sessions.ColdestFirst();
   // Up to the host tier's high watermark, not to full: the next start would
   // otherwise find it past the mark and drop (down to the low one) at once.
-  const uint32_t host_slots = m.pools[Tier::kHost]->slots();
-  const auto cap = static_cast<uint32_t>(m.opt.host_high_watermark * host_slots);
+  const uint32_t host_slots = impl.pools[Tier::kHost]->slots();
+  const auto cap = static_cast<uint32_t>(impl.options.host_high_watermark * host_slots);
   uint32_t scheduled = 0;
   for (auto it = coldest_first.rbegin(); it != coldest_first.rend(); ++it) {
     for (uint32_t r : (*it)->chain) {
-      if (m.slots(Tier::kHost).free_count() == 0 || host_slots - m.slots(Tier::kHost).free_count() >= cap) break;
-      if (m.blocks[r].IdleIn(Tier::kGpu)) {
-        m.mover.Schedule(r, CopyDirection::kGpuToHost);
+      if (impl.slots(Tier::kHost).free_count() == 0 || host_slots - impl.slots(Tier::kHost).free_count() >= cap) break;
+      if (impl.blocks[r].IdleIn(Tier::kGpu)) {
+        impl.mover.Schedule(r, CopyDirection::kGpuToHost);
         ++scheduled;
       }
     }
   }
-  m.Flush(CopyDirection::kGpuToHost);
+  impl.Flush(CopyDirection::kGpuToHost);
   return scheduled;
 }
 
+std::vector<uint32_t> Engine::Impl::AdoptBlocks(const WarmManifest& manifest) {
+  const Pool& host = *pools[Tier::kHost];
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
+  std::vector<uint32_t> record_of(manifest.blocks.size(), kNoRecord);
+  std::vector<uint32_t> taken;  // Host slots.
+  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
+    const WarmBlock& b = manifest.blocks[i];
+    if (!b.parent.IsNull()) {
+      // Its parent must be adopted, and its tenant's (BlockTable's invariant).
+      auto parent = by_key.find(b.parent);
+      if (parent == by_key.end() || !(blocks[parent->second].ns() == b.ns) || blocks[parent->second].model != b.model) {
+        continue;
+      }
+    }
+    if (by_key.find(b.key) != by_key.end()) continue;
+    if (ChainKey(b.parent, KeyNamespace(b.ns, b.model), b.tokens) != b.key) continue;
+    if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
+    const uint32_t r = blocks.Publish(b.key, b.parent, b.tokens, tenants.Get(b.ns), b.model, Tier::kHost, b.host_slot);
+    blocks[r].checksum = b.checksum;
+    blocks[r].checksummed = true;
+    by_key.emplace(b.key, r);
+    record_of[i] = r;
+    taken.push_back(b.host_slot);
+  }
+  if (!slots(Tier::kHost).Take(taken)) std::abort();  // Decode guarantees distinct, in-range slots.
+  return record_of;
+}
+
+void Engine::Impl::AdoptSessions(const WarmManifest& manifest, const std::vector<uint32_t>& record_of,
+                                 WarmAdoptReport* report) {
+  for (const WarmSession& ws : manifest.sessions) {
+    std::vector<uint32_t> chain;
+    BlockKey prev;
+    for (uint32_t i : ws.chain) {
+      const uint32_t r = record_of[i];
+      if (r == kNoRecord || manifest.blocks[i].parent != prev) break;
+      chain.push_back(r);
+      prev = manifest.blocks[i].key;
+    }
+    if (chain.empty()) {
+      ++report->dropped_sessions;
+      continue;
+    }
+    // The session's tenant is its blocks' (keys are chained in its namespace).
+    const Tenant tenant{blocks[chain.front()].ns(), ws.tenant, ModelId{}};
+    if (FindSession(tenant, ws.id) != nullptr) {
+      ++report->dropped_sessions;
+      continue;
+    }
+    ++clock;
+    for (uint32_t r : chain) {
+      Ref(r);
+      blocks[r].last_use = clock;
+    }
+    Session* s = GetOrCreateSession(tenant, ws.id);
+    s->chain = std::move(chain);
+    sessions.SetPriority(s, std::clamp(ws.priority, kMinPriority, kMaxPriority), {});
+    Touch(s);
+    ++report->adopted_sessions;
+  }
+}
+
 Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
-  Impl& m = *impl_;
-  if (!m.opt.warm_restart) return FailedPrecondition("warm restart is off for this engine");
-  if (m.blocks.index().size() != 0 || m.sessions.size() != 0 || !m.leases.empty()) {
+  Impl& impl = *impl_;
+  if (!impl.options.warm_restart) return FailedPrecondition("warm restart is off for this engine");
+  if (impl.blocks.index().size() != 0 || impl.sessions.size() != 0 || !impl.leases.empty()) {
     return FailedPrecondition("a warm restart adopts into an empty engine only");
   }
   const auto start = std::chrono::steady_clock::now();
@@ -109,8 +171,8 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
     return bytes.status();
   }
   report.found = true;
-  Pool& host = *m.pools[Tier::kHost];
-  const WarmGeometry expected{m.opt.profile.Fingerprint(), host.slot_bytes(), m.bt(), host.slots()};
+  Pool& host = *impl.pools[Tier::kHost];
+  const WarmGeometry expected{impl.options.profile.Fingerprint(), host.slot_bytes(), impl.bt(), host.slots()};
   auto decoded = DecodeWarmManifest(*bytes, expected);
   if (!decoded.ok() || !host.adopted()) {
     report.reason = !decoded.ok() ? decoded.status().message()
@@ -124,77 +186,19 @@ Result<WarmAdoptReport> Engine::AdoptWarm(const std::string& manifest_segment) {
   report.clean = manifest.clean;
   report.listed_blocks = static_cast<uint32_t>(manifest.blocks.size());
 
-  // Blocks, parents first: each must chain from an adopted parent (or the null
-  // key), recompute to its key, and still hold the bytes it was saved with.
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> by_key;
-  std::vector<uint32_t> record_of(manifest.blocks.size(), kNoRecord);
-  std::vector<uint32_t> slots;
-  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
-    const WarmBlock& b = manifest.blocks[i];
-    if (!b.parent.IsNull()) {
-      // Its parent must be adopted, and its tenant's (BlockTable's invariant).
-      auto parent = by_key.find(b.parent);
-      if (parent == by_key.end() || !(m.blocks[parent->second].ns() == b.ns) ||
-          m.blocks[parent->second].model != b.model) {
-        continue;
-      }
-    }
-    if (by_key.find(b.key) != by_key.end()) continue;
-    if (ChainKey(b.parent, KeyNamespace(b.ns, b.model), b.tokens) != b.key) continue;
-    if (PayloadChecksum(host.slot_data(b.host_slot), host.slot_bytes()) != b.checksum) continue;
-    const uint32_t r =
-        m.blocks.Publish(b.key, b.parent, b.tokens, m.tenants.Get(b.ns), b.model, Tier::kHost, b.host_slot);
-    m.blocks[r].checksum = b.checksum;
-    m.blocks[r].checksummed = true;
-    by_key.emplace(b.key, r);
-    record_of[i] = r;
-    slots.push_back(b.host_slot);
-  }
-  if (!m.slots(Tier::kHost).Take(slots)) std::abort();  // Decode guarantees distinct, in-range slots.
-
-  // Sessions, coldest first (so the LRU order comes back), each cut at its first
-  // block that was not adopted or does not continue the chain.
-  for (const WarmSession& ws : manifest.sessions) {
-    std::vector<uint32_t> chain;
-    BlockKey prev;
-    for (uint32_t i : ws.chain) {
-      const uint32_t r = record_of[i];
-      if (r == kNoRecord || manifest.blocks[i].parent != prev) break;
-      chain.push_back(r);
-      prev = manifest.blocks[i].key;
-    }
-    if (chain.empty()) {
-      ++report.dropped_sessions;
-      continue;
-    }
-    // The session's tenant is its blocks' (keys are chained in its namespace).
-    const Tenant tenant{m.blocks[chain.front()].ns(), ws.tenant};
-    if (m.FindSession(tenant, ws.id) != nullptr) {
-      ++report.dropped_sessions;
-      continue;
-    }
-    ++m.clock;
-    for (uint32_t r : chain) {
-      m.Ref(r);
-      m.blocks[r].last_use = m.clock;
-    }
-    Session* s = m.GetOrCreateSession(tenant, ws.id);
-    s->chain = std::move(chain);
-    m.sessions.SetPriority(s, std::clamp(ws.priority, kMinPriority, kMaxPriority), {});
-    m.Touch(s);
-    ++report.adopted_sessions;
-  }
+  const std::vector<uint32_t> record_of = impl.AdoptBlocks(manifest);
+  impl.AdoptSessions(manifest, record_of, &report);
   // What no session holds would be freed at once: let it go now.
   for (uint32_t r : record_of) {
-    if (r == kNoRecord || m.blocks[r].refs != 0) continue;
-    m.blocks.Unpublish(r);
+    if (r == kNoRecord || impl.blocks[r].refs != 0) continue;
+    impl.blocks.Unpublish(r);
   }
-  report.adopted_blocks = m.blocks.index().size();
+  report.adopted_blocks = impl.blocks.index().size();
   report.dropped_blocks = report.listed_blocks - report.adopted_blocks;
-  m.st.warm_adopted_blocks += report.adopted_blocks;
-  m.st.warm_dropped_blocks += report.dropped_blocks;
-  m.st.warm_adopted_sessions += report.adopted_sessions;
-  ++m.changes;  // The next snapshot replaces the old (clean) manifest.
+  impl.stats.warm_adopted_blocks += report.adopted_blocks;
+  impl.stats.warm_dropped_blocks += report.dropped_blocks;
+  impl.stats.warm_adopted_sessions += report.adopted_sessions;
+  ++impl.changes;  // The next snapshot replaces the old (clean) manifest.
   report.took = Since(start);
   return report;
 }

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine_check.h"
+#include "engine_inspector.h"
 #include "kvtier/block_key.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/tiering/engine.h"

@@ -5,7 +5,7 @@
 // and the mover. Every method is called from one thread (the daemon's event loop);
 // the backend copies in the background and Poll() applies finished copies.
 //
-// Invariants the engine keeps (the test-only checker in tiering/src/engine_check.h
+// Invariants the engine keeps (the test-only checker in tiering/src/engine_inspector.h
 // verifies them):
 //  - a block is in exactly one tier, or moving with a slot in each;
 //  - a leased block is never moved or freed, and a moving block stays readable
@@ -259,7 +259,7 @@ class Engine {
   struct Impl;  // tiering/src/engine_impl.h
 
  private:
-  friend class EngineInspector;  // tiering/src/engine_check.h: the invariant checker.
+  friend class EngineInspector;  // tiering/src/engine_inspector.h: the invariant checker.
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
