@@ -1,8 +1,9 @@
-// What the engine's tests share (engine_*_test.cc): the test profile, the
-// conversations they write (token ids and block keys), the bytes a block holds
-// as a function of its key, and EngineTest, the fixture that starts an engine
-// on the real host backend (or on ManualBackend, whose copies land only when the
-// test runs them) and checks the engine's invariants at teardown.
+// What the engine's tests share: the test profile, the conversations they
+// write (token ids and block keys), the bytes a block holds as a function of
+// its key, and EngineTest, the fixture that starts an engine on the real host
+// backend (or on ManualBackend, whose copies land only when the test runs
+// them) and checks the engine's invariants at teardown. engine_*_test.cc use
+// all of it; the tests of the engine's parts the data and ManualBackend.
 //
 // The fixtures here are in a named namespace: gtest requires every test of a
 // suite to use one fixture class, and the suites EngineTest and
