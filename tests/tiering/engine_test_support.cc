@@ -20,13 +20,18 @@ std::byte ByteOf(const BlockKey& key, size_t i) {
   return static_cast<std::byte>((w >> (8 * (i % 8))) ^ (i * 131));
 }
 
+std::unique_ptr<Backend> TestHostBackend(const std::string& prefix) {
+  HostBackendOptions o;
+  o.name_prefix = prefix;
+  auto b = CreateHostBackend(o);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
 void EngineTest::SetUp() {
   prefix_ = testing::UniqueShmPrefix("engine");
-  HostBackendOptions o;
-  o.name_prefix = prefix_;
-  auto b = CreateHostBackend(o);
-  ASSERT_TRUE(b.ok()) << b.status().ToString();
-  host_backend_ = std::move(b).value();
+  host_backend_ = TestHostBackend(prefix_);
+  ASSERT_NE(host_backend_, nullptr);
 }
 
 void EngineTest::TearDown() {

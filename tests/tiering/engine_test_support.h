@@ -39,6 +39,10 @@ inline constexpr auto kWait = std::chrono::seconds(10);
 
 ModelProfile TestProfile();  // 256-byte blocks of kBt tokens.
 
+// The real host backend, its segments labelled after `prefix` (unique per
+// test); nullptr, with a test failure, if it cannot be made.
+std::unique_ptr<Backend> TestHostBackend(const std::string& prefix);
+
 // Token IDs and block keys of a conversation.
 struct Chain {
   std::vector<TokenId> tokens;  // Whole blocks only.

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "engine_parts_test_support.h"
-#include "kvtier/tiering/host_backend.h"
 #include "support/test_names.h"
 
 namespace kvtier::tiering {
@@ -27,11 +26,8 @@ class MoverTest : public ::testing::Test {
  protected:
   void SetUp() override {
     prefix_ = testing::UniqueShmPrefix("mover");
-    HostBackendOptions o;
-    o.name_prefix = prefix_;
-    auto b = CreateHostBackend(o);
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    host_ = std::move(b).value();
+    host_ = TestHostBackend(prefix_);
+    ASSERT_NE(host_, nullptr);
   }
 
   // The table, both pools and the mover, on the host backend or (manual) on a ManualBackend.

@@ -13,7 +13,6 @@
 
 #include "engine_impl.h"
 #include "engine_parts_test_support.h"
-#include "kvtier/tiering/host_backend.h"
 #include "support/test_names.h"
 
 namespace kvtier::tiering {
@@ -23,11 +22,8 @@ class ReclaimTest : public ::testing::Test {
  protected:
   void SetUp() override {
     prefix_ = testing::UniqueShmPrefix("reclaim");
-    HostBackendOptions o;
-    o.name_prefix = prefix_;
-    auto b = CreateHostBackend(o);
-    ASSERT_TRUE(b.ok()) << b.status().ToString();
-    backend_ = std::move(b).value();
+    backend_ = TestHostBackend(prefix_);
+    ASSERT_NE(backend_, nullptr);
   }
 
   // No automatic pressure: the tests call the reclaimer themselves.
