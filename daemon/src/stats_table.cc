@@ -64,11 +64,12 @@ Value StoreSeconds(const StatsView& v, const StatPoint& at) {
   return static_cast<double>(v.stores[at.store].*Field) / 1e6;
 }
 
-// A counter the store keeps itself: its running totals (Gauge false) or its levels (true).
-template <bool Gauge>
+// A counter the store keeps itself, of the kind asked for: its running totals, its levels, or either.
+enum class Own { kTotals, kLevels, kAny };
+template <Own Kind>
 Value StoreOwn(const StatsView& v, const StatPoint& at) {
   const stores::StoreCounter& c = v.stores[at.store].counters[at.counter];
-  if (c.gauge != Gauge) return std::nullopt;
+  if (Kind != Own::kAny && c.gauge != (Kind == Own::kLevels)) return std::nullopt;
   return static_cast<double>(c.value);
 }
 
@@ -318,11 +319,13 @@ constexpr StatRow kStats[] = {
    S::kStore, kNoLabel, &Store<&stores::StoreStats::queued_bytes>},
   // What each kind of store counts itself: Redis' reconnects, redirects, topology_refreshes, node_errors and
   // oversized; the disk store's held_bytes and files (levels), evicted_files, evicted_bytes and io_errors.
-  {"store.{store}.{counter}", "kvtier_store_counter_total", Type::kCounter,
+  {"store.{store}.{counter}", nullptr, Type::kGauge, "What a store counts itself", S::kStoreCounter, kNoLabel,
+   &StoreOwn<Own::kAny>},
+  {nullptr, "kvtier_store_counter_total", Type::kCounter,
    "A store's own running counts, by counter (reconnects, redirects, evicted_bytes, ...)", S::kStoreCounter, kNoLabel,
-   &StoreOwn<false>},
-  {"store.{store}.{counter}", "kvtier_store_level", Type::kGauge,
-   "A store's own levels, by counter (held_bytes, files)", S::kStoreCounter, kNoLabel, &StoreOwn<true>},
+   &StoreOwn<Own::kTotals>},
+  {nullptr, "kvtier_store_level", Type::kGauge, "A store's own levels, by counter (held_bytes, files)",
+   S::kStoreCounter, kNoLabel, &StoreOwn<Own::kLevels>},
 
   // KV events (events:).
   {"events", "kvtier_events_total", Type::kCounter, "KV events (blocks stored, moved, removed; sessions evicted) added to batches",

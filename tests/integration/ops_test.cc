@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 #include "daemon_config.h"
 #include "kvtier/client.h"
@@ -397,6 +400,29 @@ TEST_F(OpsTest, MetricsEndpointCountsTraffic) {
   auto last = Parse(Http(port, "GET", "/metrics").body);
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(last->Value("kvtier_rpc_errors_total", {{"type", "EvictRequest"}}), 1);
+}
+
+// What a store counts itself reaches /metrics: its running counts as
+// kvtier_store_counter_total, its levels as kvtier_store_level, by counter.
+TEST_F(OpsTest, MetricsShowAStoresOwnCounters) {
+  char dir[] = "/tmp/kvtier-ops-disk-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  DaemonProcess d(std::string(kSmallDaemonConfig) + "metrics:\n  listen: 127.0.0.1:0\nstores:\n  tiers:\n" +
+                  "    - kind: disk\n      path: " + dir + "\n      max_bytes: 1MiB\n");
+  ASSERT_TRUE(d.Start().ok()) << d.log();
+  const int port = MetricsPort(d);
+  ASSERT_GT(port, 0) << d.log();
+  auto x = Parse(Http(port, "GET", "/metrics").body);
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  ExpectWellFormed(*x);
+  EXPECT_EQ(x->types.at("kvtier_store_counter_total"), "counter");
+  EXPECT_EQ(x->types.at("kvtier_store_level"), "gauge");
+  EXPECT_EQ(x->Value("kvtier_store_level", {{"store", "disk"}, {"kind", "disk"}, {"counter", "files"}}), 0);
+  EXPECT_EQ(x->Value("kvtier_store_counter_total", {{"store", "disk"}, {"counter", "evicted_files"}}), 0);
+  EXPECT_TRUE(std::isnan(x->Value("kvtier_store_level", {{"counter", "evicted_files"}})))
+      << "a running count is not a level";
+  d.Kill(SIGTERM);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(OpsTest, MetricsEndpointAnswersOnlyGetMetricsAndSurvivesBadRequests) {
