@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #include "engine_inspector.h"
+#include "engine_test_support.h"  // The engine tests' profile (TestProfile, kBt).
 #include "kvtier/shm_segment.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/tiering/host_backend.h"
@@ -22,10 +23,7 @@
 namespace kvtier::tiering {
 namespace {
 
-constexpr uint32_t kBt = 4;
 constexpr auto kWait = std::chrono::seconds(10);
-
-ModelProfile Profile() { return ModelProfile{"test", 2, 1, 8, DType::kF16, kBt}; }  // 256-byte blocks.
 
 // --- The format ------------------------------------------------------------------
 
@@ -233,7 +231,7 @@ class WarmAdoptTest : public ::testing::Test {
     auto b = CreateHostBackend(o);
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     backend_ = std::move(b).value();
-    tenant_ = Tenant::Make(Profile().Fingerprint(), "");
+    tenant_ = Tenant::Make(TestProfile().Fingerprint(), "");
     ns_ = tenant_.ns;
   }
   void TearDown() override {
@@ -250,7 +248,7 @@ class WarmAdoptTest : public ::testing::Test {
   void Restart(uint32_t host_slots = 16, double host_watermark = 1.0) {
     engine_.reset();
     EngineOptions o;
-    o.profile = Profile();
+    o.profile = TestProfile();
     o.gpu_slots = 16;
     o.host_slots = host_slots;
     o.gpu_high_watermark = o.gpu_low_watermark = 1.0;
@@ -281,7 +279,7 @@ class WarmAdoptTest : public ::testing::Test {
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     for (size_t i = 0; i < keys.size(); ++i) {
       std::byte* p = engine_->pool(Tier::kGpu).slot_data(w->slots[i]);
-      for (size_t j = 0; j < Profile().BlockBytes(); ++j) p[j] = ByteOf(keys[i], j);
+      for (size_t j = 0; j < TestProfile().BlockBytes(); ++j) p[j] = ByteOf(keys[i], j);
     }
     auto c = engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, tokens, w->slots);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -301,7 +299,7 @@ class WarmAdoptTest : public ::testing::Test {
     EXPECT_TRUE(backend_->Wait(lease->fence, kWait).ok());
     for (size_t i = 0; i < lease->blocks.size(); ++i) {
       const std::byte* p = engine_->pool(lease->blocks[i].tier).slot_data(lease->blocks[i].slot);
-      for (size_t j = 0; j < Profile().BlockBytes(); ++j) {
+      for (size_t j = 0; j < TestProfile().BlockBytes(); ++j) {
         if (p[j] != ByteOf(keys[i], j)) {
           ADD_FAILURE() << "block " << i << " byte " << j << " differs";
           break;
@@ -395,7 +393,7 @@ TEST_F(WarmAdoptTest, CorruptBlockAndItsDescendantsAreDropped) {
   // Flip one byte of block 1 of "a" in the surviving pool segment.
   auto mf = ReadWarmSegment(Manifest());
   ASSERT_TRUE(mf.ok());
-  auto m = DecodeWarmManifest(*mf, WarmGeometry{Profile().Fingerprint(), Profile().BlockBytes(), kBt, 16});
+  auto m = DecodeWarmManifest(*mf, WarmGeometry{TestProfile().Fingerprint(), TestProfile().BlockBytes(), kBt, 16});
   ASSERT_TRUE(m.ok());
   uint32_t slot = 0;
   for (const WarmBlock& b : m->blocks) {
@@ -404,7 +402,7 @@ TEST_F(WarmAdoptTest, CorruptBlockAndItsDescendantsAreDropped) {
   {
     auto pool = ShmSegment::Open(PoolName(), true);
     ASSERT_TRUE(pool.ok()) << pool.status().ToString();
-    pool->data()[size_t{slot} * Profile().BlockBytes() + 17] ^= std::byte{1};
+    pool->data()[size_t{slot} * TestProfile().BlockBytes() + 17] ^= std::byte{1};
   }
   Restart();
   auto r = engine_->AdoptWarm(Manifest());
@@ -426,7 +424,7 @@ TEST_F(WarmAdoptTest, BlockWhoseKeyDoesNotRecomputeIsDroppedWithDescendants) {
   DemoteAll();
   ASSERT_TRUE(engine_->SaveWarm(Manifest(), true).ok());
   engine_.reset();
-  const WarmGeometry g{Profile().Fingerprint(), Profile().BlockBytes(), kBt, 16};
+  const WarmGeometry g{TestProfile().Fingerprint(), TestProfile().BlockBytes(), kBt, 16};
   auto m = DecodeWarmManifest(*ReadWarmSegment(Manifest()), g);
   ASSERT_TRUE(m.ok());
   ASSERT_EQ(m->blocks.size(), 3u);
