@@ -117,7 +117,7 @@ def main():
             out = model(ids, use_cache=True)
             stored += on_a.store(f"chat-{s}", ids, out.past_key_values)
             histories.append(ids)
-        wait_for(lambda: stat(client_a, "store.remote.put_blocks") >= stored)
+        wait_for(lambda: stat(client_a, "store.redis.put_blocks") >= stored)
 
         ttft = {"remote": [], "host": [], "none": []}
         cached = {"remote": [], "host": []}
@@ -142,7 +142,7 @@ def main():
                 ttft[mode].append(time.perf_counter() - t0)
             if len(set(first.values())) != 1:
                 raise SystemExit(f"chat {s}: modes disagree on the first token: {first}")
-        remote_hits = stat(client_b, "store.remote.hit_blocks")
+        remote_hits = stat(client_b, "store.redis.hit_blocks")
         imported = stat(client_b, "imported_blocks")
     finally:
         for p in reversed(procs):

@@ -1,4 +1,4 @@
-// Client: libkvtier's API — each request built, sent through Core, and its
+// Client: libkvtier's API — each request built, sent through Connection, and its
 // reply read against the connection it came on; probes straight from the
 // shared index.
 #include "kvtier/client.h"
@@ -7,12 +7,12 @@
 #include <iterator>
 #include <utility>
 
-#include "core.h"
+#include "connection.h"
 
 namespace kvtier {
 
 using client_internal::Attachment;
-using client_internal::Core;
+using client_internal::Connection;
 using client_internal::Resend;
 
 namespace {
@@ -28,31 +28,31 @@ std::vector<BlockKey> KeysOn(const Attachment& att, std::span<const TokenId> tok
 
 uint16_t ProtocolVersion() { return wire::kProtocolVersion; }
 
-Client::Client(ClientOptions options) : options_(std::move(options)), core_(std::make_shared<Core>(options_)) {}
+Client::Client(ClientOptions options) : options_(std::move(options)), connection_(std::make_shared<Connection>(options_)) {}
 
 Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
-  KVTIER_RETURN_IF_ERROR(c->core_->Reconnect());
+  KVTIER_RETURN_IF_ERROR(c->connection_->Reconnect());
   return c;
 }
 
-Status Client::Reconnect() { return core_->Reconnect(); }
+Status Client::Reconnect() { return connection_->Reconnect(); }
 
-ModelProfile Client::profile() const { return core_->attachment()->welcome.profile; }
-Namespace Client::ns() const { return core_->attachment()->welcome.ns; }
-uint32_t Client::block_tokens() const { return core_->attachment()->welcome.profile.block_tokens; }
-std::string Client::backend() const { return wire::BackendKindName(core_->attachment()->welcome.backend); }
-uint64_t Client::instance_id() const { return core_->attachment()->welcome.instance_id; }
-uint32_t Client::client_id() const { return core_->attachment()->welcome.client_id; }
+ModelProfile Client::profile() const { return connection_->attachment()->welcome.profile; }
+Namespace Client::ns() const { return connection_->attachment()->welcome.ns; }
+uint32_t Client::block_tokens() const { return connection_->attachment()->welcome.profile.block_tokens; }
+std::string Client::backend() const { return wire::BackendKindName(connection_->attachment()->welcome.backend); }
+uint64_t Client::instance_id() const { return connection_->attachment()->welcome.instance_id; }
+uint32_t Client::client_id() const { return connection_->attachment()->welcome.client_id; }
 
 std::vector<BlockKey> Client::Keys(std::span<const TokenId> tokens, const BlockKey& parent) const {
-  return KeysOn(*core_->attachment(), tokens, parent);
+  return KeysOn(*connection_->attachment(), tokens, parent);
 }
 
 size_t Client::Probe(std::span<const TokenId> tokens, std::span<Tier> tiers) const {
-  const auto att = core_->attachment();
+  const auto att = connection_->attachment();
   const uint32_t bt = att->welcome.profile.block_tokens;
   const size_t n = tokens.size() / bt;
   constexpr size_t kStackKeys = 512;
@@ -69,14 +69,14 @@ size_t Client::Probe(std::span<const TokenId> tokens, std::span<Tier> tiers) con
 
 size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                          std::span<Tier> tiers) const {
-  const auto att = core_->attachment();
+  const auto att = connection_->attachment();
   return att->index.LongestPrefix(BlockKey{}, keys, NamespaceTag(att->welcome.ns), tokens, tiers);
 }
 
-bool Client::StoresBelow() const { return (core_->attachment()->index.header().flags & kIndexFlagStoresBelow) != 0; }
+bool Client::StoresBelow() const { return (connection_->attachment()->index.header().flags & kIndexFlagStoresBelow) != 0; }
 
 Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, Promote promote) {
-  const auto att = core_->attachment();
+  const auto att = connection_->attachment();
   const std::vector<BlockKey> keys = KeysOn(*att, tokens, BlockKey{});
   return AcquireKeys(session, keys, tokens.first(keys.size() * att->welcome.profile.block_tokens), promote);
 }
@@ -90,11 +90,11 @@ Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const Bloc
                                                : 0;
   req.keys.assign(keys.begin(), keys.end());
   req.tokens.assign(tokens.begin(), tokens.end());
-  auto reply = core_->Call<wire::AcquireResponse>(req, Resend::kYes);
+  auto reply = connection_->Call<wire::AcquireResponse>(req, Resend::kYes);
   if (!reply.ok()) return reply.status();
   const wire::AcquireResponse& r = reply->message;
   Lease lease;
-  lease.core_ = core_;
+  lease.connection_ = connection_;
   lease.attachment_ = std::move(reply->attachment);
   lease.generation_ = reply->generation;
   lease.id_ = r.lease_id;
@@ -117,10 +117,10 @@ Result<WriteLease> Client::Allocate(uint32_t blocks) {
         "allocate: this client did not open the GPU tier (ClientOptions::open_gpu is false), "
         "so it cannot write blocks");
   }
-  auto reply = core_->Call<wire::AllocateResponse>(wire::AllocateRequest{blocks}, Resend::kYes);
+  auto reply = connection_->Call<wire::AllocateResponse>(wire::AllocateRequest{blocks}, Resend::kYes);
   if (!reply.ok()) return reply.status();
   WriteLease lease;
-  lease.core_ = core_;
+  lease.connection_ = connection_;
   lease.attachment_ = std::move(reply->attachment);
   lease.generation_ = reply->generation;
   lease.id_ = reply->message.lease_id;
@@ -137,7 +137,7 @@ Result<WriteLease> Client::Allocate(uint32_t blocks) {
 Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
                                     uint32_t start_block, std::span<const TokenId> tokens,
                                     std::span<const uint32_t> slot_indices) {
-  const uint32_t bt = (lease.attachment_ ? lease.attachment_ : core_->attachment())->welcome.profile.block_tokens;
+  const uint32_t bt = (lease.attachment_ ? lease.attachment_ : connection_->attachment())->welcome.profile.block_tokens;
   if (tokens.size() % bt != 0) {
     return InvalidArgument("commit of " + std::to_string(tokens.size()) + " tokens: not whole " + std::to_string(bt) +
                            "-token blocks");
@@ -161,13 +161,13 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
   }
   if (lease.writer_event_) {
     req.writer_event = lease.writer_event_->handle;
-  } else if (lease.attachment_ && lease.attachment_->gpu && core_->Current(lease.attachment_)) {
+  } else if (lease.attachment_ && lease.attachment_->gpu && connection_->Current(lease.attachment_)) {
     // No event says when this process's GPU has written the blocks: kvtierd
     // serves and moves them as soon as they are committed, so wait for it all.
     KVTIER_RETURN_IF_ERROR(lease.attachment_->gpu->SynchronizeContext());
   }
   // Sent on the lease's own connection or not at all.
-  auto reply = core_->CallOn<wire::CommitResponse>(lease.generation_, "write lease", req);
+  auto reply = connection_->CallOn<wire::CommitResponse>(lease.generation_, "write lease", req);
   if (!reply.ok()) return reply.status();
   // Committed slots now belong to the cache, not to the lease (O(n): one mark per slot).
   std::vector<bool> committed(lease.slots_.size(), false);
@@ -189,32 +189,32 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
 }
 
 Result<uint32_t> Client::Prefetch(std::string_view session) {
-  auto r = core_->Call<wire::CountResponse>(wire::PrefetchRequest{std::string(session)}, Resend::kYes);
+  auto r = connection_->Call<wire::CountResponse>(wire::PrefetchRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
   return r->message.count;
 }
 
 Result<uint32_t> Client::Demote(std::string_view session) {
-  auto r = core_->Call<wire::CountResponse>(wire::DemoteRequest{std::string(session)}, Resend::kYes);
+  auto r = connection_->Call<wire::CountResponse>(wire::DemoteRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
   return r->message.count;
 }
 
 Result<uint32_t> Client::Evict(std::string_view session, std::string_view tenant) {
-  auto r = core_->Call<wire::CountResponse>(wire::EvictRequest{std::string(session), std::string(tenant), false},
+  auto r = connection_->Call<wire::CountResponse>(wire::EvictRequest{std::string(session), std::string(tenant), false},
                                             Resend::kYes);
   if (!r.ok()) return r.status();
   return r->message.count;
 }
 
 Result<uint32_t> Client::EvictTenant(std::string_view tenant) {
-  auto r = core_->Call<wire::CountResponse>(wire::EvictRequest{"", std::string(tenant), false}, Resend::kYes);
+  auto r = connection_->Call<wire::CountResponse>(wire::EvictRequest{"", std::string(tenant), false}, Resend::kYes);
   if (!r.ok()) return r.status();
   return r->message.count;
 }
 
 Result<uint32_t> Client::EvictAll() {
-  auto r = core_->Call<wire::CountResponse>(wire::EvictRequest{"", "", true}, Resend::kYes);
+  auto r = connection_->Call<wire::CountResponse>(wire::EvictRequest{"", "", true}, Resend::kYes);
   if (!r.ok()) return r.status();
   return r->message.count;
 }
@@ -222,7 +222,7 @@ Result<uint32_t> Client::EvictAll() {
 Status Client::SetPriority(std::string_view session, int priority, std::chrono::milliseconds ttl) {
   if (ttl.count() < 0) return InvalidArgument("priority ttl must not be negative");
   const wire::SetPriorityRequest request{std::string(session), priority, static_cast<uint64_t>(ttl.count())};
-  auto r = core_->Call<wire::OkResponse>(request, Resend::kYes);
+  auto r = connection_->Call<wire::OkResponse>(request, Resend::kYes);
   return r.ok() ? Status::Ok() : r.status();
 }
 
@@ -236,7 +236,7 @@ Result<SessionPage> Client::ListSessionsPage(std::string_view tenant_filter, con
     req.page->after_tenant = after->tenant;
     req.page->after_id = after->id;
   }
-  auto r = core_->Call<wire::ListSessionsResponse>(req, Resend::kYes);
+  auto r = connection_->Call<wire::ListSessionsResponse>(req, Resend::kYes);
   if (!r.ok()) return r.status();
   if (r->message.more && r->message.sessions.empty()) return ProtocolError("kvtierd sent an empty page, and more");
   return SessionPage{std::move(r->message.sessions), r->message.more};
@@ -257,14 +257,14 @@ Result<std::vector<SessionSummary>> Client::ListSessions(std::string_view tenant
 }
 
 Result<SessionInfo> Client::GetSession(std::string_view session) {
-  auto r = core_->Call<wire::SessionInfoResponse>(wire::SessionInfoRequest{std::string(session)}, Resend::kYes);
+  auto r = connection_->Call<wire::SessionInfoResponse>(wire::SessionInfoRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
   wire::SessionInfoResponse& info = r->message;
   return SessionInfo{std::move(info.summary), std::move(info.chain), std::move(info.tiers), std::move(info.stores)};
 }
 
 Result<std::vector<std::pair<std::string, double>>> Client::Stats() {
-  auto r = core_->Call<wire::StatsResponse>(wire::StatsRequest{}, Resend::kYes);
+  auto r = connection_->Call<wire::StatsResponse>(wire::StatsRequest{}, Resend::kYes);
   if (!r.ok()) return r.status();
   return std::move(r->message.values);
 }
@@ -281,20 +281,20 @@ std::vector<std::string> StoreNames(const std::vector<std::pair<std::string, dou
 }
 
 Result<std::string> Client::Config() {
-  auto r = core_->Call<wire::ConfigResponse>(wire::ConfigRequest{}, Resend::kYes);
+  auto r = connection_->Call<wire::ConfigResponse>(wire::ConfigRequest{}, Resend::kYes);
   if (!r.ok()) return r.status();
   return std::move(r->message.yaml);
 }
 
 Result<std::chrono::nanoseconds> Client::Ping() {
   const auto start = std::chrono::steady_clock::now();
-  auto r = core_->Call<wire::Pong>(wire::Ping{42}, Resend::kYes);
+  auto r = connection_->Call<wire::Pong>(wire::Ping{42}, Resend::kYes);
   if (!r.ok()) return r.status();
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
 }
 
 Status Client::WaitFence(const Fence& fence, std::chrono::milliseconds timeout) const {
-  return core_->attachment()->WaitCompleted(fence, timeout);
+  return connection_->attachment()->WaitCompleted(fence, timeout);
 }
 
 }  // namespace kvtier

@@ -2,7 +2,7 @@
 // GPU work around its blocks.
 #include <utility>
 
-#include "core.h"
+#include "connection.h"
 #include "kvtier/client.h"
 
 namespace kvtier {
@@ -18,7 +18,7 @@ const GpuAttachment* GpuOf(const std::shared_ptr<const Attachment>& attachment) 
 LeaseHandle& LeaseHandle::operator=(LeaseHandle&& other) noexcept {
   if (this != &other) {
     (void)ReleaseHandle();
-    core_ = std::move(other.core_);
+    connection_ = std::move(other.connection_);
     attachment_ = std::move(other.attachment_);
     generation_ = other.generation_;
     id_ = std::exchange(other.id_, 0);
@@ -29,17 +29,17 @@ LeaseHandle& LeaseHandle::operator=(LeaseHandle&& other) noexcept {
 Status LeaseHandle::ReleaseHandle(const WriterEvent* after) {
   if (id_ == 0) return Status::Ok();
   const uint64_t id = std::exchange(id_, 0);
-  auto core = core_.lock();
-  if (!core) return Unavailable("the client that made the lease is gone");
+  auto connection = connection_.lock();
+  if (!connection) return Unavailable("the client that made the lease is gone");
   wire::ReleaseRequest req{id, std::nullopt};
   if (after != nullptr) {
     req.after_event = after->handle;
-  } else if (const GpuAttachment* gpu = GpuOf(attachment_); gpu != nullptr && core->Current(attachment_)) {
+  } else if (const GpuAttachment* gpu = GpuOf(attachment_); gpu != nullptr && connection->Current(attachment_)) {
     // No event says when this process's GPU is done with the lease: wait for
     // all of it. A failed context runs no kernel any more either.
     (void)gpu->SynchronizeContext();
   }
-  auto reply = core->CallOn<wire::OkResponse>(generation_, "lease", req);
+  auto reply = connection->CallOn<wire::OkResponse>(generation_, "lease", req);
   return reply.ok() ? Status::Ok() : reply.status();
 }
 
@@ -54,9 +54,9 @@ Status LeaseHandle::ReleaseAfterStream(void* stream) {
 }
 
 Status LeaseHandle::CheckConnection() const {
-  auto core = core_.lock();
-  if (!core) return Unavailable("the client that made the lease is gone");
-  if (!core->Current(attachment_)) {
+  auto connection = connection_.lock();
+  if (!connection) return Unavailable("the client that made the lease is gone");
+  if (!connection->Current(attachment_)) {
     return Unavailable(
         "the lease ended with its connection to kvtierd (the client reconnected since): its fence "
         "and blocks are the old daemon's");

@@ -2,7 +2,7 @@
 // retries, and a diagnosis when permissions keep the caller out), one request
 // and its reply at a time, and the reply spin (reply_spin.h).
 //
-// Not thread-safe: its owner (Core) serializes every call. A request and its
+// Not thread-safe: its owner (Connection) serializes every call. A request and its
 // reply are a blocking exchange with SO_SNDTIMEO/SO_RCVTIMEO = request_timeout,
 // so a reply wakes the caller straight from recv, as in a bare ping-pong.
 #pragma once
@@ -61,7 +61,7 @@ class Transport {
   Result<uid_t> ExpectedServerUid() const;
   Status CheckServer();
 
-  const ClientOptions& options_;  // The owning Core's; outlives this.
+  const ClientOptions& options_;  // The owning Connection's; outlives this.
   int fd_ = -1;
   std::vector<uint8_t> rbuf_ = std::vector<uint8_t>(64 * 1024);  // Receive buffer.
   size_t rbegin_ = 0, rend_ = 0;                                 // Unread bytes in rbuf_.

@@ -4,7 +4,7 @@
 #include "kv_events.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/stores/store_chain.h"
-#include "warm_restart.h"
+#include "warm_lifecycle.h"
 
 namespace kvtier::daemon {
 

@@ -45,13 +45,13 @@ std::string DescribeEngine(std::string_view profile, std::string_view tenant);
 
 class EngineSet;
 class EventPublisher;
-class WarmRestart;
+class WarmLifecycle;
 
 // What the engines report to besides their backend.
 struct EngineWiring {
   stores::StoreChain* stores = nullptr;  // Null: no stores below the host tier.
   EventPublisher* events = nullptr;      // Null: no KV events.
-  WarmRestart& warm;                     // Takes back what a warm restart saved (or nothing).
+  WarmLifecycle& warm;                     // Takes back what a warm restart saved (or nothing).
 };
 
 // Makes every engine of `config` into `set` (profile by profile, the shared

@@ -20,22 +20,22 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
                                                     ".." + std::to_string(m.max_version) + ", this kvtierd speaks " +
                                                     std::to_string(wire::kProtocolVersion));
   }
-  int profile = 0;
+  size_t profile = 0;  // The first is the default.
   if (!m.profile.empty()) {
-    profile = -1;
+    profile = engines_.profiles();
     for (size_t i = 0; i < engines_.profiles(); ++i) {
-      if (engines_.Shared(i).profile().name == m.profile) profile = static_cast<int>(i);
+      if (engines_.Shared(i).profile().name == m.profile) profile = i;
     }
-    if (profile < 0) {
+    if (profile == engines_.profiles()) {
       return NotFound("no model profile named '" + m.profile + "' (see cachectl config)");
     }
   }
-  if (const std::vector<ModelId>& accepted = config_.profiles[static_cast<size_t>(profile)].models;
+  if (const std::vector<ModelId>& accepted = config_.profiles[profile].models;
       !accepted.empty() && std::find(accepted.begin(), accepted.end(), m.model) == accepted.end()) {
     std::string list;
     for (const ModelId& id : accepted) list += (list.empty() ? "" : ", ") + id.ToHex();
     return Status(StatusCode::kPermissionDenied,
-                  "profile '" + config_.profiles[static_cast<size_t>(profile)].profile.name + "' accepts only models " +
+                  "profile '" + config_.profiles[profile].profile.name + "' accepts only models " +
                       list + " (profiles[].models); this client " +
                       (m.model.IsNull() ? std::string("gave no model identity") : "runs " + m.model.ToHex()));
   }
@@ -67,7 +67,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   c.tenant = *tenant;
   c.admin = access_.IsAdmin(c.peer);
   c.profile = profile;
-  c.engine = member;
+  c.engine_index = member;
   // The namespace salt is the authenticated tenant, never a name the client chose.
   c.ns = Namespace::Make(e.profile().Fingerprint(), c.tenant);
   c.model = m.model;

@@ -22,7 +22,7 @@
 
 #include "connection.h"
 #include "log.h"
-#include "metrics_http.h"
+#include "metrics_endpoint.h"
 #include "notify.h"
 #include "service.h"
 

@@ -186,7 +186,7 @@ void Service::Disconnect(ClientState& c) {
     LogInfo("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ") disconnected" +
             (c.leases.empty() ? std::string() : ": ended its " + std::to_string(c.leases.size()) + " leases"));
     --counters_.clients;
-    tenants_.traffic(c.tenant, static_cast<size_t>(c.profile)).read_errors += c.reading.size();
+    tenants_.traffic(c.tenant, c.profile).read_errors += c.reading.size();
     tenants_.Disconnect(c.tenant);
     backend_->ForgetClient(c.id);  // Its events, each closed with its last watch.
   }
@@ -326,7 +326,7 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
     if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "committed");
     return r.status();
   }
-  TenantTraffic& t = tenants_.traffic(c.tenant, static_cast<size_t>(c.profile));
+  TenantTraffic& t = tenants_.traffic(c.tenant, c.profile);
   t.saved_blocks += r->stored;
   // Room ahead of demand: a commit that crossed the GPU high watermark starts
   // the demotions now, not at the next tick, so the next Allocate finds room.
@@ -336,7 +336,7 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
 
 Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   auto r = Acquire(c, m);
-  TenantTraffic& t = tenants_.traffic(c.tenant, static_cast<size_t>(c.profile));
+  TenantTraffic& t = tenants_.traffic(c.tenant, c.profile);
   if (!r.ok()) {
     ++t.read_errors;
   } else if (const auto* a = std::get_if<wire::AcquireResponse>(&r->message); a != nullptr && a->lease_id != 0) {
@@ -390,7 +390,7 @@ Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
   Engine& e = EngineOf(c);
   const bool expired = e.LeaseExpired(m.lease_id);
   if (auto it = c.reading.find(m.lease_id); it != c.reading.end()) {
-    TenantTraffic& t = tenants_.traffic(c.tenant, static_cast<size_t>(c.profile));
+    TenantTraffic& t = tenants_.traffic(c.tenant, c.profile);
     if (expired) {
       ++t.read_errors;
     } else {
@@ -426,7 +426,7 @@ Result<Reply> Service::On(ClientState& c, const wire::StatsRequest&) {
   for (const std::string& t : KnownTenants()) {
     if (c.admin || t == c.tenant) tenants.push_back(t);
   }
-  return Reply{wire::StatsResponse{StatsList(View(std::move(tenants)), static_cast<size_t>(c.profile))}};
+  return Reply{wire::StatsResponse{StatsList(View(std::move(tenants)), c.profile)}};
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::ConfigRequest&) {

@@ -8,7 +8,7 @@
 // Everything runs on one thread (the event loop); nothing here blocks except
 // WaitIdle at shutdown. A failing request gets an ErrorResponse; it never takes
 // the daemon or another client down. Building the backend (backend_factory.h),
-// warm restart (warm_restart.h) and the figures it reports (stats.h) live apart.
+// warm restart (warm_lifecycle.h) and the figures it reports (stats.h) live apart.
 #pragma once
 
 #include <chrono>
@@ -33,7 +33,7 @@
 #include "kvtier/wire.h"
 #include "stats.h"
 #include "tenant_registry.h"
-#include "warm_restart.h"
+#include "warm_lifecycle.h"
 
 namespace kvtier::daemon {
 
@@ -46,8 +46,8 @@ struct ClientState {
   std::string tenant;    // Authenticated at Hello (AccessPolicy::TenantFor).
   PeerCredentials peer;  // From the kernel at accept.
   bool admin = false;    // May act on other tenants, evict all, read the configuration.
-  int profile = -1;  // Index into the profiles; valid once welcomed.
-  size_t engine = 0;  // The EngineSet member serving its tenant and profile; valid once welcomed.
+  size_t profile = 0;       // Index into the profiles; valid once welcomed.
+  size_t engine_index = 0;  // The EngineSet member serving its tenant and profile; valid once welcomed.
   Namespace ns;       // Its tenant's (accounts, sessions).
   ModelId model;      // The identity its Hello gave (null: none); keys are chained in KeyNamespace(ns, model).
   std::unordered_set<uint64_t> leases;
@@ -262,7 +262,7 @@ class Service {
   std::vector<stores::StoreStats> StoreStatsNow() const;
 
   // The engine serving client `c` (its tenant's, in its profile).
-  tiering::Engine& EngineOf(const ClientState& c) { return *engines_[c.engine].engine; }
+  tiering::Engine& EngineOf(const ClientState& c) { return *engines_[c.engine_index].engine; }
 
   DaemonConfig config_;
   std::unique_ptr<tiering::Backend> backend_;
@@ -290,7 +290,7 @@ class Service {
   std::mutex wake_mu_;
   std::function<void()> wake_;  // Guarded by wake_mu_.
   EngineSet engines_;
-  WarmRestart warm_;
+  WarmLifecycle warm_;
   uint64_t instance_id_ = 0;
   uint32_t last_client_id_ = 0;
   AccessPolicy access_;

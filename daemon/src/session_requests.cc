@@ -15,7 +15,7 @@ namespace kvtier::daemon {
 using tiering::Engine;
 
 Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
-  const auto profile = static_cast<size_t>(c.profile);
+  const auto profile = c.profile;
   if (m.all && !c.admin) {
     return Status(StatusCode::kPermissionDenied, "evict --all is for admins (access.admin_users / admin_groups); " +
                                                      c.peer.Describe() + " is not an admin");
@@ -88,7 +88,7 @@ Result<Reply> Service::On(ClientState& c, const wire::ListSessionsRequest& m) {
     if (!tenant.ok()) return tenant.status();
     only = *tenant;
   }
-  const auto profile = static_cast<size_t>(c.profile);
+  const auto profile = c.profile;
   tiering::SessionPageLimits limits;
   limits.row_bytes = wire::EncodedSize(SessionSummary{});
   std::optional<tiering::SessionCursor> after;

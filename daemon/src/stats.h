@@ -36,7 +36,7 @@
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
-#include "metrics.h"
+#include "prometheus.h"
 
 namespace kvtier::daemon {
 

@@ -28,7 +28,7 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
     // goes on and lands in the session when it comes (one per tenant, else it
     // is cancelled).
     if (!m.session.empty() && !HasDetachedFetch(c.tenant)) {
-      detached_.push_back(DetachedFetch{c.fetch->id, c.engine, TenantOf(c), m.session, c.fetch->start, m.keys,
+      detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, TenantOf(c), m.session, c.fetch->start, m.keys,
                                         m.tokens});
     } else {
       stores_->CancelFetch(c.fetch->id);

@@ -1,6 +1,6 @@
 // The metrics kvtierd keeps and renders: histogram quantiles, the Prometheus
 // text exposition format (0.0.4) and the table of every figure.
-#include "metrics.h"
+#include "prometheus.h"
 
 #include <gtest/gtest.h>
 

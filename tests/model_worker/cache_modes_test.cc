@@ -314,7 +314,7 @@ TEST_F(CacheModesAcrossHostsTest, AWorkerOnHostBGetsTheSystemPromptAWorkerOnHost
   for (int i = 0; i < 500 && written < 4; ++i) {
     auto st = on_a->Stats();
     ASSERT_TRUE(st.ok());
-    for (const auto& [k, v] : *st) written = k == "store.remote.put_blocks" ? v : written;
+    for (const auto& [k, v] : *st) written = k == "store.redis.put_blocks" ? v : written;
     std::this_thread::sleep_for(10ms);
   }
   ASSERT_GE(written, 4) << "host A wrote the system prompt's blocks through to Redis";
@@ -327,7 +327,7 @@ TEST_F(CacheModesAcrossHostsTest, AWorkerOnHostBGetsTheSystemPromptAWorkerOnHost
   auto st = client_->Stats();
   ASSERT_TRUE(st.ok());
   double hits = 0;
-  for (const auto& [k, v] : *st) hits = k == "store.remote.hit_blocks" ? v : hits;
+  for (const auto& [k, v] : *st) hits = k == "store.redis.hit_blocks" ? v : hits;
   EXPECT_EQ(hits, 4);
 }
 

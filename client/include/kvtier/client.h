@@ -79,7 +79,7 @@ class Client;
 
 namespace client_internal {
 struct Attachment;
-class Core;
+class Connection;
 struct WriterEvent;
 
 // What every lease holds: the connection it was made on and its id there.
@@ -106,7 +106,7 @@ class LeaseHandle {
   Status CheckConnection() const;
 
   friend class kvtier::Client;
-  std::weak_ptr<Core> core_;  // Leases may outlive their Client safely.
+  std::weak_ptr<Connection> connection_;  // Leases may outlive their Client safely.
   std::shared_ptr<const Attachment> attachment_;  // Keeps the mapped memory valid.
   uint64_t generation_ = 0;
   uint64_t id_ = 0;
@@ -380,7 +380,7 @@ class Client {
   explicit Client(ClientOptions options);
 
   ClientOptions options_;
-  std::shared_ptr<client_internal::Core> core_;
+  std::shared_ptr<client_internal::Connection> connection_;
 };
 
 }  // namespace kvtier

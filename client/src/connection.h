@@ -1,4 +1,4 @@
-// Core: a Client's connection to kvtierd across reconnects — the Hello that
+// Connection: a Client's connection to kvtierd, kept across reconnects: the Hello that
 // opens each connection, the connection generation, the Attachment made from
 // its Welcome, and Call, which hands every reply back together with the
 // connection it came on.
@@ -7,7 +7,7 @@
 // transport and the generation; a reconnect by one thread therefore never
 // falls between another thread's request and the attachment its reply is
 // read against, as long as that thread uses the attachment Call returned.
-// Leases hold a weak_ptr to their Core and may outlive the Client.
+// Leases hold a weak_ptr to their Connection and may outlive the Client.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +38,11 @@ struct Reply {
 // sent on is lost (only requests that hold no state of the old connection).
 enum class Resend : bool { kNo = false, kYes = true };
 
-class Core {
+class Connection {
  public:
-  explicit Core(ClientOptions options) : options_(std::move(options)), transport_(options_) {}
-  Core(const Core&) = delete;
-  Core& operator=(const Core&) = delete;
+  explicit Connection(ClientOptions options) : options_(std::move(options)), transport_(options_) {}
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   // Connects now (closing any connection first), says Hello and maps the new
   // daemon's segments: a new generation. On failure nothing is connected and

@@ -1,4 +1,4 @@
-// WarmRestart: kvtierd's side of keeping the host tier across a restart.
+// WarmLifecycle: kvtierd's side of keeping the host tier across a restart.
 //
 // The engine holds the mechanism (AdoptWarm, SaveWarm, DemoteForShutdown); this
 // decides when each runs and says what happened: at start it removes what an
@@ -21,12 +21,12 @@
 
 namespace kvtier::daemon {
 
-class WarmRestart {
+class WarmLifecycle {
  public:
   // Enabled when config.warm_restart is set and the backend keeps its host pool
   // in shared memory (the host backend); with another backend it logs that
   // warm_restart is ignored.
-  WarmRestart(const DaemonConfig& config, tiering::BackendKind backend);
+  WarmLifecycle(const DaemonConfig& config, tiering::BackendKind backend);
 
   bool enabled() const { return enabled_; }
 

@@ -1,5 +1,5 @@
-// Core: Hello, connection generations and Call.
-#include "core.h"
+// Connection: Hello, connection generations and Call.
+#include "connection.h"
 
 #include <unistd.h>
 
@@ -17,22 +17,22 @@ std::string ProgramName() {
 
 }  // namespace
 
-Status Core::Reconnect() {
+Status Connection::Reconnect() {
   std::lock_guard lock(mu_);
   return ConnectLocked();
 }
 
-std::shared_ptr<const Attachment> Core::attachment() const {
+std::shared_ptr<const Attachment> Connection::attachment() const {
   std::lock_guard lock(att_mu_);
   return att_;
 }
 
-bool Core::Current(const std::shared_ptr<const Attachment>& a) const {
+bool Connection::Current(const std::shared_ptr<const Attachment>& a) const {
   std::lock_guard lock(att_mu_);
   return att_ == a;
 }
 
-Status Core::ConnectLocked() {
+Status Connection::ConnectLocked() {
   KVTIER_RETURN_IF_ERROR(transport_.Open());
   wire::Hello hello;
   hello.client_name = options_.client_name.empty() ? ProgramName() : options_.client_name;
@@ -76,7 +76,7 @@ Status Core::ConnectLocked() {
   return Status::Ok();
 }
 
-Result<Reply<wire::Message>> Core::Send(const wire::Message& request, Resend resend, uint64_t generation,
+Result<Reply<wire::Message>> Connection::Send(const wire::Message& request, Resend resend, uint64_t generation,
                                         std::string_view lease_kind) {
   std::lock_guard lock(mu_);
   if (generation != 0) {
@@ -98,7 +98,7 @@ Result<Reply<wire::Message>> Core::Send(const wire::Message& request, Resend res
   return Reply<wire::Message>{std::move(reply).value(), att_, generation_};
 }
 
-Status Core::UnexpectedReply(const wire::Message& got, wire::MessageType wanted) {
+Status Connection::UnexpectedReply(const wire::Message& got, wire::MessageType wanted) {
   return ProtocolError(std::string("unexpected reply ") + wire::MessageTypeName(wire::TypeOf(got)) + ", wanted " +
                        wire::MessageTypeName(wanted));
 }

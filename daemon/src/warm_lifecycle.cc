@@ -1,5 +1,5 @@
-// When the engines' warm-restart calls run, and what they log (warm_restart.h).
-#include "warm_restart.h"
+// When the engines' warm-restart calls run, and what they log (warm_lifecycle.h).
+#include "warm_lifecycle.h"
 
 #include <sys/mman.h>
 
@@ -28,7 +28,7 @@ std::string Manifest(const DaemonConfig& config, const tiering::Engine& e) {
 
 }  // namespace
 
-WarmRestart::WarmRestart(const DaemonConfig& config, tiering::BackendKind backend)
+WarmLifecycle::WarmLifecycle(const DaemonConfig& config, tiering::BackendKind backend)
     : enabled_(config.warm_restart && backend == tiering::BackendKind::kHost) {
   if (config.warm_restart && !enabled_) {
     LogWarn(std::string("warm_restart is ignored with the ") + tiering::BackendKindName(backend) +
@@ -36,7 +36,7 @@ WarmRestart::WarmRestart(const DaemonConfig& config, tiering::BackendKind backen
   }
 }
 
-void WarmRestart::BeforeEngine(const DaemonConfig& config, const std::string& domain) const {
+void WarmLifecycle::BeforeEngine(const DaemonConfig& config, const std::string& domain) const {
   if (config.warm_restart) return;
   const std::string manifest = shm_names::WarmManifest(config.instance, domain);
   ShmSegment::RemoveIfOwned(shm_names::Staging(manifest));  // A write the earlier run did not finish.
@@ -47,7 +47,7 @@ void WarmRestart::BeforeEngine(const DaemonConfig& config, const std::string& do
   }
 }
 
-void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config, const std::string& whose) {
+void WarmLifecycle::AdoptInto(tiering::Engine& engine, const DaemonConfig& config, const std::string& whose) {
   if (!enabled_) return;
   const std::string manifest = Manifest(config, engine);
   const std::string who = "warm restart, " + whose + ": ";
@@ -75,7 +75,7 @@ void WarmRestart::AdoptInto(tiering::Engine& engine, const DaemonConfig& config,
   last_snapshot_ = std::chrono::steady_clock::now();
 }
 
-void WarmRestart::MaybeSnapshot(const EngineSet& engines, const DaemonConfig& config) {
+void WarmLifecycle::MaybeSnapshot(const EngineSet& engines, const DaemonConfig& config) {
   if (!enabled_ || config.warm_snapshot_ms == 0) return;
   const auto now = std::chrono::steady_clock::now();
   if (now - last_snapshot_ < std::chrono::milliseconds(config.warm_snapshot_ms)) return;
@@ -93,7 +93,7 @@ void WarmRestart::MaybeSnapshot(const EngineSet& engines, const DaemonConfig& co
   }
 }
 
-void WarmRestart::SaveAtShutdown(const EngineSet& engines, const DaemonConfig& config,
+void WarmLifecycle::SaveAtShutdown(const EngineSet& engines, const DaemonConfig& config,
                                  std::chrono::milliseconds budget) {
   if (!enabled_) return;
   const auto start = std::chrono::steady_clock::now();

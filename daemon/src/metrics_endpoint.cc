@@ -1,5 +1,5 @@
-// The GET /metrics endpoint (metrics_http.h).
-#include "metrics_http.h"
+// The GET /metrics endpoint (metrics_endpoint.h).
+#include "metrics_endpoint.h"
 
 #include <algorithm>
 #include <boost/asio.hpp>
