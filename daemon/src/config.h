@@ -100,7 +100,8 @@ struct EventsConfig {
   std::string publish;           // ZMQ endpoint of the PUB socket (tcp://, ipc://); empty: ipc://<socket_path>.events
   std::string replay;            // Of the ROUTER socket answering replays; empty: ipc://<socket_path>.replay
   std::string topic = "kvtier";  // Every message's first frame.
-  bool token_ids = false;        // Stored events carry the block's token ids.
+  std::string format = "kvtier";  // kvtier (README's "KV events") | vllm (vLLM's KVEventBatch; token ids always).
+  bool token_ids = false;         // Stored events carry the block's token ids (kvtier format).
   uint32_t max_batch_events = 1024;
   uint32_t replay_batches = 4096;  // The last batches kept for replays.
   uint32_t queue_batches = 1024;   // Batches waiting for the publisher thread, at most; past it they are dropped.

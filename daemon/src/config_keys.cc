@@ -35,6 +35,7 @@ constexpr bool kReloadable = true, kAtStart = false;
 constexpr const char* kBackends[] = {"auto", "host", "cuda"};
 constexpr const char* kLogLevels[] = {"error", "warn", "info", "debug"};
 constexpr const char* kPolicies[] = {"lru"};
+constexpr const char* kEventFormats[] = {"kvtier", "vllm"};
 
 // A NUL would cut a shared-memory or socket name short; no name needs the others.
 bool HasControlCharacter(const std::string& v) {
@@ -171,7 +172,11 @@ const std::vector<ConfigKey>& Table() {
     Text("events", "replay", KVTIER_MEMBER(events.replay), {}, kAtStart,
          "ZMQ endpoint of the replay ROUTER socket; empty: ipc://<socket>.replay", &CheckReplay),
     Text("events", "topic", KVTIER_MEMBER(events.topic), {}, kAtStart, "Every message's first frame", &CheckTopic),
-    Flag("events", "token_ids", KVTIER_MEMBER(events.token_ids), kAtStart, "Stored events carry the token ids"),
+    Text("events", "format", KVTIER_MEMBER(events.format), kEventFormats, kAtStart,
+         "kvtier: kvtierd's own batches; vllm: vLLM's KVEventBatch (BlockStored/BlockRemoved, medium GPU/CPU), "
+         "token ids always included"),
+    Flag("events", "token_ids", KVTIER_MEMBER(events.token_ids), kAtStart,
+         "Stored events carry the token ids (the vllm format always does)"),
     Number<uint32_t>("events", "max_batch_events", KVTIER_MEMBER(events.max_batch_events), 1, 1u << 20, kAtStart,
                      "Events in one batch, at most"),
     Number<uint32_t>("events", "replay_batches", KVTIER_MEMBER(events.replay_batches), 0, 1u << 24, kAtStart,

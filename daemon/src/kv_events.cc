@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -56,6 +57,53 @@ void Key(Packer& p, const BlockKey& k) {
   p.pack_bin_body(b, 16);
 }
 
+// vLLM's block hash for a key: its low word, an unsigned 64-bit int. That is
+// the last 8 bytes of Key's 16 (and of vLLM's own int hashes), so a reader
+// that keeps only the last 8 bytes of a hash keeps all of it.
+void VllmHash(Packer& p, const BlockKey& k) { p.pack_uint64(k.lo); }
+
+const char* VllmMedium(Tier tier) { return tier == Tier::kGpu ? "GPU" : "CPU"; }
+
+// vLLM's BlockStored (vllm/distributed/kv_events.py): a tagged map, the tag in
+// `type`, the fields it requires, the ones it defaults (omit_defaults) left out.
+void VllmStored(Packer& p, const BlockKey& key, const BlockKey& parent, std::span<const TokenId> tokens,
+                uint32_t block_tokens, Tier tier) {
+  p.pack_map(8);
+  Str(p, "type");
+  Str(p, "BlockStored");
+  Str(p, "block_hashes");
+  p.pack_array(1);
+  VllmHash(p, key);
+  Str(p, "parent_block_hash");
+  if (parent.IsNull()) {
+    p.pack_nil();
+  } else {
+    VllmHash(p, parent);
+  }
+  Str(p, "token_ids");
+  p.pack_array(static_cast<uint32_t>(tokens.size()));
+  for (TokenId t : tokens) p.pack_uint32(t);
+  Str(p, "block_size");
+  p.pack_uint32(block_tokens);
+  Str(p, "lora_id");
+  p.pack_nil();
+  Str(p, "medium");
+  Str(p, VllmMedium(tier));
+  Str(p, "lora_name");
+  p.pack_nil();
+}
+
+void VllmRemoved(Packer& p, const BlockKey& key, Tier tier) {
+  p.pack_map(3);
+  Str(p, "type");
+  Str(p, "BlockRemoved");
+  Str(p, "block_hashes");
+  p.pack_array(1);
+  VllmHash(p, key);
+  Str(p, "medium");
+  Str(p, VllmMedium(tier));
+}
+
 // Binds `s` to `endpoint`; an ipc:// socket file is born 0600 (whatever the
 // umask), then gets the daemon socket's group and mode.
 Status Bind(zmq::socket_t& s, const std::string& endpoint, const AccessConfig& access, const char* what) {
@@ -85,6 +133,7 @@ Status Bind(zmq::socket_t& s, const std::string& endpoint, const AccessConfig& a
 
 struct EventPublisher::Impl {
   EventsConfig config;
+  bool vllm = false;  // config.format == "vllm".
   std::string publish, replay;
   std::string instance_hex;
   zmq::context_t context{1};
@@ -109,6 +158,7 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::Start(const EventsConfig
                                                               uint64_t instance) {
   auto impl = std::make_unique<Impl>();
   impl->config = config;
+  impl->vllm = config.format == "vllm";
   impl->publish = publish;
   impl->replay = replay;
   char hex[17];
@@ -161,6 +211,19 @@ void EventPublisher::AddBlock(std::string_view profile, uint32_t block_tokens, c
   Impl& m = *impl_;
   Packer& p = m.packer;
   using K = tiering::BlockEventKind;
+  if (m.vllm) {
+    // A move is a store where the block is now, then a removal where it was:
+    // a reader finds it in one medium at least, never in none.
+    if (e.kind != K::kRemoved) {
+      VllmStored(p, e.key, e.parent, e.tokens, block_tokens, e.tier);
+      Added();
+    }
+    if (e.kind != K::kStored) {
+      VllmRemoved(p, e.key, e.kind == K::kMoved ? e.from : e.tier);
+      Added();
+    }
+    return;
+  }
   const bool tokens = e.kind == K::kStored && m.config.token_ids;
   p.pack_map(e.kind == K::kStored ? 6 + (tokens ? 1 : 0) : e.kind == K::kMoved ? 5 : 4);
   Str(p, "type");
@@ -203,6 +266,7 @@ void EventPublisher::AddBlock(std::string_view profile, uint32_t block_tokens, c
 
 void EventPublisher::AddSessionEvicted(std::string_view profile, std::string_view tenant, std::string_view session) {
   Impl& m = *impl_;
+  if (m.vllm) return;  // vLLM has no sessions; the session's blocks have their own removals.
   Packer& p = m.packer;
   p.pack_map(4);
   Str(p, "type");
@@ -227,25 +291,42 @@ void EventPublisher::Flush() {
   const uint64_t seq = m.next_seq++;
   msgpack::sbuffer batch(m.pending.size() + 96);
   Packer p(batch);
-  p.pack_map(5);
-  Str(p, "v");
-  p.pack_uint32(events::kFormatVersion);
-  Str(p, "seq");
-  p.pack_uint64(seq);
-  Str(p, "ts");
-  p.pack_double(std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-  Str(p, "instance");
-  Str(p, m.instance_hex);
-  Str(p, "events");
-  p.pack_array(m.open + (m.cleared_sent ? 0 : 1));
-  if (!m.cleared_sent) {
-    // The stream's first event: a subscriber forgets what it knew of this instance.
-    p.pack_map(1);
-    Str(p, "type");
-    Str(p, "cleared");
-    m.cleared_sent = true;
+  const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const uint32_t count = m.open + (m.cleared_sent ? 0 : 1);
+  if (m.vllm) {
+    // vLLM's KVEventBatch: an array [ts, events, data_parallel_rank].
+    p.pack_array(3);
+    p.pack_double(ts);
+    p.pack_array(count);
+    if (!m.cleared_sent) {
+      p.pack_map(1);
+      Str(p, "type");
+      Str(p, "AllBlocksCleared");
+      m.cleared_sent = true;
+    }
+    batch.write(m.pending.data(), m.pending.size());
+    p.pack_uint32(0);
+  } else {
+    p.pack_map(5);
+    Str(p, "v");
+    p.pack_uint32(events::kFormatVersion);
+    Str(p, "seq");
+    p.pack_uint64(seq);
+    Str(p, "ts");
+    p.pack_double(ts);
+    Str(p, "instance");
+    Str(p, m.instance_hex);
+    Str(p, "events");
+    p.pack_array(count);
+    if (!m.cleared_sent) {
+      // The stream's first event: a subscriber forgets what it knew of this instance.
+      p.pack_map(1);
+      Str(p, "type");
+      Str(p, "cleared");
+      m.cleared_sent = true;
+    }
+    batch.write(m.pending.data(), m.pending.size());
   }
-  batch.write(m.pending.data(), m.pending.size());
   m.pending.clear();
   m.open = 0;
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
@@ -300,8 +381,17 @@ void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::s
         start = events::DecodeSeq(req[2].data(), req[2].size());
       auto reply = [&](uint64_t seq, zmq::message_t batch) {
         const std::string seq8 = events::EncodeSeq(seq);
-        std::array<zmq::message_t, 4> out = {shared(req[0]), zmq::message_t(), zmq::message_t(seq8.data(), seq8.size()),
-                                             std::move(batch)};
+        zmq::message_t id = shared(req[0]), seq_frame(seq8.data(), seq8.size());
+        if (vllm) {
+          // vLLM's: [empty, topic, seq, batch]; the end marker's topic and batch are empty.
+          zmq::message_t topic =
+              seq == events::kReplayEnd ? zmq::message_t() : zmq::message_t(config.topic.data(), config.topic.size());
+          std::array<zmq::message_t, 5> out = {std::move(id), zmq::message_t(), std::move(topic), std::move(seq_frame),
+                                               std::move(batch)};
+          (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
+          return;
+        }
+        std::array<zmq::message_t, 4> out = {std::move(id), zmq::message_t(), std::move(seq_frame), std::move(batch)};
         (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
       };
       const auto now = std::chrono::steady_clock::now();

@@ -19,6 +19,12 @@
 // Replay (ROUTER): a DEALER sends [empty, start seq (8 bytes, big-endian)];
 // kvtierd answers [empty, seq, batch] for each batch it keeps from `start`
 // on, then [empty, 0xFFFFFFFFFFFFFFFF, empty] (the end).
+//
+// events.format picks the batch's encoding: kvtierd's own (the default), or
+// vLLM's KVEventBatch (docs/design.md, "KV events"): a move is then a
+// BlockStored where the block landed and a BlockRemoved where it was, a
+// session eviction is not published, and replay answers carry the topic as
+// vLLM's do: [empty, topic, seq, batch], the end [empty, empty, 0xFF..FF, empty].
 #pragma once
 
 #include <atomic>
@@ -57,7 +63,8 @@ class EventPublisher {
   EventPublisher(const EventPublisher&) = delete;
   EventPublisher& operator=(const EventPublisher&) = delete;
 
-  // The loop's thread only, from here on.
+  // The loop's thread only, from here on. `counters().events` counts the
+  // events encoded: two for a move in the vllm format.
   void AddBlock(std::string_view profile, uint32_t block_tokens, const tiering::BlockEvent& e);
   void AddSessionEvicted(std::string_view profile, std::string_view tenant, std::string_view session);
   // Closes the open batch, if it holds any event, and hands it to the publisher.

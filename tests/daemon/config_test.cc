@@ -243,6 +243,23 @@ TEST(ConfigTest, EventsParseDumpAndNameTheirMistakes) {
   EXPECT_NE(err("  enable: true\n").find("events.enable: unknown key"), std::string::npos);
 }
 
+TEST(ConfigTest, EventsFormatIsKvtierUnlessVllmIsAsked) {
+  auto c = ParseConfig(std::string(kMinimal) + "events:\n  enabled: true\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->events.format, "kvtier");
+  c = ParseConfig(std::string(kMinimal) + "events:\n  enabled: true\n  format: vllm\n  topic: \"\"\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->events.format, "vllm");
+  EXPECT_EQ(c->events.topic, "") << "vLLM's default topic is allowed";
+  auto again = ParseConfig(DumpConfig(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << DumpConfig(*c);
+  EXPECT_EQ(again->events.format, "vllm");
+  EXPECT_TRUE(PlanReload(*c, *ParseConfig(std::string(kMinimal) + "events:\n  enabled: true\n", "t")).applied.empty())
+      << "the format is not reloadable";
+  const std::string e = ErrorOf(std::string(kMinimal) + "events:\n  format: trtllm\n");
+  EXPECT_NE(e.find("events.format"), std::string::npos) << e;
+}
+
 TEST(ConfigTest, SyntaxErrorsGiveALine) {
   const std::string e = ErrorOf("profiles: [\n  - {name: p\n");
   EXPECT_NE(e.find("test.yaml:"), std::string::npos) << e;

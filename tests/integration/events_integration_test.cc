@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -214,17 +215,19 @@ std::vector<TokenId> Tokens(uint32_t seed, uint32_t blocks) {
 }
 
 // GPU 48 and host 32 blocks: eight 12-block sessions overflow both tiers.
-std::string EventsConfig(uint32_t max_batch_events = 64) {
+// `events` replaces the events section's defaults for the test.
+std::string EventsConfig(uint32_t max_batch_events = 64, const std::string& events = "  token_ids: true\n") {
   std::string config = kSmallDaemonConfig;
   config.replace(config.find("gpu_blocks: 256"), 15, "gpu_blocks: 48");
   config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 32");
-  return config + "events:\n  enabled: true\n  token_ids: true\n  max_batch_events: " +
-         std::to_string(max_batch_events) + "\n";
+  return config + "events:\n  enabled: true\n" + events + "  max_batch_events: " + std::to_string(max_batch_events) +
+         "\n";
 }
 
 class EventsTest : public ::testing::Test {
  protected:
-  explicit EventsTest(uint32_t max_batch_events = 64) : daemon_(EventsConfig(max_batch_events)) {}
+  explicit EventsTest(uint32_t max_batch_events = 64, const std::string& events = "  token_ids: true\n")
+      : daemon_(EventsConfig(max_batch_events, events)) {}
   void SetUp() override {
     ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
     ClientOptions o;
@@ -441,6 +444,177 @@ TEST_F(SlowSubscriberTest, ASubscriberThatNeverReadsHoldsNobodyUp) {
   EXPECT_GT(got, 0) << "it was subscribed";
   EXPECT_LT(got, batches) << "kvtierd dropped messages for it rather than wait";
   std::printf("%.0f batches published, %d reached the subscriber that never read\n", batches, got);
+}
+
+// ---- events.format: vllm ----
+
+// The block hash the vllm format gives a key: its low word, the last 16 of the 32 hex digits.
+uint64_t VllmHashOf(const std::string& key_hex) { return std::stoull(key_hex.substr(16), nullptr, 16); }
+
+const char* MediumOf(const std::string& tier) { return tier == "gpu" ? "GPU" : tier == "host" ? "CPU" : "?"; }
+
+// Replays vLLM KVEventBatch payloads ([ts, events, data_parallel_rank], each
+// event a map tagged by `type`) into the block hashes per medium.
+struct VllmReplica {
+  std::map<std::string, std::set<uint64_t>> medium;
+  std::map<uint64_t, std::vector<uint32_t>> tokens;  // Of each hash, from its BlockStored events.
+  std::map<uint64_t, uint64_t> parent;               // Of each hash (0: none).
+  uint64_t applied = 0;
+  int stored = 0, removed = 0, cleared = 0;
+
+  void Apply(uint64_t seq, const std::string& payload) {
+    ASSERT_EQ(seq, applied + 1) << "batches are applied in order, none missing";
+    applied = seq;
+    msgpack::object_handle h = msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& b = h.get();
+    ASSERT_EQ(b.type, msgpack::type::ARRAY) << "KVEventBatch is array-like";
+    ASSERT_EQ(b.via.array.size, 3u);
+    EXPECT_EQ(b.via.array.ptr[0].type, msgpack::type::FLOAT64) << "ts";
+    EXPECT_EQ(b.via.array.ptr[2].as<int>(), 0) << "data_parallel_rank";
+    const msgpack::object& events = b.via.array.ptr[1];
+    ASSERT_EQ(events.type, msgpack::type::ARRAY);
+    for (uint32_t i = 0; i < events.via.array.size; ++i) {
+      const msgpack::object& e = events.via.array.ptr[i];
+      ASSERT_EQ(e.type, msgpack::type::MAP);
+      const std::string type = Text(Field(e, "type"));
+      if (type == "AllBlocksCleared") {
+        medium.clear();
+        ++cleared;
+        continue;
+      }
+      const auto hashes = Field(e, "block_hashes").as<std::vector<uint64_t>>();
+      ASSERT_EQ(hashes.size(), 1u);
+      const std::string where = Text(Field(e, "medium"));
+      EXPECT_TRUE(where == "GPU" || where == "CPU") << where;
+      if (type == "BlockStored") {
+        ++stored;
+        EXPECT_TRUE(medium[where].insert(hashes[0]).second) << "stored twice in " << where;
+        EXPECT_EQ(Field(e, "block_size").as<uint32_t>(), 16u);
+        ASSERT_EQ(Field(e, "token_ids").type, msgpack::type::ARRAY) << "token_ids is always there";
+        tokens[hashes[0]] = Field(e, "token_ids").as<std::vector<uint32_t>>();
+        EXPECT_EQ(tokens[hashes[0]].size(), 16u);
+        const msgpack::object& p = Field(e, "parent_block_hash");
+        parent[hashes[0]] = p.type == msgpack::type::NIL ? 0 : p.as<uint64_t>();
+        // Required by vLLM's BlockStored (no default): present, nil here.
+        for (const char* k : {"lora_id", "lora_name"}) {
+          bool present = false;
+          for (uint32_t j = 0; j < e.via.map.size; ++j) present |= Text(e.via.map.ptr[j].key) == k;
+          EXPECT_TRUE(present) << k;
+        }
+      } else if (type == "BlockRemoved") {
+        ++removed;
+        EXPECT_EQ(medium[where].erase(hashes[0]), 1u) << "removed from " << where << " before it was stored there";
+      } else {
+        ADD_FAILURE() << "unknown event type '" << type << "'";
+      }
+    }
+  }
+};
+
+class VllmEventsTest : public EventsTest {
+ protected:
+  static constexpr const char* kTopic = "kv@host-a@tiny";
+  VllmEventsTest() : EventsTest(64, std::string("  format: vllm\n  topic: \"") + kTopic + "\"\n") {}
+
+  // vLLM's replay: [empty, start] in; [empty, topic, seq, batch] per batch kept, then [empty, "", 0xFF..FF, ""].
+  std::vector<std::pair<uint64_t, std::string>> Replay(zmq::socket_t& dealer, uint64_t from) {
+    std::vector<std::pair<uint64_t, std::string>> out;
+    const std::string s8 = events::EncodeSeq(from);
+    std::array<zmq::const_buffer, 2> req = {zmq::const_buffer(), zmq::buffer(s8)};
+    EXPECT_TRUE(zmq::send_multipart(dealer, req));
+    for (;;) {
+      zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, 5000ms) == 0) {
+        ADD_FAILURE() << "no answer to the replay";
+        return out;
+      }
+      std::vector<zmq::message_t> parts;
+      (void)zmq::recv_multipart(dealer, std::back_inserter(parts));
+      EXPECT_EQ(parts.size(), 4u);
+      if (parts.size() != 4) return out;
+      EXPECT_EQ(parts[0].size(), 0u);
+      const uint64_t seq = FromSeq8(parts[2]);
+      if (seq == kReplayEnd) {
+        EXPECT_EQ(parts[1].size(), 0u) << "the end marker's topic is empty";
+        EXPECT_EQ(parts[3].size(), 0u);
+        return out;
+      }
+      EXPECT_EQ(parts[1].to_string(), kTopic);
+      out.emplace_back(seq, parts[3].to_string());
+    }
+  }
+  // Per medium, the hashes of every session's blocks, as `cachectl session` prints them.
+  std::map<std::string, std::set<uint64_t>> DaemonMedia() {
+    std::map<std::string, std::set<uint64_t>> out;
+    for (const auto& [key, tier] : DaemonBlocks()) out[MediumOf(tier)].insert(VllmHashOf(key));
+    return out;
+  }
+};
+
+TEST_F(VllmEventsTest, VllmFormatBatchesReplayIntoTheDaemonsBlocksPerMedium) {
+  zmq::socket_t sub(ctx_, zmq::socket_type::sub), dealer(ctx_, zmq::socket_type::dealer);
+  sub.set(zmq::sockopt::linger, 0);
+  sub.set(zmq::sockopt::subscribe, "kv@");
+  sub.connect(Publish());
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(ReplayEndpoint());
+  VllmReplica replica;
+  // Joins through the replay, then reads live until a probe's batch arrives.
+  for (auto& [seq, payload] : Replay(dealer, 1)) replica.Apply(seq, payload);
+  ASSERT_EQ(replica.cleared, 1) << "the stream opens with AllBlocksCleared";
+  auto read_one = [&](std::chrono::milliseconds timeout) {
+    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, timeout);
+    if (!(item.revents & ZMQ_POLLIN)) return false;
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(sub, std::back_inserter(parts));
+    EXPECT_EQ(parts.size(), 3u) << "[topic, seq, batch]";
+    if (parts.size() != 3) return true;
+    EXPECT_EQ(parts[0].to_string(), kTopic);
+    const uint64_t seq = FromSeq8(parts[1]);
+    if (seq <= replica.applied) return true;
+    if (seq > replica.applied + 1) {
+      for (auto& [s, payload] : Replay(dealer, replica.applied + 1)) {
+        if (s > replica.applied && s < seq) replica.Apply(s, payload);
+      }
+    }
+    replica.Apply(seq, parts[2].to_string());
+    return true;
+  };
+  bool joined = false;
+  for (int i = 0; i < 100 && !joined; ++i) {
+    Commit("probe-" + std::to_string(i), Tokens(9000 + i, 1));
+    joined = read_one(100ms);
+  }
+  ASSERT_TRUE(joined) << "no live batch reached the subscriber";
+
+  Workload(1);
+  Workload(2);
+  std::map<std::string, std::set<uint64_t>> daemon;
+  for (int i = 0; i < 200; ++i) {  // Copies still landing move blocks: at most 10 s.
+    const auto seq = static_cast<uint64_t>(Stat("event_seq"));
+    const auto until = Clock::now() + 10s;
+    while (replica.applied < seq && Clock::now() < until) read_one(100ms);
+    ASSERT_GE(replica.applied, seq) << "batch " << seq << " never came";
+    daemon = DaemonMedia();
+    std::erase_if(replica.medium, [](const auto& m) { return m.second.empty(); });
+    if (static_cast<uint64_t>(Stat("event_seq")) == seq && replica.medium == daemon) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(replica.medium, daemon);
+  EXPECT_FALSE(daemon["GPU"].empty());
+  EXPECT_FALSE(daemon["CPU"].empty()) << "the workload demoted blocks";
+  EXPECT_GT(replica.removed, 0) << "moves and drops remove";
+  // token_ids are there without events.token_ids, and parents chain by the same hashes.
+  const std::vector<BlockKey> keys = client_->Keys(Tokens(106, 12));
+  const auto first = Tokens(106, 1);
+  EXPECT_EQ(replica.tokens[keys[0].lo], std::vector<uint32_t>(first.begin(), first.end()));
+  EXPECT_EQ(replica.parent[keys[0].lo], 0u) << "block 0 has no parent";
+  EXPECT_EQ(replica.parent[keys[1].lo], keys[0].lo);
+  // Two events per move: the counter counts what was encoded (the opening
+  // AllBlocksCleared aside, as in the kvtier format).
+  EXPECT_EQ(Stat("events"), replica.stored + replica.removed);
+  EXPECT_EQ(Stat("event_batches_dropped"), 0);
 }
 
 TEST(EventsOffTest, WithEventsOffNothingIsPublished) {

@@ -225,6 +225,8 @@ TEST_F(BlockTableTest, EventsComeInTheOrderOfTheChanges) {
   EXPECT_EQ(events_[1].key, PartKey(0));
   EXPECT_EQ(events_[1].from, Tier::kGpu);
   EXPECT_EQ(events_[1].tier, Tier::kHost);
+  EXPECT_EQ(events_[1].parent, PartParent(0)) << "a move names the block's parent and tokens too";
+  EXPECT_EQ(events_[1].tokens, PartTokens(0));
   EXPECT_EQ(events_[2].kind, BlockEventKind::kRemoved);
   EXPECT_EQ(events_[2].tier, Tier::kHost);
 }

@@ -31,8 +31,12 @@ uint32_t BlockTable::Publish(const BlockKey& key, const BlockKey& parent, std::s
 }
 
 void BlockTable::Moved(uint32_t r, Tier from) {
+  if (!observer_) return;
   const Record& rec = records_[r];
-  if (observer_) observer_(BlockEvent{BlockEventKind::kMoved, rec.key, {}, rec.tier, from, {}});
+  // Its row (parent and tokens) stays while it is indexed: a format that
+  // reports a move as a new store (the vLLM one) needs them.
+  observer_(BlockEvent{
+      BlockEventKind::kMoved, rec.key, index_.parent(r), rec.tier, from, {index_.tokens(r), index_.block_tokens()}});
 }
 
 void BlockTable::Unpublish(uint32_t r) {

@@ -67,10 +67,10 @@ enum class BlockEventKind : uint8_t {
 struct BlockEvent {
   BlockEventKind kind = BlockEventKind::kStored;
   BlockKey key;
-  BlockKey parent;                  // kStored: the block before it (null for block 0).
+  BlockKey parent;                  // kStored, kMoved: the block before it (null for block 0).
   Tier tier = Tier::kGpu;           // Where it is now (kStored, kMoved) or was (kRemoved).
   Tier from = Tier::kGpu;           // kMoved.
-  std::span<const TokenId> tokens;  // kStored: its tokens, valid during the call only.
+  std::span<const TokenId> tokens;  // kStored, kMoved: its tokens, valid during the call only.
 };
 
 struct EngineOptions {
