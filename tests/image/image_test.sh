@@ -40,6 +40,9 @@ bud() { buildah --root "$storage" --runroot "$work/runroot" --storage-driver "$d
 daemon_pid="" run_pid=""
 cleanup() {
   set +e
+  # A kvtierd that became ready after the test gave up on it: its pid is in its log.
+  [ -z "$daemon_pid" ] && [ -n "$run_pid" ] &&
+    daemon_pid=$(sed -n 's/.*ready: listening on .* (pid \([0-9]*\)).*/\1/p' "$work/kvtierd.log" 2>/dev/null)
   if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
     kill -TERM "$daemon_pid"
     for _ in $(seq 100); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
