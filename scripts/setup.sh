@@ -13,6 +13,9 @@ packages=(
   # The model worker: libtorch (CPU) and a fast BLAS for its matrix products
   # (the reference BLAS Debian selects by default is about 10x slower).
   libtorch-dev libopenblas0-pthread
+  # The container image (Containerfile): its test builds and runs it with buildah
+  # (chroot isolation) on a Debian 12 base that mmdebstrap makes (scripts/image_base.sh).
+  buildah podman mmdebstrap
 )
 missing=()
 for p in "${packages[@]}"; do

