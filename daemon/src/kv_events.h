@@ -26,9 +26,9 @@
 // session eviction is not published, and replay answers carry the topic as
 // vLLM's do: [empty, topic, seq, batch], the end [empty, empty, 0xFF..FF, empty].
 // In that format only, what the stores below the host tier say of their
-// blocks (AddStorage) is published in medium STORAGE: a BlockStored when the
-// first store of the chain wrote a block, a BlockRemoved when the last store
-// believed to hold it was found without it (or evicted it).
+// blocks (AddStorage) is published in medium STORAGE: a BlockStored when a
+// store wrote a block none was known to hold, a BlockRemoved when the last
+// store believed to hold it was found without it (or evicted it).
 #pragma once
 
 #include <atomic>
