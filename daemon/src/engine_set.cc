@@ -96,9 +96,12 @@ Status BuildEngines(const DaemonConfig& config, tiering::Backend& backend, const
         // A write-through store gets each block as soon as it is committed.
         for (const StoreTierConfig& t : config.stores.tiers) options.spill_committed |= t.write_through;
         const uint64_t fingerprint = options.profile.Fingerprint();
-        options.on_spill = [chain, fingerprint](const tiering::HostBlock& b) {
+        // Writes are reported as events (vllm's STORAGE medium) for the blocks
+        // the events stream may name: not an isolated tenant's (below).
+        const bool reported = tenant.empty();
+        options.on_spill = [chain, fingerprint, reported](const tiering::HostBlock& b) {
           chain->Offer(stores::BlockRecordHeader{fingerprint, b.key, b.parent, b.key_ns}, b.tokens, b.payload,
-                       b.dropped);
+                       b.dropped, reported);
         };
       }
       // An isolated tenant's blocks are out of every other tenant's reach, and the

@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <list>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -63,11 +65,13 @@ void Key(Packer& p, const BlockKey& k) {
 void VllmHash(Packer& p, const BlockKey& k) { p.pack_uint64(k.lo); }
 
 const char* VllmMedium(Tier tier) { return tier == Tier::kGpu ? "GPU" : "CPU"; }
+// The stores below the host tier, all of them one medium.
+constexpr const char* kVllmStorage = "STORAGE";
 
 // vLLM's BlockStored (vllm/distributed/kv_events.py): a tagged map, the tag in
 // `type`, the fields it requires, the ones it defaults (omit_defaults) left out.
 void VllmStored(Packer& p, const BlockKey& key, const BlockKey& parent, std::span<const TokenId> tokens,
-                uint32_t block_tokens, Tier tier) {
+                uint32_t block_tokens, const char* medium) {
   p.pack_map(8);
   Str(p, "type");
   Str(p, "BlockStored");
@@ -88,12 +92,12 @@ void VllmStored(Packer& p, const BlockKey& key, const BlockKey& parent, std::spa
   Str(p, "lora_id");
   p.pack_nil();
   Str(p, "medium");
-  Str(p, VllmMedium(tier));
+  Str(p, medium);
   Str(p, "lora_name");
   p.pack_nil();
 }
 
-void VllmRemoved(Packer& p, const BlockKey& key, Tier tier) {
+void VllmRemoved(Packer& p, const BlockKey& key, const char* medium) {
   p.pack_map(3);
   Str(p, "type");
   Str(p, "BlockRemoved");
@@ -101,7 +105,7 @@ void VllmRemoved(Packer& p, const BlockKey& key, Tier tier) {
   p.pack_array(1);
   VllmHash(p, key);
   Str(p, "medium");
-  Str(p, VllmMedium(tier));
+  Str(p, medium);
 }
 
 // Binds `s` to `endpoint`; an ipc:// socket file is born 0600 (whatever the
@@ -147,6 +151,16 @@ struct EventPublisher::Impl {
   uint32_t open = 0;
   uint64_t next_seq = 1;
   bool cleared_sent = false;
+
+  // The blocks announced in STORAGE (vllm format): which stores (a bit per
+  // chain index) are believed to hold each, and the order they were announced
+  // in, oldest first (forgotten first past kMaxStorageBlocks).
+  struct Stored {
+    uint8_t stores = 0;
+    std::list<BlockKey>::iterator at;
+  };
+  std::unordered_map<BlockKey, Stored, BlockKeyHash> storage;
+  std::list<BlockKey> storage_order;
 
   void Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::socket_t router, EventCounters* counters) const;
 };
@@ -215,11 +229,11 @@ void EventPublisher::AddBlock(std::string_view profile, uint32_t block_tokens, c
     // A move is a store where the block is now, then a removal where it was:
     // a reader finds it in one medium at least, never in none.
     if (e.kind != K::kRemoved) {
-      VllmStored(p, e.key, e.parent, e.tokens, block_tokens, e.tier);
+      VllmStored(p, e.key, e.parent, e.tokens, block_tokens, VllmMedium(e.tier));
       Added();
     }
     if (e.kind != K::kStored) {
-      VllmRemoved(p, e.key, e.kind == K::kMoved ? e.from : e.tier);
+      VllmRemoved(p, e.key, VllmMedium(e.kind == K::kMoved ? e.from : e.tier));
       Added();
     }
     return;
@@ -277,6 +291,39 @@ void EventPublisher::AddSessionEvicted(std::string_view profile, std::string_vie
   Str(p, tenant);
   Str(p, "session");
   Str(p, session);
+  Added();
+}
+
+void EventPublisher::AddStorage(const stores::StoreEvent& e) {
+  Impl& m = *impl_;
+  if (!m.vllm) return;
+  const auto bit = static_cast<uint8_t>(1u << (e.store & 7));  // At most 8 stores (stores.tiers).
+  auto it = m.storage.find(e.key);
+  if (e.kind == stores::StoreEvent::Kind::kGone) {
+    if (it == m.storage.end()) return;  // Never announced (or forgotten): nothing to take back.
+    it->second.stores &= static_cast<uint8_t>(~bit);
+    if (it->second.stores != 0) return;  // Another store holds it still.
+    m.storage_order.erase(it->second.at);
+    m.storage.erase(it);
+    VllmRemoved(m.packer, e.key, kVllmStorage);
+    Added();
+    return;
+  }
+  if (it != m.storage.end()) {  // Announced already: one STORAGE entry per block, whichever stores hold it.
+    it->second.stores |= bit;
+    return;
+  }
+  if (m.storage.size() >= kMaxStorageBlocks) {
+    const BlockKey oldest = m.storage_order.front();
+    m.storage_order.pop_front();
+    m.storage.erase(oldest);
+    counters_.storage_forgotten.fetch_add(1, std::memory_order_relaxed);
+    VllmRemoved(m.packer, oldest, kVllmStorage);
+    Added();
+  }
+  m.storage_order.push_back(e.key);
+  m.storage.emplace(e.key, Impl::Stored{bit, std::prev(m.storage_order.end())});
+  VllmStored(m.packer, e.key, e.parent, e.tokens, static_cast<uint32_t>(e.tokens.size()), kVllmStorage);
   Added();
 }
 

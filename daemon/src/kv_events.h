@@ -25,6 +25,10 @@
 // BlockStored where the block landed and a BlockRemoved where it was, a
 // session eviction is not published, and replay answers carry the topic as
 // vLLM's do: [empty, topic, seq, batch], the end [empty, empty, 0xFF..FF, empty].
+// In that format only, what the stores below the host tier say of their
+// blocks (AddStorage) is published in medium STORAGE: a BlockStored when a
+// store wrote a block none was known to hold, a BlockRemoved when the last
+// store believed to hold it was found without it (or evicted it).
 #pragma once
 
 #include <atomic>
@@ -35,6 +39,7 @@
 
 #include "config.h"
 #include "kvtier/status.h"
+#include "kvtier/stores/store_chain.h"
 #include "kvtier/tiering/engine.h"
 
 namespace kvtier::daemon {
@@ -46,6 +51,7 @@ struct EventCounters {
   std::atomic<uint64_t> replays{0};          // Replay requests answered.
   std::atomic<uint64_t> replays_refused{0};  // Past the replay rate: answered with the end marker alone.
   std::atomic<uint64_t> last_seq{0};         // The last sequence number taken (0: none yet).
+  std::atomic<uint64_t> storage_forgotten{0};  // STORAGE blocks removed past kMaxStorageBlocks.
 };
 
 class EventPublisher {
@@ -67,6 +73,13 @@ class EventPublisher {
   // events encoded: two for a move in the vllm format.
   void AddBlock(std::string_view profile, uint32_t block_tokens, const tiering::BlockEvent& e);
   void AddSessionEvicted(std::string_view profile, std::string_view tenant, std::string_view session);
+  // What the stores learnt of a block (StoreChain::TakeEvents). The vllm
+  // format only (none is collected otherwise): the publisher keeps, per block
+  // it announced in STORAGE, which stores hold it, for at most
+  // kMaxStorageBlocks blocks; past that the oldest announced is forgotten and
+  // published as removed (a router's view stays a subset of the stores').
+  void AddStorage(const stores::StoreEvent& e);
+  static constexpr size_t kMaxStorageBlocks = size_t{1} << 18;
   // Closes the open batch, if it holds any event, and hands it to the publisher.
   void Flush();
 

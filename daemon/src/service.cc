@@ -22,10 +22,15 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
   if (!backend.ok()) return backend.status();
   std::unique_ptr<Service> svc(new Service(config, std::move(backend).value()));
   Service* raw = svc.get();
-  auto opened = OpenStores(config.stores, [raw] {
-    std::lock_guard<std::mutex> lock(raw->wake_mu_);
-    if (raw->wake_) raw->wake_();
-  });
+  // The stores say what they learnt of their blocks only for the vllm format's STORAGE medium.
+  const bool storage_events = config.events.enabled && config.events.format == "vllm";
+  auto opened = OpenStores(
+      config.stores,
+      [raw] {
+        std::lock_guard<std::mutex> lock(raw->wake_mu_);
+        if (raw->wake_) raw->wake_();
+      },
+      storage_events ? kMaxStoreEvents : 0);
   if (!opened.ok()) return opened.status();
   svc->stores_ = std::move(opened).value();
   if (config.events.enabled) {
@@ -103,6 +108,9 @@ void Service::Tick() {
   }
   LogExpiredLeases();
   if (stores_ != nullptr) LandDetachedFetches();
+  if (stores_ != nullptr && events_ != nullptr) {
+    for (const stores::StoreEvent& e : stores_->TakeEvents()) events_->AddStorage(e);
+  }
   FlushLimitedLogs();
   warm_.MaybeSnapshot(engines_, config_);
   // One batch per tick (tick_ms) of what changed since (or sooner, at events.max_batch_events).
@@ -468,9 +476,14 @@ StatsView Service::View(std::vector<std::string> tenants) const {
   v.registry = &tenants_;
   if (events_ != nullptr) {
     const EventCounters& c = events_->counters();
-    v.events =
-        EventStats{c.events.load(),   c.batches.load(),  c.dropped_batches.load(),
-                   c.replays.load(),  c.last_seq.load(), c.replays_refused.load()};
+    v.events = EventStats{c.events.load(),
+                          c.batches.load(),
+                          c.dropped_batches.load(),
+                          c.replays.load(),
+                          c.last_seq.load(),
+                          c.replays_refused.load(),
+                          stores_ != nullptr ? stores_->dropped_events() : 0,
+                          c.storage_forgotten.load()};
   }
   return v;
 }

@@ -99,6 +99,10 @@ struct Reply {
 // without promoting it, its host-tier blocks in the host tier).
 inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 
+// What the stores' I/O thread keeps of its block events between two ticks
+// (the vllm format's STORAGE medium); past it they are dropped and counted.
+inline constexpr size_t kMaxStoreEvents = 16384;
+
 // How long a SessionInfo waits for the stores to say where the session's
 // blocks that pressure dropped into them are (past it they show as unknown).
 inline constexpr std::chrono::milliseconds kLocateWaitLimit{2000};

@@ -76,6 +76,9 @@ struct ServiceCounters {
 // The KV event stream's figures (EventPublisher's counters; all 0 when off).
 struct EventStats {
   uint64_t events = 0, batches = 0, dropped_batches = 0, replays = 0, last_seq = 0, replays_refused = 0;
+  // The vllm format's STORAGE medium: store events the stores' I/O thread had
+  // no room to keep, and blocks forgotten past EventPublisher::kMaxStorageBlocks.
+  uint64_t storage_dropped = 0, storage_forgotten = 0;
 };
 
 struct StatsView {

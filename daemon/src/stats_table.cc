@@ -340,6 +340,12 @@ constexpr StatRow kStats[] = {
   {"event_replays_refused", "kvtier_event_replays_refused_total", Type::kCounter,
    "KV event replay requests past the replay rate (20 a second, all peers together): answered with the end marker "
    "alone", S::kDaemon, kNoLabel, &Events<&EventStats::replays_refused>},
+  {"event_storage_dropped", "kvtier_event_storage_dropped_total", Type::kCounter,
+   "What the stores learnt of their blocks (written, gone) not published in medium STORAGE: more came between two "
+   "ticks than kvtierd keeps", S::kDaemon, kNoLabel, &Events<&EventStats::storage_dropped>},
+  {"event_storage_forgotten", "kvtier_event_storage_forgotten_total", Type::kCounter,
+   "Blocks published as removed from medium STORAGE because kvtierd tracks at most 262144 there, not because a "
+   "store lost them", S::kDaemon, kNoLabel, &Events<&EventStats::storage_forgotten>},
   {"event_seq", "kvtier_event_seq", Type::kGauge, "The last KV event batch's sequence number", S::kDaemon, kNoLabel,
    &Events<&EventStats::last_seq>},
 

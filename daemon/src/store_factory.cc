@@ -8,7 +8,8 @@
 
 namespace kvtier::daemon {
 
-Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify) {
+Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify,
+                                                       size_t max_events) {
   if (config.tiers.empty()) return std::unique_ptr<stores::StoreChain>();
   std::vector<stores::ChainedStore> chain;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
@@ -23,6 +24,7 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
   stores::StoreChainOptions o;
   o.key_prefix = config.key_prefix;
   o.max_queued_bytes = config.queue_bytes;
+  o.max_events = max_events;
   return std::make_unique<stores::StoreChain>(std::move(chain), o, std::move(notify));
 }
 

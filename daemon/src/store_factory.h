@@ -13,12 +13,15 @@
 namespace kvtier::daemon {
 
 // The chain of the configured stores (nullptr when none are configured), its
-// fetches reported to `notify` (called on the chain's I/O thread). A store
+// fetches reported to `notify` (called on the chain's I/O thread); with
+// `max_events`, it collects up to that many block events between two
+// TakeEvents (StoreChainOptions::max_events). A store
 // that cannot be opened (a disk directory that cannot be made, a password
 // file that cannot be read, a malformed node) fails the start with an error
 // naming its configuration key; a Redis server that is down is not an error
 // (the store answers as down and reconnects).
-Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify);
+Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify,
+                                                       size_t max_events = 0);
 
 // The stores' names in metrics and cachectl, in chain order: their kind
 // ("disk", "redis"), numbered when two are of one kind ("disk0", "disk1").

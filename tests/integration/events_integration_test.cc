@@ -9,11 +9,13 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
@@ -226,8 +228,10 @@ std::string EventsConfig(uint32_t max_batch_events = 64, const std::string& even
 
 class EventsTest : public ::testing::Test {
  protected:
-  explicit EventsTest(uint32_t max_batch_events = 64, const std::string& events = "  token_ids: true\n")
-      : daemon_(EventsConfig(max_batch_events, events)) {}
+  // `config`, if given, is the daemon's whole configuration instead.
+  explicit EventsTest(uint32_t max_batch_events = 64, const std::string& events = "  token_ids: true\n",
+                      const std::string& config = "")
+      : daemon_(config.empty() ? EventsConfig(max_batch_events, events) : config) {}
   void SetUp() override {
     ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
     ClientOptions o;
@@ -485,7 +489,7 @@ struct VllmReplica {
       const auto hashes = Field(e, "block_hashes").as<std::vector<uint64_t>>();
       ASSERT_EQ(hashes.size(), 1u);
       const std::string where = Text(Field(e, "medium"));
-      EXPECT_TRUE(where == "GPU" || where == "CPU") << where;
+      EXPECT_TRUE(where == "GPU" || where == "CPU" || where == "STORAGE") << where;
       if (type == "BlockStored") {
         ++stored;
         EXPECT_TRUE(medium[where].insert(hashes[0]).second) << "stored twice in " << where;
@@ -515,6 +519,7 @@ class VllmEventsTest : public EventsTest {
  protected:
   static constexpr const char* kTopic = "kv@host-a@tiny";
   VllmEventsTest() : EventsTest(64, std::string("  format: vllm\n  topic: \"") + kTopic + "\"\n") {}
+  explicit VllmEventsTest(const std::string& config) : EventsTest(64, "", config) {}
 
   // vLLM's replay: [empty, start] in; [empty, topic, seq, batch] per batch kept, then [empty, "", 0xFF..FF, ""].
   std::vector<std::pair<uint64_t, std::string>> Replay(zmq::socket_t& dealer, uint64_t from) {
@@ -615,6 +620,197 @@ TEST_F(VllmEventsTest, VllmFormatBatchesReplayIntoTheDaemonsBlocksPerMedium) {
   // AllBlocksCleared aside, as in the kvtier format).
   EXPECT_EQ(Stat("events"), replica.stored + replica.removed);
   EXPECT_EQ(Stat("event_batches_dropped"), 0);
+}
+
+// ---- events.format: vllm with a disk store: the STORAGE medium ----
+
+// The block hashes of the block files in `dir` (a file's name is its StoreKey:
+// "<prefix><fingerprint>:<32 hex digits of the key>").
+std::set<uint64_t> StoredHashes(const std::string& dir) {
+  std::set<uint64_t> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(".") || name.size() < 32) continue;
+    out.insert(VllmHashOf(name.substr(name.size() - 32)));
+  }
+  return out;
+}
+
+// The block file in `dir` of the key whose vLLM hash is `hash`.
+std::string FileOfHash(const std::string& dir, uint64_t hash) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(".") && name.size() >= 32 && VllmHashOf(name.substr(name.size() - 32)) == hash) {
+      return e.path().string();
+    }
+  }
+  return "";
+}
+
+std::string StorageDir() { return "/tmp/kvtier-storage-events-" + std::to_string(::getpid()); }
+
+// 16 host slots (no watermark drops), a write-back disk tier of 9 records
+// (8352 bytes each: 96 of header, 64 of tokens, 8192 of payload).
+std::string StorageConfig() {
+  std::string config = kSmallDaemonConfig;
+  config.replace(config.find("host_blocks: 1024"), 17, "host_blocks: 16");
+  return config + "tiering:\n  host_high_watermark: 1.0\n  host_low_watermark: 1.0\n" +
+         "stores:\n  tiers:\n    - kind: disk\n      path: " + StorageDir() +
+         "\n      max_bytes: 80KiB\n      write: back\n" + "events:\n  enabled: true\n  format: vllm\n  topic: \"" +
+         "kv@host-a@tiny" + "\"\n";
+}
+
+class VllmStorageEventsTest : public VllmEventsTest {
+ protected:
+  VllmStorageEventsTest() : VllmEventsTest((std::filesystem::remove_all(StorageDir()), StorageConfig())) {}
+  void TearDown() override {
+    VllmEventsTest::TearDown();
+    std::filesystem::remove_all(StorageDir());
+  }
+
+  // Reads live batches (filling gaps from the replay) until `seq` is applied.
+  bool ReadUntil(uint64_t seq, std::chrono::milliseconds limit = 10s) {
+    const auto until = Clock::now() + limit;
+    while (replica_.applied < seq && Clock::now() < until) {
+      zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 100ms);
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> parts;
+      (void)zmq::recv_multipart(sub_, std::back_inserter(parts));
+      if (parts.size() != 3) continue;
+      const uint64_t got = FromSeq8(parts[1]);
+      if (got <= replica_.applied) continue;
+      if (got > replica_.applied + 1) {
+        for (auto& [s, payload] : Replay(dealer_, replica_.applied + 1)) {
+          if (s > replica_.applied && s < got) replica_.Apply(s, payload);
+        }
+      }
+      replica_.Apply(got, parts[2].to_string());
+    }
+    return replica_.applied >= seq;
+  }
+  void Join() {
+    sub_.set(zmq::sockopt::linger, 0);
+    sub_.set(zmq::sockopt::subscribe, "kv@");
+    sub_.connect(Publish());
+    dealer_.set(zmq::sockopt::linger, 0);
+    dealer_.connect(ReplayEndpoint());
+    for (auto& [seq, payload] : Replay(dealer_, 1)) replica_.Apply(seq, payload);
+    const uint64_t start = replica_.applied;
+    for (int i = 0; i < 100; ++i) {
+      Commit("probe-" + std::to_string(i), Tokens(9000 + i, 1));
+      if (ReadUntil(start + 1, 100ms)) return;
+    }
+    FAIL() << "no live batch reached the subscriber";
+  }
+  void CommitAndDemote(const std::string& session, const std::vector<TokenId>& tokens) {
+    Commit(session, tokens);
+    size_t demoted = 0;
+    for (int i = 0; i < 500 && demoted < tokens.size() / 16; ++i) {
+      auto d = client_->Demote(session);
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      demoted += *d;
+    }
+  }
+  // Per place `cachectl session` names ("gpu", "host", "disk"), the hashes of
+  // every session's blocks; "nowhere": each session's first block no store
+  // holds (those after it are nowhere a fetch reaches, whatever a store holds).
+  std::map<std::string, std::set<uint64_t>> DaemonPlaces() {
+    std::map<std::string, std::set<uint64_t>> out;
+    const nlohmann::json list = Cachectl({"sessions"});
+    for (const nlohmann::json& s : list["sessions"]) {
+      const nlohmann::json info = Cachectl({"session", s["id"].get<std::string>()});
+      bool lost = false;
+      for (const nlohmann::json& b : info["chain"]) {
+        const std::string place = b["tier"].get<std::string>();
+        if (place == "nowhere" && std::exchange(lost, true)) continue;
+        out[place].insert(VllmHashOf(b["key"].get<std::string>()));
+      }
+    }
+    return out;
+  }
+  // Waits until the stream read so far says what kvtierd and the directory
+  // say: GPU and CPU as the sessions' tiers, STORAGE as the block files there
+  // (those the sessions place on "disk" among them, not the first each places "nowhere").
+  void ExpectReplicaMatches() {
+    std::map<std::string, std::set<uint64_t>> daemon;
+    std::set<uint64_t> files;
+    auto agree = [&] {
+      auto medium = [&](const char* m) {
+        auto it = replica_.medium.find(m);
+        return it == replica_.medium.end() ? std::set<uint64_t>() : it->second;
+      };
+      const std::set<uint64_t> storage = medium("STORAGE");
+      bool ok = medium("GPU") == daemon["gpu"] && medium("CPU") == daemon["host"] && storage == files;
+      for (uint64_t h : daemon["disk"]) ok &= storage.count(h) == 1;
+      for (uint64_t h : daemon["nowhere"]) ok &= storage.count(h) == 0;
+      return ok;
+    };
+    for (int i = 0; i < 200; ++i) {
+      const auto seq = static_cast<uint64_t>(Stat("event_seq"));
+      ASSERT_TRUE(ReadUntil(seq)) << "batch " << seq << " never came";
+      daemon = DaemonPlaces();  // Its locates may learn of blocks gone: read the stream again after.
+      files = StoredHashes(StorageDir());
+      if (static_cast<uint64_t>(Stat("event_seq")) == seq && agree()) break;
+      std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_EQ(replica_.medium["STORAGE"], files);
+    EXPECT_EQ(replica_.medium["GPU"], daemon["gpu"]);
+    EXPECT_EQ(replica_.medium["CPU"], daemon["host"]);
+    EXPECT_TRUE(agree()) << "the sessions' disk blocks are in STORAGE, their lost ones are not";
+  }
+
+  zmq::socket_t sub_{ctx_, zmq::socket_type::sub}, dealer_{ctx_, zmq::socket_type::dealer};
+  VllmReplica replica_;
+};
+
+TEST_F(VllmStorageEventsTest, BlocksTheDiskTierWritesLosesAndEvictsComeAndGoInStorage) {
+  Join();
+  // a's 12 blocks demoted, then b's: the host tier's 16 slots drop 8 of a's, which the disk tier takes.
+  const auto a = Tokens(1, 12), b = Tokens(2, 12), c = Tokens(3, 12);
+  const std::vector<BlockKey> ka = client_->Keys(a);
+  CommitAndDemote("a", a);
+  CommitAndDemote("b", b);
+  for (int i = 0; i < 200 && Stat("store.disk.put_blocks") < 8; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(Stat("store.disk.put_blocks"), 8) << "a's dropped blocks";
+  ExpectReplicaMatches();
+  EXPECT_EQ(replica_.medium["STORAGE"].size(), 8u);
+  const int stored_once = replica_.stored;
+  // What a router needs of a STORAGE block: its tokens and its parent, by the same hashes as GPU and CPU.
+  const auto tail = Tokens(1, 12);
+  EXPECT_EQ(replica_.tokens[ka[11].lo], std::vector<uint32_t>(tail.end() - 16, tail.end()));
+  EXPECT_EQ(replica_.parent[ka[11].lo], ka[10].lo);
+
+  // The first of a's blocks on disk lost behind kvtierd's back: the Acquire's fetch misses it.
+  uint64_t first_on_disk = 0;
+  size_t at = 0;
+  for (; at < ka.size(); ++at) {
+    if (replica_.medium["STORAGE"].count(ka[at].lo) != 0) {
+      first_on_disk = ka[at].lo;
+      break;
+    }
+  }
+  ASSERT_NE(first_on_disk, 0u);
+  ASSERT_TRUE(std::filesystem::remove(FileOfHash(StorageDir(), first_on_disk)));
+  const int removed_before = replica_.removed;
+  auto lease = client_->Acquire("a", a);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->size(), at) << "a's prefix from the local tiers, nothing past the lost block";
+  ASSERT_TRUE(lease->Wait(10s).ok());
+  EXPECT_TRUE(lease->Release().ok());
+  ExpectReplicaMatches();
+  EXPECT_EQ(replica_.medium["STORAGE"].count(first_on_disk), 0u) << "BlockRemoved in STORAGE";
+  EXPECT_GT(replica_.removed, removed_before);
+
+  // c's demotion drops more into a disk tier of 9 records: its evictions are removals too.
+  CommitAndDemote("c", c);
+  for (int i = 0; i < 200 && Stat("store.disk.evicted_files") == 0; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GT(Stat("store.disk.evicted_files"), 0);
+  ExpectReplicaMatches();
+  EXPECT_GT(replica_.stored, stored_once);
+  EXPECT_LE(replica_.medium["STORAGE"].size(), 9u);
+  EXPECT_EQ(Stat("event_storage_dropped"), 0);
+  EXPECT_EQ(Stat("event_storage_forgotten"), 0);
 }
 
 TEST(EventsOffTest, WithEventsOffNothingIsPublished) {

@@ -405,11 +405,13 @@ TEST_F(DiskStoreTest, TheCapHoldsUnderManyPutsAndARecentlyReadKeySurvives) {
   ExpectIndexMatchesDirectory(*store);
 }
 
-TEST_F(DiskStoreTest, EvictionTakesTheLeastRecentlyUsedFirst) {
+TEST_F(DiskStoreTest, EvictionTakesTheLeastRecentlyUsedFirstAndNamesEachToItsObserver) {
   const std::vector<Block> b{Block(0, 1000), Block(1, 1000), Block(2, 1000), Block(3, 1000)};
   const uint64_t record = b[0].Encode().size();
   auto store = Open(3 * record);
   ASSERT_NE(store, nullptr);
+  std::vector<std::string> evicted;
+  store->OnEvicted([&](std::string_view key) { evicted.emplace_back(key); });
   for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(store->Put(std::vector<StoreItem>{b[i].Item()}).ok());
   const std::vector<std::string> first{b[0].Name()};
   ASSERT_TRUE(store->Get(first).ok());  // 0 is now newer than 1 and 2.
@@ -424,6 +426,7 @@ TEST_F(DiskStoreTest, EvictionTakesTheLeastRecentlyUsedFirst) {
   EXPECT_TRUE(Holds(*store, b[1].Name()));
   EXPECT_TRUE(Holds(*store, b[2].Name()));
   EXPECT_TRUE(Holds(*store, b[3].Name()));
+  EXPECT_EQ(evicted, (std::vector<std::string>{b[1].Name(), b[0].Name()})) << "by key, as they went";
 }
 
 TEST_F(DiskStoreTest, AValueLargerThanTheCapIsRefusedAndTheRestOfTheBatchIsStored) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -109,7 +110,7 @@ struct Chain {
 class StoreChainTest : public ::testing::Test {
  protected:
   // Two stores: a "disk" that writes back, a "remote" that writes through.
-  void Start(uint64_t queue_bytes = uint64_t{1} << 30) {
+  void Start(uint64_t queue_bytes = uint64_t{1} << 30, size_t max_events = 0) {
     auto d = std::make_unique<MemoryStore>("disk", disk_);
     auto r = std::make_unique<MemoryStore>("remote", remote_);
     std::vector<ChainedStore> stores;
@@ -117,6 +118,7 @@ class StoreChainTest : public ::testing::Test {
     stores.push_back(ChainedStore{std::move(r), true});
     StoreChainOptions o;
     o.max_queued_bytes = queue_bytes;
+    o.max_events = max_events;
     chain_ = std::make_unique<StoreChain>(std::move(stores), o, [this] {
       std::lock_guard<std::mutex> l(mu_);
       ++notified_;
@@ -244,6 +246,78 @@ TEST_F(StoreChainTest, ARecordThatFailsVerificationIsAMissAndTheNextStoreIsAsked
   const FetchResult again = Fetch(c.Request(0));
   EXPECT_EQ(again.blocks(), 2u);
   EXPECT_EQ(again.store, (std::vector<uint8_t>{0, 1}));
+}
+
+// The block events the daemon publishes in vLLM's STORAGE medium.
+TEST_F(StoreChainTest, WritesOfReportedBlocksAndBlocksAStoreWasFoundWithoutAreCollectedInOrder) {
+  Start(uint64_t{1} << 30, /*max_events=*/16);
+  const Chain c(5);
+  auto offer = [&](size_t i, bool dropped, bool reported) {
+    const auto p = c.Payload(i);
+    chain_->Offer({kFingerprint, c.keys[i], c.Parent(i), c.ns}, c.Block(i), p, dropped, reported);
+  };
+  offer(0, /*dropped=*/false, /*reported=*/true);   // remote (through)
+  offer(1, /*dropped=*/false, /*reported=*/false);  // remote, not reported (an isolated tenant's)
+  offer(2, /*dropped=*/true, /*reported=*/true);    // disk (back)
+  Drain();
+  using K = StoreEvent::Kind;
+  std::vector<StoreEvent> e = chain_->TakeEvents();
+  ASSERT_EQ(e.size(), 2u);
+  std::sort(e.begin(), e.end(), [](const StoreEvent& x, const StoreEvent& y) { return x.store < y.store; });
+  EXPECT_EQ(e[0].kind, K::kWritten);
+  EXPECT_EQ(e[0].store, 0u);
+  EXPECT_EQ(e[0].key, c.keys[2]);
+  EXPECT_EQ(e[0].parent, c.keys[1]);
+  EXPECT_EQ(e[0].tokens, std::vector<TokenId>(c.Block(2).begin(), c.Block(2).end()));
+  EXPECT_EQ(e[1].store, 1u);
+  EXPECT_EQ(e[1].key, c.keys[0]);
+  EXPECT_TRUE(e[1].parent.IsNull());
+  EXPECT_TRUE(chain_->TakeEvents().empty()) << "taken once";
+
+  // A fetch: the disk holds block 0 and 2 (not 1), the remote 0 and 1 (not 2).
+  remote_->values.erase(c.Key(0));
+  disk_->values[c.Key(0)] = c.Record(0);
+  remote_->values[c.Key(1)] = c.Record(1);
+  EXPECT_EQ(Fetch(c.Request(0)).blocks(), 2u);
+  e = chain_->TakeEvents();
+  ASSERT_EQ(e.size(), 2u) << "per store, the first block it was asked for and lacked";
+  EXPECT_EQ(e[0].kind, K::kGone);
+  EXPECT_EQ(e[0].store, 0u);
+  EXPECT_EQ(e[0].key, c.keys[1]);
+  EXPECT_EQ(e[1].kind, K::kGone);
+  EXPECT_EQ(e[1].store, 1u);
+  EXPECT_EQ(e[1].key, c.keys[2]);
+  // A locate learns as much, and a store that is down says nothing.
+  disk_->down = true;
+  FetchRequest r;
+  r.profile_fingerprint = kFingerprint;
+  r.keys = c.keys;
+  r.locate = true;
+  (void)Fetch(r);
+  e = chain_->TakeEvents();
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0].store, 1u);
+  EXPECT_EQ(e[0].key, c.keys[0]);
+}
+
+TEST_F(StoreChainTest, BlockEventsPastTheBoundAreDroppedAndCountedAndNoneAreCollectedWithoutOne) {
+  Start(uint64_t{1} << 30, /*max_events=*/2);
+  const Chain c(3);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto p = c.Payload(i);
+    chain_->Offer({kFingerprint, c.keys[i], c.Parent(i), c.ns}, c.Block(i), p, /*dropped=*/false, true);
+  }
+  Drain();
+  EXPECT_EQ(chain_->TakeEvents().size(), 2u);
+  EXPECT_EQ(chain_->dropped_events(), 1u);
+  chain_.reset();
+  Start();
+  const auto p = c.Payload(0);
+  chain_->Offer({kFingerprint, c.keys[0], c.Parent(0), c.ns}, c.Block(0), p, /*dropped=*/false, true);
+  Drain();
+  EXPECT_EQ(Fetch(Chain(2, /*seed=*/7).Request(0)).blocks(), 0u) << "a miss in both stores";
+  EXPECT_TRUE(chain_->TakeEvents().empty());
+  EXPECT_EQ(chain_->dropped_events(), 0u);
 }
 
 TEST_F(StoreChainTest, AStoreThatIsDownIsSkippedAndCounted) {

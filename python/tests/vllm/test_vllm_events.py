@@ -2,7 +2,9 @@
 kvtierd's stream into vllm.distributed.kv_events.KVEventBatch (msgspec), joins
 through the replay socket and follows the live stream, rebuilds per medium
 exactly the blocks per tier that Client.session() reports after a workload of
-commits, promotions, demotions and pressure drops. No engine runs here.
+commits, promotions, demotions and pressure drops; with a write-back disk store,
+its STORAGE medium is the store's block files (those sessions place on "disk"
+among them). No engine runs here.
 (CTest label vllm, with the connector tests.)"""
 
 import os
@@ -43,6 +45,15 @@ EVENTS = f"""events:
 """
 END_SEQ = b"\xff" * 8  # vLLM's ZmqEventPublisher.END_SEQ: (-1).to_bytes(8, "big", signed=True)
 MEDIUM = {"gpu": "GPU", "host": "CPU"}
+# A write-back disk tier of 40 records of the profile above (96 + 16 + 512 bytes each): pressure
+# drops fill it, and it evicts.
+DISK = """stores:
+  tiers:
+    - kind: disk
+      path: {path}
+      max_bytes: 24960
+      write: back
+"""
 
 
 def tokens(seed, blocks):
@@ -101,7 +112,7 @@ class VllmSubscriber:
             if isinstance(e, AllBlocksCleared):
                 self.media.clear()
             elif isinstance(e, BlockStored):
-                assert e.medium in ("GPU", "CPU") and e.block_size == BT and e.lora_id is None
+                assert e.medium in ("GPU", "CPU", "STORAGE") and e.block_size == BT and e.lora_id is None
                 assert len(e.token_ids) == BT * len(e.block_hashes), "token_ids always come with the vllm format"
                 blocks = self.media.setdefault(e.medium, set())
                 for i, h in enumerate(e.block_hashes):
@@ -138,14 +149,27 @@ class VllmSubscriber:
         return {m: s for m, s in self.media.items() if s}
 
 
-def daemon_media(c):
-    """Per medium, the hashes of every session's blocks, as Client.session() names their tiers."""
+def daemon_media(c, places=None):
+    """Per medium, the hashes of every session's blocks, as Client.session() names their tiers;
+    blocks placed below the host tier go into `places` by place ("disk"; "nowhere": the first alone)."""
     out = {}
     for s in c.sessions():
+        lost = False
         for key, tier in c.session(s["id"])["chain"]:
+            if places is not None and tier not in MEDIUM:
+                # A session's first block no store holds; those after it are nowhere a fetch reaches.
+                if tier != "nowhere" or not lost:
+                    places.setdefault(tier, set()).add(vllm_hash(key))
+                lost |= tier == "nowhere"
+                continue
             assert tier in MEDIUM, f"a block in {tier}"
             out.setdefault(MEDIUM[tier], set()).add(vllm_hash(key))
     return out
+
+
+def disk_hashes(path):
+    """The hashes of the disk store's block files (each named by its store key, the key's 32 hex digits last)."""
+    return {vllm_hash(n[-32:]) for n in os.listdir(path) if not n.startswith(".")}
 
 
 def workload(c, seed):
@@ -167,6 +191,27 @@ def vllm_daemon(tmp_path):
     d = Daemon(tmp_path, EVENTS, profiles=PROFILE)
     yield d
     d.stop()
+
+
+@pytest.fixture
+def vllm_disk_daemon(tmp_path):
+    disk = tmp_path / "disk"
+    d = Daemon(tmp_path, EVENTS + DISK.format(path=disk), profiles=PROFILE)
+    d.disk = str(disk)
+    yield d
+    d.stop()
+
+
+def join(c, sub):
+    """Brings `sub` up from batch 1 through the replay, then until a live batch shows the subscription took."""
+    for seq, payload in sub.replay(1):
+        sub.apply(seq, payload)
+    for i in range(100):
+        with c.allocate(1) as w:
+            c.commit(w, f"probe-{i}", tokens(5000 + i, 1))
+        if sub.read(100):
+            return
+    pytest.fail("no live batch reached the subscriber")
 
 
 def test_vllms_decoder_rebuilds_the_blocks_per_tier_from_the_stream(vllm_daemon):
@@ -219,5 +264,39 @@ def test_vllms_decoder_rebuilds_the_blocks_per_tier_from_the_stream(vllm_daemon)
         topic, seq, payload = req.recv_multipart()
         assert (topic, int.from_bytes(seq, "big")) == (TOPIC.encode(), 2)
         assert isinstance(sub.decoder.decode(payload), KVEventBatch)
+    finally:
+        sub.close()
+
+
+def test_the_storage_medium_is_what_the_disk_store_holds(vllm_disk_daemon):
+    c = vllm_disk_daemon.client()
+    sub = VllmSubscriber(f"ipc://{vllm_disk_daemon.socket}.events", f"ipc://{vllm_disk_daemon.socket}.replay")
+    try:
+        join(c, sub)
+        workload(c, 1)
+        workload(c, 2)
+        workload(c, 3)
+        deadline = time.monotonic() + 10
+        while True:  # Copies and writes may still be landing: until the stream is quiet and the sets agree.
+            want = c.stats()["event_seq"]
+            while sub.last_seq < want:
+                assert sub.read(5000), f"batch {sub.last_seq + 1} of {want} never came"
+            places = {}
+            daemon = daemon_media(c, places)  # Its locates may learn of blocks gone: read the stream again after.
+            files = disk_hashes(vllm_disk_daemon.disk)
+            media = sub.blocks()
+            storage = media.pop("STORAGE", set())
+            ok = (media == daemon and storage == files and places.get("disk", set()) <= storage
+                  and not places.get("nowhere", set()) & storage)
+            if (ok and c.stats()["event_seq"] == want) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert media == daemon
+        assert storage == files, "STORAGE is the disk store's block files"
+        assert places.get("disk") and places["disk"] <= storage, "the sessions' blocks on disk are in STORAGE"
+        assert not places.get("nowhere", set()) & storage
+        stats = c.stats()
+        assert stats["store.disk.put_blocks"] > 0 and stats["store.disk.evicted_files"] > 0
+        assert stats["event_storage_dropped"] == 0 and stats["event_storage_forgotten"] == 0
     finally:
         sub.close()

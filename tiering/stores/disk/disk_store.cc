@@ -63,6 +63,7 @@ class DiskStore final : public BlockStore {
                                                      uint64_t max_value_bytes) override;
   Status Put(std::span<const StoreItem> items) override;
   std::vector<StoreCounter> Counters() const override;
+  void OnEvicted(std::function<void(std::string_view key)> evicted) override { evicted_ = std::move(evicted); }
 
  private:
   Status PutOne(const StoreItem& item);
@@ -83,6 +84,7 @@ class DiskStore final : public BlockStore {
   BlockFileIo io_;
   disk::FileIndex index_;
   uint64_t next_temp_ = 0;
+  std::function<void(std::string_view key)> evicted_;  // OnEvicted's.
 
   std::atomic<uint64_t> held_bytes_{0}, files_{0}, evicted_files_{0}, evicted_bytes_{0}, io_errors_{0};
 };
@@ -227,6 +229,9 @@ void DiskStore::Evict(const std::string& name) {
   const uint64_t bytes = index_.Erase(victim);
   evicted_files_.fetch_add(1, std::memory_order_relaxed);
   evicted_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (evicted_) {
+    if (const std::optional<std::string> key = disk::KeyOfBlockFileName(victim)) evicted_(*key);
+  }
 }
 
 void DiskStore::Forget(const std::string& name, bool unlink) {

@@ -31,6 +31,9 @@
 // would be over 255 bytes, kUnavailable for an I/O error (counted in
 // io_errors; a full file system is one).
 //
+// OnEvicted reports the files removed to keep the cap (Put, and Get of a file
+// past the size asked for), not those found gone or unreadable by Get (those
+// are misses its caller sees).
 // Counters: held_bytes and files (gauges: the block files indexed),
 // evicted_files and evicted_bytes (removed to keep the cap), io_errors.
 // Thread-safety: as BlockStore's (calls from one thread at a time; Counters()

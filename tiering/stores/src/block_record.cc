@@ -67,6 +67,21 @@ std::string StoreKey(std::string_view prefix, uint64_t profile_fingerprint, cons
   return out;
 }
 
+std::optional<BlockKey> BlockKeyOfStoreKey(std::string_view prefix, std::string_view name) {
+  if (!name.starts_with(prefix) || name.size() != prefix.size() + 16 + 1 + 32 || name[prefix.size() + 16] != ':') {
+    return std::nullopt;
+  }
+  uint64_t words[2] = {0, 0};  // hi, lo: ToHex spells hi first.
+  const std::string_view hex = name.substr(prefix.size() + 17);
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = hex[i];
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    words[i / 16] = words[i / 16] << 4 | static_cast<uint64_t>(d);
+  }
+  return BlockKey{words[1], words[0]};
+}
+
 std::string EncodeBlockRecord(const BlockRecordHeader& h, std::span<const TokenId> tokens,
                               std::span<const std::byte> payload) {
   std::string out(BlockRecordBytes(tokens.size(), payload.size()), '\0');
@@ -85,6 +100,19 @@ std::string EncodeBlockRecord(const BlockRecordHeader& h, std::span<const TokenI
   }
   PutAt(out, 88, static_cast<uint64_t>(HeaderChecksum(out, tokens.size())));
   return out;
+}
+
+bool ReadOwnBlockRecord(std::string_view record, BlockRecordHeader* header, std::vector<TokenId>* tokens) {
+  if (record.size() < kRecordHeaderBytes) return false;
+  const uint32_t n = GetAt<uint32_t>(record, 12);
+  if (record.size() < kRecordHeaderBytes + size_t{n} * sizeof(TokenId)) return false;
+  header->profile_fingerprint = GetAt<uint64_t>(record, 16);
+  header->key = GetKey(record, 24);
+  header->parent = GetKey(record, 40);
+  header->key_ns.id = GetKey(record, 56);
+  tokens->resize(n);
+  if (n > 0) std::memcpy(tokens->data(), record.data() + kRecordHeaderBytes, size_t{n} * sizeof(TokenId));
+  return true;
 }
 
 RecordCheck VerifyBlockRecord(std::string_view rec, const RecordExpectation& want) {

@@ -30,10 +30,14 @@ struct Counters {
 }  // namespace
 
 struct StoreChain::Impl {
+  struct Queued {
+    StoreItem item;
+    bool reported = false;  // Offer's.
+  };
   struct Member {
     ChainedStore chained;
     Counters counters;
-    std::deque<StoreItem> queue;  // Guarded by mu.
+    std::deque<Queued> queue;  // Guarded by mu.
   };
   struct Fetch {
     uint64_t id;
@@ -57,6 +61,21 @@ struct StoreChain::Impl {
   std::atomic<uint64_t> queued_total{0};
   std::thread io;
 
+  // Block events (options.max_events > 0).
+  std::mutex events_mu;
+  std::vector<StoreEvent> events;  // Guarded by events_mu.
+  std::atomic<uint64_t> dropped_events{0};
+  // Keys the store being called evicted during the call (the I/O thread's
+  // alone): reported once the call returned, after what it wrote.
+  std::vector<std::pair<uint8_t, BlockKey>> evicted;
+
+  bool collecting() const { return options.max_events > 0; }
+  void Report(StoreEvent e);
+  // The I/O thread: store `si` answered for keys[at] on (it did not error)
+  // and holds `held` of them intact: the first it lacks is gone.
+  void ReportGone(size_t si, std::span<const BlockKey> keys, size_t held);
+  void ReportEvicted();
+
   void Run();
   FetchResult DoFetch(const FetchRequest& r);
   FetchResult DoLocate(const FetchRequest& r);
@@ -69,9 +88,16 @@ StoreChain::StoreChain(std::vector<ChainedStore> stores, StoreChainOptions optio
     : impl_(std::make_unique<Impl>()) {
   impl_->options = std::move(options);
   impl_->notify = std::move(notify);
+  Impl* impl = impl_.get();
   for (ChainedStore& s : stores) {
     auto m = std::make_unique<Impl::Member>();
     m->chained = std::move(s);
+    if (impl->collecting()) {
+      const auto si = static_cast<uint8_t>(impl->members.size());
+      m->chained.store->OnEvicted([impl, si](std::string_view name) {
+        if (auto key = BlockKeyOfStoreKey(impl->options.key_prefix, name)) impl->evicted.emplace_back(si, *key);
+      });
+    }
     impl_->members.push_back(std::move(m));
   }
   impl_->io = std::thread([this] { impl_->Run(); });
@@ -98,8 +124,47 @@ void StoreChain::set_drain(std::chrono::milliseconds drain) {
 
 size_t StoreChain::size() const { return impl_->members.size(); }
 
+std::vector<StoreEvent> StoreChain::TakeEvents() {
+  if (!impl_->collecting()) return {};
+  std::vector<StoreEvent> out;
+  std::lock_guard<std::mutex> lock(impl_->events_mu);
+  out.swap(impl_->events);
+  return out;
+}
+
+uint64_t StoreChain::dropped_events() const { return impl_->dropped_events.load(std::memory_order_relaxed); }
+
+void StoreChain::Impl::Report(StoreEvent e) {
+  std::lock_guard<std::mutex> lock(events_mu);
+  if (events.size() >= options.max_events) {
+    dropped_events.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  events.push_back(std::move(e));
+}
+
+void StoreChain::Impl::ReportGone(size_t si, std::span<const BlockKey> keys, size_t held) {
+  if (!collecting() || held >= keys.size()) return;
+  StoreEvent e;
+  e.kind = StoreEvent::Kind::kGone;
+  e.store = static_cast<uint8_t>(si);
+  e.key = keys[held];
+  Report(std::move(e));
+}
+
+void StoreChain::Impl::ReportEvicted() {
+  for (const auto& [si, key] : evicted) {
+    StoreEvent e;
+    e.kind = StoreEvent::Kind::kGone;
+    e.store = si;
+    e.key = key;
+    Report(std::move(e));
+  }
+  evicted.clear();
+}
+
 void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId> tokens,
-                       std::span<const std::byte> payload, bool dropped) {
+                       std::span<const std::byte> payload, bool dropped, bool reported) {
   Impl& m = *impl_;
   std::vector<Impl::Member*> takers;
   for (auto& s : m.members) {
@@ -124,7 +189,8 @@ void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId>
     std::lock_guard<std::mutex> lock(m.mu);
     for (size_t i = 0; i < takers.size(); ++i) {
       // The last taker gets the record itself, the others a copy.
-      takers[i]->queue.push_back(StoreItem{key, i + 1 == takers.size() ? std::move(record) : record});
+      takers[i]->queue.push_back(
+          Impl::Queued{StoreItem{key, i + 1 == takers.size() ? std::move(record) : record}, reported});
       takers[i]->counters.queued_bytes.fetch_add(bytes, std::memory_order_relaxed);
       m.queued_total.fetch_add(bytes, std::memory_order_relaxed);
     }
@@ -220,13 +286,16 @@ void StoreChain::Impl::Run() {
 }
 
 bool StoreChain::Impl::PutOneBatch(std::unique_lock<std::mutex>& lock) {
-  for (auto& s : members) {
+  for (size_t si = 0; si < members.size(); ++si) {
+    Member* s = members[si].get();
     if (s->queue.empty()) continue;
     std::vector<StoreItem> batch;
+    std::vector<bool> reported;
     uint64_t bytes = 0;
     while (!s->queue.empty() && batch.size() < options.max_put_batch) {
-      bytes += s->queue.front().value.size();
-      batch.push_back(std::move(s->queue.front()));
+      bytes += s->queue.front().item.value.size();
+      batch.push_back(std::move(s->queue.front().item));
+      reported.push_back(s->queue.front().reported);
       s->queue.pop_front();
     }
     lock.unlock();
@@ -240,6 +309,20 @@ bool StoreChain::Impl::PutOneBatch(std::unique_lock<std::mutex>& lock) {
       c.put_bytes.fetch_add(bytes, std::memory_order_relaxed);
     } else {
       c.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (collecting()) {
+      // What it wrote, then what it evicted meanwhile (a record of this batch among them, possibly).
+      for (size_t i = 0; st.ok() && i < batch.size(); ++i) {
+        if (!reported[i]) continue;
+        StoreEvent e;
+        e.store = static_cast<uint8_t>(si);
+        BlockRecordHeader h;
+        if (!ReadOwnBlockRecord(batch[i].value, &h, &e.tokens)) continue;
+        e.key = h.key;
+        e.parent = h.parent;
+        Report(std::move(e));
+      }
+      ReportEvicted();
     }
     c.queued_bytes.fetch_sub(bytes, std::memory_order_relaxed);
     queued_total.fetch_sub(bytes, std::memory_order_relaxed);
@@ -270,6 +353,7 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
     c.fetches.fetch_add(1, std::memory_order_relaxed);
     auto present = s.chained.store->Present(want);
     size_t served = 0;
+    bool answered = present.ok();  // Present and Get both answered: what it did not serve, it lacks.
     if (!present.ok()) {
       c.errors.fetch_add(1, std::memory_order_relaxed);
       if (out.status.ok()) out.status = present.status();
@@ -277,6 +361,7 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
       auto values = s.chained.store->Get(want.first(std::min(*present, asked)),
                                          BlockRecordBytes(r.block_tokens, r.payload_bytes));
       if (!values.ok()) {
+        answered = false;
         c.errors.fetch_add(1, std::memory_order_relaxed);
         if (out.status.ok()) out.status = values.status();
       } else {
@@ -305,6 +390,10 @@ FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
     c.hit_blocks.fetch_add(served, std::memory_order_relaxed);
     c.miss_blocks.fetch_add(asked - served, std::memory_order_relaxed);
     c.fetch_us.fetch_add(MicrosSince(t), std::memory_order_relaxed);
+    if (collecting()) {
+      ReportEvicted();
+      if (answered) ReportGone(si, std::span<const BlockKey>(r.keys).subspan(have), served);
+    }
     have += served;
   }
   // Payloads point into the records, whose buffers no longer move.
@@ -337,6 +426,7 @@ FetchResult StoreChain::Impl::DoLocate(const FetchRequest& r) {
       continue;
     }
     const size_t held = std::min(*present, names.size() - have);
+    ReportGone(si, std::span<const BlockKey>(r.keys).subspan(have), held);
     out.store.insert(out.store.end(), held, static_cast<uint8_t>(si));
     have += held;
   }

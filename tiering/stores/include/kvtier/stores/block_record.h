@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
@@ -54,6 +55,12 @@ std::string EncodeBlockRecord(const BlockRecordHeader& header, std::span<const T
 constexpr size_t BlockRecordBytes(size_t tokens, size_t payload_bytes) {
   return kRecordHeaderBytes + tokens * sizeof(TokenId) + payload_bytes;
 }
+
+// The header and token ids of a record EncodeBlockRecord made (what a store
+// was given to keep), read without any check beyond its length: never use it
+// on bytes a store returned (VerifyBlockRecord is for those). False when the
+// record is too short for its header and tokens.
+bool ReadOwnBlockRecord(std::string_view record, BlockRecordHeader* header, std::vector<TokenId>* tokens);
 
 // What the asker knows of the block it wants.
 struct RecordExpectation {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -33,6 +34,8 @@ namespace kvtier::stores {
 // The key is chained in its tenant's and model's namespace, so blocks of other
 // tenants, models and profiles never share a name.
 std::string StoreKey(std::string_view prefix, uint64_t profile_fingerprint, const BlockKey& key);
+// The block key in `name`, a StoreKey of `prefix`; nullopt for a name not of its shape.
+std::optional<BlockKey> BlockKeyOfStoreKey(std::string_view prefix, std::string_view name);
 
 struct StoreItem {
   std::string key;
@@ -112,6 +115,14 @@ class BlockStore {
 
   // What the store counts itself. Thread-safe.
   virtual std::vector<StoreCounter> Counters() const { return {}; }
+
+  // From now on `evicted` is called with the key of every value the store
+  // removes on its own to keep its cap (its least recently used), from within
+  // the call that removed it (so on the thread driving the store). A store
+  // that does not see its own removals (Redis' expiry and maxmemory happen in
+  // the server) ignores it. Call before the store's first call from its
+  // driving thread.
+  virtual void OnEvicted(std::function<void(std::string_view key)> evicted) { (void)evicted; }
 };
 
 }  // namespace kvtier::stores

@@ -17,8 +17,15 @@
 // Fetches go before queued writes. When one completes, `notify` is called (on
 // the I/O thread); the engine thread then collects it with TakeFetch.
 //
-// Thread-safety: Offer, StartFetch, TakeFetch and CancelFetch are called from
-// one thread (the engine's); stats() from any.
+// Block events (StoreChainOptions::max_events > 0): the I/O thread notes each
+// record a store wrote (of the blocks offered with `reported`), each block a
+// fetch or locate asked a store for and found missing, corrupt or foreign
+// there, and each block a store says it evicted (BlockStore::OnEvicted), in
+// the order it learnt them, into a list of at most max_events (past it an
+// event is dropped and counted, never waited for). TakeEvents empties it.
+//
+// Thread-safety: Offer, StartFetch, TakeFetch, CancelFetch and TakeEvents are
+// called from one thread (the engine's); stats() and dropped_events() from any.
 #pragma once
 
 #include <chrono>
@@ -48,6 +55,20 @@ struct StoreChainOptions {
   std::string key_prefix = "kvtier:";               // StoreKey's prefix: several deployments may share a store.
   uint64_t max_queued_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most.
   uint32_t max_put_batch = 16;                      // Records per Put call.
+  size_t max_events = 0;                            // StoreEvents kept until taken; 0: none are collected.
+};
+
+// What the I/O thread learnt about one block in one store.
+struct StoreEvent {
+  enum class Kind : uint8_t {
+    kWritten,  // A Put of its record succeeded (a Put that failed, even in part, reports none of its records).
+    kGone,     // Asked for by a fetch or locate and not there intact, or evicted by the store.
+  };
+  Kind kind = Kind::kWritten;
+  uint8_t store = 0;  // Its index in the chain.
+  BlockKey key;
+  BlockKey parent;              // kWritten: the record's.
+  std::vector<TokenId> tokens;  // kWritten: the record's.
 };
 
 struct FetchRequest {
@@ -100,7 +121,8 @@ struct StoreStats {
 class StoreChain {
  public:
   // Starts the I/O thread. `notify` is called from it after each fetch
-  // completes. REQUIRES: at least one store.
+  // completes. With options.max_events, watches each store's evictions
+  // (BlockStore::OnEvicted). REQUIRES: at least one store.
   StoreChain(std::vector<ChainedStore> stores, StoreChainOptions options, std::function<void()> notify);
   // Writes what is queued for at most `drain` (the rest is lost, counted
   // nowhere: the stores are caches), then stops the thread.
@@ -110,14 +132,21 @@ class StoreChain {
 
   // Queues the record of a block for the stores that take it: the
   // write-through ones when `dropped` is false, the write-back ones when true.
+  // `reported`: its writes become StoreEvents (when they are collected).
   void Offer(const BlockRecordHeader& header, std::span<const TokenId> tokens, std::span<const std::byte> payload,
-             bool dropped);
+             bool dropped, bool reported = false);
   // Queues a fetch; returns its id.
   uint64_t StartFetch(FetchRequest request);
   // The result of fetch `id` once it completed (then forgotten), else nullopt.
   std::optional<FetchResult> TakeFetch(uint64_t id);
   // The caller no longer wants fetch `id`: its result is discarded.
   void CancelFetch(uint64_t id);
+
+  // The block events collected since the last call, oldest first (none
+  // unless options.max_events > 0).
+  std::vector<StoreEvent> TakeEvents();
+  // Events not collected: the list held max_events. Thread-safe.
+  uint64_t dropped_events() const;
 
   size_t size() const;
   // Every store's figures, in chain order. Thread-safe.
