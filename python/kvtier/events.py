@@ -92,7 +92,7 @@ class EventStream:
     def replay(self, start: int) -> list[tuple[int, dict[str, Any]]]:
         """The batches kvtierd keeps from sequence number ``start`` on, as (seq, batch) pairs."""
         self._dealer.send_multipart([b"", start.to_bytes(8, "big")])
-        out = []
+        out: list[tuple[int, dict[str, Any]]] = []
         while True:
             if not self._dealer.poll(self._timeout_ms):
                 raise TimeoutError("kvtierd did not answer the KV event replay")

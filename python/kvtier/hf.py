@@ -193,7 +193,8 @@ class PrefixCache:
         if full != cached or end <= cached or tokens[:end] != seen[:end]:
             return 0
         for layer, (k, v) in enumerate(kv):
-            cache.layers[layer].update(k[:, :, :end - cached].to(self.device), v[:, :, :end - cached].to(self.device))
+            cache.layers[layer].update(  # type: ignore[union-attr]  # load made them DynamicLayers
+               k[:, :, :end - cached].to(self.device), v[:, :, :end - cached].to(self.device))
         return end - cached
 
     def _keep_tail(self, session: str, tokens: list[int], known: int, cache: Any) -> None:

@@ -6,11 +6,10 @@ import time
 
 import pytest
 
-from conftest import Daemon
-
 # pyzmq and msgpack come with python/requirements.txt (scripts/python_env.sh): missing, this fails.
 import kvtier  # noqa: E402
-from kvtier.events import EventStream, EventsLost, HostBlocks  # noqa: E402
+from conftest import Daemon
+from kvtier.events import EventsLost, EventStream, HostBlocks  # noqa: E402
 
 BT = 4  # block_tokens of the test profile (conftest.PROFILE)
 # 64 GPU and 256 host blocks (conftest); small host tier here so that blocks are dropped.
