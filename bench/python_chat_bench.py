@@ -25,11 +25,10 @@ import time
 
 import numpy as np
 import torch
+from bench_kvtierd import bench_llama, bootstrap_median_ci, start_kvtierd
 
 import kvtier
 import kvtier.hf
-from bench_kvtierd import bench_llama, bootstrap_median_ci, start_kvtierd
-
 
 
 def parse_args():

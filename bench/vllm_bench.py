@@ -44,6 +44,7 @@ from vllm_engines import Engine  # noqa: E402
 
 import kvtier  # noqa: E402
 
+
 def spread(xs):
     xs = sorted(xs)
     return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),

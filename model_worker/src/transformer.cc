@@ -203,11 +203,12 @@ Result<ModelId> Transformer::Identity() const {
     KVTIER_RETURN_IF_ERROR(id.AddTensor(name, StDTypeName(ToStDType(c.scalar_type())), c.sizes().vec(),
                                         {static_cast<const std::byte*>(c.data_ptr()), c.nbytes()}));
   }
-  char settings[256];
-  std::snprintf(settings, sizeof(settings),
-                "model_type=%s\nhidden_act=silu\nrms_norm_eps=%.9g\nrope_theta=%.9g\nrope_type=%s\n",
-                config_.model_type.c_str(), config_.rms_eps, config_.rope_theta, config_.rope_type.c_str());
-  KVTIER_RETURN_IF_ERROR(id.AddConfig(settings));
+  ModelSettings settings{.model_type = config_.model_type,
+                         .hidden_act = "silu",
+                         .rms_norm_eps = config_.rms_eps,
+                         .rope_theta = config_.rope_theta,
+                         .rope_type = config_.rope_type};
+  KVTIER_RETURN_IF_ERROR(id.AddConfig(ModelSettingsText(settings)));
   if (!hf) {
     KVTIER_RETURN_IF_ERROR(id.AddTokenizer(kTokenizerDescription));
   } else if (config_.tokenizer_file.empty()) {

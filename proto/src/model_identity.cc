@@ -1,6 +1,7 @@
 // ModelIdentity: a streaming XXH3-128 over a model's tensors and tokenizer (model_identity.h).
 #include "kvtier/model_identity.h"
 
+#include <cstdio>
 #include <cstring>
 
 #define XXH_INLINE_ALL
@@ -23,6 +24,26 @@ struct ModelIdentity::State {
     Put("", 1);
   }
 };
+
+std::string ModelSettingsText(const ModelSettings& settings) {
+  std::string text;
+  const auto line = [&](const char* key, std::string_view value) {
+    text.append(key).append("=").append(value).append("\n");
+  };
+  const auto number = [&](const char* key, double value) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", value);
+    line(key, buf);
+  };
+  line("model_type", settings.model_type);
+  line("hidden_act", settings.hidden_act);
+  if (settings.rms_norm_eps) number("rms_norm_eps", *settings.rms_norm_eps);
+  if (settings.layer_norm_eps) number("layer_norm_eps", *settings.layer_norm_eps);
+  if (settings.rope_theta) number("rope_theta", *settings.rope_theta);
+  if (settings.rope_type) line("rope_type", *settings.rope_type);
+  if (settings.sliding_window) line("sliding_window", std::to_string(*settings.sliding_window));
+  return text;
+}
 
 ModelIdentity::ModelIdentity() : state_(std::make_unique<State>()) {
   XXH3_128bits_reset(&state_->hash);

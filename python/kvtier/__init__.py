@@ -12,7 +12,12 @@
 Every error kvtierd or libkvtier reports raises a subclass of kvtier.Error
 named after its status code (NotFoundError, ResourceExhaustedError, ...),
 carrying the daemon's message; `code` is the code's stable name.
+kvtier.__version__ is the installed package's version (the build tree's: the
+CMake project's).
 """
+
+
+from __future__ import annotations
 
 
 class Error(Exception):
@@ -21,33 +26,99 @@ class Error(Exception):
     code = "unknown"
 
 
-def _error_class(code: str) -> type:
-    name = "".join(part.capitalize() for part in code.split("_")) + "Error"
-    return type(name, (Error,), {"code": code, "__doc__": f"kvtier status '{code}'."})
+# One class per status code (kvtier/status.h), named as the native module raises
+# them (kvtier.<Code>Error, found by name): written out so type checkers see them.
+class InvalidArgumentError(Error):
+    """kvtier status 'invalid_argument'."""
+
+    code = "invalid_argument"
 
 
-# One class per status code (kvtier/status.h), named as the native module raises them.
-_CODES = (
-    "invalid_argument",
-    "not_found",
-    "resource_exhausted",
-    "failed_precondition",
-    "already_exists",
-    "unavailable",
-    "protocol_error",
-    "version_mismatch",
-    "permission_denied",
-    "timeout",
-    "corrupt",
-    "internal",
-)
-for _code in _CODES:
-    _cls = _error_class(_code)
-    globals()[_cls.__name__] = _cls
-del _code, _cls
+class NotFoundError(Error):
+    """kvtier status 'not_found'."""
+
+    code = "not_found"
+
+
+class ResourceExhaustedError(Error):
+    """kvtier status 'resource_exhausted'."""
+
+    code = "resource_exhausted"
+
+
+class FailedPreconditionError(Error):
+    """kvtier status 'failed_precondition'."""
+
+    code = "failed_precondition"
+
+
+class AlreadyExistsError(Error):
+    """kvtier status 'already_exists'."""
+
+    code = "already_exists"
+
+
+class UnavailableError(Error):
+    """kvtier status 'unavailable'."""
+
+    code = "unavailable"
+
+
+class ProtocolErrorError(Error):
+    """kvtier status 'protocol_error'."""
+
+    code = "protocol_error"
+
+
+class VersionMismatchError(Error):
+    """kvtier status 'version_mismatch'."""
+
+    code = "version_mismatch"
+
+
+class PermissionDeniedError(Error):
+    """kvtier status 'permission_denied'."""
+
+    code = "permission_denied"
+
+
+class TimeoutError(Error):
+    """kvtier status 'timeout'."""
+
+    code = "timeout"
+
+
+class CorruptError(Error):
+    """kvtier status 'corrupt'."""
+
+    code = "corrupt"
+
+
+class InternalError(Error):
+    """kvtier status 'internal'."""
+
+    code = "internal"
+
+
+_CODES = tuple(cls.code for cls in Error.__subclasses__())
 
 from ._native import PROTOCOL_VERSION, Client, Lease, WriteLease  # noqa: E402  (the errors must exist first)
 
-__all__ = ["Client", "Lease", "WriteLease", "Error", "PROTOCOL_VERSION"] + [
-    "".join(p.capitalize() for p in c.split("_")) + "Error" for c in _CODES
-]
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvtier")
+    except PackageNotFoundError:  # A build tree on PYTHONPATH: the CMake project's version.
+        from ._native import __version__ as built
+
+        return built
+
+
+__version__ = _version()
+
+__all__ = ["Client", "Lease", "WriteLease", "Error", "PROTOCOL_VERSION", "__version__",
+           "InvalidArgumentError", "NotFoundError", "ResourceExhaustedError", "FailedPreconditionError",
+           "AlreadyExistsError", "UnavailableError", "ProtocolErrorError", "VersionMismatchError",
+           "PermissionDeniedError", "TimeoutError", "CorruptError", "InternalError"]

@@ -197,7 +197,7 @@ class _Connection:
             self._thread = threading.Thread(target=self._run, name="kvtier-connection", daemon=True)
             self._thread.start()
         else:
-            self._thread = None
+            self._thread = None  # type: ignore[assignment]
 
     def _try(self) -> None:
         client = self._client

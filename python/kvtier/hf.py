@@ -12,84 +12,40 @@ warning; the next call after kvtierd is back reconnects.
 The model's KV geometry must be the daemon profile's (checked at construction,
 with an error naming both), and the client must carry the model's identity
 (model_identity(model, tokenizer) computes it, as every kvtier worker does).
+Any causal LM whose cache is a DynamicCache of full-attention or
+sliding-window layers is served (Llama, Qwen2, Mistral, GPT-2, ...); others
+(recurrent or convolution layers, multi-head latent attention) are refused at
+construction with an error naming what is not supported.
+
+The pieces live beside it: _hf_model (the supported caches, the KV geometry),
+_hf_identity (the model identity), _hf_views (pool blocks as tensors) and
+_hf_layer (the in-place cache layer); this module re-exports their public names.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import warnings
+from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from . import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError
-from ._native import ModelIdentity
+from ._hf_identity import config_settings, model_identity, tokenizer_description
+from ._hf_layer import RoomyLayer, held_tokens, layer_kv
+from ._hf_model import check_supported, geometry
+from ._hf_views import block_tensor, to_numpy, view
+
+__all__ = ["PrefixCache", "block_tensor", "config_settings", "model_identity", "tokenizer_description"]
 
 _log = logging.getLogger("kvtier.hf")
-
-_DTYPES = {torch.float32: ("fp32", "F32"), torch.float16: ("fp16", "F16"), torch.bfloat16: ("bf16", "BF16")}
-
-
-def _geometry(model) -> dict:
-    c = model.config
-    heads = c.num_attention_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    dtype = model.dtype
-    if dtype not in _DTYPES:
-        raise InvalidArgumentError(f"model dtype {dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
-    return {
-        "layers": c.num_hidden_layers,
-        "kv_heads": getattr(c, "num_key_value_heads", None) or heads,
-        "head_dim": head_dim,
-        "dtype": _DTYPES[dtype][0],
-    }
+# The names this module had before the split (tests and older callers use them).
+_layer_kv = layer_kv
+_geometry = geometry
 
 
-def tokenizer_description(tokenizer) -> bytes:
-    """What the model identity says of a tokenizer: its tokenizer.json, or its vocabulary."""
-    if tokenizer is None:
-        return b"none"
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return backend.to_str().encode()
-    return json.dumps(tokenizer.get_vocab(), sort_keys=True).encode()
-
-
-def config_settings(config) -> str:
-    """The architecture settings the model identity covers (kvtier/model_identity.h)."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    theta = getattr(config, "rope_theta", None) or rope.get("rope_theta", 10000.0)
-    lines = [
-        f"model_type={config.model_type}",
-        f"hidden_act={getattr(config, 'hidden_act', 'silu')}",
-        f"rms_norm_eps={format(float(config.rms_norm_eps), '.9g')}",
-        f"rope_theta={format(float(theta), '.9g')}",
-        f"rope_type={rope.get('rope_type', rope.get('type', 'default'))}",
-    ]
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        lines.append(f"sliding_window={config.sliding_window}")
-    return "".join(line + "\n" for line in lines)
-
-
-def model_identity(model, tokenizer=None) -> str:
-    """The model's identity (kvtier/model_identity.h): its weights, in name
-    order, the architecture settings that change its outputs, and its
-    tokenizer. 32 hex digits; equal for an equal model whichever kvtier worker
-    computes it."""
-    ident = ModelIdentity()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().contiguous().cpu()
-        dtype = _DTYPES.get(t.dtype, (None, str(t.dtype).replace("torch.", "").upper()))[1]
-        ident.add_tensor(name, dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy())
-    ident.add_config(config_settings(model.config))
-    ident.add_tokenizer(tokenizer_description(tokenizer))
-    return ident.finish()
-
-
-def _tokens(input_ids) -> list[int]:
+def _tokens(input_ids: Any) -> list[int]:
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dim() == 2:
             if input_ids.size(0) != 1:
@@ -99,89 +55,10 @@ def _tokens(input_ids) -> list[int]:
     return [int(t) for t in input_ids]
 
 
-def _layer_kv(cache, layer: int):
-    layers = getattr(cache, "layers", None)
-    if layers is not None:  # transformers >= 4.56: one object per layer
-        return layers[layer].keys, layers[layer].values
-    return cache.key_cache[layer], cache.value_cache[layer]
-
-
-# A profile dtype's torch dtype, and how __cuda_array_interface__ spells its elements (bf16 as its bits).
-_TORCH_DTYPE = {name: dtype for dtype, (name, _) in _DTYPES.items()}
-_TYPESTR = {"fp32": "<f4", "fp16": "<f2", "bf16": "<u2"}
-
-
-class _CudaBlock:
-    """A GPU-tier block (the cuda backend's pool, mapped through CUDA IPC) as
-    torch.as_tensor reads it: [layers, 2, block_tokens, kv_heads, head_dim]."""
-
-    def __init__(self, address: int, profile: dict):
-        e = _TORCH_DTYPE[profile["dtype"]].itemsize
-        bt, kvh, hd = profile["block_tokens"], profile["kv_heads"], profile["head_dim"]
-        plane = bt * kvh * hd * e
-        self.__cuda_array_interface__ = {
-            "shape": (profile["layers"], 2, bt, kvh, hd),
-            "typestr": _TYPESTR[profile["dtype"]],
-            "data": (address, False),
-            "strides": (2 * plane, plane, kvh * hd * e, hd * e, e),
-            "version": 3,
-        }
-
-
-def block_tensor(client, lease, i: int, writable: bool = False, device=None) -> torch.Tensor:
-    """Block i of a lease (or slot i of a write lease) as a torch tensor viewing
-    the pool in place: [layers, 2 (K, V), block_tokens, kv_heads, head_dim] of
-    the profile's dtype. A GPU-tier block of a cuda-backend kvtierd is a CUDA
-    tensor on `device` (default: the current one); others are CPU tensors over
-    the shared memory. Valid while the lease is held."""
-    return _view(lease, i, writable, client.profile, client.backend == "cuda", device)
-
-
-def _view(lease, i, writable, profile, gpu, device):
-    dtype = _TORCH_DTYPE[profile["dtype"]]
-    if gpu:
-        tier, address = ("gpu", lease.address(i)) if writable else lease.address(i)
-        if tier == "gpu" and address:
-            t = torch.as_tensor(_CudaBlock(address, profile), device=device or torch.device("cuda"))
-            return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
-    with warnings.catch_warnings():  # A read lease's view is read-only: torch warns, the caller only reads.
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(lease.block(i))
-    return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
-
-
-def _numpy(t: torch.Tensor):
-    return t.view(torch.uint8).numpy() if t.dtype == torch.bfloat16 else t.numpy()
-
-
-class _RoomyLayer(DynamicLayer):
-    """A DynamicLayer whose K/V lie at the start of buffers with room after
-    them: update writes the new tokens' K/V in place and returns views (a
-    DynamicLayer concatenates, copying the whole history each time). Out of
-    room, or once the caller replaced its tensors (a batch reorder), it grows
-    as a DynamicLayer does."""
-
-    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, length: int):
-        super().__init__()
-        self._kbuf, self._vbuf = kbuf, vbuf  # [1, kv_heads, capacity, head_dim]
-        self.dtype, self.device = kbuf.dtype, kbuf.device
-        self.keys, self.values = kbuf[:, :, :length], vbuf[:, :, :length]
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        n, m = self.keys.shape[-2], key_states.shape[-2]
-        if (self._kbuf is None or n + m > self._kbuf.shape[-2] or key_states.shape[0] != 1
-                or self.keys.data_ptr() != self._kbuf.data_ptr() or self.values.data_ptr() != self._vbuf.data_ptr()):
-            self._kbuf = self._vbuf = None
-            return super().update(key_states, value_states, *args, **kwargs)
-        self._kbuf[:, :, n:n + m].copy_(key_states)
-        self._vbuf[:, :, n:n + m].copy_(value_states)
-        self.keys, self.values = self._kbuf[:, :, :n + m], self._vbuf[:, :, :n + m]
-        return self.keys, self.values
-
-
 class PrefixCache:
-    def __init__(self, client, model, tail_sessions: int = 64):
+    """A prefix cache of one model over a kvtier client (see the module's text)."""
+
+    def __init__(self, client: Any, model: Any, tail_sessions: int = 64) -> None:
         """tail_sessions: for how many sessions (the most recently stored) this
         object keeps the K/V of the tokens past the last full block, which
         kvtierd does not hold: a follow-up turn served by this process then
@@ -189,8 +66,9 @@ class PrefixCache:
         up to block_tokens - 1 more. 0 keeps none."""
         self.client = client
         self.model = model
+        check_supported(model)
         profile = client.profile
-        want = _geometry(model)
+        want = geometry(model)
         have = {k: profile[k] for k in ("layers", "kv_heads", "head_dim", "dtype")}
         if want != have:
             raise FailedPreconditionError(
@@ -205,7 +83,8 @@ class PrefixCache:
         self.gpu = client.backend == "cuda"
         self.tail_sessions = tail_sessions
         # session -> (the tokens up to the tail's end, [(K, V) of the tail per layer]).
-        self._tails: collections.OrderedDict = collections.OrderedDict()
+        self._tails: collections.OrderedDict[str, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = (
+            collections.OrderedDict())
 
     def _stream(self) -> int:
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
@@ -213,9 +92,9 @@ class PrefixCache:
     def _block(self, lease, i: int, writable: bool) -> torch.Tensor:
         # The profile and backend are this object's: no round of native calls per block.
         device = self.device if self.device.type == "cuda" else None
-        return _view(lease, i, writable, self.profile, self.gpu, device)
+        return view(lease, i, writable, self.profile, self.gpu, device)
 
-    def load(self, session: str, input_ids, max_new_tokens: int = 256):
+    def load(self, session: str, input_ids: Any, max_new_tokens: int = 256) -> tuple[DynamicCache, int]:
         """A DynamicCache holding the longest cached prefix of input_ids (whole
         blocks, leaving at least one token to compute), and its length in tokens.
         The session then holds that prefix. With kvtierd away: an empty cache.
@@ -229,7 +108,7 @@ class PrefixCache:
             _log.warning("kvtier: kvtierd is unavailable, recomputing this turn: %s", e)
             return DynamicCache(), 0
 
-    def store(self, session: str, input_ids, cache) -> int:
+    def store(self, session: str, input_ids: Any, cache: Any) -> int:
         """Commits the full blocks of input_ids whose K/V `cache` holds and the
         session does not yet: the session then holds them all. Returns how many
         blocks were committed (0 with kvtierd away)."""
@@ -242,7 +121,7 @@ class PrefixCache:
             _log.warning("kvtier: this turn is not cached: %s", e)
             return 0
 
-    def _load(self, session: str, input_ids, max_new_tokens: int):
+    def _load(self, session: str, input_ids: Any, max_new_tokens: int) -> tuple[DynamicCache, int]:
         tokens = _tokens(input_ids)
         usable = (len(tokens) - 1) // self.block_tokens * self.block_tokens
         cache = DynamicCache()
@@ -273,13 +152,13 @@ class PrefixCache:
                 capacity = len(tokens) + max(0, int(max_new_tokens))
                 for layer in range(layers):
                     planes = torch.empty(2, 1, kvh, capacity, hd, dtype=self.dtype)
-                    lease.gather(_numpy(planes), layer, 1, capacity)
-                    cache.layers.append(_RoomyLayer(planes[0], planes[1], n * bt))
+                    lease.gather(to_numpy(planes), layer, 1, capacity)
+                    cache.layers.append(RoomyLayer(planes[0], planes[1], n * bt))
             elif not on_gpu:
                 # Host memory into a GPU model: gathered on the CPU, then copied over.
                 for layer in range(layers):
                     planes = torch.empty(2, kvh, n * bt, hd, dtype=self.dtype)
-                    lease.gather(_numpy(planes), layer, 1)
+                    lease.gather(to_numpy(planes), layer, 1)
                     planes = planes.to(self.device, non_blocking=True)
                     cache.update(planes[0].unsqueeze(0), planes[1].unsqueeze(0), layer)
             else:
@@ -301,7 +180,7 @@ class PrefixCache:
                 lease.release()
         return cache, n * bt + self._add_tail(session, tokens, n * bt, cache)
 
-    def _add_tail(self, session: str, tokens: list, cached: int, cache) -> int:
+    def _add_tail(self, session: str, tokens: list[int], cached: int, cache: DynamicCache) -> int:
         """Appends the session's kept tail when it continues the cached blocks
         with the prompt's own tokens (one token at least is left to compute).
         Returns how many tokens it added."""
@@ -314,26 +193,30 @@ class PrefixCache:
         if full != cached or end <= cached or tokens[:end] != seen[:end]:
             return 0
         for layer, (k, v) in enumerate(kv):
-            cache.layers[layer].update(k[:, :, :end - cached].to(self.device), v[:, :, :end - cached].to(self.device))
+            cache.layers[layer].update(  # type: ignore[union-attr]  # load made them DynamicLayers
+               k[:, :, :end - cached].to(self.device), v[:, :, :end - cached].to(self.device))
         return end - cached
 
-    def _keep_tail(self, session: str, tokens: list, known: int, cache) -> None:
+    def _keep_tail(self, session: str, tokens: list[int], known: int, cache: Any) -> None:
         full = known // self.block_tokens * self.block_tokens
         self._tails.pop(session, None)
         if self.tail_sessions <= 0 or full == known or full == 0:
             return
         kv = []
         for layer in range(self.profile["layers"]):
-            k, v = _layer_kv(cache, layer)
+            k, v = layer_kv(cache, layer)
             kv.append((k[:, :, full:known].to("cpu", copy=True), v[:, :, full:known].to("cpu", copy=True)))
         self._tails[session] = (tokens[:known], kv)
         while len(self._tails) > self.tail_sessions:
             self._tails.popitem(last=False)
 
-    def _store(self, session: str, input_ids, cache) -> int:
+    def _store(self, session: str, input_ids: Any, cache: Any) -> int:
         tokens = _tokens(input_ids)
-        k0, _ = _layer_kv(cache, 0)
-        known = min(len(tokens), k0.size(-2))
+        held = held_tokens(cache)
+        if held == 0 and len(tokens) >= self.block_tokens:
+            _log.warning("kvtier: this turn is not cached: a sliding-window layer of its cache dropped its first "
+                         "tokens (a cache from load keeps them all)")
+        known = min(len(tokens), held)
         self._keep_tail(session, tokens, known, cache)
         full = known // self.block_tokens
         if full == 0:
@@ -355,7 +238,7 @@ class PrefixCache:
         try:
             slots = [self._block(w, i, writable=True) for i in range(n)]
             for layer in range(self.profile["layers"]):
-                k, v = _layer_kv(cache, layer)
+                k, v = layer_kv(cache, layer)
                 # [1, kv_heads, seq, hd] rows of the new blocks -> each slot's [bt, kv_heads, hd] planes.
                 for i, slot in enumerate(slots):
                     lo, hi = (start + i) * bt, (start + i + 1) * bt

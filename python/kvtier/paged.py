@@ -33,7 +33,7 @@ def _page_view(t: torch.Tensor) -> torch.Tensor | None:
     """[blocks, page elements] viewing each block of a layer tensor [blocks, ...]
     as the dense run of memory it occupies (its axes in memory order), or None
     when a block's elements are not one dense run."""
-    inner = sorted(range(1, t.dim()), key=lambda d: (-t.stride(d), d))
+    inner = sorted(range(1, t.dim()), key=lambda d: (-t.stride()[d], d))
     p = t.permute(0, *inner)
     if not p[0].is_contiguous():
         return None

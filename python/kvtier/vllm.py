@@ -81,7 +81,6 @@ from kvtier._vllm_support import (  # noqa: F401 - model_identity and the stats 
 )
 from kvtier.paged import PagedKV, load_blocks, save_blocks
 
-
 # --- metadata -------------------------------------------------------------------------
 
 
@@ -354,6 +353,7 @@ class KvtierConnector(KVConnectorBase_V1):
         started = time.perf_counter()
         done: list[int] = []
         client = self._conn.get_or_connect()
+        assert self._paged is not None  # Registered before any load.
         try:
             if client is None:
                 raise kvtier.UnavailableError("kvtierd is not connected")
@@ -366,12 +366,13 @@ class KvtierConnector(KVConnectorBase_V1):
         filled = set(done)
         failed = [b for b in load.block_ids if b not in filled]
         self._errors.update(failed)
-        pieces = self._paged.pieces(client.block_tokens) if done else 0
+        pieces = self._paged.pieces(client.block_tokens) if done and client is not None else 0
         self._stats.add(loaded_blocks=len(done) * pieces, loaded_tokens=len(done) * self._block_size,
                         load_error_blocks=len(failed), load_seconds=time.perf_counter() - started)
 
     def _stream(self):
         """vLLM's current CUDA stream (the copies run on it), or None on the CPU."""
+        assert self._paged is not None  # Registered before any load or save.
         return torch.cuda.current_stream(self._paged.device) if self._paged.is_cuda else None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -385,6 +386,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # output and goes on; a later step waits for one only if it may write the
         # blocks that save reads (_settle_saves).
         stream = self._stream()
+        assert self._saver is not None  # Started with the kv caches' registration.
         for save in self._planned("saves"):
             self._saver.put(functools.partial(self._save, save, stream), save.req_id)
 
@@ -395,6 +397,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._stats.add(save_errors=1)
             return
         try:
+            assert self._paged is not None
             have = self._chain.get(save.req_id, 0)
             have, stored = save_blocks(client, self._paged, save.tokens, save.session, save.block_ids, have, stream)
             self._chain[save.req_id] = have

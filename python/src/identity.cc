@@ -31,6 +31,24 @@ void BindIdentity(py::module_& m) {
           },
           py::arg("description"))
       .def("finish", [](ModelIdentity& id) { return Take(id.Finish()).ToHex(); });
+  m.def(
+      "model_settings_text",
+      [](std::string model_type, std::string hidden_act, std::optional<double> rms_norm_eps,
+         std::optional<double> layer_norm_eps, std::optional<double> rope_theta, std::optional<std::string> rope_type,
+         std::optional<int64_t> sliding_window) {
+        return ModelSettingsText({.model_type = std::move(model_type),
+                                  .hidden_act = std::move(hidden_act),
+                                  .rms_norm_eps = rms_norm_eps,
+                                  .layer_norm_eps = layer_norm_eps,
+                                  .rope_theta = rope_theta,
+                                  .rope_type = std::move(rope_type),
+                                  .sliding_window = sliding_window});
+      },
+      py::arg("model_type"), py::kw_only(), py::arg("hidden_act") = "silu", py::arg("rms_norm_eps") = py::none(),
+      py::arg("layer_norm_eps") = py::none(), py::arg("rope_theta") = py::none(), py::arg("rope_type") = py::none(),
+      py::arg("sliding_window") = py::none(),
+      "The architecture settings of a model identity as add_config takes them (kvtier/model_identity.h, "
+      "ModelSettingsText, which kvtier-worker calls too): a None field is a setting the model does not have");
 }
 
 }  // namespace kvtier::python

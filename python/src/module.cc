@@ -8,12 +8,15 @@
 // connection lives; they keep the lease object (and so the mapping) alive.
 //
 // The bindings are grouped by concept: identity.cc, leases.cc, client.cc, and
-// the pieces they share in bindings.h (convert.cc).
+// the pieces they share in bindings.h (convert.cc). _native.pyi (beside the
+// package's Python files) is its type stub: a binding added here is added there.
 #include "bindings.h"
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "libkvtier bindings; import kvtier instead";
   m.attr("PROTOCOL_VERSION") = kvtier::ProtocolVersion();
+  // The CMake project's version: kvtier.__version__ where no installed package metadata says it.
+  m.attr("__version__") = KVTIER_VERSION;
   kvtier::python::BindIdentity(m);
   kvtier::python::BindLeases(m);
   kvtier::python::BindClient(m);

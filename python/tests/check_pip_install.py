@@ -1,4 +1,5 @@
-"""`pip install .` builds and installs a working kvtier module: run by CTest
+"""`pip install .` builds and installs a working kvtier module (with its
+version, type stub and kvtier-serve console script): run by CTest
 (python_pip_install) with the build environment's interpreter, offline (no
 build isolation: the environment has scikit-build-core and pybind11)."""
 
@@ -25,9 +26,26 @@ try:
     raise SystemExit("connected to nothing")
 except kvtier.UnavailableError as e:
     print("unavailable as expected:", e)
-print("installed kvtier", kvtier.PROTOCOL_VERSION)
+print("installed kvtier", kvtier.__version__, kvtier.PROTOCOL_VERSION)
+# The version is the package metadata's, which is the CMake project's.
+import importlib.metadata, re
+cmake = open(os.path.join({source!r}, "CMakeLists.txt")).read()
+assert kvtier.__version__ == importlib.metadata.version("kvtier") == kvtier._native.__version__ == re.search(
+    r"project\\(kvtier VERSION ([0-9.]+)", cmake).group(1), kvtier.__version__
+# Type checkers see the native module: the marker and the stub are installed beside it.
+here = os.path.dirname(kvtier.__file__)
+assert os.path.isfile(os.path.join(here, "py.typed")) and os.path.isfile(os.path.join(here, "_native.pyi"))
+# The console script names kvtier.serve's main.
+(serve,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "kvtier-serve"]
+assert serve.value == "kvtier.serve:main", serve
 """
         subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=target)
+        # The console script pip wrote runs kvtier.serve's main (its --help needs only argparse).
+        script = os.path.join(target, "bin", "kvtier-serve")
+        assert os.path.isfile(script), os.listdir(target)
+        help_text = subprocess.run([sys.executable, script, "--help"], check=True, env=env, cwd=target,
+                                   capture_output=True, text=True).stdout
+        assert "--model" in help_text, help_text
 
 
 if __name__ == "__main__":

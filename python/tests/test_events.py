@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from conftest import Daemon
-
 # pyzmq and msgpack come with python/requirements.txt (scripts/python_env.sh): missing, this fails.
-from kvtier.events import EventStream, EventsLost, HostBlocks  # noqa: E402
+import kvtier  # noqa: E402
+from conftest import Daemon
+from kvtier.events import EventsLost, EventStream, HostBlocks  # noqa: E402
 
 BT = 4  # block_tokens of the test profile (conftest.PROFILE)
 # 64 GPU and 256 host blocks (conftest); small host tier here so that blocks are dropped.
@@ -224,3 +224,10 @@ def test_the_replay_endpoint_bounds_message_size_and_request_rate(events_daemon)
             assert stream.next(timeout=5)["seq"] == 1
     finally:
         ctx.destroy(linger=0)
+
+
+def test_lost_events_are_a_kvtier_error():
+    """One `except kvtier.Error` handles a stale replica as it does the client's errors."""
+    assert issubclass(EventsLost, kvtier.Error)
+    e = EventsLost(3, 5)
+    assert (e.first, e.last, e.code) == (3, 5, "events_lost") and "3..5" in str(e)

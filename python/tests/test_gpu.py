@@ -12,8 +12,9 @@ pytest.importorskip("transformers")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device visible to torch", allow_module_level=True)
 
-import kvtier.hf  # noqa: E402
 from test_hf import prompt, tiny_llama  # noqa: E402
+
+import kvtier.hf  # noqa: E402
 
 
 @torch.no_grad()
@@ -55,6 +56,7 @@ def test_vllm_paged_blocks_go_device_to_device_through_the_gpu_tier(make_daemon,
     a side stream; then demoted to the host tier and loaded again, kvtierd
     promoting them ahead of the stream's copies."""
     from test_paged import _layer, exchange, tokens, vllm_cache
+
     from kvtier.paged import PagedKV, load_blocks
 
     d = make_daemon(backend="cuda")

@@ -163,7 +163,8 @@ def test_the_cpp_worker_and_python_compute_one_identity_for_one_model(daemon, tm
     ident = kvtier._native.ModelIdentity()
     for name, t in sorted(load_file(str(weights)).items()):
         ident.add_tensor(name, "F32", list(t.shape), t.contiguous().reshape(-1).view(torch.uint8).numpy())
-    ident.add_config("model_type=llama\nhidden_act=silu\nrms_norm_eps=1e-05\nrope_theta=10000\nrope_type=default\n")
+    # The settings as kvtier.hf reads them from the transformers config of the same model.
+    ident.add_config(kvtier.hf.config_settings(_worker_as_hf(weights).config))
     ident.add_tokenizer(WORKER_TOKENIZER)
     assert ident.finish() == printed
 
@@ -192,9 +193,10 @@ def test_logits_agree_with_an_in_process_cache_and_after_a_round_trip_through_th
         local = local_out.past_key_values
         if turn == 2:
             assert client.demote("chat") > 0
-            for _ in range(1000):
+            for _ in range(1000):  # The demotion finishes on kvtierd's mover: wait for it.
                 if client.session("chat")["gpu_blocks"] == 0:
                     break
+                time.sleep(0.005)
             assert client.session("chat")["gpu_blocks"] == 0
         past, cached = cache.load("chat", ids)
         if turn:
@@ -345,3 +347,105 @@ def test_a_session_past_the_daemons_length_limit_is_served_not_cached(make_daemo
     assert cache.load("long", ids)[1] == 0
     short = ids[:, :9]
     assert cache.store("short", short, model(short, use_cache=True).past_key_values) == 2
+
+
+def test_the_identity_settings_are_spelled_as_before_for_a_llama_and_name_a_gpt2s_own():
+    """A Llama's settings text is the one identities were made with (changing it
+    would orphan every cached block); GPT-2's has its LayerNorm and no rotary lines."""
+    assert kvtier.hf.config_settings(tiny_llama().config) == (
+        "model_type=llama\nhidden_act=silu\nrms_norm_eps=1e-06\nrope_theta=10000\nrope_type=default\n")
+    assert kvtier.hf.config_settings(tiny_gpt2().config) == "model_type=gpt2\nhidden_act=gelu_new\nlayer_norm_eps=1e-05\n"
+    assert kvtier._native.model_settings_text("llama", rms_norm_eps=1e-5, rope_theta=1e4, rope_type="default") == (
+        "model_type=llama\nhidden_act=silu\nrms_norm_eps=1e-05\nrope_theta=10000\nrope_type=default\n")
+
+
+def tiny_gpt2(seed=0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=96, n_embd=16, n_head=2, n_layer=2, n_positions=256,
+                                     bos_token_id=1, eos_token_id=2)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@torch.no_grad()
+def test_a_gpt2_model_caches_its_prefix_and_reuses_it_with_the_logits_of_recomputing(daemon):
+    model = tiny_gpt2(seed=21)
+    client = daemon.client(model_id=kvtier.hf.model_identity(model))
+    cache = kvtier.hf.PrefixCache(client, model)
+    ids = prompt(80, 19)
+    past, cached = cache.load("g", ids)
+    assert cached == 0
+    out = model(ids, past_key_values=past, use_cache=True)
+    assert cache.store("g", ids, out.past_key_values) == 4  # 19 tokens: 4 full blocks
+    longer = torch.cat([ids, prompt(81, 6)], dim=1)
+    for c, want in ((cache, 19), (kvtier.hf.PrefixCache(client, model, tail_sessions=0), 16)):
+        past, cached = c.load("g", longer)
+        assert cached == want
+        step = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
+        torch.testing.assert_close(step, model(longer).logits[0, -1], rtol=1e-5, atol=1e-5)
+    past, cached = cache.load("g", longer)
+    got = model.generate(longer, past_key_values=past, max_new_tokens=4, do_sample=False)
+    assert torch.equal(got, model.generate(longer, max_new_tokens=4, do_sample=False))
+    assert kvtier.hf.model_identity(model) != kvtier.hf.model_identity(tiny_gpt2(seed=22))
+
+
+@torch.no_grad()
+def test_a_sliding_window_model_past_its_window_reuses_its_prefix_with_the_logits_of_recomputing(daemon):
+    torch.manual_seed(23)
+    config = transformers.MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                        max_position_embeddings=256, sliding_window=6)
+    model = transformers.MistralForCausalLM(config).eval()
+    assert "sliding_window=6" in kvtier.hf.config_settings(model.config)
+    cache = kvtier.hf.PrefixCache(daemon.client(model_id=kvtier.hf.model_identity(model)), model)
+    ids = prompt(90, 15)
+    past, cached = cache.load("w", ids)  # Its cache keeps every token (the mask applies the window).
+    out = model(ids, past_key_values=past, use_cache=True)
+    assert cache.store("w", ids, out.past_key_values) == 3
+    longer = torch.cat([ids, prompt(91, 6)], dim=1)
+    for tails in (64, 0):
+        past, cached = kvtier.hf.PrefixCache(cache.client, model, tail_sessions=tails).load("w", longer)
+        assert cached == 12
+        step = model(longer[:, cached:], past_key_values=past, use_cache=True).logits[0, -1]
+        torch.testing.assert_close(step, model(longer).logits[0, -1], rtol=1e-5, atol=1e-5)
+    # The model's own cache past the window dropped its first tokens: nothing to commit, no wrong bytes.
+    assert cache.store("w2", longer, model(longer, use_cache=True).past_key_values) == 0
+
+
+def _lfm2():
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, layer_types=["conv", "full_attention"]))
+
+
+def _qwen3_next():
+    return transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, layer_types=["linear_attention", "full_attention"],
+        linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16, shared_expert_intermediate_size=16))
+
+
+def _deepseek_v3():
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=2, num_experts_per_tok=1, first_k_dense_replace=2,
+        n_group=1, topk_group=1))
+
+
+def _mamba():
+    return transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=96, hidden_size=32,
+                                                                  num_hidden_layers=2, state_size=4))
+
+
+@pytest.mark.parametrize("make, named", [
+    (_lfm2, "'conv' layers (LinearAttentionLayer): layers [0]"),
+    (_qwen3_next, "'linear_attention' layers (LinearAttentionLayer): layers [0]"),
+    (_deepseek_v3, "multi-head latent attention (MLA"),
+    (_mamba, "takes no past_key_values"),
+], ids=["lfm2-conv", "qwen3-next-linear-attention", "deepseek-v3-mla", "mamba"])
+def test_a_model_whose_cache_kvtier_cannot_hold_is_refused_naming_what(daemon, make, named):
+    model = make().eval()
+    with pytest.raises(kvtier.InvalidArgumentError) as e:
+        kvtier.hf.PrefixCache(daemon.client(), model)
+    assert "kvtier.hf does not support model" in str(e.value) and named in str(e.value), str(e.value)

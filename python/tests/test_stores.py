@@ -14,11 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from test_hf import prompt, tiny_llama  # noqa: E402
+
 import kvtier  # noqa: E402
 import kvtier.hf  # noqa: E402
 from conftest import Daemon, stop_process  # noqa: E402
-from test_hf import prompt, tiny_llama  # noqa: E402
-
 
 
 def free_port():

@@ -7,11 +7,9 @@
 //     per tensor, in ascending (byte-wise) name order:
 //       name "\0" dtype "\0" u32 rank, u64 dims..., u64 byte count, raw bytes
 //     "config\0" u64 byte count, the architecture's settings that change its
-//       outputs beyond the weights, one "key=value\n" line each in this order:
-//       model_type, hidden_act, rms_norm_eps, rope_theta, rope_type, then
-//       sliding_window only where the model uses one (numbers as printf
-//       "%.9g" writes them: "1e-05", "10000"; names as Hugging Face's config
-//       spells them: "llama", "silu", "default")
+//       outputs beyond the weights: ModelSettingsText below, the one place
+//       that spells them (kvtier-worker calls it, kvtier.hf through
+//       kvtier._native.model_settings_text)
 //     "tokenizer\0" u64 byte count, the tokenizer's description bytes
 //   (integers little-endian; dtype as the safetensors names it: "F32", "BF16",
 //   "F16", ...; raw bytes in C order, little-endian; the tokenizer's
@@ -22,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,6 +29,27 @@
 #include "kvtier/status.h"
 
 namespace kvtier {
+
+// The architecture settings a model identity covers (AddConfig's text). A
+// field left empty is a setting the architecture does not have (GPT-2 has no
+// RMS norm and no rotary embedding; most models no sliding window): its line
+// is not written. Names as Hugging Face's config spells them: "llama",
+// "silu", "default".
+struct ModelSettings {
+  std::string model_type;
+  std::string hidden_act = "silu";
+  std::optional<double> rms_norm_eps;
+  std::optional<double> layer_norm_eps;  // Of a LayerNorm model (GPT-2's layer_norm_epsilon).
+  std::optional<double> rope_theta;
+  std::optional<std::string> rope_type;
+  std::optional<int64_t> sliding_window;  // Only where the model uses one.
+};
+
+// The settings as AddConfig takes them: one "key=value\n" line per present
+// field, in the struct's order, numbers as printf "%.9g" writes them ("1e-05",
+// "10000"). So a Llama's text is "model_type=llama\nhidden_act=silu\n
+// rms_norm_eps=1e-05\nrope_theta=10000\nrope_type=default\n".
+std::string ModelSettingsText(const ModelSettings& settings);
 
 class ModelIdentity {
  public:

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import Daemon  # noqa: E402 - python/tests' helpers
 from test_serve import Service  # noqa: E402
 
 import kvtier.hf  # noqa: E402
+from conftest import Daemon  # noqa: E402 - python/tests' helpers
 
 # The smollm2 profile of configs/kvtierd.yaml, with small tiers.
 SMOLLM2 = """\

@@ -17,8 +17,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from conftest import Daemon  # noqa: E402
 from vllm_engines import PROFILE, ROOT, Engine, make_model, prompt, wait_for  # noqa: E402
+
+from conftest import Daemon  # noqa: E402
 
 pytest.importorskip("vllm")
 
