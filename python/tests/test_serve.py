@@ -2,11 +2,13 @@
 small seeded model (scripts/make_tiny_model.py, no download) over a real
 kvtierd, against a service running without kvtier."""
 
+import http.client
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +41,7 @@ class Service:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"serve-{name}.log"
-        self._log = open(self.log, "w")
+        self._log = open(self.log, "w")  # noqa: SIM115 - the service's output, closed by stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "kvtier.serve", "--model", model_dir, "--port",
                                       str(self.port), "--threads", "1", "--log-level", "warning", *args],
                                      stdout=self._log, stderr=subprocess.STDOUT,
@@ -66,6 +68,38 @@ class Service:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
+
+    def raw_post(self, headers: str, chunks=(), timeout=10):
+        """POST /v1/chat/completions over a socket of its own: the headers, then
+        the chunks sent from another thread while the reply is read (a service
+        that answers before reading them all may close the connection on them).
+        Returns (status, JSON body, seconds from sending the headers to the reply)."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        start = time.monotonic()
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Content-Type: application/json\r\n{headers}\r\n".encode())
+
+        def send():
+            try:
+                for c in chunks:
+                    sock.sendall(c)
+            except OSError:
+                pass
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        try:
+            reply = http.client.HTTPResponse(sock)
+            reply.begin()
+            took = time.monotonic() - start
+            return reply.status, json.loads(reply.read()), took
+        finally:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # Wakes a sender the service no longer reads from.
+            except OSError:
+                pass
+            sock.close()
+            sender.join(timeout)
 
     def stop(self):
         stop_process(self.proc)
@@ -99,6 +133,7 @@ def test_follow_up_turns_come_from_the_cache_and_reply_as_without_it(services):
     assert [m.id for m in kv.client.models.list().data] == ["tiny-chat"]
     messages = [{"role": "system", "content": "you are a small model that answers every question"},
                 {"role": "user", "content": "hello, what is a kv cache and why is it fast?"}]
+    previous = None
     for turn in range(3):
         reply, usage = chat(kv, messages)
         reference, ref_usage = chat(plain, messages)
@@ -170,6 +205,22 @@ def test_bad_requests_get_openai_style_errors(services):
         status, body = kv.post(json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}],
                                            "seed": 2**70, "stream": stream}).encode())
         assert status == 400 and body["error"]["param"] == "seed", (stream, status, body)
+    # Pydantic validates; its 422 never shows: every violation is a 400 in OpenAI's shape, naming the field.
+    for extra, param in (({"max_tokens": "5"}, "max_tokens"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
+                         ({"temperature": True}, "temperature"), ({"stream": "yes"}, "stream")):
+        status, body = kv.post(json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}],
+                                           **extra}).encode())
+        assert status == 400 and body["error"] == {"message": body["error"]["message"], "param": param,
+                                                   "type": "invalid_request_error", "code": None}, (extra, body)
+    status, body = kv.post(json.dumps({"model": "tiny-chat", "messages": [{"role": "tool", "content": "hi"}]}).encode())
+    assert status == 400 and body["error"]["param"] == "messages[0].role", body
+    status, body = kv.post(b"[1, 2]")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error", body
+    try:
+        urllib.request.urlopen(kv.url + "/v1/completions", timeout=5)
+        raise AssertionError("an unknown route answered")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404 and json.loads(e.read())["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as e:
         chat(kv, [{"role": "user", "content": "word " * 80}])
     assert e.value.code == "context_length_exceeded"
@@ -229,3 +280,51 @@ def test_a_full_queue_answers_503_and_the_service_goes_on(services):
     assert status == 503 and body["error"]["code"] == "overloaded", body
     assert long_reply["status"] == 200
     assert chat(kv, [{"role": "user", "content": "and now?"}])[1].completion_tokens > 0
+
+
+def test_health_answers_while_a_large_request_is_tokenized(services):
+    # Once a 10 MB body took 11-13 s to get its 400 (parsed and tokenized on the event loop), and a /health
+    # sent meanwhile waited as long. Now: a 3.8 MB body (1.9 M tokens, seconds of tokenizing; under the
+    # default 4 MiB limit) is tokenized off the loop while /health keeps answering.
+    _, make = services
+    kv = make("kvtier", "--max-context", "64")
+    big = json.dumps({"model": "tiny-chat", "messages": [{"role": "user", "content": "a " * 1_900_000}]}).encode()
+    assert 3_000_000 < len(big) < 4 << 20
+    result = {}
+    t = threading.Thread(target=lambda: result.update(reply=kv.post(big), ended=time.monotonic()))
+    started = time.monotonic()
+    t.start()
+    time.sleep(0.2)
+    probes = []
+    while t.is_alive():
+        before = time.monotonic()
+        urllib.request.urlopen(kv.url + "/health", timeout=30).read()
+        probes.append(time.monotonic() - before)
+        time.sleep(0.05)
+    t.join()
+    status, body = result["reply"]
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert probes, f"the large request took {result['ended'] - started:.2f} s, too short to probe /health"
+    assert max(probes) < 1.0, f"/health waited {max(probes):.2f} s behind the large request ({len(probes)} probes)"
+    # Past the default limit (4 MiB): 413 from the Content-Length alone.
+    status, body, took = kv.raw_post("Content-Length: 5000000\r\n", [b" " * 65536])
+    assert status == 413 and body["error"]["code"] == "request_too_large", body
+    assert took < 2.0
+
+
+def test_a_body_past_the_limit_is_refused_413_unread(services):
+    _, make = services
+    kv = make("kvtier", "--max-body-bytes", "1000000")
+    # A Content-Length past --max-body-bytes: refused at once, before the body is sent (a 100 MB one was read).
+    status, body, took = kv.raw_post("Content-Length: 100000000\r\n", [b" " * 65536])
+    assert status == 413 and body["error"]["type"] == "invalid_request_error", body
+    assert body["error"]["code"] == "request_too_large" and took < 2.0, (body, took)
+    # A chunked body, no length told: refused once what was read passes the limit, not after reading it all.
+    chunk = b"%x\r\n%s\r\n" % (256 << 10, b" " * (256 << 10))
+    status, body, took = kv.raw_post("Transfer-Encoding: chunked\r\n", [chunk] * 40 + [b"0\r\n\r\n"])
+    assert status == 413 and body["error"]["code"] == "request_too_large", body
+    # Under the limit, served as ever.
+    small = json.dumps({"model": "tiny-chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert kv.post(small.encode())[0] == 200
+    metrics = urllib.request.urlopen(kv.url + "/metrics", timeout=5).read().decode()
+    assert 'kvtier_serve_requests_total{outcome="error_413"} 2.0' in metrics
