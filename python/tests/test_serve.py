@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+
 from conftest import stop_process
 
 openai = pytest.importorskip("openai")
