@@ -46,6 +46,37 @@ assert serve.value == "kvtier.serve:main", serve
         help_text = subprocess.run([sys.executable, script, "--help"], check=True, env=env, cwd=target,
                                    capture_output=True, text=True).stdout
         assert "--model" in help_text, help_text
+        check_extras(target)
+
+
+def check_extras(target: str) -> None:
+    """Every extra (hf, serve, events) names what its modules import, and the
+    pinned environment satisfies each requirement: `pip install 'kvtier[serve]'`
+    resolves to versions this suite tested. Then each extra's modules import."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    (dist,) = importlib.metadata.distributions(path=[target], name="kvtier")
+    extras = {}
+    for text in dist.requires or []:
+        req = Requirement(text)
+        for extra in ("hf", "serve", "events"):
+            if req.marker is not None and req.marker.evaluate({"extra": extra}):
+                extras.setdefault(extra, []).append(req)
+    assert set(extras) == {"hf", "serve", "events"}, extras
+    for extra, reqs in extras.items():
+        for req in reqs:
+            if req.name == "kvtier":
+                continue  # kvtier[hf] within serve: checked as hf.
+            installed = importlib.metadata.version(req.name)
+            assert req.specifier.contains(installed, prereleases=True), f"kvtier[{extra}]: {req} but {installed}"
+    names = {extra: sorted(r.name for r in reqs) for extra, reqs in extras.items()}
+    print("extras:", names)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = target + os.pathsep + os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
+    for modules in ("kvtier.hf", "kvtier.serve", "kvtier.events"):
+        subprocess.run([sys.executable, "-c", f"import {modules}"], check=True, env=env, cwd=target)
 
 
 if __name__ == "__main__":
