@@ -21,13 +21,18 @@ using namespace std::chrono_literals;
 using testing::DaemonProcess;
 using testing::kSmallDaemonConfig;
 
-TEST(ApiCompatTest, AcquireWithABoolPromoteStillWorks) {
-  DaemonProcess daemon(kSmallDaemonConfig);
-  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+// A client of a kvtierd started with the small test configuration.
+Result<std::unique_ptr<Client>> ConnectTo(DaemonProcess& daemon) {
+  if (Status st = daemon.Start(); !st.ok()) return st;
   ClientOptions o;
   o.socket_path = daemon.socket();
-  auto c = Client::Connect(o);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  return Client::Connect(o);
+}
+
+TEST(ApiCompatTest, AcquireWithABoolPromoteStillWorks) {
+  DaemonProcess daemon(kSmallDaemonConfig);
+  auto c = ConnectTo(daemon);
+  ASSERT_TRUE(c.ok()) << c.status().ToString() << daemon.log();
   const std::vector<TokenId> tokens(2 * (*c)->block_tokens(), 11);
   auto w = (*c)->Allocate(2);
   ASSERT_TRUE(w.ok());
@@ -61,11 +66,8 @@ TEST(ApiCompatTest, StoreNamesFromTheStatsStillWorks) {
   EXPECT_EQ(StoreNames({{"store.disk.hit_blocks", 1}, {"gpu_slots", 8}, {"store.redis.hit_blocks", 0}}),
             (std::vector<std::string>{"disk", "redis"}));
   DaemonProcess daemon(kSmallDaemonConfig);
-  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
-  ClientOptions o;
-  o.socket_path = daemon.socket();
-  auto c = Client::Connect(o);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto c = ConnectTo(daemon);
+  ASSERT_TRUE(c.ok()) << c.status().ToString() << daemon.log();
   auto stats = (*c)->Stats();
   ASSERT_TRUE(stats.ok());
   EXPECT_TRUE(StoreNames(*stats).empty());

@@ -41,15 +41,21 @@ void EngineTest::TearDown() {
   }
 }
 
-EngineOptions EngineTest::Options(uint32_t gpu_slots, uint32_t host_slots) {
+EngineOptions TestEngineOptions(uint32_t gpu_slots, uint32_t host_slots, std::string name, std::string index_segment) {
   EngineOptions o;
   o.profile = TestProfile();
   o.gpu_slots = gpu_slots;
   o.host_slots = host_slots;
   o.gpu_high_watermark = o.gpu_low_watermark = 1.0;
   o.host_high_watermark = o.host_low_watermark = 1.0;
-  o.name = "engine" + std::to_string(engines_made_);
-  o.index_segment = "/" + prefix_ + ".index" + std::to_string(engines_made_);
+  o.name = std::move(name);
+  o.index_segment = std::move(index_segment);
+  return o;
+}
+
+EngineOptions EngineTest::Options(uint32_t gpu_slots, uint32_t host_slots) {
+  EngineOptions o = TestEngineOptions(gpu_slots, host_slots, "engine" + std::to_string(engines_made_),
+                                      "/" + prefix_ + ".index" + std::to_string(engines_made_));
   o.on_free = [this](const BlockKey& key, bool dropped) { freed_.push_back(Freed{key, dropped}); };
   return o;
 }

@@ -42,6 +42,9 @@ ModelProfile TestProfile();  // 256-byte blocks of kBt tokens.
 // The real host backend, its segments labelled after `prefix` (unique per
 // test); nullptr, with a test failure, if it cannot be made.
 std::unique_ptr<Backend> TestHostBackend(const std::string& prefix);
+// An engine of TestProfile with these slots and no automatic pressure (every
+// watermark 1.0), named `name`, its index at `index_segment`.
+EngineOptions TestEngineOptions(uint32_t gpu_slots, uint32_t host_slots, std::string name, std::string index_segment);
 
 // Token IDs and block keys of a conversation.
 struct Chain {

@@ -28,14 +28,7 @@ class ReclaimTest : public ::testing::Test {
 
   // No automatic pressure: the tests call the reclaimer themselves.
   EngineOptions Options(uint32_t gpu_slots, uint32_t host_slots) {
-    EngineOptions o;
-    o.profile = TestProfile();
-    o.gpu_slots = gpu_slots;
-    o.host_slots = host_slots;
-    o.gpu_high_watermark = o.gpu_low_watermark = 1.0;
-    o.host_high_watermark = o.host_low_watermark = 1.0;
-    o.name = "reclaim";
-    o.index_segment = "/" + prefix_ + ".index";
+    EngineOptions o = TestEngineOptions(gpu_slots, host_slots, "reclaim", "/" + prefix_ + ".index");
     o.on_free = [this](const BlockKey& key, bool dropped) { freed_.push_back(Freed{key, dropped}); };
     return o;
   }
