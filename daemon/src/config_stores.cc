@@ -62,8 +62,9 @@ Status ParseStores(const YAML::Node& node, const std::string& source, DaemonConf
       const StoreKind& kind = *FindStoreKind(t.kind);
       for (const StoreTierConfig& other : out->tiers) {
         if (kind.exclusive_key == nullptr || other.kind != t.kind) continue;
-        const std::string* mine = SettingOf(kind.settings(t.options), kind.exclusive_key);
-        const std::string* theirs = SettingOf(kind.settings(other.options), kind.exclusive_key);
+        const auto my_settings = kind.settings(t.options), their_settings = kind.settings(other.options);
+        const std::string* mine = SettingOf(my_settings, kind.exclusive_key);
+        const std::string* theirs = SettingOf(their_settings, kind.exclusive_key);
         if (mine != nullptr && theirs != nullptr && *mine == *theirs) {
           return s.Error("tiers[" + std::to_string(i) + "]." + kind.exclusive_key,
                          "'" + *mine + "' is another " + t.kind + " store's too");
