@@ -218,6 +218,8 @@ template <typename... F>
 struct Overloaded : F... {
   using F::operator()...;
 };
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;  // Clang 14 deduces no aggregate's arguments itself.
 
 Status ReadKey(Section& s, const ConfigKey& k, DaemonConfig* c) {
   return std::visit(
