@@ -269,7 +269,7 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   else if (unit == "GB") mult = 1e9;
   else return InvalidArgument("unknown size unit '" + unit + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB)");
   const double bytes = value * mult;
-  if (!(bytes >= 0) || bytes > 1e15) return InvalidArgument("size '" + std::string(text) + "' is out of range");
+  if (!(bytes >= 0) || bytes > kMaxByteSize) return InvalidArgument("size '" + std::string(text) + "' is out of range");
   return static_cast<uint64_t>(std::llround(bytes));
 }
 

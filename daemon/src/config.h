@@ -230,7 +230,8 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source)
 Result<DaemonConfig> LoadConfigFile(const std::string& path);
 // The effective configuration as YAML (what `cachectl config` shows).
 std::string DumpConfig(const DaemonConfig& config);
-// "64MiB" / "2 GiB" / "4096" (bytes) -> bytes.
+// "64MiB" / "2 GiB" / "4096" (bytes) -> bytes, at most kMaxByteSize.
+inline constexpr double kMaxByteSize = 1e15;
 Result<uint64_t> ParseByteSize(std::string_view text);
 
 }  // namespace kvtier::daemon

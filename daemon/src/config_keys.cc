@@ -161,9 +161,9 @@ const std::vector<ConfigKey>& Table() {
                      "How long an Acquire waits for the stores below the host tier"),
     Text("stores", "key_prefix", KVTIER_MEMBER(stores.key_prefix), {}, kAtStart,
          "The prefix of every key kvtierd writes to a store", &CheckKeyPrefix),
-    Size<uint64_t>("stores", "queue_bytes", KVTIER_MEMBER(stores.queue_bytes), 1u << 20, 1e15, kAtStart,
+    Size<uint64_t>("stores", "queue_bytes", KVTIER_MEMBER(stores.queue_bytes), 1u << 20, kMaxByteSize, kAtStart,
                    "Records waiting to be written, at most; past it they are skipped"),
-    Size<uint64_t>("stores", "max_fetch_bytes", KVTIER_MEMBER(stores.max_fetch_bytes), 1u << 20, 1e15, kAtStart,
+    Size<uint64_t>("stores", "max_fetch_bytes", KVTIER_MEMBER(stores.max_fetch_bytes), 1u << 20, kMaxByteSize, kAtStart,
                    "Bytes of blocks one Acquire fetches from the stores, at most"),
 
     Flag("events", "enabled", KVTIER_MEMBER(events.enabled), kAtStart, "Publish KV events"),
@@ -207,7 +207,7 @@ Status ReadSize(Section& s, const ConfigKey& k, T* out) {
   uint64_t v = *out;
   KVTIER_RETURN_IF_ERROR(s.ReadBytes(k.key, &v));
   if (v < k.lo || v > k.hi) {
-    return s.Error(k.key, k.hi >= 1e15 ? "must be at least " + SizeText(k.lo)
+    return s.Error(k.key, k.hi >= kMaxByteSize ? "must be at least " + SizeText(k.lo)
                                        : "must be in [" + SizeText(k.lo) + ", " + SizeText(k.hi) + "]");
   }
   *out = static_cast<T>(v);
@@ -286,7 +286,7 @@ std::string DescribeConfigKeys() {
       o << "; one of";
       for (const char* choice : k.choices) o << " " << choice;
     } else if (k.bytes) {
-      o << "; a size in [" << SizeText(k.lo) << ", " << (k.hi >= 1e15 ? std::string("...") : SizeText(k.hi)) << "]";
+      o << "; a size in [" << SizeText(k.lo) << ", " << (k.hi >= kMaxByteSize ? std::string("...") : SizeText(k.hi)) << "]";
     } else if (k.hi > k.lo) {
       o << "; in [" << YamlDouble(k.lo) << ", " << YamlDouble(k.hi) << "]";
     }

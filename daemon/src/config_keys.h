@@ -31,7 +31,7 @@ struct ConfigKey {
   const char* section;  // "limits"; "" for a key at the top level.
   const char* key;      // "lease_timeout_ms"
   ConfigField field;
-  double lo = 0, hi = 0;  // A number's range, both ends included (a size's in bytes).
+  double lo = 0, hi = 0;  // A number's range, both ends included (a size's in bytes; hi kMaxByteSize: no bound).
   bool bytes = false;     // A number written as a size: 4096, 512MiB, 2GiB.
   std::span<const char* const> choices;  // A string's values; empty: any.
   bool reloadable = false;               // SIGHUP applies it while running.
