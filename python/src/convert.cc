@@ -1,4 +1,5 @@
 // kvtier._native's shared pieces (bindings.h): errors, conversions, block views.
+#include <algorithm>
 #include <cstring>
 
 #include "bindings.h"
@@ -39,7 +40,11 @@ py::dtype NumpyDtype(DType d) {
 
 std::chrono::milliseconds Ms(double seconds) {
   if (!(seconds >= 0)) throw py::value_error("a timeout must be >= 0 seconds");
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Seconds(seconds));
+  // A caller's float may be past what milliseconds hold (1e17 s, infinity): converting it is undefined,
+  // and on x86 gave a negative count ("a ttl must not be negative"). Longer than kMaxSeconds is as good as
+  // forever for a timeout, and past every limit kvtierd sets, so it is clamped there.
+  constexpr double kMaxSeconds = 1e12;  // ~31,700 years.
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Seconds(std::min(seconds, kMaxSeconds)));
 }
 
 // Raises the status as kvtier.<Code>Error. REQUIRES: the GIL held, !st.ok().
