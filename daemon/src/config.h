@@ -140,6 +140,10 @@ struct DaemonConfig {
   uint32_t warm_snapshot_ms = 2000;
 
   uint32_t max_clients = 256;
+  // New connections one uid may open per second (a burst of one second's
+  // worth); past it a connection is refused at accept, before any work for it.
+  // 0: no limit.
+  uint32_t connects_per_second = 1000;
   // Clients one tenant may have connected at once; a Hello past it is refused.
   // 0 (the default): derived, see ClientsPerTenant.
   uint32_t max_clients_per_tenant = 0;

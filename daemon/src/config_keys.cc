@@ -129,6 +129,8 @@ const std::vector<ConfigKey>& Table() {
 
     Number<uint32_t>("limits", "max_clients", KVTIER_MEMBER(max_clients), 1, 1u << 20, kReloadable,
                      "Clients connected at once"),
+    Number<uint32_t>("limits", "connects_per_second", KVTIER_MEMBER(connects_per_second), 0, 1u << 20, kReloadable,
+                     "New connections per second from one uid (burst: one second's worth); 0: no limit"),
     Number<uint32_t>("limits", "max_clients_per_tenant", KVTIER_MEMBER(max_clients_per_tenant), 0, 1u << 20,
                      kReloadable, "Clients of one tenant at once; 0: max_clients / (tenants + 1) with tenants:"),
     Number<uint32_t>("limits", "max_sessions", KVTIER_MEMBER(max_sessions), 1, 1u << 28, kAtStart,

@@ -20,6 +20,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "connect_rate.h"
 #include "connection.h"
 #include "log.h"
 #include "metrics_endpoint.h"
@@ -69,6 +70,16 @@ void RunLoop(asio::io_context& io, const uint32_t& spin_us, CopiesRunning copies
   }
 }
 
+// Closes a connection refused at accept: the reason goes out (an ErrorResponse,
+// request id 0) if the socket takes it without waiting, then it closes.
+void CloseWithError(stream_protocol::socket& socket, const Status& why) {
+  std::vector<uint8_t> frame;
+  wire::AppendFrame(frame, 0, wire::FromStatus(why));
+  (void)!::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  boost::system::error_code ignored;
+  socket.close(ignored);
+}
+
 }  // namespace
 
 // How often systemd's STATUS= line is refreshed (only sent when it changed).
@@ -108,6 +119,7 @@ struct Server::Impl {
   asio::steady_timer ticker;
   asio::steady_timer accept_timer;  // The wait after an accept that failed (AcceptFailed).
   std::chrono::milliseconds accept_backoff{0};
+  ConnectRate connect_rate;  // New connections per uid (limits.connects_per_second).
   bool accept_waiting = false;  // accept_timer runs; no accept is pending.
   asio::steady_timer watchdog;
   asio::steady_timer status_timer;
@@ -128,6 +140,8 @@ struct Server::Impl {
   void AcceptFailed(const boost::system::error_code& ec);
   // Closes a connection past max_clients + kConnectionsBeforeHello at once.
   void RefuseOverLimit(stream_protocol::socket& socket);
+  // Refuses a connection of a uid past limits.connects_per_second, saying so.
+  void RefuseTooFast(stream_protocol::socket& socket, uint32_t uid);
   // A connection closed, and its descriptor is free: an accept waiting out a
   // backoff goes ahead now.
   void ConnectionClosed();
@@ -160,6 +174,10 @@ void Server::Impl::Accept() {
     // Who the peer is, from the kernel; one not allowed gets a permission_denied
     // error frame (request id 0) and is closed before anything else.
     auto peer = GetPeerCredentials(socket.native_handle());
+    if (peer.ok() && !connect_rate.Admit(peer->uid, config.connects_per_second, std::chrono::steady_clock::now())) {
+      RefuseTooFast(socket, peer->uid);
+      return Accept();
+    }
     Status allowed = peer.ok() ? service.access().CheckConnect(*peer) : peer.status();
     if (!allowed.ok()) {
       service.CountRefused();
@@ -208,12 +226,15 @@ void Server::Impl::RefuseOverLimit(stream_protocol::socket& socket) {
                           " connections, the most it takes (limits.max_clients " + std::to_string(config.max_clients) +
                           ", and " + std::to_string(kConnectionsBeforeHello) + " more before their Hello)";
   LogLimited(LogLevel::kWarn, "over limit", "refused a connection at accept: " + why);
-  // The reason goes out if the socket takes it without waiting; then it closes.
-  std::vector<uint8_t> frame;
-  wire::AppendFrame(frame, 0, wire::FromStatus(ResourceExhausted(why)));
-  (void)!::send(socket.native_handle(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-  boost::system::error_code ignored;
-  socket.close(ignored);
+  CloseWithError(socket, ResourceExhausted(why));
+}
+
+void Server::Impl::RefuseTooFast(stream_protocol::socket& socket, uint32_t uid) {
+  service.CountTooFast();
+  const std::string why = "uid " + std::to_string(uid) + " opened more than limits.connects_per_second (" +
+                          std::to_string(config.connects_per_second) + ") connections in the last second";
+  LogLimited(LogLevel::kWarn, "too fast", "refused a connection at accept: " + why);
+  CloseWithError(socket, ResourceExhausted(why));
 }
 
 void Server::Impl::ResumeParked() {

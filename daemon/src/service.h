@@ -159,6 +159,7 @@ class Service {
   void CountBadFrame() { ++counters_.bad_frames; }
   void CountRefused() { ++counters_.refused_connections; }
   void CountOverLimit() { ++counters_.connections_over_limit; }
+  void CountTooFast() { ++counters_.connections_too_fast; }
   const AccessPolicy& access() const { return access_; }
   void CountReload(bool applied) { ++(applied ? counters_.reloads_applied : counters_.reloads_rejected); }
 

@@ -67,6 +67,7 @@ struct ServiceCounters {
   uint64_t bad_frames = 0;           // Frames that did not decode.
   uint64_t refused_connections = 0;  // Peers refused at accept (access:).
   uint64_t connections_over_limit = 0;  // Closed at accept: max_clients + kConnectionsBeforeHello were open.
+  uint64_t connections_too_fast = 0;    // Closed at accept: their uid passed limits.connects_per_second.
   uint64_t reloads_applied = 0;
   uint64_t reloads_rejected = 0;
   std::map<wire::MessageType, RequestMetrics> per_type;  // Request types answered so far.
