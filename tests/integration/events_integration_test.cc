@@ -631,6 +631,34 @@ TEST_F(EventsHelperTest, AKilledHelperIsRestartedAndEventsResume) {
       << daemon_.log();
 }
 
+// Big batches (one per tick, up to 100,000 events with their tokens) while the
+// helper is stopped: the stream's buffer fills, frames are written in pieces
+// at later ticks, and a subscriber still gets every batch whole and in order.
+class BigBatchTest : public EventsTest {
+ protected:
+  BigBatchTest() : EventsTest(100000) {}
+};
+
+TEST_F(BigBatchTest, BatchesLargerThanTheStreamsBufferArriveWhole) {
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  Join(sub);
+  const std::vector<pid_t> helper = HelperPids(daemon_.pid());
+  ASSERT_EQ(helper.size(), 1u);
+  ASSERT_EQ(::kill(helper[0], SIGSTOP), 0);
+  const double events_before = Stat("events");
+  const auto until = Clock::now() + 20s;
+  uint32_t seed = 100;
+  // Well past what the socket holds (a stored event with 16 tokens is about 150 bytes).
+  while (Stat("events") - events_before < 120000 && Clock::now() < until) Workload(seed++);
+  ASSERT_EQ(::kill(helper[0], SIGCONT), 0);
+  std::printf("%.0f events in %.0f batches made while the helper was stopped\n", Stat("events") - events_before,
+              Stat("event_batches"));
+  ExpectReplicaMatches(sub);
+  EXPECT_EQ(Stat("event_batches_dropped"), 0);
+  EXPECT_EQ(Stat("event_helper_restarts"), 0);
+  EXPECT_EQ(HelperPids(daemon_.pid()), helper);
+}
+
 TEST_F(EventsHelperTest, NoHelperOutlivesKvtierd) {
   const std::vector<pid_t> helpers = HelperPids(daemon_.pid());
   ASSERT_EQ(helpers.size(), 1u);
