@@ -104,7 +104,7 @@ struct EventsConfig {
   bool token_ids = false;         // Stored events carry the block's token ids (kvtier format).
   uint32_t max_batch_events = 1024;
   uint32_t replay_batches = 4096;  // The last batches kept for replays.
-  uint32_t queue_batches = 1024;   // Batches waiting for the publisher thread, at most; past it they are dropped.
+  uint32_t queue_batches = 1024;   // Batches waiting for the events helper, at most; past it they are dropped.
   friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
 };
 

@@ -184,7 +184,7 @@ const std::vector<ConfigKey>& Table() {
     Number<uint32_t>("events", "replay_batches", KVTIER_MEMBER(events.replay_batches), 0, 1u << 24, kAtStart,
                      "The last batches kept for replays"),
     Number<uint32_t>("events", "queue_batches", KVTIER_MEMBER(events.queue_batches), 1, 1u << 20, kAtStart,
-                     "Batches waiting for the publisher thread, at most; past it they are dropped"),
+                     "Batches waiting for the events helper process, at most; past it they are dropped"),
   };
   return kKeys;
 }

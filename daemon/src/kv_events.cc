@@ -1,45 +1,23 @@
-// KV events: batches encoded on the loop's thread, published by a thread of their own (kv_events.h).
+// KV events: batches encoded on the loop's thread, published by the events helper process (kv_events.h).
 #include "kv_events.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
 #include <list>
 #include <span>
-#include <thread>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
-#include <zmq.hpp>
-#include <zmq_addon.hpp>
 
+#include "events_link.h"
 #include "kvtier/event_stream.h"
 
 namespace kvtier::daemon {
 namespace {
-
-constexpr const char* kPipe = "inproc://kvtier-events";
-// What a peer may send: a replay request is [empty, 8 bytes], a subscription a
-// topic. A larger message closes its connection before it is buffered (two
-// peers sending 700 MiB of a declared 1 GiB frame grew kvtierd by 1.4 GiB).
-constexpr int64_t kMaxReplayMessage = 64;
-constexpr int64_t kMaxSubscription = 4096;
-// Replays answered, all peers together: a burst of kReplayBurst, then
-// kReplaysPerSecond. A request past it gets the end marker alone (nothing
-// replayed; the subscriber reports the batches lost), so a flood of requests
-// costs the publisher thread little and the event loop nothing.
-constexpr double kReplaysPerSecond = 20;
-constexpr double kReplayBurst = 20;
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
 
@@ -108,31 +86,6 @@ void VllmRemoved(Packer& p, const BlockKey& key, const char* medium) {
   Str(p, medium);
 }
 
-// Binds `s` to `endpoint`; an ipc:// socket file is born 0600 (whatever the
-// umask), then gets the daemon socket's group and mode.
-Status Bind(zmq::socket_t& s, const std::string& endpoint, const AccessConfig& access, const char* what) {
-  const bool ipc = endpoint.starts_with("ipc://");
-  const std::string path = ipc ? endpoint.substr(6) : std::string();
-  const mode_t old = ::umask(0177);
-  try {
-    s.bind(endpoint);
-  } catch (const zmq::error_t& e) {
-    ::umask(old);
-    return Unavailable(std::string("events: cannot bind ") + what + " '" + endpoint + "': " + e.what());
-  }
-  ::umask(old);
-  if (!ipc) return Status::Ok();
-  if (access.group_gid != AccessConfig::kNoGroup &&
-      ::chown(path.c_str(), static_cast<uid_t>(-1), access.group_gid) != 0) {
-    return Status(StatusCode::kPermissionDenied,
-                  "events: cannot give " + path + " to group " + access.group + ": " + std::strerror(errno));
-  }
-  if (::chmod(path.c_str(), access.mode) != 0) {
-    return Unavailable("events: cannot chmod " + path + ": " + std::strerror(errno));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 struct EventPublisher::Impl {
@@ -140,10 +93,8 @@ struct EventPublisher::Impl {
   bool vllm = false;  // config.format == "vllm".
   std::string publish, replay;
   std::string instance_hex;
-  zmq::context_t context{1};
-  zmq::socket_t pipe_in;                  // The loop's end of the pipe (PUSH).
+  std::unique_ptr<EventsLink> link;       // To the helper process that owns the sockets.
   std::vector<std::string> socket_files;  // Of ipc:// endpoints: removed at the end.
-  std::thread thread;
 
   // The open batch: its events, encoded, and how many.
   msgpack::sbuffer pending;
@@ -161,8 +112,6 @@ struct EventPublisher::Impl {
   };
   std::unordered_map<BlockKey, Stored, BlockKeyHash> storage;
   std::list<BlockKey> storage_order;
-
-  void Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::socket_t router, EventCounters* counters) const;
 };
 
 EventPublisher::EventPublisher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -178,45 +127,39 @@ Result<std::unique_ptr<EventPublisher>> EventPublisher::Start(const EventsConfig
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(instance));
   impl->instance_hex = hex;
-  zmq::socket_t pipe_out, pub, router;
-  pub = zmq::socket_t(impl->context, zmq::socket_type::pub);
-  pub.set(zmq::sockopt::linger, 0);
-  pub.set(zmq::sockopt::sndhwm, static_cast<int>(config.queue_batches));
-  pub.set(zmq::sockopt::maxmsgsize, kMaxSubscription);
   for (const std::string* ep : {&publish, &replay}) {
     if (ep->starts_with("ipc://")) impl->socket_files.push_back(ep->substr(6));
   }
-  KVTIER_RETURN_IF_ERROR(Bind(pub, publish, access, "events.publish"));
-  router = zmq::socket_t(impl->context, zmq::socket_type::router);
-  router.set(zmq::sockopt::linger, 0);
-  // A replay is at most replay_batches messages: queued whole, never dropped midway.
-  router.set(zmq::sockopt::sndhwm, static_cast<int>(config.replay_batches + 16));
-  router.set(zmq::sockopt::maxmsgsize, kMaxReplayMessage);
-  KVTIER_RETURN_IF_ERROR(Bind(router, replay, access, "events.replay"));
-  pipe_out = zmq::socket_t(impl->context, zmq::socket_type::pull);
-  pipe_out.set(zmq::sockopt::rcvhwm, static_cast<int>(config.queue_batches));
-  pipe_out.bind(kPipe);
-  impl->pipe_in = zmq::socket_t(impl->context, zmq::socket_type::push);
-  impl->pipe_in.set(zmq::sockopt::sndhwm, static_cast<int>(config.queue_batches));
-  impl->pipe_in.set(zmq::sockopt::linger, 0);
-  impl->pipe_in.connect(kPipe);
-  std::unique_ptr<EventPublisher> p(new EventPublisher(std::move(impl)));
-  Impl* raw = p->impl_.get();
-  raw->thread = std::thread([raw, counters = &p->counters_, out = std::move(pipe_out), pub = std::move(pub),
-                             router = std::move(router)]() mutable {
-    raw->Run(std::move(out), std::move(pub), std::move(router), counters);
-  });
-  return p;
+  HelperConfig helper;
+  helper.publish = publish;
+  helper.replay = replay;
+  helper.topic = config.topic;
+  helper.vllm = impl->vllm;
+  helper.group = access.group;
+  helper.group_gid = access.group_gid;
+  helper.mode = access.mode;
+  helper.replay_batches = config.replay_batches;
+  helper.queue_batches = config.queue_batches;
+  auto link = EventsLink::Start(std::move(helper));
+  if (!link.ok()) return link.status();
+  impl->link = std::move(link).value();
+  return std::unique_ptr<EventPublisher>(new EventPublisher(std::move(impl)));
 }
 
 EventPublisher::~EventPublisher() {
-  // An empty message stops the thread; it waits for room if the pipe is full.
-  impl_->pipe_in.set(zmq::sockopt::sndtimeo, 2000);
-  (void)impl_->pipe_in.send(zmq::message_t(), zmq::send_flags::none);
-  impl_->thread.join();
-  impl_->pipe_in.close();
+  impl_->link.reset();  // The helper has exited (and removed its socket files) or was killed.
   for (const std::string& path : impl_->socket_files) ::unlink(path.c_str());
 }
+
+const EventCounters& EventPublisher::counters() const {
+  const EventsLink& l = *impl_->link;
+  counters_.replays.store(l.replays(), std::memory_order_relaxed);
+  counters_.replays_refused.store(l.replays_refused(), std::memory_order_relaxed);
+  counters_.helper_restarts.store(l.restarts(), std::memory_order_relaxed);
+  return counters_;
+}
+
+pid_t EventPublisher::helper_pid() const { return impl_->link->helper_pid(); }
 
 const std::string& EventPublisher::publish_endpoint() const { return impl_->publish; }
 const std::string& EventPublisher::replay_endpoint() const { return impl_->replay; }
@@ -334,6 +277,7 @@ void EventPublisher::Added() {
 
 void EventPublisher::Flush() {
   Impl& m = *impl_;
+  m.link->Tick();
   if (m.open == 0 && m.cleared_sent) return;
   const uint64_t seq = m.next_seq++;
   msgpack::sbuffer batch(m.pending.size() + 96);
@@ -378,84 +322,9 @@ void EventPublisher::Flush() {
   m.open = 0;
   counters_.batches.fetch_add(1, std::memory_order_relaxed);
   counters_.last_seq.store(seq, std::memory_order_relaxed);
-  const std::string seq8 = events::EncodeSeq(seq);
-  // The encoded batch is handed over, not copied: the message frees it once every subscriber has it.
-  const size_t size = batch.size();
-  std::array<zmq::message_t, 2> parts = {zmq::message_t(seq8.data(), seq8.size()),
-                                         zmq::message_t(batch.release(), size, [](void* d, void*) { std::free(d); })};
-  // Never waits: a full pipe means the publisher thread is behind, and the batch is dropped.
-  const auto sent = zmq::send_multipart(m.pipe_in, parts, zmq::send_flags::dontwait);
-  if (!sent) counters_.dropped_batches.fetch_add(1, std::memory_order_relaxed);
-}
-
-void EventPublisher::Impl::Run(zmq::socket_t pipe_out, zmq::socket_t pub, zmq::socket_t router,
-                               EventCounters* counters) const {
-  // The last replay_batches batches, by seq. Sending one shares its bytes (zmq_msg_copy), never copies them.
-  std::deque<std::pair<uint64_t, zmq::message_t>> kept;
-  auto shared = [](zmq::message_t& m) {
-    zmq::message_t out;
-    out.copy(m);
-    return out;
-  };
-  double tokens = kReplayBurst;  // Replays that may be answered now (the token bucket above).
-  auto refilled = std::chrono::steady_clock::now();
-  std::array<zmq::pollitem_t, 2> items = {zmq::pollitem_t{pipe_out.handle(), 0, ZMQ_POLLIN, 0},
-                                          zmq::pollitem_t{router.handle(), 0, ZMQ_POLLIN, 0}};
-  for (;;) {
-    zmq::poll(items.data(), items.size(), std::chrono::milliseconds(-1));
-    if (items[0].revents & ZMQ_POLLIN) {
-      std::vector<zmq::message_t> parts;
-      (void)zmq::recv_multipart(pipe_out, std::back_inserter(parts));
-      if (parts.size() != 2) break;  // The stop message.
-      const uint64_t seq = events::DecodeSeq(parts[0].data(), parts[0].size());
-      zmq::message_t batch = std::move(parts[1]);
-      if (config.replay_batches > 0) {
-        kept.emplace_back(seq, shared(batch));
-        if (kept.size() > config.replay_batches) kept.pop_front();
-      }
-      // PUB never blocks: past a subscriber's high-water mark its messages are dropped.
-      std::array<zmq::message_t, 3> out = {zmq::message_t(config.topic.data(), config.topic.size()),
-                                           std::move(parts[0]), std::move(batch)};
-      (void)zmq::send_multipart(pub, out, zmq::send_flags::dontwait);
-    }
-    if (items[1].revents & ZMQ_POLLIN) {
-      std::vector<zmq::message_t> req;
-      (void)zmq::recv_multipart(router, std::back_inserter(req));
-      if (req.empty()) continue;
-      // [identity, empty, start]; anything else gets the end marker alone.
-      uint64_t start = events::kReplayEnd;
-      if (req.size() == 3 && req[1].size() == 0 && req[2].size() == events::kSeqBytes)
-        start = events::DecodeSeq(req[2].data(), req[2].size());
-      auto reply = [&](uint64_t seq, zmq::message_t batch) {
-        const std::string seq8 = events::EncodeSeq(seq);
-        zmq::message_t id = shared(req[0]), seq_frame(seq8.data(), seq8.size());
-        if (vllm) {
-          // vLLM's: [empty, topic, seq, batch]; the end marker's topic and batch are empty.
-          zmq::message_t topic =
-              seq == events::kReplayEnd ? zmq::message_t() : zmq::message_t(config.topic.data(), config.topic.size());
-          std::array<zmq::message_t, 5> out = {std::move(id), zmq::message_t(), std::move(topic), std::move(seq_frame),
-                                               std::move(batch)};
-          (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
-          return;
-        }
-        std::array<zmq::message_t, 4> out = {std::move(id), zmq::message_t(), std::move(seq_frame), std::move(batch)};
-        (void)zmq::send_multipart(router, out, zmq::send_flags::dontwait);
-      };
-      const auto now = std::chrono::steady_clock::now();
-      tokens = std::min(kReplayBurst, tokens + std::chrono::duration<double>(now - refilled).count() * kReplaysPerSecond);
-      refilled = now;
-      if (tokens >= 1) {
-        tokens -= 1;
-        for (auto& [seq, batch] : kept) {
-          if (seq >= start) reply(seq, shared(batch));
-        }
-        counters->replays.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        counters->replays_refused.fetch_add(1, std::memory_order_relaxed);
-      }
-      reply(events::kReplayEnd, zmq::message_t());
-    }
-  }
+  // Never waits: no room for it (the helper is behind, or none runs) means the batch is dropped.
+  if (!m.link->Send(seq, std::make_shared<const std::string>(batch.data(), batch.size())))
+    counters_.dropped_batches.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace kvtier::daemon

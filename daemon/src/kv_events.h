@@ -5,15 +5,19 @@
 // adds each to the open batch (Add*) and closes it (Flush) at every tick, or
 // when it holds events.max_batch_events. A closed batch gets the next sequence
 // number and is encoded (msgpack, the format in the README's "KV events") on
-// the loop's thread, then handed to the publisher thread over an in-process
-// ZMQ pipe. That thread owns the sockets: it sends each batch on the PUB
-// socket and keeps the last events.replay_batches for replays (ROUTER).
+// the loop's thread, then handed to the events helper, a child process that
+// owns the sockets (events_helper.h; kvtierd's side is events_link.h): it
+// sends each batch on the PUB socket and keeps the last events.replay_batches
+// for replays (ROUTER). What a peer does to those sockets (opening
+// connections until the descriptors run out, which makes libzmq abort) ends
+// the helper at worst; kvtierd starts another and goes on serving.
 //
-// Nothing here ever waits on a subscriber: the PUB socket drops a slow
-// subscriber's messages at its high-water mark (the subscriber sees the gap in
-// sequence numbers and asks for a replay), and a batch the publisher thread
-// has no room for (events.queue_batches waiting) is dropped and counted; its
-// sequence number is then missing for every subscriber and in the replay.
+// Nothing here ever waits on a subscriber or on the helper: the PUB socket
+// drops a slow subscriber's messages at its high-water mark (the subscriber
+// sees the gap in sequence numbers and asks for a replay), and a batch the
+// helper has no room for (events.queue_batches waiting), or that comes while
+// no helper runs, is dropped and counted; its sequence number is then missing
+// for every subscriber and in the replay.
 //
 // Messages on PUB: three frames [topic, seq (8 bytes, big-endian), batch].
 // Replay (ROUTER): a DEALER sends [empty, start seq (8 bytes, big-endian)];
@@ -31,6 +35,8 @@
 // store believed to hold it was found without it (or evicted it).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -47,24 +53,25 @@ namespace kvtier::daemon {
 struct EventCounters {
   std::atomic<uint64_t> events{0};           // Added to batches.
   std::atomic<uint64_t> batches{0};          // Closed (each took a sequence number).
-  std::atomic<uint64_t> dropped_batches{0};  // Closed but not published: the publisher thread had no room.
+  std::atomic<uint64_t> dropped_batches{0};  // Closed but not published: the helper had no room, or none ran.
   std::atomic<uint64_t> replays{0};          // Replay requests answered.
   std::atomic<uint64_t> replays_refused{0};  // Past the replay rate: answered with the end marker alone.
   std::atomic<uint64_t> last_seq{0};         // The last sequence number taken (0: none yet).
   std::atomic<uint64_t> storage_forgotten{0};  // STORAGE blocks removed past kMaxStorageBlocks.
+  std::atomic<uint64_t> helper_restarts{0};    // Events helpers started after the first (each after one ended).
 };
 
 class EventPublisher {
  public:
-  // Binds `publish` (PUB) and `replay` (ROUTER) and starts the publisher
-  // thread. An ipc:// endpoint's socket file gets the daemon socket's group
+  // Starts the events helper, which binds `publish` (PUB) and `replay`
+  // (ROUTER); returns once both are bound (or with the helper's error). An ipc:// endpoint's socket file gets the daemon socket's group
   // and mode (`access`): events name every tenant's blocks. The first batch
   // (seq 1, sent at the first Flush) opens with a "cleared" event: whatever a
   // subscriber knew of `instance` is gone.
   static Result<std::unique_ptr<EventPublisher>> Start(const EventsConfig& config, const std::string& publish,
                                                        const std::string& replay, const AccessConfig& access,
                                                        uint64_t instance);
-  // Stops the thread; batches not sent yet are lost.
+  // Stops and reaps the helper; batches not handed to it yet are lost.
   ~EventPublisher();
   EventPublisher(const EventPublisher&) = delete;
   EventPublisher& operator=(const EventPublisher&) = delete;
@@ -80,10 +87,13 @@ class EventPublisher {
   // published as removed (a router's view stays a subset of the stores').
   void AddStorage(const stores::StoreEvent& e);
   static constexpr size_t kMaxStorageBlocks = size_t{1} << 18;
-  // Closes the open batch, if it holds any event, and hands it to the publisher.
+  // Closes the open batch, if it holds any event, and hands it to the helper.
+  // Called at every tick: also looks after the helper (reaps and restarts it).
   void Flush();
 
-  const EventCounters& counters() const { return counters_; }
+  // The replay counters are the helper's (read fresh from memory it shares).
+  const EventCounters& counters() const;
+  pid_t helper_pid() const;  // -1 while none runs.
   const std::string& publish_endpoint() const;
   const std::string& replay_endpoint() const;
 
@@ -93,7 +103,7 @@ class EventPublisher {
   // One more event is in the open batch: closed once it holds max_batch_events.
   void Added();
   std::unique_ptr<Impl> impl_;
-  EventCounters counters_;
+  mutable EventCounters counters_;  // counters() refreshes the helper's.
 };
 
 }  // namespace kvtier::daemon

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "config_keys.h"
+#include "events_helper.h"
 #include "instance_lock.h"
 #include "kvtier/stores/allocator.h"
 #include "log.h"
@@ -38,6 +39,8 @@ constexpr const char* kUsage =
 
 int main(int argc, char** argv) {
   using namespace kvtier::daemon;
+  // kvtierd started as its own KV events helper (events_helper.h): nothing else of main runs.
+  if (argc > 1 && std::strcmp(argv[1], kEventsHelperArg) == 0) return RunEventsHelper(argc, argv);
   std::string config_path = "/etc/kvtier/kvtierd.yaml";
   std::string socket_override, instance_override;
   std::optional<std::string> metrics_override;

@@ -94,7 +94,8 @@ std::string Service::Describe() const {
     out.pop_back();
   }
   if (events_ != nullptr) {
-    out += "; KV events on " + events_->publish_endpoint() + " (replays: " + events_->replay_endpoint() + ")";
+    out += "; KV events on " + events_->publish_endpoint() + " (replays: " + events_->replay_endpoint() +
+           "; helper process " + std::to_string(events_->helper_pid()) + ")";
   }
   return out;
 }
@@ -483,7 +484,8 @@ StatsView Service::View(std::vector<std::string> tenants) const {
                           c.last_seq.load(),
                           c.replays_refused.load(),
                           stores_ != nullptr ? stores_->dropped_events() : 0,
-                          c.storage_forgotten.load()};
+                          c.storage_forgotten.load(),
+                          c.helper_restarts.load()};
   }
   return v;
 }

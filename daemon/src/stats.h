@@ -80,6 +80,7 @@ struct EventStats {
   // The vllm format's STORAGE medium: store events the stores' I/O thread had
   // no room to keep, and blocks forgotten past EventPublisher::kMaxStorageBlocks.
   uint64_t storage_dropped = 0, storage_forgotten = 0;
+  uint64_t helper_restarts = 0;  // Events helper processes started after the first.
 };
 
 struct StatsView {

@@ -333,7 +333,8 @@ constexpr StatRow kStats[] = {
   {"event_batches", "kvtier_event_batches_total", Type::kCounter, "KV event batches closed, each with a sequence number",
    S::kDaemon, kNoLabel, &Events<&EventStats::batches>},
   {"event_batches_dropped", "kvtier_event_batches_dropped_total", Type::kCounter,
-   "KV event batches not published: events.queue_batches waited for the publisher thread already", S::kDaemon,
+   "KV event batches not published: events.queue_batches waited for the events helper already, or none ran",
+   S::kDaemon,
    kNoLabel, &Events<&EventStats::dropped_batches>},
   {"event_replays", "kvtier_event_replays_total", Type::kCounter, "KV event replay requests answered", S::kDaemon,
    kNoLabel, &Events<&EventStats::replays>},
@@ -346,6 +347,10 @@ constexpr StatRow kStats[] = {
   {"event_storage_forgotten", "kvtier_event_storage_forgotten_total", Type::kCounter,
    "Blocks published as removed from medium STORAGE because kvtierd tracks at most 262144 there, not because a "
    "store lost them", S::kDaemon, kNoLabel, &Events<&EventStats::storage_forgotten>},
+  {"event_helper_restarts", "kvtier_event_helper_restarts_total", Type::kCounter,
+   "KV events helper processes (they own the events sockets) started again after one ended: killed, or aborted by "
+   "libzmq when a peer's connections used up its descriptors", S::kDaemon, kNoLabel,
+   &Events<&EventStats::helper_restarts>},
   {"event_seq", "kvtier_event_seq", Type::kGauge, "The last KV event batch's sequence number", S::kDaemon, kNoLabel,
    &Events<&EventStats::last_seq>},
 

@@ -1,13 +1,23 @@
 // KV events from a real kvtierd, read by real ZMQ subscribers: replaying a
 // workload's events gives exactly the daemon's blocks per tier; a subscriber
 // that loses batches recovers them through the replay; one that never reads
-// does not hold anyone up; with events off nothing is published.
+// does not hold anyone up; with events off nothing is published. The events
+// sockets live in a helper process: a peer that floods them with connections
+// until descriptors run out, or a kill, ends the helper, never kvtierd, and
+// events resume once another helper runs.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <fstream>
 #include <csignal>
 #include <filesystem>
 #include <map>
@@ -448,6 +458,232 @@ TEST_F(SlowSubscriberTest, ASubscriberThatNeverReadsHoldsNobodyUp) {
   EXPECT_GT(got, 0) << "it was subscribed";
   EXPECT_LT(got, batches) << "kvtierd dropped messages for it rather than wait";
   std::printf("%.0f batches published, %d reached the subscriber that never read\n", batches, got);
+}
+
+// ---- the events helper process ----
+
+// kvtierd's children that run as its events helper (kvtierd --events-helper ...), from /proc.
+std::vector<pid_t> HelperPids(pid_t daemon) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces; the fields after its ')' do not.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    int ppid = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) != 2 || ppid != daemon) continue;
+    std::ifstream cmd(entry.path() / "cmdline");
+    const std::string cmdline((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (cmdline.find("--events-helper") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+bool ProcessExists(pid_t pid) { return std::filesystem::exists("/proc/" + std::to_string(pid)); }
+
+// A plain (not ZMQ) connection to a unix socket, non-blocking; -1 if refused or the backlog is full.
+int ConnectUnix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A low descriptor limit, so that a flood reaches it fast: kvtierd's own and
+// the helpers' (those it starts later inherit it).
+constexpr rlim_t kFloodFdLimit = 256;
+
+class EventsHelperTest : public EventsTest {
+ protected:
+  void LowerFdLimit() {
+    const rlimit low{kFloodFdLimit, kFloodFdLimit};
+    ASSERT_EQ(::prlimit(daemon_.pid(), RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
+    for (pid_t helper : HelperPids(daemon_.pid())) ASSERT_EQ(::prlimit(helper, RLIMIT_NOFILE, &low, nullptr), 0);
+  }
+  bool DaemonAlive() { return !daemon_.Wait(std::chrono::milliseconds(1)).ok(); }
+  // One Acquire of `tokens` (committed as `session`) and its release: how long it took.
+  double AcquireMs(const std::string& session, const std::vector<TokenId>& tokens) {
+    const auto t0 = Clock::now();
+    auto lease = client_->Acquire(session, tokens);
+    EXPECT_TRUE(lease.ok()) << lease.status().ToString();
+    if (!lease.ok()) return -1;
+    EXPECT_TRUE(lease->Wait(10s).ok());
+    EXPECT_TRUE(lease->Release().ok());
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  static double Median(std::vector<double> v) {
+    if (v.empty()) return -1;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  }
+};
+
+TEST_F(EventsHelperTest, AConnectionFloodOnTheEventSocketsLeavesKvtierdServing) {
+  LowerFdLimit();
+  const auto bystander = Tokens(77, 4);
+  Commit("bystander", bystander);
+  std::vector<double> quiet;
+  for (int i = 0; i < 200; ++i) quiet.push_back(AcquireMs("bystander", bystander));
+  const uint64_t seq_before = static_cast<uint64_t>(Stat("event_seq"));
+
+  // Plain connections to both event sockets, held open, far past the limit:
+  // libzmq's accept fails with EMFILE and aborts the process that owns them.
+  std::atomic<bool> flooding{true};
+  std::vector<int> fds;
+  std::thread flood([&] {
+    const auto until = Clock::now() + 4s;
+    for (int i = 0; fds.size() < 4 * kFloodFdLimit && Clock::now() < until; ++i) {
+      const int fd = ConnectUnix(daemon_.socket() + (i % 4 == 0 ? ".events" : ".replay"));
+      if (fd < 0) {
+        std::this_thread::sleep_for(1ms);  // Backlog full, or no helper listening right now.
+        continue;
+      }
+      fds.push_back(fd);
+    }
+    flooding = false;
+  });
+  // A bystander's requests go on meanwhile, and make events.
+  std::vector<double> flooded;
+  while (flooding && DaemonAlive() && !HasFailure()) {
+    flooded.push_back(AcquireMs("bystander", bystander));
+    Commit("during-" + std::to_string(flooded.size()), Tokens(5000 + static_cast<uint32_t>(flooded.size()), 1));
+  }
+  flood.join();
+  std::printf("flood: %zu connections held; bystander acquire p50 %.3f ms quiet (%zu), %.3f ms during the flood (%zu)\n",
+              fds.size(), Median(quiet), quiet.size(), Median(flooded), flooded.size());
+  ASSERT_TRUE(DaemonAlive()) << "kvtierd died during the flood\n" << daemon_.log();
+  EXPECT_GT(fds.size(), 2 * kFloodFdLimit) << "the flood passed the descriptor limit";
+  for (int fd : fds) ::close(fd);
+
+  // The flood ended the helper at least once; kvtierd started another.
+  for (int i = 0; i < 300; ++i) {
+    if (Stat("event_helper_restarts") >= 1 && HelperPids(daemon_.pid()).size() == 1) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_GE(Stat("event_helper_restarts"), 1);
+  ASSERT_EQ(HelperPids(daemon_.pid()).size(), 1u);
+  EXPECT_GE(AcquireMs("bystander", bystander), 0);
+
+  // Events are published again: a new subscriber receives live batches.
+  zmq::socket_t live(ctx_, zmq::socket_type::sub);
+  live.set(zmq::sockopt::linger, 0);
+  live.set(zmq::sockopt::subscribe, "kvtier");
+  live.connect(Publish());
+  uint64_t got = 0;
+  for (int i = 0; i < 200 && got == 0; ++i) {
+    Commit("after-" + std::to_string(i), Tokens(7000 + i, 1));
+    zmq::pollitem_t item{live.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, 100ms) == 0) continue;
+    std::vector<zmq::message_t> parts;
+    (void)zmq::recv_multipart(live, std::back_inserter(parts));
+    ASSERT_EQ(parts.size(), 3u);
+    got = FromSeq8(parts[1]);
+  }
+  EXPECT_GT(got, seq_before) << "live batches reach a subscriber after the flood";
+  // And a replay serves what came before the flood (re-sent to each new helper) and after it.
+  Subscriber replayer(ctx_, Publish(), ReplayEndpoint());
+  const auto kept = replayer.Replay(1);
+  ASSERT_FALSE(kept.empty());
+  EXPECT_EQ(kept.front().first, 1u);
+  EXPECT_GE(kept.back().first, got);
+  EXPECT_TRUE(DaemonAlive());
+}
+
+TEST_F(EventsHelperTest, AKilledHelperIsRestartedAndEventsResume) {
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  Join(sub);
+  Workload(21);
+  ExpectReplicaMatches(sub);
+  const std::vector<pid_t> before = HelperPids(daemon_.pid());
+  ASSERT_EQ(before.size(), 1u) << "one helper, a child of kvtierd";
+  EXPECT_EQ(Stat("event_helper_restarts"), 0);
+  ASSERT_EQ(::kill(before[0], SIGKILL), 0);
+  std::vector<pid_t> after;
+  for (int i = 0; i < 200; ++i) {
+    after = HelperPids(daemon_.pid());
+    if (after.size() == 1 && after[0] != before[0] && Stat("event_helper_restarts") >= 1) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_NE(after[0], before[0]);
+  EXPECT_EQ(Stat("event_helper_restarts"), 1);
+  EXPECT_FALSE(ProcessExists(before[0])) << "the killed helper was reaped (no zombie)";
+  // A subscriber that joins now replays, from seq 1, what the first helper
+  // published (kvtierd re-sent it), then reads live batches: its replica ends
+  // with the daemon's blocks. No batch was made while no helper ran, so no gap.
+  Subscriber late(ctx_, Publish(), ReplayEndpoint());
+  Join(late);
+  Workload(22);
+  ExpectReplicaMatches(late);
+  EXPECT_EQ(Stat("event_batches_dropped"), 0);
+  EXPECT_NE(daemon_.log().find("helper process (pid " + std::to_string(before[0]) + ") killed by signal 9"),
+            std::string::npos)
+      << daemon_.log();
+}
+
+// Big batches (one per tick, up to 100,000 events with their tokens) while the
+// helper is stopped: the stream's buffer fills, frames are written in pieces
+// at later ticks, and a subscriber still gets every batch whole and in order.
+class BigBatchTest : public EventsTest {
+ protected:
+  BigBatchTest() : EventsTest(100000) {}
+};
+
+TEST_F(BigBatchTest, BatchesLargerThanTheStreamsBufferArriveWhole) {
+  Subscriber sub(ctx_, Publish(), ReplayEndpoint());
+  Join(sub);
+  const std::vector<pid_t> helper = HelperPids(daemon_.pid());
+  ASSERT_EQ(helper.size(), 1u);
+  ASSERT_EQ(::kill(helper[0], SIGSTOP), 0);
+  const double events_before = Stat("events");
+  const auto until = Clock::now() + 20s;
+  uint32_t seed = 100;
+  // Well past what the socket holds (a stored event with 16 tokens is about 150 bytes).
+  while (Stat("events") - events_before < 120000 && Clock::now() < until) Workload(seed++);
+  ASSERT_EQ(::kill(helper[0], SIGCONT), 0);
+  std::printf("%.0f events in %.0f batches made while the helper was stopped\n", Stat("events") - events_before,
+              Stat("event_batches"));
+  ExpectReplicaMatches(sub);
+  EXPECT_EQ(Stat("event_batches_dropped"), 0);
+  EXPECT_EQ(Stat("event_helper_restarts"), 0);
+  EXPECT_EQ(HelperPids(daemon_.pid()), helper);
+}
+
+TEST_F(EventsHelperTest, NoHelperOutlivesKvtierd) {
+  const std::vector<pid_t> helpers = HelperPids(daemon_.pid());
+  ASSERT_EQ(helpers.size(), 1u);
+  client_.reset();
+  daemon_.Kill(SIGTERM);
+  auto rc = daemon_.Wait(15s);
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 0);
+  EXPECT_FALSE(ProcessExists(helpers[0])) << "kvtierd stopped and reaped its helper";
+
+  // Killed outright, kvtierd cannot stop it: the helper ends on its own (EOF, PR_SET_PDEATHSIG).
+  ASSERT_TRUE(daemon_.Start().ok()) << daemon_.log();
+  const std::vector<pid_t> second = HelperPids(daemon_.pid());
+  ASSERT_EQ(second.size(), 1u);
+  daemon_.Kill(SIGKILL);
+  ASSERT_TRUE(daemon_.Wait(10s).ok());
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    // Its parent gone, it is init's (or a subreaper's) child to reap: "gone" is not running any more.
+    std::ifstream stat("/proc/" + std::to_string(second[0]) + "/stat");
+    std::string line;
+    gone = !std::getline(stat, line) || line.find(") Z") != std::string::npos;
+    if (!gone) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(gone) << "the helper of a killed kvtierd ended";
 }
 
 // ---- events.format: vllm ----
