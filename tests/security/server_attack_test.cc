@@ -349,6 +349,51 @@ TEST_F(ServerAttack, ConnectionsBeyondTheLimitAreRefusedAtAccept) {
   EXPECT_LE(Count(daemon_->log(), "refused a connection at accept"), 2u) << "not rate-limited";
 }
 
+// A process reconnecting in a loop (each Hello passes every segment's
+// descriptor: the costliest request) is held to limits.connects_per_second
+// per uid: past a burst of one second's worth, its connections are refused at
+// accept, said so and counted; a client connected before keeps being served,
+// and a second later the uid may connect again.
+TEST_F(ServerAttack, ConnectionsFasterThanTheRateAreRefusedAtAccept) {
+  const long baseline = Start("limits:\n  connects_per_second: 40\n");  // Start's bystander took one.
+  ASSERT_GT(baseline, 0);
+  auto established = Connect(*daemon_);
+  ASSERT_TRUE(established.ok()) << established.status().ToString();
+  int admitted = 0, refused = 0;
+  const auto start = Clock::now();
+  std::vector<RawConnection> conns;
+  for (int i = 0; i < 200; ++i) {
+    auto c = RawConnection::Open(daemon_->socket());
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    conns.push_back(std::move(*c));
+  }
+  const double took = Seconds(Clock::now() - start);  // kvtierd accepted them meanwhile, or just after.
+  for (auto& c : conns) {
+    auto r = c.Receive(std::chrono::milliseconds(50));
+    if (r.ok()) {
+      const auto* err = std::get_if<wire::ErrorResponse>(&*r);
+      ASSERT_NE(err, nullptr);
+      EXPECT_EQ(err->code, StatusCode::kResourceExhausted) << err->message;
+      EXPECT_NE(err->message.find("limits.connects_per_second"), std::string::npos) << err->message;
+      ++refused;
+    } else {
+      ++admitted;  // Nothing said: it waits for its Hello.
+    }
+  }
+  std::printf("  200 connections in %.2f s: %d admitted, %d refused (40 a second, a burst of 40)\n", took, admitted,
+              refused);
+  // The burst (40, less the two Start and this test connected) plus 40 a second.
+  EXPECT_LE(admitted, 40 + static_cast<int>(took * 40) + 1);
+  EXPECT_GE(refused, 200 - 40 - static_cast<int>(took * 40) - 1);
+  auto stats = (*established)->Stats();
+  ASSERT_TRUE(stats.ok()) << "a client connected before the flood: " << stats.status().ToString();
+  EXPECT_EQ(StatOf(**established, "connections_too_fast"), refused);
+  EXPECT_LE(Count(daemon_->log(), "refused a connection at accept"), 2u + static_cast<size_t>(took)) << "not rate-limited";
+  conns.clear();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ExpectHealthy(baseline);
+}
+
 // At RLIMIT_NOFILE, accept fails with EMFILE while connections stay queued:
 // kvtierd waits (10 ms doubling to 1 s) instead of retrying at once, on its
 // socket and on the metrics endpoint alike, so a flood of connections held
