@@ -17,13 +17,15 @@ bool GpuShare::NoteWaiting(TenantAccount& waiter, const TenantLedger& ledger, Cl
   // A tenant that holds its share already cannot ask the others to give way:
   // alone, it never waits on anyone (its share is the whole tier).
   if (waiter.Held(Tier::kGpu) >= share) return false;
+  // A new wait (not during one) begins a new marking epoch: marks made during
+  // one wait stay until it ends (Reclaimer::ReclaimShare).
+  if (!contended(now) && ++epoch_ == 0) epoch_ = 1;
   waiter.waited = true;
   waiter.waited_at = now;
   waited_ = true;
   last_wait_ = now;
   share_ = share;
   active_ = active;
-  if (++epoch_ == 0) epoch_ = 1;
   return true;
 }
 

@@ -40,7 +40,8 @@ class GpuShare {
 
   // Notes that `waiter` found no GPU slot for what it needs now. True when
   // that makes it a waiter (it holds less than its share, counted with every
-  // tenant active now): the share is recomputed and a new marking epoch begins.
+  // tenant active now): the share is recomputed, and if nobody waited within
+  // the window, a new marking epoch begins.
   bool NoteWaiting(TenantAccount& waiter, const TenantLedger& ledger, Clock::time_point now);
 
   // Someone waited within the window: shares apply.

@@ -185,23 +185,39 @@ void Reclaimer::ReclaimShare(TenantAccount& tenant, uint32_t excess) {
   if (idle > 0) DemoteColdest(std::min(idle, excess), &tenant);
   // What it still holds past its share is pinned (or moving, or write-lease
   // slots): mark pinned blocks, the tails of its coldest sessions first, so
-  // that its renewed leases keep the prefixes its sessions need most.
+  // that its renewed leases keep the prefixes its sessions need most. Marks
+  // stay for the whole wait (one epoch): re-marking by coldness would move
+  // them as the reader's own acquires warm its sessions, and it would lose
+  // more than its excess. So the blocks marked already and still in the GPU
+  // tier count first (a walk of all its chains: the cost of being over).
   const uint32_t held = tenant.Held(Tier::kGpu);
   const uint32_t share = engine_.gpu_share.share();
   if (held <= share) return;
-  const uint32_t to_mark = held - share;
   const uint32_t epoch = engine_.gpu_share.epoch();
-  uint32_t marked = 0;
+  std::vector<uint32_t> marked;
   engine_.sessions.VisitColdest([&](Session* s) {
     if (s->tenant != &tenant) return true;
-    for (auto it = s->chain.rbegin(); it != s->chain.rend() && marked < to_mark; ++it) {
+    for (uint32_t r : s->chain) {
+      const Record& rec = engine_.blocks[r];
+      if (rec.share_epoch == epoch && rec.tier == Tier::kGpu && !rec.moving()) marked.push_back(r);
+    }
+    return true;
+  });
+  std::sort(marked.begin(), marked.end());
+  const auto already = static_cast<uint32_t>(std::unique(marked.begin(), marked.end()) - marked.begin());
+  if (held - share <= already) return;
+  const uint32_t to_mark = held - share - already;
+  uint32_t added = 0;
+  engine_.sessions.VisitColdest([&](Session* s) {
+    if (s->tenant != &tenant) return true;
+    for (auto it = s->chain.rbegin(); it != s->chain.rend() && added < to_mark; ++it) {
       Record& rec = engine_.blocks[*it];
       if (rec.ReadyIn(Tier::kGpu) && rec.readers > 0 && rec.share_epoch != epoch) {
         rec.share_epoch = epoch;
-        ++marked;
+        ++added;
       }
     }
-    return marked < to_mark;
+    return added < to_mark;
   });
 }
 
