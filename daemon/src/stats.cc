@@ -41,6 +41,7 @@ void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
   sum.dropped_blocks += s.dropped_blocks;
   sum.evicted_sessions += s.evicted_sessions;
   sum.allocation_failures += s.allocation_failures;
+  sum.share_limited += s.share_limited;
   sum.expired_priorities += s.expired_priorities;
   sum.expired_write_leases += s.expired_write_leases;
   sum.expired_read_leases += s.expired_read_leases;

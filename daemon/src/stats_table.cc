@@ -233,6 +233,10 @@ constexpr StatRow kStats[] = {
   {"allocation_failures", "kvtier_allocation_failures_total", Type::kCounter,
    "Allocate requests refused for want of GPU slots (in the tier, or under the tenant's gpu quota)", S::kProfile,
    kNoLabel, &Engine<&E::allocation_failures>},
+  {"share_limited", "kvtier_share_limited_total", Type::kCounter,
+   "Operations a tenant's fair share of the GPU tier limited while another tenant waited for GPU room: Allocates "
+   "refused, Acquires that stopped before blocks past the share or did not promote",
+   S::kProfile, kNoLabel, &Engine<&E::share_limited>},
   {"imported_blocks", "kvtier_imported_blocks_total", Type::kCounter,
    "Blocks fetched from a store below the host tier and placed in it", S::kProfile, kNoLabel,
    &Engine<&E::imported_blocks>},

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -405,6 +406,108 @@ TEST_F(LeaseAttack, ARawClientThatNeverLetsGoLosesItsPinsAndSlotsAfterTheTimeout
   ASSERT_TRUE(again.ok());
   EXPECT_NE(std::get_if<wire::AllocateResponse>(&*again), nullptr) << "released, the expired lease no longer counts";
   EXPECT_TRUE(ExpectIntact(**hog, pinned, Promote::kNo).ok());
+}
+
+// The adversarial probe's finding: with no quota configured (the default), a
+// live tenant renewing read leases on its GPU blocks (each Acquire pins them
+// again before the previous lease is released) made another tenant's Allocate
+// fail for as long as it went on (239 failures in 12 s); the lease timeout only
+// covers stopped holders. While another tenant waits for GPU room, a tenant
+// without a quota now gives way down to its share (EngineOptions::
+// gpu_share_window): its renewed leases stop before its blocks past the share,
+// which are demoted once the older leases end. Alone, it keeps the whole tier.
+// No tenants: configured, so the Hello's labels are the tenants.
+TEST_F(LeaseAttack, ALiveReaderRenewingEveryGpuBlockGivesWayToAWaitingTenant) {
+  constexpr uint32_t kChunk = 64;
+  constexpr uint32_t kSessions = kGpuSlots / kChunk;
+  Start(std::string(testing::kSmallDaemonConfig) +
+        "tiering:\n  gpu_high_watermark: 1.0\n  gpu_low_watermark: 1.0\nlimits:\n  lease_timeout_ms: 30000\n");
+  auto hog = Connect(*daemon_, "hog");
+  ASSERT_TRUE(hog.ok()) << hog.status().ToString();
+  std::vector<std::vector<TokenId>> prompts;
+  for (uint32_t s = 0; s < kSessions; ++s) {
+    prompts.push_back(Tokens(kChunk, 100 + s));
+    ASSERT_TRUE(CommitKnown(**hog, "s" + std::to_string(s), prompts.back()).ok());
+  }
+  ASSERT_EQ(StatOf(**hog, "tenant.hog.gpu_blocks"), kGpuSlots);
+
+  // Leases every block of every session again, then releases the previous
+  // leases; checks that every leased block holds its bytes. The blocks in the
+  // GPU tier, or -1 when a lease went wrong.
+  std::vector<Lease> held(kSessions);
+  auto renew = [&](Client& c) -> int {
+    int in_gpu = 0;
+    std::vector<Lease> next;
+    for (uint32_t s = 0; s < kSessions; ++s) {
+      auto lease = c.Acquire("s" + std::to_string(s), prompts[s]);
+      if (!lease.ok() || lease->matched() != kChunk || !lease->Wait(kReply).ok()) return -1;
+      const std::vector<BlockKey> keys = c.Keys(prompts[s]);
+      for (size_t i = 0; i < lease->size(); ++i) {
+        if (!testing::PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) return -1;
+        in_gpu += lease->block(i).tier == Tier::kGpu ? 1 : 0;
+      }
+      next.push_back(std::move(*lease));
+    }
+    for (Lease& l : held) {
+      if (l.size() > 0 && !l.Release().ok()) return -1;
+    }
+    held = std::move(next);
+    return in_gpu;
+  };
+
+  // Alone (nobody waits), the reader keeps the whole GPU tier.
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(renew(**hog), static_cast<int>(kGpuSlots)) << "renewal " << i;
+
+  // The reader renews every ~100 ms while the victim tries to Allocate+Commit.
+  std::atomic<bool> stop{false};
+  std::atomic<int> renewals{0}, bad_renewals{0}, min_in_gpu{static_cast<int>(kGpuSlots)};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      const int in_gpu = renew(**hog);
+      if (in_gpu < 0) ++bad_renewals;
+      if (in_gpu >= 0 && in_gpu < min_in_gpu.load()) min_in_gpu = in_gpu;
+      ++renewals;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  });
+  // The victim, a worker that writes a new turn of its session every ~50 ms
+  // (each commit replaces the last, so it holds a few blocks at a time).
+  constexpr uint32_t kVictimBlocks = 4;
+  auto victim = Connect(*daemon_, "victim");
+  int failures = 0, failures_after = 0, commits = 0;
+  milliseconds first_success{-1};
+  std::vector<TokenId> last;
+  const auto start = steady_clock::now();
+  while (victim.ok() && steady_clock::now() - start < std::chrono::seconds(3)) {
+    auto w = (*victim)->Allocate(kVictimBlocks);
+    if (w.ok()) {
+      last = Tokens(kVictimBlocks, 500 + commits);
+      const Status put = WriteAndCommit(**victim, *w, "v", last);
+      EXPECT_TRUE(put.ok()) << put.ToString();
+      if (commits++ == 0) first_success = std::chrono::duration_cast<milliseconds>(steady_clock::now() - start);
+    } else {
+      EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status().ToString();
+      ++(commits == 0 ? failures : failures_after);
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  stop = true;
+  reader.join();
+  ASSERT_TRUE(victim.ok()) << victim.status().ToString();
+  const double share_limited = StatOf(**victim, "share_limited");
+  std::fprintf(stderr,
+               "victim: %d allocate failures before its first success (after %lld ms), %d after it, %d commits of %u "
+               "blocks in 3 s; reader: %d renewals, at least %d of %u blocks in the gpu tier; share_limited %.0f\n",
+               failures, static_cast<long long>(first_success.count()), failures_after, commits, kVictimBlocks,
+               renewals.load(), min_in_gpu.load(), kGpuSlots, share_limited);
+  ASSERT_GT(commits, 0) << "the victim never got a GPU slot in 3 s (" << failures << " failures)";
+  EXPECT_EQ(failures_after, 0) << "once the reader gave way, the victim's turns found room";
+  EXPECT_GT(renewals.load(), 5) << "the reader kept renewing meanwhile";
+  EXPECT_EQ(bad_renewals.load(), 0) << "every lease of the reader holds its bytes";
+  EXPECT_GE(min_in_gpu.load(), static_cast<int>(kGpuSlots / 2)) << "the reader keeps its share";
+  EXPECT_GT(share_limited, 0);
+  EXPECT_TRUE(ExpectIntact(**victim, last).ok());
+  for (const auto& p : prompts) EXPECT_TRUE(ExpectIntact(**hog, p, Promote::kNo).ok()) << "nothing of the reader's was lost";
 }
 
 }  // namespace

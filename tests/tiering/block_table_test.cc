@@ -46,7 +46,7 @@ class BlockTableTest : public ::testing::Test {
   }
   std::optional<IndexSlot> Entry(const BlockKey& key) const { return IndexSlotOf(table_->index(), key); }
 
-  TenantAccount tenant_{Tenant::Make(TestProfile().Fingerprint(), "tenant"), {}, {}, {}, 0, 0};
+  TenantAccount tenant_{Tenant::Make(TestProfile().Fingerprint(), "tenant"), {}, {}, {}, 0, 0, false, {}};
   std::optional<BlockTable> table_;
   std::vector<Event> events_;
 };

@@ -75,7 +75,7 @@ class MoverTest : public ::testing::Test {
   std::unique_ptr<Backend> host_;
   std::unique_ptr<ManualBackend> manual_;
   PerTier<std::unique_ptr<Pool>> pools_;
-  TenantAccount tenant_{Tenant::Make(TestProfile().Fingerprint(), "tenant"), {}, {}, {}, 0, 0};
+  TenantAccount tenant_{Tenant::Make(TestProfile().Fingerprint(), "tenant"), {}, {}, {}, 0, 0, false, {}};
   std::optional<BlockTable> table_;
   std::unique_ptr<Mover> mover_;  // Last: destroyed first, while the pools and the table live.
   std::vector<uint32_t> landed_;

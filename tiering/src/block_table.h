@@ -47,6 +47,10 @@ struct Record {
   bool spilled = false;      // Offered to the stores as landed (or imported from one): not offered again.
   bool checksummed = false;  // `checksum` holds the host-tier payload's XXH3 (warm restart).
   uint64_t checksum = 0;
+  // The GpuShare epoch in which it was marked as over its tenant's fair share
+  // of the GPU tier: new read leases stop before it, so it can be demoted once
+  // the older ones end (gpu_share.h). Stale epochs mean nothing.
+  uint32_t share_epoch = 0;
   TenantAccount* tenant = nullptr;  // Its namespace and `model` recompute the key (warm restart).
   ModelId model;                    // The identity it was keyed with.
 

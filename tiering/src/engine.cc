@@ -61,6 +61,10 @@ uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, s
   return matched;
 }
 
+void Engine::Impl::NoteGpuWait(TenantAccount& account) {
+  if (gpu_share.NoteWaiting(account, tenants, GpuShare::Clock::now())) reclaim.ReclaimShares();
+}
+
 uint32_t Engine::Impl::Promotable(std::span<const uint32_t> recs) const {
   uint32_t n = 0;
   for (uint32_t r : recs) n += blocks[r].IdleIn(Tier::kHost) ? 1 : 0;
@@ -140,14 +144,20 @@ bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> key
   impl.mover.Poll();
   std::vector<uint32_t> recs;
   impl.MatchRecords(ns, model, keys, tokens, &recs);
-  const uint32_t to_promote = impl.Promotable(recs);
+  if (recs.empty()) return false;
+  // Past its fair share while another tenant waits, a tenant promotes nothing:
+  // no room is made (or waited for) for it.
+  TenantAccount& account = *impl.blocks[recs[0]].tenant;
+  const uint32_t to_promote = std::min(impl.Promotable(recs), impl.gpu_share.Room(account, GpuShare::Clock::now()));
   if (to_promote <= impl.slots(Tier::kGpu).free_count()) return false;
   // Pinned while room is made, so the demotion walk and host-tier drops pass
   // them by (Acquire pins them the same way).
   for (uint32_t r : recs) ++impl.blocks[r].readers;
   impl.reclaim.MakeGpuRoom(to_promote);
   for (uint32_t r : recs) --impl.blocks[r].readers;
-  return impl.slots(Tier::kGpu).free_count() < to_promote && impl.mover.demoting() > 0;
+  const bool wait = impl.slots(Tier::kGpu).free_count() < to_promote && impl.mover.demoting() > 0;
+  if (wait) impl.NoteGpuWait(account);
+  return wait;
 }
 
 bool Engine::Impl::MakePromotionRoom(const Tenant& tenant, std::span<const uint32_t> recs, bool fetched) {
@@ -157,7 +167,9 @@ bool Engine::Impl::MakePromotionRoom(const Tenant& tenant, std::span<const uint3
   // the matched ones are pinned meanwhile, so none is dropped (or freed) before
   // it is leased.
   bool promote = true;
-  const uint32_t to_promote = Promotable(recs);
+  TenantAccount& account = tenants.Get(tenant);
+  // Past its fair share while another tenant waits, nothing is promoted: make no room for it.
+  const uint32_t to_promote = std::min(Promotable(recs), gpu_share.Room(account, GpuShare::Clock::now()));
   for (uint32_t r : recs) ++blocks[r].readers;
   if (to_promote > slots(Tier::kGpu).free_count()) {
     reclaim.MakeGpuRoom(to_promote);
@@ -168,7 +180,6 @@ bool Engine::Impl::MakePromotionRoom(const Tenant& tenant, std::span<const uint3
     if (fetched && to_promote > slots(Tier::kGpu).free_count()) promote = false;
   }
   // Under a GPU quota, the tenant's colder GPU blocks make way.
-  TenantAccount& account = tenants.Get(tenant);
   const uint32_t room = account.Room(Tier::kGpu);
   if (to_promote > room) reclaim.DemoteColdest(to_promote - room, &account);
   for (uint32_t r : recs) --blocks[r].readers;  // Pinned again for the lease, or freed.
@@ -177,19 +188,44 @@ bool Engine::Impl::MakePromotionRoom(const Tenant& tenant, std::span<const uint3
 
 ReadRecords Engine::Impl::PinForRead(std::span<const uint32_t> recs, bool promote) {
   ReadRecords lease;
+  if (recs.empty()) return lease;
+  TenantAccount& account = *blocks[recs[0]].tenant;  // Matched blocks are all the reader's tenant's.
+  const auto now = GpuShare::Clock::now();
+  // Past its fair share while another tenant waits, the tenant's GPU blocks
+  // past the share (marked by ReclaimShares) are not pinned again, nor are
+  // its blocks being demoted (a pin would cancel the demotion): the lease
+  // stops before them, and once its older leases end their slots go to the
+  // waiter. Leases are never revoked early: a reader would read reused slots.
+  const bool over_share = gpu_share.Over(account, now);
+  bool share_limited = false;
+  bool no_slot = false;
   for (uint32_t r : recs) {
     Record& rec = blocks[r];
-    if (promote && rec.IdleIn(Tier::kHost) && rec.tenant->Room(Tier::kGpu) > 0) {
-      if (slots(Tier::kGpu).free_count() == 0) break;  // No room to promote: lease what we have.
-      mover.Schedule(r, CopyDirection::kHostToGpu);
+    if (over_share && rec.tier == Tier::kGpu &&
+        (rec.state == BlockState::kDemoting || (rec.ReadyIn(Tier::kGpu) && rec.share_epoch == gpu_share.epoch()))) {
+      share_limited = true;
+      break;
+    }
+    if (promote && rec.IdleIn(Tier::kHost)) {
+      if (GpuRoom(account, now) > 0) {
+        if (slots(Tier::kGpu).free_count() == 0) {  // No room to promote: lease what we have.
+          no_slot = true;
+          break;
+        }
+        mover.Schedule(r, CopyDirection::kHostToGpu);
+      } else if (gpu_share.Room(account, now) == 0) {
+        share_limited = true;  // Leased where it is, in the host tier.
+      }
     }
     ++rec.readers;
     lease.records.push_back(r);
   }
+  if (share_limited) ++stats.share_limited;
   // A matched block left out of the lease (no room to promote) whose last
   // session reference went while it was pinned is freed now.
   for (size_t i = lease.records.size(); i < recs.size(); ++i) MaybeFree(recs[i], FreeReason::kPressure);
   Flush(CopyDirection::kHostToGpu);
+  if (no_slot) NoteGpuWait(account);
   return lease;
 }
 

@@ -10,6 +10,7 @@
 //   reclaim.h         making room: demote coldest, drop, watermarks, quota room
 //   lease_table.h     live leases in grant order, revoked ones, the timeout's revocation
 //   promotions.h      blocks read in place waiting for GPU room (PromoteOnRelease)
+//   gpu_share.h       the fair share of the GPU tier while a tenant waits for room
 //   settling.h        what waits for clients' GPU work: released leases, commits
 //   mirror_queue.h    committed blocks being copied for the stores (spill_committed)
 // The engine's work on them, by concept:
@@ -25,6 +26,7 @@
 // Everything runs on the engine's thread (see engine.h).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "block_table.h"
+#include "gpu_share.h"
 #include "kvtier/tiering/engine.h"
 #include "lease_table.h"
 #include "mirror_queue.h"
@@ -61,7 +64,8 @@ struct Engine::Impl {
         sessions(std::move(policy)),
         mover(b, pools, blocks),
         reclaim(*this),
-        promotions(o.gpu_slots) {
+        promotions(o.gpu_slots),
+        gpu_share(o.gpu_slots, o.gpu_share_window) {
     if (options.on_spill) mover.OnLanded([this](uint32_t r) { Spill(r, /*dropped=*/false); });
     if (options.on_block_event) blocks.set_observer(options.on_block_event);
   }
@@ -78,6 +82,7 @@ struct Engine::Impl {
   SettlingQueue settling;     // Slots and blocks clients' GPU work may still use.
   MirrorQueue mirrors;        // Committed blocks being copied for the stores.
   PromotionQueue promotions;  // Blocks read in place, waiting for GPU room.
+  GpuShare gpu_share;         // The fair share of the GPU tier while a tenant waits.
   uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
@@ -124,6 +129,16 @@ struct Engine::Impl {
   // keys still continuing the chain, or none once it went another way.
   void ReconcileBelow(Session* s, const std::vector<BlockKey>& before) const;
   void RemoveSession(Session* s, SessionEnd why);
+
+  // --- The fair share of the GPU tier (gpu_share.h) ------------------------------------
+  // `account` found no GPU slot for what it needs: if that makes it a waiter,
+  // the tenants over their share make way (Reclaimer::ReclaimShares).
+  void NoteGpuWait(TenantAccount& account);
+  // How many more GPU blocks `account` may hold now: under its quota, and
+  // under its fair share while another tenant waits (kNoQuota: no limit).
+  uint32_t GpuRoom(const TenantAccount& account, GpuShare::Clock::time_point now) const {
+    return std::min(account.Room(Tier::kGpu), gpu_share.Room(account, now));
+  }
 
   // --- Lookup and leases -----------------------------------------------------------
   // Longest verified prefix; fills `out` with its record ids.

@@ -82,7 +82,8 @@ uint32_t Engine::Impl::PromoteWanted() {
     const Record& rec = blocks[w.record];
     // Gone (freed, perhaps reused by another block), or moved by another reader meanwhile.
     if (rec.key != w.key || !WantsPromotion(rec)) return false;
-    if (rec.tenant->Room(Tier::kGpu) == 0 || now - w.since > kWantedPromotionFor) {
+    // Over its tenant's quota, or its fair share while another tenant waits.
+    if (GpuRoom(*rec.tenant, now) == 0 || now - w.since > kWantedPromotionFor) {
       ++stats.after_read_given_up;
       return false;
     }

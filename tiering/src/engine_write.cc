@@ -28,7 +28,13 @@ Status Engine::Impl::CheckAllocateCount(uint32_t count) const {
 }
 
 Status Engine::Impl::MakeAllocateQuotaRoom(TenantAccount& tenant, uint32_t count) {
-  const Status room = reclaim.MakeQuotaRoom(tenant, count, nullptr, "allocate of " + std::to_string(count) + " blocks");
+  const std::string what = "allocate of " + std::to_string(count) + " blocks";
+  // While a tenant waits for GPU room, the blocks marked past their tenants'
+  // shares whose leases ended since are demoted now (their slots are the
+  // waiter's), and this tenant stays within its own share.
+  if (gpu_share.contended(GpuShare::Clock::now())) reclaim.ReclaimShares();
+  Status room = reclaim.MakeQuotaRoom(tenant, count, nullptr, what);
+  if (room.ok()) room = reclaim.MakeShareRoom(tenant, count, what);
   if (!room.ok()) ++stats.allocation_failures;
   return room;
 }
@@ -42,6 +48,7 @@ Result<WriteLease> Engine::Impl::AllocateNow(TenantAccount& tenant, uint32_t cou
   }
   if (gpu.free_count() < count) {
     ++stats.allocation_failures;
+    NoteGpuWait(tenant);
     return ResourceExhausted("gpu tier full: " + std::to_string(gpu.free_count()) + " of " +
                              std::to_string(gpu.capacity()) + " slots free, " + std::to_string(count) +
                              " requested; the rest are leased or moving");
@@ -76,6 +83,7 @@ Result<std::optional<WriteLease>> Engine::TryAllocate(const Tenant& tenant, uint
     impl.reclaim.MakeGpuRoom(count);
     // Demotions in flight free slots within a copy's time: come back then.
     if (may_wait && impl.slots(Tier::kGpu).free_count() < count && impl.mover.demoting() > 0) {
+      impl.NoteGpuWait(account);
       return std::optional<WriteLease>();
     }
   }

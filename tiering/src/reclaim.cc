@@ -118,6 +118,25 @@ Status Reclaimer::MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session
                                 uint32_t credit) {
   if (!tenant.has_quota(Tier::kGpu)) return Status::Ok();
   const uint32_t limit = tenant.quota[Tier::kGpu];
+  return MakeRoomUnder(tenant, limit, n, keep, what, credit,
+                       "its quota is " + std::to_string(limit) + " (tenants: gpu_blocks)");
+}
+
+Status Reclaimer::MakeShareRoom(TenantAccount& tenant, uint32_t n, const std::string& what) {
+  const GpuShare& share = engine_.gpu_share;
+  if (!share.Applies(tenant, GpuShare::Clock::now())) return Status::Ok();
+  const Status room =
+      MakeRoomUnder(tenant, share.share(), n, nullptr, what, 0,
+                    "its fair share is " + std::to_string(share.share()) + " of the gpu tier's " +
+                        std::to_string(engine_.slots(Tier::kGpu).capacity()) + " slots while " +
+                        std::to_string(share.active()) +
+                        " tenants use it and one waits for room (tenants: gpu_blocks sets a fixed quota instead)");
+  if (!room.ok()) ++engine_.stats.share_limited;
+  return room;
+}
+
+Status Reclaimer::MakeRoomUnder(TenantAccount& tenant, uint32_t limit, uint32_t n, const Session* keep,
+                                const std::string& what, uint32_t credit, const std::string& limit_text) {
   // What the tenant holds besides the request's own slots, and the room beside it.
   auto held = [&] { return tenant.Held(Tier::kGpu) - std::min(credit, tenant.Held(Tier::kGpu)); };
   auto room = [&] { return held() >= limit ? 0u : limit - held(); };
@@ -127,7 +146,7 @@ Status Reclaimer::MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session
     if (tenant.leased > credit) {
       out += " (" + std::to_string(tenant.leased - credit) + " of them slots of uncommitted write leases)";
     }
-    return out + ", its quota is " + std::to_string(limit) + " (tenants: gpu_blocks)";
+    return out + ", " + limit_text;
   };
   if (n > limit) return ResourceExhausted(what + ": " + describe());
   DemoteColdest(n - room(), &tenant);
@@ -141,6 +160,65 @@ Status Reclaimer::MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session
                              (keep != nullptr ? " or in use by this session" : ""));
   }
   return Status::Ok();
+}
+
+void Reclaimer::ReclaimShares() {
+  const GpuShare& share = engine_.gpu_share;
+  const auto now = GpuShare::Clock::now();
+  std::vector<TenantAccount*> over;
+  engine_.tenants.ForEach([&](TenantAccount& a) {
+    if (share.Over(a, now)) over.push_back(&a);
+  });
+  for (TenantAccount* a : over) ReclaimShare(*a, a->Held(Tier::kGpu) - share.share());
+}
+
+void Reclaimer::ReclaimShare(TenantAccount& tenant, uint32_t excess) {
+  // Idle blocks can go at once: count them (a walk as DemoteColdest's), and
+  // demote no more than that, so that no host block of the tenant is dropped
+  // for room that no demotion would use.
+  uint32_t idle = 0;
+  engine_.sessions.VisitColdest([&](Session* s) {
+    if (s->tenant != &tenant) return true;
+    for (uint32_t r : s->chain) idle += engine_.blocks[r].IdleIn(Tier::kGpu) ? 1 : 0;
+    return idle < excess;
+  });
+  if (idle > 0) DemoteColdest(std::min(idle, excess), &tenant);
+  // What it still holds past its share is pinned (or moving, or write-lease
+  // slots): mark pinned blocks, the tails of its coldest sessions first, so
+  // that its renewed leases keep the prefixes its sessions need most. Marks
+  // stay for the whole wait (one epoch): re-marking by coldness would move
+  // them as the reader's own acquires warm its sessions, and it would lose
+  // more than its excess. So the blocks marked already and still in the GPU
+  // tier count first (a walk of all its chains: the cost of being over).
+  const uint32_t held = tenant.Held(Tier::kGpu);
+  const uint32_t share = engine_.gpu_share.share();
+  if (held <= share) return;
+  const uint32_t epoch = engine_.gpu_share.epoch();
+  std::vector<uint32_t> marked;
+  engine_.sessions.VisitColdest([&](Session* s) {
+    if (s->tenant != &tenant) return true;
+    for (uint32_t r : s->chain) {
+      const Record& rec = engine_.blocks[r];
+      if (rec.share_epoch == epoch && rec.tier == Tier::kGpu && !rec.moving()) marked.push_back(r);
+    }
+    return true;
+  });
+  std::sort(marked.begin(), marked.end());
+  const auto already = static_cast<uint32_t>(std::unique(marked.begin(), marked.end()) - marked.begin());
+  if (held - share <= already) return;
+  const uint32_t to_mark = held - share - already;
+  uint32_t added = 0;
+  engine_.sessions.VisitColdest([&](Session* s) {
+    if (s->tenant != &tenant) return true;
+    for (auto it = s->chain.rbegin(); it != s->chain.rend() && added < to_mark; ++it) {
+      Record& rec = engine_.blocks[*it];
+      if (rec.ReadyIn(Tier::kGpu) && rec.readers > 0 && rec.share_epoch != epoch) {
+        rec.share_epoch = epoch;
+        ++added;
+      }
+    }
+    return added < to_mark;
+  });
 }
 
 void Reclaimer::MakeHostRoomFor(const Session* s, uint32_t want) {

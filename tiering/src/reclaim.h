@@ -59,11 +59,28 @@ class Reclaimer {
   // its message led by `what` ("commit of 3 new blocks").
   Status MakeQuotaRoom(TenantAccount& tenant, uint32_t n, const Session* keep, const std::string& what,
                        uint32_t credit = 0);
+  // The same under the tenant's fair share of the GPU tier (gpu_share.h), for
+  // an Allocate of `n` while another tenant waits: its error names the share.
+  // OK when the share does not apply to the tenant.
+  Status MakeShareRoom(TenantAccount& tenant, uint32_t n, const std::string& what);
+  // While a tenant waits for GPU room: every tenant over its fair share has
+  // its idle GPU blocks past the share demoted, and as many of its pinned
+  // ones as it holds past the share after that marked (Record::share_epoch;
+  // tails of its coldest sessions first), so that its new read leases stop
+  // before them and they are demoted once its older leases end.
+  void ReclaimShares();
   // Makes host room under `s`'s tenant's quota and in the host tier for
   // demoting `want` of its blocks, dropping colder host blocks. For Demote.
   void MakeHostRoomFor(const Session* s, uint32_t want);
 
  private:
+  // MakeQuotaRoom's and MakeShareRoom's work under `limit`; `limit_text`
+  // says what the limit is in the error.
+  Status MakeRoomUnder(TenantAccount& tenant, uint32_t limit, uint32_t n, const Session* keep, const std::string& what,
+                       uint32_t credit, const std::string& limit_text);
+  // ReclaimShares for one tenant holding `excess` GPU blocks or slots past its share.
+  void ReclaimShare(TenantAccount& tenant, uint32_t excess);
+
   Engine::Impl& engine_;
 };
 

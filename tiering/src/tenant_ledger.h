@@ -9,6 +9,7 @@
 // Not thread-safe: the engine's thread owns it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -36,6 +37,9 @@ struct TenantAccount {
   PerTier<uint32_t> moving_to;  // Moves in flight, by destination tier.
   uint32_t leased = 0;          // GPU slots of its write leases, not yet committed.
   uint32_t sessions = 0;
+  // When it last found no GPU slot while below its fair share (gpu_share.h).
+  bool waited = false;
+  std::chrono::steady_clock::time_point waited_at;
 
   bool has_quota(Tier tier) const { return quota[tier] != 0; }
   // Blocks in `tier` once the moves in flight land.
@@ -74,6 +78,10 @@ class TenantLedger {
   template <typename F>
   void ForEach(F&& f) const {
     for (const auto& [ns, account] : accounts_) f(account);
+  }
+  template <typename F>
+  void ForEach(F&& f) {
+    for (auto& [ns, account] : accounts_) f(account);
   }
 
  private:

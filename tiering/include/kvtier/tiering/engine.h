@@ -66,7 +66,12 @@ class Engine {
   // first; kResourceExhausted naming the tenant and quota if that cannot make
   // room. If too few slots are free in the tier, the coldest unleased GPU
   // blocks are dropped to make room; kResourceExhausted if that is not enough
-  // (nothing is lost then).
+  // (nothing is lost then), and the tenant, if below its fair share, waits:
+  // for EngineOptions::gpu_share_window, tenants without a GPU quota are held
+  // to gpu slots / active tenants (the same demotions and error as past a
+  // quota, naming the share), and those past it give way (their new read
+  // leases stop before their GPU blocks past the share, which are demoted
+  // once their older leases end; see engine_options.h).
   // Blocks (up to 200 ms per copy batch) while demotions in flight free GPU
   // slots; a daemon serving many clients uses TryAllocate instead.
   Result<WriteLease> Allocate(const Tenant& tenant, uint32_t count);

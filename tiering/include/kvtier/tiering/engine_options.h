@@ -145,6 +145,17 @@ struct EngineOptions {
   // fails), a read lease's blocks are unpinned. May change (Retune); an age is
   // measured from the grant, so a shorter timeout applies to existing leases.
   std::chrono::milliseconds lease_timeout{0};
+  // The fair share of the GPU tier for tenants without a GPU quota (0 = none).
+  // When a tenant holding less than `gpu slots / active tenants` finds no GPU
+  // slot for an Allocate or a promotion (every slot leased, pinned or moving),
+  // then for this long each tenant without a GPU quota may hold that share:
+  // past it, its Allocate fails (kResourceExhausted naming the share) unless
+  // its own colder blocks make room, its promotions are not made, and its new
+  // read leases stop before its GPU blocks past the share, which are demoted
+  // once its older leases end. Active: holding GPU blocks or write-lease
+  // slots, or waiting within this window. Nobody waiting, any tenant may use
+  // the whole tier.
+  std::chrono::milliseconds gpu_share_window{1000};
 };
 
 }  // namespace kvtier::tiering

@@ -39,6 +39,10 @@ struct EngineStats {
   uint64_t dropped_blocks = 0;   // Lost to pressure.
   uint64_t evicted_sessions = 0;
   uint64_t allocation_failures = 0;
+  // Operations a tenant's fair share of the GPU tier limited while another
+  // waited (EngineOptions::gpu_share_window): Allocates refused, Acquires whose
+  // lease stopped before blocks past the share or that did not promote.
+  uint64_t share_limited = 0;
   uint64_t expired_priorities = 0;  // Priorities set back to 0 when their TTL ran out.
   uint64_t expired_write_leases = 0;  // Revoked by the lease timeout.
   uint64_t expired_read_leases = 0;
