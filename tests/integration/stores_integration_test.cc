@@ -402,17 +402,20 @@ TEST_F(RemoteTierTest, AFetchPastTheBudgetLandsInTheSessionForItsNextAcquire) {
 // chunk, and the Acquire past the budget is served the verified prefix, the
 // rest landing in the session for the next.
 TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSoFar) {
-  Host w(RemoteConfig({redis_->address()}, false));
-  // One record per turn (4 KiB chunks of 8 KiB blocks): the fetch of 1,024 blocks is 2,048 round trips.
-  std::string reader = RemoteConfig({redis_->address()}, false, 50) + "  fetch_chunk_bytes: 4KiB\ntiering:\n  tick_ms: 5\n";
-  reader.replace(reader.find("host_blocks: 1024"), 17, "host_blocks: 2048");  // No watermark drops the prefix.
-  Host r(reader);
+  // 128 KiB blocks: the 2,048-block prefix is 256 MiB, longer to read than the 50 ms budget.
+  std::string config = RemoteConfig({redis_->address()}, false, 50) + "tiering:\n  tick_ms: 5\n";
+  config.replace(config.find("head_dim: 32"), 12, "head_dim: 512");
+  std::string writer = config, reader = config;
+  writer.replace(writer.find("host_blocks: 1024"), 17, "host_blocks: 2560");
+  reader.replace(reader.find("host_blocks: 1024"), 17, "host_blocks: 3072");  // No watermark drops the prefix.
+  Host w(writer), r(reader);
   w.Start();
   r.Start();
-  const auto tokens = Tokens(21, 1024);
+  const auto tokens = Tokens(21, 2048);
   CommitLongChain(w.c(), "chat", tokens);
-  ASSERT_TRUE(w.WaitForStat("store.redis.put_blocks", 1024));
-  // Once the fetch verified some blocks, Redis stops answering until past the budget.
+  ASSERT_TRUE(w.WaitForStat("store.redis.put_blocks", 2048, 60s));
+  // Once the fetch verified some blocks, Redis stops answering until past the budget
+  // (so that the budget ends mid-fetch however fast Redis reads here).
   std::unique_ptr<Client> watcher = r.NewClient();
   ASSERT_NE(watcher, nullptr);
   std::atomic<bool> paused{false};
@@ -437,17 +440,17 @@ TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSo
   pause.join();
   EXPECT_TRUE(paused) << "the fetch verified blocks while the Acquire waited";
   EXPECT_GT(first, 0u) << "the first Acquire gets the prefix verified by the budget (it got none)";
-  EXPECT_LT(first, 1024u) << "Redis was paused mid-fetch, past the budget";
+  EXPECT_LT(first, 2048u) << "Redis was paused mid-fetch, past the budget";
   ASSERT_TRUE(r.WaitForStat("store_fetches_landed", 1));
   auto st = r.Stats();
   EXPECT_EQ(st.at("store_fetch_timeouts"), 1);
   EXPECT_EQ(st.at("store_fetch_ready_blocks"), first);
-  EXPECT_EQ(st.at("store_fetch_landed_blocks"), 1024 - first) << "the rest, from where the ready prefix ended";
-  EXPECT_EQ(r.VerifiedHits("chat", tokens, Promote::kNo), 1024u) << "the whole prefix, from the host tier";
+  EXPECT_EQ(st.at("store_fetch_landed_blocks"), 2048 - first) << "the rest, from where the ready prefix ended";
+  EXPECT_EQ(r.VerifiedHits("chat", tokens, Promote::kNo), 2048u) << "the whole prefix, from the host tier";
   st = r.Stats();
   EXPECT_EQ(st.at("store_fetches"), 1) << "the stores were asked once";
-  EXPECT_EQ(st.at("store.redis.hit_blocks"), 1024) << "each block read once";
-  EXPECT_EQ(st.at("store_hit_tokens"), 1024 * 16);
+  EXPECT_EQ(st.at("store.redis.hit_blocks"), 2048) << "each block read once";
+  EXPECT_EQ(st.at("store_hit_tokens"), 2048 * 16);
 }
 
 // One store I/O thread served fetches whole, oldest first: a tenant looping
