@@ -89,6 +89,11 @@ struct StoresConfig {
   // One Acquire fetches at most this many bytes of blocks (whole blocks, at
   // least one): what a fetch holds in memory before the host tier takes it.
   uint64_t max_fetch_bytes = uint64_t{256} << 20;
+  // A fetch asks a store for at most this many bytes of records per turn (at
+  // least one record): the store I/O thread serves the fetches under way a
+  // chunk each in turn (round-robin over tenants), and an Acquire past its
+  // budget takes the prefix its fetch verified so far.
+  uint64_t fetch_chunk_bytes = uint64_t{4} << 20;
   friend bool operator==(const StoresConfig&, const StoresConfig&) = default;
 };
 

@@ -167,6 +167,8 @@ const std::vector<ConfigKey>& Table() {
                    "Records waiting to be written, at most; past it they are skipped"),
     Size<uint64_t>("stores", "max_fetch_bytes", KVTIER_MEMBER(stores.max_fetch_bytes), 1u << 20, kMaxByteSize, kAtStart,
                    "Bytes of blocks one Acquire fetches from the stores, at most"),
+    Size<uint64_t>("stores", "fetch_chunk_bytes", KVTIER_MEMBER(stores.fetch_chunk_bytes), 1u << 12, kMaxByteSize,
+                   kAtStart, "Bytes of records a fetch reads per turn of the store I/O thread (tenants take turns)"),
 
     Flag("events", "enabled", KVTIER_MEMBER(events.enabled), kAtStart, "Publish KV events"),
     Text("events", "publish", KVTIER_MEMBER(events.publish), {}, kAtStart,

@@ -61,7 +61,8 @@ struct ClientState {
   // The Acquire it waits on asked the stores below the host tier for the
   // blocks after its cached prefix (`start` of them): fetch `id`, wanted until
   // `deadline` (stores.fetch_budget_ms). `result` holds it once it came, while
-  // the Acquire still waits for GPU room.
+  // the Acquire still waits for GPU room; past the deadline, the prefix it had
+  // verified by then (id 0: the rest is a detached fetch's, or cancelled).
   // A SessionInfo waits the same way on the stores saying where the session's
   // dropped blocks are (`located`: the keys asked about).
   struct StoreFetch {
@@ -275,7 +276,9 @@ class Service {
   // destruction (~Service), so that it writes what they offered last.
   std::unique_ptr<stores::StoreChain> stores_;
   // A fetch whose Acquire stopped waiting for it (stores.fetch_budget_ms) goes
-  // on; what it brings is placed into the Acquire's session when it comes
+  // on for the blocks after the prefix it had verified (which the Acquire
+  // took: `start` is where that ended); what it brings is placed into the
+  // Acquire's session when it comes
   // (Engine::ImportLate, at the next tick), so the session's next Acquire finds
   // it in the host tier instead of asking the stores again. At most one per
   // tenant: while it is under way, that tenant's Acquires start no new fetch,

@@ -25,6 +25,7 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
   o.key_prefix = config.key_prefix;
   o.max_queued_bytes = config.queue_bytes;
   o.max_events = max_events;
+  o.fetch_chunk_bytes = config.fetch_chunk_bytes;
   return std::make_unique<stores::StoreChain>(std::move(chain), o, std::move(notify));
 }
 

@@ -24,21 +24,34 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
       return false;
     }
     if (now < c.fetch->deadline) return true;
-    // Past stores.fetch_budget_ms: served from the local tiers now; the fetch
-    // goes on and lands in the session when it comes (one per tenant, else it
-    // is cancelled).
+    // Past stores.fetch_budget_ms: served with the prefix the fetch verified
+    // so far (placed in the host tier like a whole fetch's); the fetch goes on
+    // for the rest, which lands in the session when it comes (one per tenant,
+    // else it is cancelled).
+    bool finished = false;
+    stores::FetchResult ready = stores_->TakeReady(c.fetch->id, &finished);
+    const uint32_t got = ready.blocks();
+    counters_.store_fetched_blocks += got;
+    if (finished) {  // It completed meanwhile: in time after all.
+      c.fetch->result = std::move(ready);
+      return false;
+    }
+    counters_.store_fetch_ready_blocks += got;
     if (!m.session.empty() && !HasDetachedFetch(c.tenant)) {
-      detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, TenantOf(c), m.session, c.fetch->start, m.keys,
-                                        m.tokens});
+      detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, TenantOf(c), m.session, c.fetch->start + got,
+                                        m.keys, m.tokens});
     } else {
       stores_->CancelFetch(c.fetch->id);
     }
-    c.fetch.reset();
+    // The fetch is the detached one's now (or cancelled): what this Acquire
+    // takes is the ready prefix, kept here should it wait for GPU room.
+    c.fetch->id = 0;
+    c.fetch->result = std::move(ready);
     ++counters_.store_fetch_timeouts;
     LogLimited(LogLevel::kWarn, "store fetch timeout",
                "a fetch from the stores took longer than stores.fetch_budget_ms (" +
                    std::to_string(config_.stores.fetch_budget_ms) +
-                   " ms): answered from the local tiers; what it brings lands in the session when it comes");
+                   " ms): answered with what it verified so far; the rest lands in the session when it comes");
     return false;
   }
   // A fetch of this tenant's is still under way: no second one (the first lands in the host tier).

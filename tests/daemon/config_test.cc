@@ -166,6 +166,7 @@ TEST(ConfigTest, StoresBelowTheHostTierParseDumpAndNameTheirMistakes) {
   fetch_budget_ms: 80
   key_prefix: "team-a:"
   queue_bytes: 64MiB
+  fetch_chunk_bytes: 1MiB
   tiers:
     - kind: disk
       path: /var/cache/kvtier
@@ -183,6 +184,7 @@ TEST(ConfigTest, StoresBelowTheHostTierParseDumpAndNameTheirMistakes) {
   EXPECT_EQ(c->stores.fetch_budget_ms, 80u);
   EXPECT_EQ(c->stores.key_prefix, "team-a:");
   EXPECT_EQ(c->stores.queue_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(c->stores.fetch_chunk_bytes, uint64_t{1} << 20);
   EXPECT_EQ(c->stores.tiers[0].kind, "disk");
   EXPECT_FALSE(c->stores.tiers[0].write_through) << "a disk store writes back by default";
   EXPECT_EQ(std::get<DiskTierOptions>(c->stores.tiers[0].options).max_bytes, uint64_t{8} << 30);

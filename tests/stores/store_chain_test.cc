@@ -28,6 +28,9 @@ struct MemoryData {
   std::mutex mu;
   std::map<std::string, std::string> values;
   bool down = false;
+  // Each Get takes at least this long (a slow store), and asks for at most how many keys.
+  std::chrono::milliseconds get_delay{0};
+  size_t most_keys_per_get = 0;
   size_t size() {
     std::lock_guard<std::mutex> l(mu);
     return values.size();
@@ -52,6 +55,13 @@ class MemoryStore final : public BlockStore {
   }
   Result<std::vector<std::optional<StoreValue>>> Get(std::span<const std::string> keys,
                                                      uint64_t max_value_bytes) override {
+    std::chrono::milliseconds delay;
+    {
+      std::lock_guard<std::mutex> l(d_->mu);
+      delay = d_->get_delay;
+      d_->most_keys_per_get = std::max(d_->most_keys_per_get, keys.size());
+    }
+    std::this_thread::sleep_for(delay);
     std::lock_guard<std::mutex> l(d_->mu);
     if (d_->down) return Unavailable(kind_ + " is down");
     std::vector<std::optional<StoreValue>> out;
@@ -78,7 +88,8 @@ struct Chain {
   Namespace ns = Namespace::Make(kFingerprint, "t");
   std::vector<TokenId> tokens;
   std::vector<BlockKey> keys;
-  explicit Chain(uint32_t blocks, uint32_t seed = 1) {
+  explicit Chain(uint32_t blocks, uint32_t seed = 1, std::string_view tenant = "t")
+      : ns(Namespace::Make(kFingerprint, tenant)) {
     for (uint32_t i = 0; i < blocks * kBt; ++i) tokens.push_back(seed * 1000 + i);
     keys.resize(blocks);
     ComputeKeys(ns, BlockKey{}, tokens, kBt, keys);
@@ -110,7 +121,8 @@ struct Chain {
 class StoreChainTest : public ::testing::Test {
  protected:
   // Two stores: a "disk" that writes back, a "remote" that writes through.
-  void Start(uint64_t queue_bytes = uint64_t{1} << 30, size_t max_events = 0) {
+  void Start(uint64_t queue_bytes = uint64_t{1} << 30, size_t max_events = 0,
+             uint64_t fetch_chunk_bytes = StoreChainOptions{}.fetch_chunk_bytes) {
     auto d = std::make_unique<MemoryStore>("disk", disk_);
     auto r = std::make_unique<MemoryStore>("remote", remote_);
     std::vector<ChainedStore> stores;
@@ -119,17 +131,18 @@ class StoreChainTest : public ::testing::Test {
     StoreChainOptions o;
     o.max_queued_bytes = queue_bytes;
     o.max_events = max_events;
+    o.fetch_chunk_bytes = fetch_chunk_bytes;
     chain_ = std::make_unique<StoreChain>(std::move(stores), o, [this] {
       std::lock_guard<std::mutex> l(mu_);
       ++notified_;
       cv_.notify_all();
     });
   }
-  FetchResult Fetch(FetchRequest r) {
-    const uint64_t id = chain_->StartFetch(std::move(r));
+  FetchResult Fetch(FetchRequest r) { return Wait(chain_->StartFetch(std::move(r))); }
+  FetchResult Wait(uint64_t id) {
     std::unique_lock<std::mutex> l(mu_);
     std::optional<FetchResult> out;
-    cv_.wait_for(l, 5s, [&] { return (out = chain_->TakeFetch(id)).has_value(); });
+    cv_.wait_for(l, 10s, [&] { return (out = chain_->TakeFetch(id)).has_value(); });
     EXPECT_TRUE(out.has_value()) << "fetch did not complete";
     return out ? std::move(*out) : FetchResult{};
   }
@@ -199,6 +212,99 @@ TEST_F(StoreChainTest, AFetchTakesTheLongestContinuationAcrossTheStoresInOrder) 
   const FetchResult mid = Fetch(c.Request(2));
   ASSERT_EQ(mid.blocks(), 2u);
   ExpectPayloads(mid, c, 2);
+}
+
+// A fetch read everything in one batched Get per store: nothing of it was
+// ready until all of it was, so an Acquire whose budget ran out got none of a
+// long prefix the store was slow to give. Now it reads chunk by chunk, and
+// TakeReady moves out the verified prefix while the fetch goes on.
+TEST_F(StoreChainTest, TakeReadyMovesOutTheVerifiedPrefixWhileTheFetchGoesOnForTheRest) {
+  const Chain c(40);
+  Start(uint64_t{1} << 30, 0, /*fetch_chunk_bytes=*/4 * c.Record(0).size());  // Four blocks a Get.
+  for (size_t i = 0; i < 40; ++i) disk_->values[c.Key(i)] = c.Record(i);
+  disk_->get_delay = 10ms;
+  const uint64_t id = chain_->StartFetch(c.Request(0));
+  // Once a chunk is verified (the store's figures move as it goes), part of the fetch is ready.
+  for (int i = 0; i < 1000 && chain_->stats()[0].hit_blocks == 0; ++i) std::this_thread::sleep_for(1ms);
+  bool finished = true;
+  const FetchResult first = chain_->TakeReady(id, &finished);
+  EXPECT_FALSE(finished) << "ten turns of 10 ms: under way";
+  ASSERT_GE(first.blocks(), 4u);
+  ASSERT_LT(first.blocks(), 40u);
+  EXPECT_EQ(first.payloads.size(), first.blocks());
+  ExpectPayloads(first, c, 0);
+  // The rest comes later, from where the ready prefix ended.
+  const FetchResult rest = Wait(id);
+  ASSERT_TRUE(rest.status.ok()) << rest.status.ToString();
+  EXPECT_EQ(first.blocks() + rest.blocks(), 40u);
+  ExpectPayloads(rest, c, first.blocks());
+  EXPECT_EQ(disk_->most_keys_per_get, 4u);
+  const auto st = chain_->stats();
+  EXPECT_EQ(st[0].hit_blocks, 40u);
+  EXPECT_EQ(st[0].miss_blocks, 0u);
+  EXPECT_EQ(st[0].fetches, 1u) << "one fetch, however many turns";
+  EXPECT_EQ(st[1].fetches, 0u) << "the next store is not asked: the first held them all";
+  EXPECT_EQ(st[0].fetched_bytes, 40 * c.Record(0).size()) << "each record read once";
+  // A finished fetch's TakeReady is its result, then it is forgotten.
+  const uint64_t small = chain_->StartFetch(Chain(2).Request(0));
+  (void)Wait(small);
+  (void)chain_->TakeReady(small, &finished);
+  EXPECT_TRUE(finished);
+}
+
+TEST_F(StoreChainTest, AFetchThatStopsInOneStoreGoesOnInTheNextAcrossChunks) {
+  const Chain c(10);
+  Start(uint64_t{1} << 30, 0, /*fetch_chunk_bytes=*/3 * c.Record(0).size());
+  for (size_t i = 0; i < 7; ++i) disk_->values[c.Key(i)] = c.Record(i);
+  for (size_t i = 0; i < 10; ++i) remote_->values[c.Key(i)] = c.Record(i);
+  const FetchResult r = Fetch(c.Request(0));
+  ASSERT_EQ(r.blocks(), 10u);
+  EXPECT_EQ(r.store, (std::vector<uint8_t>{0, 0, 0, 0, 0, 0, 0, 1, 1, 1}));
+  ExpectPayloads(r, c, 0);
+  const auto st = chain_->stats();
+  EXPECT_EQ(st[0].hit_blocks, 7u);
+  EXPECT_EQ(st[0].miss_blocks, 3u);
+  EXPECT_EQ(st[1].hit_blocks, 3u);
+  EXPECT_EQ(st[1].miss_blocks, 0u);
+}
+
+// One I/O thread served fetches whole, in order: a tenant's short fetch queued
+// behind another tenant's long one waited for all of it. Now the tenants take
+// turns a chunk each.
+TEST_F(StoreChainTest, AShortFetchQueuedBehindAnotherTenantsLongOneCompletesFirst) {
+  const Chain long_chain(40, 1, "a"), short_chain(2, 2, "b");
+  Start(uint64_t{1} << 30, 0, /*fetch_chunk_bytes=*/4 * long_chain.Record(0).size());
+  for (size_t i = 0; i < 40; ++i) disk_->values[long_chain.Key(i)] = long_chain.Record(i);
+  for (size_t i = 0; i < 2; ++i) disk_->values[short_chain.Key(i)] = short_chain.Record(i);
+  disk_->get_delay = 10ms;
+  const uint64_t long_id = chain_->StartFetch(long_chain.Request(0));
+  const FetchResult short_result = Fetch(short_chain.Request(0));
+  EXPECT_EQ(short_result.blocks(), 2u);
+  // Turn order, not timing: the long fetch had at most two turns of its ten.
+  EXPECT_FALSE(chain_->TakeFetch(long_id).has_value()) << "the long fetch is still under way";
+  EXPECT_LE(chain_->stats()[0].hit_blocks, 2u + 8u);
+  EXPECT_EQ(Wait(long_id).blocks(), 40u);
+}
+
+TEST_F(StoreChainTest, ACancelledFetchUnderWayStopsAtItsNextTurn) {
+  const Chain c(40);
+  Start(uint64_t{1} << 30, 0, /*fetch_chunk_bytes=*/4 * c.Record(0).size());
+  for (size_t i = 0; i < 40; ++i) disk_->values[c.Key(i)] = c.Record(i);
+  disk_->get_delay = 5ms;
+  const uint64_t id = chain_->StartFetch(c.Request(0));
+  for (int i = 0; i < 1000 && chain_->stats()[0].hit_blocks == 0; ++i) std::this_thread::sleep_for(1ms);
+  chain_->CancelFetch(id);
+  const Chain later(2, 3);
+  {
+    std::lock_guard<std::mutex> l(disk_->mu);  // The I/O thread may be in a Get.
+    for (size_t i = 0; i < 2; ++i) disk_->values[later.Key(i)] = later.Record(i);
+  }
+  EXPECT_EQ(Fetch(later.Request(0)).blocks(), 2u) << "a later fetch completes";
+  EXPECT_LT(chain_->stats()[0].hit_blocks, 40u + 2u) << "the cancelled one read no further";
+  bool finished = false;
+  EXPECT_EQ(chain_->TakeReady(id, &finished).blocks(), 0u);
+  EXPECT_TRUE(finished);
+  EXPECT_FALSE(chain_->TakeFetch(id).has_value());
 }
 
 TEST_F(StoreChainTest, ALocateSaysWhichStoreAFetchWouldReadEachBlockFromAndReadsNone) {

@@ -9,7 +9,6 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace kvtier::stores {
 namespace {
@@ -39,9 +38,36 @@ struct StoreChain::Impl {
     Counters counters;
     std::deque<Queued> queue;  // Guarded by mu.
   };
+  // A fetch under way. The I/O thread works on it without holding mu, so its
+  // progress fields are that thread's alone; what the engine thread reads
+  // (ready, cancelled) is guarded by mu.
   struct Fetch {
-    uint64_t id;
+    uint64_t id = 0;
     FetchRequest request;
+    Clock::time_point started;
+    // The I/O thread's alone.
+    std::vector<std::string> names;  // Each key's name in the stores.
+    size_t chunk_blocks = 1;         // Records asked per turn.
+    size_t si = 0;                   // The store asked now.
+    bool in_store = false;           // Store si was asked for this fetch already.
+    size_t store_from = 0;           // `have` when store si was first asked.
+    size_t store_served = 0;         // Of those, what store si served.
+    size_t have = 0;                 // Blocks verified so far, from the first.
+    // Guarded by mu.
+    FetchResult ready;  // Verified records not taken yet (payloads unset), and the first error.
+    bool cancelled = false;
+  };
+  // What one turn of a fetch brought.
+  struct Turn {
+    std::vector<StoreValue> records;
+    std::vector<uint8_t> store;
+    Status status;
+    bool finished = false;
+  };
+  // The fetches of one key namespace (tenant), in turn order.
+  struct Lane {
+    Namespace ns;
+    std::deque<uint64_t> ids;
   };
 
   StoreChainOptions options;
@@ -54,8 +80,10 @@ struct StoreChain::Impl {
   std::optional<Clock::time_point> wait_for_room_until;
   bool stopping = false;
   std::chrono::milliseconds drain{2000};
-  std::deque<Fetch> fetches;                       // Waiting, oldest first.
-  std::unordered_set<uint64_t> cancelled;          // Of those waiting or running.
+  std::unordered_map<uint64_t, std::unique_ptr<Fetch>> running;  // Under way (queued or in a turn).
+  // Whose turn is next: the front lane's front fetch. A lane with fetches
+  // left goes to the back after its turn, and so does the fetch in its lane.
+  std::deque<Lane> lanes;
   std::unordered_map<uint64_t, FetchResult> done;  // Completed, not taken yet.
   uint64_t next_fetch = 1;
   std::atomic<uint64_t> queued_total{0};
@@ -77,8 +105,13 @@ struct StoreChain::Impl {
   void ReportEvicted();
 
   void Run();
-  FetchResult DoFetch(const FetchRequest& r);
-  FetchResult DoLocate(const FetchRequest& r);
+  // Queues fetch `id` for a turn in its namespace's lane. REQUIRES: mu held.
+  void Enqueue(const Namespace& ns, uint64_t id);
+  // One turn of fetch `f`: one chunk from one store (a whole locate).
+  Turn FetchTurn(Fetch& f);
+  Turn LocateTurn(Fetch& f);
+  // Moves f's ready records into a result with payloads pointing into them. REQUIRES: mu held.
+  FetchResult TakeReadyOf(Fetch& f);
   std::vector<std::string> StoreKeys(const FetchRequest& r) const;
   // Writes one batch of some store's queue; false if every queue was empty.
   bool PutOneBatch(std::unique_lock<std::mutex>& lock);
@@ -200,14 +233,30 @@ void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId>
 
 uint64_t StoreChain::StartFetch(FetchRequest request) {
   Impl& m = *impl_;
+  auto f = std::make_unique<Impl::Fetch>();
+  f->started = Clock::now();
+  const Namespace ns = request.key_ns;
+  f->request = std::move(request);
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(m.mu);
     id = m.next_fetch++;
-    m.fetches.push_back(Impl::Fetch{id, std::move(request)});
+    f->id = id;
+    m.running.emplace(id, std::move(f));
+    m.Enqueue(ns, id);
   }
   m.wake.notify_one();
   return id;
+}
+
+void StoreChain::Impl::Enqueue(const Namespace& ns, uint64_t id) {
+  for (Lane& l : lanes) {
+    if (l.ns == ns) {
+      l.ids.push_back(id);
+      return;
+    }
+  }
+  lanes.push_back(Lane{ns, {id}});
 }
 
 std::optional<FetchResult> StoreChain::TakeFetch(uint64_t id) {
@@ -219,9 +268,41 @@ std::optional<FetchResult> StoreChain::TakeFetch(uint64_t id) {
   return r;
 }
 
+FetchResult StoreChain::TakeReady(uint64_t id, bool* finished) {
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (auto it = m.done.find(id); it != m.done.end()) {
+    FetchResult r = std::move(it->second);
+    m.done.erase(it);
+    *finished = true;
+    return r;
+  }
+  auto it = m.running.find(id);
+  *finished = it == m.running.end() || it->second->cancelled;
+  if (*finished) return FetchResult{};
+  FetchResult r = m.TakeReadyOf(*it->second);
+  r.status = Status::Ok();  // Said when it is finished.
+  return r;
+}
+
+FetchResult StoreChain::Impl::TakeReadyOf(Fetch& f) {
+  FetchResult r = std::move(f.ready);
+  f.ready = FetchResult{};
+  f.ready.status = r.status;
+  // Payloads point into the records, whose buffers no longer move.
+  const size_t at = kRecordHeaderBytes + f.request.block_tokens * sizeof(TokenId);
+  for (const StoreValue& rec : r.records) {
+    r.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, rec.size() - at);
+  }
+  r.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - f.started);
+  return r;
+}
+
 void StoreChain::CancelFetch(uint64_t id) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->done.erase(id) == 0) impl_->cancelled.insert(id);
+  if (impl_->done.erase(id) != 0) return;
+  // Forgotten at its next turn (or as its turn ends).
+  if (auto it = impl_->running.find(id); it != impl_->running.end()) it->second->cancelled = true;
 }
 
 std::vector<StoreStats> StoreChain::stats() const {
@@ -256,22 +337,42 @@ void StoreChain::Impl::Run() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     wake.wait(lock, [&] {
-      if (stopping || !fetches.empty()) return true;
+      if (stopping || !lanes.empty()) return true;
       for (const auto& s : members) {
         if (!s->queue.empty()) return true;
       }
       return false;
     });
     if (stopping) break;
-    if (!fetches.empty()) {
-      Fetch f = std::move(fetches.front());
-      fetches.pop_front();
-      if (cancelled.erase(f.id) != 0) continue;
+    if (!lanes.empty()) {
+      Lane lane = std::move(lanes.front());
+      lanes.pop_front();
+      const uint64_t id = lane.ids.front();
+      lane.ids.pop_front();
+      const Namespace ns = lane.ns;
+      if (!lane.ids.empty()) lanes.push_back(std::move(lane));
+      Fetch& f = *running.at(id);
+      if (f.cancelled) {
+        running.erase(id);
+        continue;
+      }
       lock.unlock();
-      FetchResult result = f.request.locate ? DoLocate(f.request) : DoFetch(f.request);
+      Turn turn = f.request.locate ? LocateTurn(f) : FetchTurn(f);
       lock.lock();
-      if (cancelled.erase(f.id) != 0) continue;
-      done.emplace(f.id, std::move(result));
+      if (f.cancelled) {
+        running.erase(id);
+        continue;
+      }
+      for (StoreValue& v : turn.records) f.ready.records.push_back(std::move(v));
+      f.ready.store.insert(f.ready.store.end(), turn.store.begin(), turn.store.end());
+      if (f.ready.status.ok()) f.ready.status = turn.status;
+      if (!turn.finished) {
+        Enqueue(ns, id);
+        continue;
+      }
+      FetchResult result = TakeReadyOf(f);
+      running.erase(id);
+      done.emplace(id, std::move(result));
       lock.unlock();
       if (notify) notify();
       lock.lock();
@@ -333,76 +434,84 @@ bool StoreChain::Impl::PutOneBatch(std::unique_lock<std::mutex>& lock) {
   return false;
 }
 
-FetchResult StoreChain::Impl::DoFetch(const FetchRequest& r) {
-  const auto started = Clock::now();
-  FetchResult out;
+StoreChain::Impl::Turn StoreChain::Impl::FetchTurn(Fetch& f) {
+  Turn out;
+  const FetchRequest& r = f.request;
   const size_t n = r.keys.size();
-  if (r.tokens.size() != n * r.block_tokens) {
-    out.status =
-        InvalidArgument("fetch: " + std::to_string(n) + " keys and " + std::to_string(r.tokens.size()) + " tokens");
+  if (f.names.empty()) {  // Its first turn.
+    if (r.tokens.size() != n * r.block_tokens) {
+      out.status =
+          InvalidArgument("fetch: " + std::to_string(n) + " keys and " + std::to_string(r.tokens.size()) + " tokens");
+      out.finished = true;
+      return out;
+    }
+    f.names = StoreKeys(r);
+    f.chunk_blocks =
+        std::max<uint64_t>(1, options.fetch_chunk_bytes / BlockRecordBytes(r.block_tokens, r.payload_bytes));
+  }
+  if (f.have >= n || f.si >= members.size()) {
+    out.finished = true;
     return out;
   }
-  const std::vector<std::string> names = StoreKeys(r);
-  size_t have = 0;  // Blocks verified so far, from the first.
-  for (size_t si = 0; si < members.size() && have < n; ++si) {
-    Member& s = *members[si];
-    Counters& c = s.counters;
-    const auto t = Clock::now();
-    const std::span<const std::string> want = std::span<const std::string>(names).subspan(have);
-    const size_t asked = want.size();
+  Member& s = *members[f.si];
+  Counters& c = s.counters;
+  if (!f.in_store) {
+    f.in_store = true;
+    f.store_from = f.have;
+    f.store_served = 0;
     c.fetches.fetch_add(1, std::memory_order_relaxed);
-    auto present = s.chained.store->Present(want);
-    size_t served = 0;
-    bool answered = present.ok();  // Present and Get both answered: what it did not serve, it lacks.
-    if (!present.ok()) {
+  }
+  const auto t = Clock::now();
+  const size_t asked = std::min(f.chunk_blocks, n - f.have);
+  const std::span<const std::string> want = std::span<const std::string>(f.names).subspan(f.have, asked);
+  auto present = s.chained.store->Present(want);
+  size_t served = 0;
+  bool answered = present.ok();  // Present and Get both answered: what it did not serve, it lacks.
+  if (!present.ok()) {
+    c.errors.fetch_add(1, std::memory_order_relaxed);
+    out.status = present.status();
+  } else if (*present > 0) {
+    auto values =
+        s.chained.store->Get(want.first(std::min(*present, asked)), BlockRecordBytes(r.block_tokens, r.payload_bytes));
+    if (!values.ok()) {
+      answered = false;
       c.errors.fetch_add(1, std::memory_order_relaxed);
-      if (out.status.ok()) out.status = present.status();
-    } else if (*present > 0) {
-      auto values = s.chained.store->Get(want.first(std::min(*present, asked)),
-                                         BlockRecordBytes(r.block_tokens, r.payload_bytes));
-      if (!values.ok()) {
-        answered = false;
-        c.errors.fetch_add(1, std::memory_order_relaxed);
-        if (out.status.ok()) out.status = values.status();
-      } else {
-        for (auto& v : *values) {
-          if (!v) break;
-          const size_t i = have + served;
-          RecordExpectation e;
-          e.profile_fingerprint = r.profile_fingerprint;
-          e.key_ns = r.key_ns;
-          e.key = r.keys[i];
-          e.parent = i == 0 ? r.parent : r.keys[i - 1];
-          e.tokens = std::span<const TokenId>(r.tokens).subspan(i * r.block_tokens, r.block_tokens);
-          e.payload_bytes = r.payload_bytes;
-          const RecordCheck check = VerifyBlockRecord(v->view(), e);
-          if (!check.ok()) {
-            (check.fault == RecordFault::kCorrupt ? c.corrupt : c.foreign).fetch_add(1, std::memory_order_relaxed);
-            break;
-          }
-          c.fetched_bytes.fetch_add(v->size(), std::memory_order_relaxed);
-          out.records.push_back(std::move(*v));
-          out.store.push_back(static_cast<uint8_t>(si));
-          ++served;
+      out.status = values.status();
+    } else {
+      for (auto& v : *values) {
+        if (!v) break;
+        const size_t i = f.have + served;
+        RecordExpectation e;
+        e.profile_fingerprint = r.profile_fingerprint;
+        e.key_ns = r.key_ns;
+        e.key = r.keys[i];
+        e.parent = i == 0 ? r.parent : r.keys[i - 1];
+        e.tokens = std::span<const TokenId>(r.tokens).subspan(i * r.block_tokens, r.block_tokens);
+        e.payload_bytes = r.payload_bytes;
+        const RecordCheck check = VerifyBlockRecord(v->view(), e);
+        if (!check.ok()) {
+          (check.fault == RecordFault::kCorrupt ? c.corrupt : c.foreign).fetch_add(1, std::memory_order_relaxed);
+          break;
         }
+        c.fetched_bytes.fetch_add(v->size(), std::memory_order_relaxed);
+        out.records.push_back(std::move(*v));
+        out.store.push_back(static_cast<uint8_t>(f.si));
+        ++served;
       }
     }
-    c.hit_blocks.fetch_add(served, std::memory_order_relaxed);
-    c.miss_blocks.fetch_add(asked - served, std::memory_order_relaxed);
-    c.fetch_us.fetch_add(MicrosSince(t), std::memory_order_relaxed);
-    if (collecting()) {
-      ReportEvicted();
-      if (answered) ReportGone(si, std::span<const BlockKey>(r.keys).subspan(have), served);
-    }
-    have += served;
   }
-  // Payloads point into the records, whose buffers no longer move.
-  for (size_t i = 0; i < out.records.size(); ++i) {
-    const StoreValue& rec = out.records[i];
-    const size_t at = kRecordHeaderBytes + r.block_tokens * sizeof(TokenId);
-    out.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, rec.size() - at);
-  }
-  out.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  c.hit_blocks.fetch_add(served, std::memory_order_relaxed);
+  c.fetch_us.fetch_add(MicrosSince(t), std::memory_order_relaxed);
+  f.have += served;
+  f.store_served += served;
+  if (collecting()) ReportEvicted();
+  if (served == asked && f.have < n) return out;  // This store goes on at the fetch's next turn.
+  // Done with this store: it lacks block `have` (or served them all); the next store continues from there.
+  c.miss_blocks.fetch_add(n - f.store_from - f.store_served, std::memory_order_relaxed);
+  if (collecting() && answered) ReportGone(f.si, std::span<const BlockKey>(r.keys).subspan(f.store_from), f.store_served);
+  ++f.si;
+  f.in_store = false;
+  out.finished = f.have >= n || f.si >= members.size();
   return out;
 }
 
@@ -413,9 +522,9 @@ std::vector<std::string> StoreChain::Impl::StoreKeys(const FetchRequest& r) cons
   return names;
 }
 
-FetchResult StoreChain::Impl::DoLocate(const FetchRequest& r) {
-  const auto started = Clock::now();
-  FetchResult out;
+StoreChain::Impl::Turn StoreChain::Impl::LocateTurn(Fetch& f) {
+  Turn out;
+  const FetchRequest& r = f.request;
   const std::vector<std::string> names = StoreKeys(r);
   size_t have = 0;  // Blocks placed so far, from the first: each store continues where the last stopped, as a fetch.
   for (size_t si = 0; si < members.size() && have < names.size(); ++si) {
@@ -430,7 +539,7 @@ FetchResult StoreChain::Impl::DoLocate(const FetchRequest& r) {
     out.store.insert(out.store.end(), held, static_cast<uint8_t>(si));
     have += held;
   }
-  out.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  out.finished = true;
   return out;
 }
 

@@ -10,12 +10,18 @@
 // dropped and counted, never waited for.
 //
 // Reads: StartFetch queues a fetch of the blocks after a cached prefix; the I/O
-// thread asks the stores in order for the longest continuation (one batched
-// Present and one batched Get per store), verifies every record
-// (VerifyBlockRecord) and stops at the first block no store holds intact. A
-// record that fails is a miss, counted as corrupt or foreign, never returned.
-// Fetches go before queued writes. When one completes, `notify` is called (on
-// the I/O thread); the engine thread then collects it with TakeFetch.
+// thread asks the stores in order for the longest continuation, verifies every
+// record (VerifyBlockRecord) and stops at the first block no store holds
+// intact. A record that fails is a miss, counted as corrupt or foreign, never
+// returned. A fetch proceeds in chunks (a Present and a Get of at most
+// fetch_chunk_bytes of records), and the I/O thread takes the fetches under
+// way in turns, one chunk each: round-robin over the key namespaces asking
+// (tenants), then over each namespace's fetches. So a short fetch waits about
+// one chunk per other tenant fetching, never for another tenant's whole
+// fetch, and the verified prefix grows chunk by chunk: TakeReady moves it out
+// while the fetch goes on. Fetches go before queued writes. When one
+// completes, `notify` is called (on the I/O thread); the engine thread then
+// collects it with TakeFetch.
 //
 // Block events (StoreChainOptions::max_events > 0): the I/O thread notes each
 // record a store wrote (of the blocks offered with `reported`), each block a
@@ -24,7 +30,7 @@
 // the order it learnt them, into a list of at most max_events (past it an
 // event is dropped and counted, never waited for). TakeEvents empties it.
 //
-// Thread-safety: Offer, StartFetch, TakeFetch, CancelFetch and TakeEvents are
+// Thread-safety: Offer, StartFetch, TakeFetch, TakeReady, CancelFetch and TakeEvents are
 // called from one thread (the engine's); stats() and dropped_events() from any.
 #pragma once
 
@@ -56,6 +62,11 @@ struct StoreChainOptions {
   uint64_t max_queued_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most.
   uint32_t max_put_batch = 16;                      // Records per Put call.
   size_t max_events = 0;                            // StoreEvents kept until taken; 0: none are collected.
+  // Records one fetch asks a store for per turn (at least one record): what
+  // another tenant's fetch waits for at most per fetching tenant, and how
+  // finely a fetch's ready prefix grows. 4 MiB is a few milliseconds of a
+  // local Redis or disk, while one round trip per chunk stays a few percent.
+  uint64_t fetch_chunk_bytes = uint64_t{4} << 20;
 };
 
 // What the I/O thread learnt about one block in one store.
@@ -138,7 +149,15 @@ class StoreChain {
   // Queues a fetch; returns its id.
   uint64_t StartFetch(FetchRequest request);
   // The result of fetch `id` once it completed (then forgotten), else nullopt.
+  // After a TakeReady, only the blocks after those it returned.
   std::optional<FetchResult> TakeFetch(uint64_t id);
+  // The verified records of fetch `id` ready now (the first blocks not taken
+  // yet, in order), moved out while the fetch goes on for the rest: its later
+  // TakeReady or TakeFetch returns the blocks after these. `*finished` says
+  // whether the fetch is over (it completed, and this is the rest of it; or
+  // the id is unknown): then it is forgotten, as by TakeFetch. Its status is
+  // set only when finished.
+  FetchResult TakeReady(uint64_t id, bool* finished);
   // The caller no longer wants fetch `id`: its result is discarded.
   void CancelFetch(uint64_t id);
 
