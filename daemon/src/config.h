@@ -89,6 +89,9 @@ struct StoresConfig {
   // One Acquire fetches at most this many bytes of blocks (whole blocks, at
   // least one): what a fetch holds in memory before the host tier takes it.
   uint64_t max_fetch_bytes = uint64_t{256} << 20;
+  // The secret records are signed with and checked against (record_key_file.h);
+  // empty: records are unsigned, and a writer to a store can forge them.
+  std::string record_key_file;
   friend bool operator==(const StoresConfig&, const StoresConfig&) = default;
 };
 

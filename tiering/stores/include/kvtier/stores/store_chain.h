@@ -13,7 +13,9 @@
 // thread asks the stores in order for the longest continuation (one batched
 // Present and one batched Get per store), verifies every record
 // (VerifyBlockRecord) and stops at the first block no store holds intact. A
-// record that fails is a miss, counted as corrupt or foreign, never returned.
+// record that fails is a miss, counted as corrupt, foreign or forged, never
+// returned. With options.record_key the I/O thread signs each record just
+// before its Put, so the engine thread never pays for the MAC.
 // Fetches go before queued writes. When one completes, `notify` is called (on
 // the I/O thread); the engine thread then collects it with TakeFetch.
 //
@@ -56,6 +58,9 @@ struct StoreChainOptions {
   uint64_t max_queued_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most.
   uint32_t max_put_batch = 16;                      // Records per Put call.
   size_t max_events = 0;                            // StoreEvents kept until taken; 0: none are collected.
+  // Records are signed with it (on the I/O thread, before each Put) and a
+  // fetched record must verify under it; nullptr: unsigned records (block_record.h).
+  std::shared_ptr<const RecordKey> record_key;
 };
 
 // What the I/O thread learnt about one block in one store.
@@ -113,7 +118,8 @@ struct StoreStats {
   uint64_t put_dropped = 0;            // Offers not queued: past max_queued_bytes.
   uint64_t errors = 0;                 // Calls that failed (unreachable, timed out, refused).
   uint64_t corrupt = 0;                // Records that failed their checksums or format.
-  uint64_t foreign = 0;                // Records of another block, tenant, model or profile.
+  uint64_t foreign = 0;                // Records of another block, tenant, model or profile (or record key).
+  uint64_t forged = 0;                 // Records unsigned or failing their MAC while a record key is set.
   uint64_t queued_bytes = 0;           // Waiting to be written now.
   std::vector<StoreCounter> counters;  // The store's own.
 };
@@ -149,6 +155,8 @@ class StoreChain {
   uint64_t dropped_events() const;
 
   size_t size() const;
+  // The key records are signed with (options.record_key), or nullptr.
+  const RecordKey* record_key() const;
   // Every store's figures, in chain order. Thread-safe.
   std::vector<StoreStats> stats() const;
   // How long the destructor writes queued records for.
