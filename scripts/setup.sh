@@ -8,6 +8,8 @@ packages=(
   libxxhash-dev libyaml-cpp-dev libboost-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libsystemd-dev
   redis-server libhiredis-dev
+  # Store records' MAC (HMAC-SHA-256, stores.record_key_file).
+  libssl-dev
   # KV events: ZMQ sockets (cppzmq over libzmq) and msgpack batches.
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
   # The model worker: libtorch (CPU) and a fast BLAS for its matrix products

@@ -94,6 +94,9 @@ struct StoresConfig {
   // chunk each in turn (round-robin over tenants), and an Acquire past its
   // budget takes the prefix its fetch verified so far.
   uint64_t fetch_chunk_bytes = uint64_t{4} << 20;
+  // The secret records are signed with and checked against (record_key_file.h);
+  // empty: records are unsigned, and a writer to a store can forge them.
+  std::string record_key_file;
   friend bool operator==(const StoresConfig&, const StoresConfig&) = default;
 };
 

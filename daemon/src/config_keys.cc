@@ -81,6 +81,12 @@ std::string CheckMetricsListen(const DaemonConfig& c) {
 std::string CheckKeyPrefix(const DaemonConfig& c) {
   return c.stores.key_prefix.size() > 64 ? "must be at most 64 bytes" : "";
 }
+std::string CheckRecordKeyFile(const DaemonConfig& c) {
+  const std::string& p = c.stores.record_key_file;
+  if (p.empty()) return "";
+  if (p[0] != '/') return "must be an absolute path";
+  return HasControlCharacter(p) ? "must not hold control characters" : "";
+}
 std::string CheckEndpoint(const std::string& endpoint) {
   if (endpoint.empty()) return "";
   for (const char* scheme : {"tcp://", "ipc://"}) {
@@ -169,6 +175,9 @@ const std::vector<ConfigKey>& Table() {
                    "Bytes of blocks one Acquire fetches from the stores, at most"),
     Size<uint64_t>("stores", "fetch_chunk_bytes", KVTIER_MEMBER(stores.fetch_chunk_bytes), 1u << 12, kMaxByteSize,
                    kAtStart, "Bytes of records a fetch reads per turn of the store I/O thread (tenants take turns)"),
+    Text("stores", "record_key_file", KVTIER_MEMBER(stores.record_key_file), {}, kAtStart,
+         "File of the secret (32+ bytes, mode 0600) store records are signed with and checked against; "
+         "empty: unsigned records", &CheckRecordKeyFile),
 
     Flag("events", "enabled", KVTIER_MEMBER(events.enabled), kAtStart, "Publish KV events"),
     Text("events", "publish", KVTIER_MEMBER(events.publish), {}, kAtStart,

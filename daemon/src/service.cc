@@ -92,6 +92,9 @@ std::string Service::Describe() const {
       out += " " + s.description + (s.write_through ? " (write-through)," : " (write-back),");
     }
     out.pop_back();
+    const stores::RecordKey* key = stores_->record_key();
+    out += key != nullptr ? "; records signed with HMAC-SHA-256, key id " + key->IdHex() + " (stores.record_key_file)"
+                          : "; records unsigned (no stores.record_key_file): whoever writes to a store can forge them";
   }
   if (events_ != nullptr) {
     out += "; KV events on " + events_->publish_endpoint() + " (replays: " + events_->replay_endpoint() +

@@ -299,6 +299,8 @@ constexpr StatRow kStats[] = {
    {"reason", "corrupt"}, &Store<&stores::StoreStats::corrupt>},
   {"store.{store}.foreign_records", "kvtier_store_verify_failures_total", Type::kCounter, nullptr, S::kStore,
    {"reason", "foreign"}, &Store<&stores::StoreStats::foreign>},
+  {"store.{store}.forged_records", "kvtier_store_verify_failures_total", Type::kCounter, nullptr, S::kStore,
+   {"reason", "forged"}, &Store<&stores::StoreStats::forged>},
   {"store.{store}.fetched_bytes", "kvtier_store_bytes_total", Type::kCounter,
    "Bytes read from and written to a store, by direction", S::kStore, {"direction", "fetch"},
    &Store<&stores::StoreStats::fetched_bytes>},

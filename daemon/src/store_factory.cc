@@ -5,11 +5,19 @@
 #include <map>
 
 #include "kvtier/stores/block_store.h"
+#include "record_key_file.h"
 
 namespace kvtier::daemon {
 
 Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify,
                                                        size_t max_events) {
+  std::shared_ptr<const stores::RecordKey> record_key;
+  if (!config.record_key_file.empty()) {
+    // Read even without stores, so that a bad key file is found when it is configured, not when a store is.
+    auto k = ReadRecordKeyFile(config.record_key_file, "stores.record_key_file");
+    if (!k.ok()) return k.status();
+    record_key = std::make_shared<const stores::RecordKey>(std::move(k).value());
+  }
   if (config.tiers.empty()) return std::unique_ptr<stores::StoreChain>();
   std::vector<stores::ChainedStore> chain;
   for (size_t i = 0; i < config.tiers.size(); ++i) {
@@ -26,6 +34,7 @@ Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& confi
   o.max_queued_bytes = config.queue_bytes;
   o.max_events = max_events;
   o.fetch_chunk_bytes = config.fetch_chunk_bytes;
+  o.record_key = std::move(record_key);
   return std::make_unique<stores::StoreChain>(std::move(chain), o, std::move(notify));
 }
 

@@ -18,8 +18,11 @@ namespace kvtier::daemon {
 // TakeEvents (StoreChainOptions::max_events). A store
 // that cannot be opened (a disk directory that cannot be made, a password
 // file that cannot be read, a malformed node) fails the start with an error
-// naming its configuration key; a Redis server that is down is not an error
-// (the store answers as down and reconnects).
+// naming its configuration key, and so does a bad stores.record_key_file
+// (missing, short, readable by others); a Redis server that is down is not
+// an error (the store answers as down and reconnects), nor is a disk
+// directory that cannot be used yet (the store serves misses, counts errors
+// and retries it).
 Result<std::unique_ptr<stores::StoreChain>> OpenStores(const StoresConfig& config, std::function<void()> notify,
                                                        size_t max_events = 0);
 

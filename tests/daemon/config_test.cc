@@ -6,8 +6,14 @@
 #include <cstdio>
 #include <fstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "config.h"
 #include "config_keys.h"
+#include "store_factory.h"
 
 namespace kvtier::daemon {
 namespace {
@@ -159,6 +165,41 @@ TEST(ConfigTest, SessionsPerTenantIsDerivedWhenZero) {
   c.max_sessions_per_tenant = 0;
   c.max_sessions = 2;
   EXPECT_EQ(SessionsPerTenant(c), 1u) << "never 0 (which would mean none)";
+}
+
+// stores.record_key_file: the key is read when the stores open (kvtierd's
+// start); a file it cannot trust or use refuses the start, naming the key and
+// the file, and never shows a byte of what is in it.
+TEST(ConfigTest, ARecordKeyFileThatIsMissingShortOrReadableByOthersRefusesTheStart) {
+  const std::string dir = "/tmp/kvtier-record-key-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string good = dir + "/good", shortkey = dir + "/short", open = dir + "/open";
+  std::ofstream(good) << std::string(32, 's');
+  std::ofstream(shortkey) << std::string(31, 's');
+  std::ofstream(open) << std::string(32, 's');
+  ::chmod(good.c_str(), 0600);
+  ::chmod(shortkey.c_str(), 0600);
+  ::chmod(open.c_str(), 0644);
+  auto open_with = [&](const std::string& key_file) {
+    auto c = ParseConfig(std::string(kMinimal) + "stores:\n  record_key_file: " + key_file +
+                             "\n  tiers:\n    - kind: disk\n      path: " + dir + "/store\n      max_bytes: 1MiB\n",
+                         "test.yaml");
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    auto chain = OpenStores(c->stores, [] {});
+    return chain.ok() ? std::string() : chain.status().message();
+  };
+  EXPECT_EQ(open_with(good), "");
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/missing", "cannot be opened"}, {shortkey, "holds 31 bytes"}, {open, "has mode 0644"}, {dir, "not a regular file"}}) {
+    const std::string error = open_with(file);
+    EXPECT_NE(error.find("stores.record_key_file"), std::string::npos) << error;
+    EXPECT_NE(error.find(file), std::string::npos) << error;
+    EXPECT_NE(error.find(why), std::string::npos) << error;
+    EXPECT_EQ(error.find("ssss"), std::string::npos) << "no byte of the secret: " << error;
+  }
+  EXPECT_NE(ErrorOf(std::string(kMinimal) + "stores:\n  record_key_file: relative/key\n").find("absolute"),
+            std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ConfigTest, StoresBelowTheHostTierParseDumpAndNameTheirMistakes) {

@@ -4,11 +4,16 @@
 // are checked; corrupt and foreign records are misses, counted, never served.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -165,8 +170,8 @@ size_t VerifiedHitsOf(Client& c, const std::string& session, const std::vector<T
   return lease->size();
 }
 
-std::string DiskConfig(const std::string& dir, const char* write = "through") {
-  return std::string(kSmallDaemonConfig) + "stores:\n  tiers:\n    - kind: disk\n      path: " + dir +
+std::string DiskConfig(const std::string& dir, const char* write = "through", const std::string& stores_extra = "") {
+  return std::string(kSmallDaemonConfig) + "stores:\n" + stores_extra + "  tiers:\n    - kind: disk\n      path: " + dir +
          "\n      max_bytes: 64MiB\n      write: " + write + "\n";
 }
 
@@ -183,6 +188,46 @@ std::string FileOf(const std::string& dir, const BlockKey& key) {
   }
   return "";
 }
+
+// --- A forger: writes to the store, holds no record key -----------------------
+
+// `record` (a victim's record, as the store holds it) with its payload replaced
+// by the forger's bytes and both checksums made right again: every check but
+// the MAC passes (namespace, key, parent and tokens are the victim's own).
+// Offsets as block_record.h's; whatever follows the payload (a signed
+// record's key id and MAC) is left as it was.
+std::string Forge(std::string record) {
+  uint32_t tokens = 0;
+  uint64_t payload_bytes = 0;
+  std::memcpy(&tokens, record.data() + 12, 4);
+  std::memcpy(&payload_bytes, record.data() + 72, 8);
+  const size_t at = 96 + size_t{tokens} * 4;
+  EXPECT_GE(record.size(), at + payload_bytes);
+  std::memset(record.data() + at, 0x66, payload_bytes);
+  const uint64_t payload_sum = XXH3_64bits(record.data() + at, payload_bytes);
+  std::memcpy(record.data() + 80, &payload_sum, 8);
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  XXH3_64bits_update(&st, record.data(), 88);
+  XXH3_64bits_update(&st, record.data() + 96, size_t{tokens} * 4);
+  const uint64_t header_sum = XXH3_64bits_digest(&st);
+  std::memcpy(record.data() + 88, &header_sum, 8);
+  return record;
+}
+
+// A record key file of 32 random bytes, mode 0600, in `dir`.
+std::string WriteRecordKey(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/record.key";
+  std::string secret(32, '\0');
+  std::ifstream("/dev/urandom", std::ios::binary).read(secret.data(), 32);
+  std::ofstream(path, std::ios::binary) << secret;
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+// The stores: section's line naming the key file.
+std::string KeyLine(const std::string& key_file) { return "  record_key_file: " + key_file + "\n"; }
 
 class DiskTierTest : public ::testing::Test {
  protected:
@@ -292,12 +337,104 @@ TEST_F(DiskTierTest, BlocksPressureDropsFromTheHostTierAreWrittenBack) {
   EXPECT_EQ(PlaceName(info->tiers[11], stores), "nowhere");
 }
 
+// Before: records carried checksums only, and a forger who can write the
+// directory made one that every check passed: its bytes were served. With
+// stores.record_key_file, a record without a valid MAC is a miss (forged).
+TEST_F(DiskTierTest, ARecordForgedInTheDirectoryWithoutTheKeyIsNeverServed) {
+  const std::string key_file = WriteRecordKey(dir_ + "-key");
+  Host h(DiskConfig(dir_, "through", KeyLine(key_file)));
+  h.Start();
+  const auto tokens = Tokens(14, 6);
+  const std::vector<BlockKey> keys = h.c().Keys(tokens);
+  h.PutAndDemote("chat", tokens);
+  ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 6));
+  h.Kill(SIGKILL);
+  // The forger rewrites block 2's file with bytes of its own.
+  const std::string file = FileOf(dir_, keys[2]);
+  ASSERT_FALSE(file.empty());
+  std::string record;
+  {
+    std::ifstream in(file, std::ios::binary);
+    record.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << Forge(record);
+
+  h.Start();
+  EXPECT_EQ(h.VerifiedHits("chat", tokens), 2u) << "blocks 0 and 1; the forged block 2 stops the prefix";
+  const auto st = h.Stats();
+  EXPECT_EQ(st.at("store.disk.forged_records"), 1);
+  EXPECT_EQ(st.at("store.disk.corrupt_records") + st.at("store.disk.foreign_records"), 0);
+  std::filesystem::remove_all(dir_ + "-key");
+}
+
+// Before: a deleted store directory failed every write until kvtierd restarted,
+// even once it was there again.
+TEST_F(DiskTierTest, ADeletedDirectoryIsMadeAgainAndWritesLandThere) {
+  Host h(DiskConfig(dir_));
+  h.Start();
+  h.PutAndDemote("a", Tokens(15, 4));
+  ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 4));
+  std::filesystem::remove_all(dir_);
+  h.PutAndDemote("b", Tokens(16, 4));
+  ASSERT_TRUE(h.WaitForStat("store.disk.errors", 1)) << "writes into the deleted directory fail, counted";
+  // kvtierd makes the directory again (its parent is there) within a second or so.
+  const auto until = Clock::now() + 10s;
+  uint32_t seed = 100;
+  std::vector<TokenId> landed;
+  while (Clock::now() < until) {
+    const double before = h.Stats()["store.disk.put_blocks"];
+    landed = Tokens(seed++, 4);
+    h.PutAndDemote("c" + std::to_string(seed), landed);
+    if (h.WaitForStat("store.disk.put_blocks", before + 4, 500ms)) break;
+    landed.clear();
+  }
+  ASSERT_FALSE(landed.empty()) << "no write landed after the directory was deleted";
+  EXPECT_TRUE(std::filesystem::is_directory(dir_));
+  EXPECT_GE(h.Stats().at("store.disk.reopens"), 1);
+  h.Kill(SIGKILL);
+  h.Start();
+  EXPECT_EQ(h.VerifiedHits("again", landed), 4u) << "fetched back from the new directory";
+}
+
+// Before: a directory kvtierd could not use at start refused the start (a Redis
+// server that is down did not). A path under a regular file: mkdir fails with
+// ENOTDIR even for root, which mode bits would not stop.
+TEST_F(DiskTierTest, AnUnusableDirectoryAtStartIsAStoreThatIsDownUntilItCanBeUsed) {
+  const std::string parent = dir_, store_dir = dir_ + "/store";
+  std::ofstream(parent) << "a file where the parent directory should be";
+  Host h(DiskConfig(store_dir));
+  h.Start();
+  EXPECT_NE(h.daemon().log().find(store_dir), std::string::npos) << "the start log names the directory";
+  h.PutAndDemote("a", Tokens(17, 4));
+  ASSERT_TRUE(h.WaitForStat("store.disk.errors", 1));
+  EXPECT_EQ(h.Stats().at("store.disk.down"), 1);
+  EXPECT_EQ(h.Stats().at("store.disk.put_blocks"), 0);
+  std::filesystem::remove(parent);
+  std::filesystem::create_directory(parent);
+  const auto until = Clock::now() + 10s;
+  uint32_t seed = 200;
+  std::vector<TokenId> landed;
+  while (Clock::now() < until) {
+    const double before = h.Stats()["store.disk.put_blocks"];
+    landed = Tokens(seed++, 4);
+    h.PutAndDemote("c" + std::to_string(seed), landed);
+    if (h.WaitForStat("store.disk.put_blocks", before + 4, 500ms)) break;
+    landed.clear();
+  }
+  ASSERT_FALSE(landed.empty()) << "the store never came up";
+  EXPECT_EQ(h.Stats().at("store.disk.down"), 0);
+  h.Kill(SIGKILL);
+  h.Start();
+  EXPECT_EQ(h.VerifiedHits("again", landed), 4u);
+}
+
 // --- The remote tier: two daemons ("hosts") sharing one Redis -----------------
 
-std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster, int fetch_budget_ms = 2000) {
+std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster, int fetch_budget_ms = 2000,
+                         const std::string& stores_extra = "") {
   std::string list;
   for (const auto& n : nodes) list += (list.empty() ? "" : ", ") + n;
-  return std::string(kSmallDaemonConfig) + "stores:\n  fetch_budget_ms: " + std::to_string(fetch_budget_ms) +
+  return std::string(kSmallDaemonConfig) + "stores:\n" + stores_extra + "  fetch_budget_ms: " + std::to_string(fetch_budget_ms) +
          "\n  tiers:\n    - kind: redis\n      nodes: [" + list +
          "]\n      cluster: " + (cluster ? "true" : "false") + "\n      timeout_ms: 300\n";
 }
@@ -363,6 +500,42 @@ TEST_F(RemoteTierTest, AValueCorruptedOrTakenFromAnotherBlockIsAMissNeverServed)
   const auto st = b.Stats();
   EXPECT_EQ(st.at("store.redis.foreign_records"), 1);
   EXPECT_EQ(st.at("store.redis.corrupt_records"), 1);
+}
+
+// Before: whoever could write to the shared Redis (another host's process)
+// wrote a record every check passed under a victim's key, and its bytes were
+// served to the victim. With stores.record_key_file on both hosts, the forged
+// block is a miss counted as forged, and the prefix stops before it.
+TEST_F(RemoteTierTest, ARecordForgedInRedisWithoutTheKeyIsNeverServed) {
+  const std::string key_dir = FreshDir("record-key");
+  const std::string key_file = WriteRecordKey(key_dir);
+  Host a(RemoteConfig({redis_->address()}, false, 2000, KeyLine(key_file)));
+  Host b(RemoteConfig({redis_->address()}, false, 2000, KeyLine(key_file)));
+  a.Start();
+  b.Start();
+  const auto tokens = Tokens(18, 6);
+  const std::vector<BlockKey> keys = a.c().Keys(tokens);
+  a.PutAndDemote("chat", tokens, /*demote=*/false);
+  ASSERT_TRUE(a.WaitForStat("store.redis.put_blocks", 6));
+  // The forger: a plain Redis client, binary-safe, without the key.
+  redisContext* r = redisConnect("127.0.0.1", redis_->port());
+  ASSERT_TRUE(r != nullptr && r->err == 0);
+  const std::string name = RedisKey(keys[3]);
+  auto* got = static_cast<redisReply*>(redisCommand(r, "GET %b", name.data(), name.size()));
+  ASSERT_TRUE(got != nullptr && got->type == REDIS_REPLY_STRING);
+  const std::string forged = Forge(std::string(got->str, got->len));
+  freeReplyObject(got);
+  auto* set = static_cast<redisReply*>(
+      redisCommand(r, "SET %b %b", name.data(), name.size(), forged.data(), forged.size()));
+  ASSERT_TRUE(set != nullptr && set->type == REDIS_REPLY_STATUS);
+  freeReplyObject(set);
+  redisFree(r);
+
+  EXPECT_EQ(b.VerifiedHits("chat", tokens), 3u) << "blocks 0-2; not one byte of the forged block 3";
+  const auto st = b.Stats();
+  EXPECT_EQ(st.at("store.redis.forged_records"), 1);
+  EXPECT_EQ(st.at("store.redis.corrupt_records") + st.at("store.redis.foreign_records"), 0);
+  std::filesystem::remove_all(key_dir);
 }
 
 // A fetch that overran stores.fetch_budget_ms was thrown away, and the next

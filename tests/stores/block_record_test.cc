@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,23 @@ struct Block {
     key = ChainKey(parent, ns, tokens);
   }
   std::string Encode() const { return EncodeBlockRecord({kFingerprint, key, parent, ns}, tokens, payload); }
+  std::string Encode(const RecordKey& k, bool sign = true) const {
+    return EncodeBlockRecord({kFingerprint, key, parent, ns}, tokens, payload, k, sign);
+  }
   RecordExpectation Want() const { return {kFingerprint, ns, key, parent, tokens, payload.size()}; }
+  RecordExpectation Want(const RecordKey& k) const {
+    RecordExpectation w = Want();
+    w.record_key = &k;
+    return w;
+  }
 };
+
+RecordKey KeyOf(char fill) { return RecordKey::FromSecret(std::string(32, fill)).value(); }
+
+// Overwrites a signed record's key id (what a forger copies from the victim's records).
+void SetKeyId(std::string& rec, uint64_t id) {
+  std::memcpy(rec.data() + rec.size() - kRecordTrailerBytes, &id, sizeof id);
+}
 
 TEST(BlockRecordTest, ARecordRoundTripsAndItsPayloadIsTheBytesWritten) {
   const Block b;
@@ -94,6 +110,94 @@ TEST(BlockRecordTest, OtherProfilesParentsTokensAndSizesAreForeign) {
   w = b.Want();
   w.payload_bytes = 999;
   EXPECT_EQ(VerifyBlockRecord(rec, w).fault, RecordFault::kForeign);
+}
+
+// --- Signed records (stores.record_key_file) ---
+
+TEST(BlockRecordTest, ASignedRecordRoundTripsUnderItsKey) {
+  const Block b;
+  const RecordKey key = KeyOf('k');
+  const std::string rec = b.Encode(key);
+  EXPECT_EQ(rec.size(), BlockRecordBytes(b.tokens.size(), b.payload.size(), /*signed_record=*/true));
+  const RecordCheck check = VerifyBlockRecord(rec, b.Want(key));
+  ASSERT_TRUE(check.ok()) << check.reason;
+  ASSERT_EQ(check.payload.size(), b.payload.size());
+  EXPECT_TRUE(std::equal(check.payload.begin(), check.payload.end(), b.payload.begin()));
+  // Signed later (as the store chain's I/O thread does), it is the same record.
+  std::string later = b.Encode(key, /*sign=*/false);
+  EXPECT_NE(later, rec);
+  ASSERT_TRUE(SignBlockRecord(key, &later));
+  EXPECT_EQ(later, rec);
+  // A reader without a key reads it as it reads unsigned ones.
+  EXPECT_TRUE(VerifyBlockRecord(rec, b.Want()).ok());
+}
+
+TEST(BlockRecordTest, ARecordForgedWithoutTheKeyIsRefusedAsForged) {
+  // The forger knows everything in the victim's records (namespace, key,
+  // parent, tokens, key id) and writes its own payload in a well-formed
+  // record, both checksums right: only the MAC is out of its reach.
+  const RecordKey key = KeyOf('k');
+  Block forged;
+  for (auto& byte : forged.payload) byte = std::byte{0x66};
+  // Signed under a key of its own, relabelled with the victim's key id.
+  std::string rec = forged.Encode(KeyOf('f'));
+  SetKeyId(rec, key.id());
+  RecordCheck c = VerifyBlockRecord(rec, forged.Want(key));
+  EXPECT_EQ(c.fault, RecordFault::kForged) << c.reason;
+  EXPECT_TRUE(c.payload.empty());
+  // No MAC at all (left zero).
+  rec = forged.Encode(KeyOf('f'), /*sign=*/false);
+  SetKeyId(rec, key.id());
+  EXPECT_EQ(VerifyBlockRecord(rec, forged.Want(key)).fault, RecordFault::kForged);
+  // An unsigned (version 1) record.
+  c = VerifyBlockRecord(forged.Encode(), forged.Want(key));
+  EXPECT_EQ(c.fault, RecordFault::kForged) << c.reason;
+}
+
+TEST(BlockRecordTest, ARecordSignedUnderAnotherKeyIsRefused) {
+  const Block b;
+  const RecordKey ours = KeyOf('k'), theirs = KeyOf('t');
+  EXPECT_NE(ours.id(), theirs.id());
+  const RecordCheck c = VerifyBlockRecord(b.Encode(theirs), b.Want(ours));
+  EXPECT_EQ(c.fault, RecordFault::kForeign) << "another deployment's key, told by its key id: " << c.reason;
+  EXPECT_NE(c.reason.find(theirs.IdHex()), std::string::npos) << c.reason;
+}
+
+TEST(BlockRecordTest, AnUnsignedRecordIsReadWithoutAKeyAndRefusedWithOne) {
+  // Version 1: what kvtierd wrote before records were signed, and writes without a key.
+  const Block b;
+  const std::string v1 = b.Encode();
+  uint32_t version = 0;
+  std::memcpy(&version, v1.data() + 8, sizeof version);
+  EXPECT_EQ(version, kUnsignedRecordVersion);
+  EXPECT_TRUE(VerifyBlockRecord(v1, b.Want()).ok()) << "an upgrade without a key loses nothing";
+  const RecordKey key = KeyOf('k');
+  EXPECT_EQ(VerifyBlockRecord(v1, b.Want(key)).fault, RecordFault::kForged);
+}
+
+TEST(BlockRecordTest, EveryFlippedByteOfASignedRecordIsRefused) {
+  // Header, tokens, payload, key id or MAC: each byte changed is caught; what
+  // the checksums cannot tell from damage in the MAC is forged.
+  const Block b;
+  const RecordKey key = KeyOf('k');
+  const std::string rec = b.Encode(key);
+  for (size_t i = 0; i < rec.size(); ++i) {
+    std::string bad = rec;
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    const RecordCheck c = VerifyBlockRecord(bad, b.Want(key));
+    EXPECT_FALSE(c.ok()) << "byte " << i;
+    if (i >= rec.size() - kRecordMacBytes) {
+      EXPECT_EQ(c.fault, RecordFault::kForged) << "MAC byte " << i;
+    }
+  }
+}
+
+TEST(BlockRecordTest, AKeyIsAtLeast32Bytes) {
+  EXPECT_FALSE(RecordKey::FromSecret(std::string(31, 'x')).ok());
+  EXPECT_FALSE(RecordKey::FromSecret("").ok());
+  EXPECT_TRUE(RecordKey::FromSecret(std::string(32, 'x')).ok());
+  EXPECT_EQ(KeyOf('a').id(), KeyOf('a').id());
+  EXPECT_EQ(KeyOf('a').IdHex().size(), 16u);
 }
 
 TEST(BlockRecordTest, StoreKeysNameProfileAndKey) {

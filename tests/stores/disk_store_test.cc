@@ -255,8 +255,91 @@ TEST_F(DiskStoreTest, CountersNameTheirGauges) {
   ASSERT_NE(store, nullptr);
   std::set<std::string> gauges, totals;
   for (const StoreCounter& c : store->Counters()) (c.gauge ? gauges : totals).insert(c.name);
-  EXPECT_EQ(gauges, (std::set<std::string>{"held_bytes", "files"}));
-  EXPECT_EQ(totals, (std::set<std::string>{"evicted_files", "evicted_bytes", "io_errors"}));
+  EXPECT_EQ(gauges, (std::set<std::string>{"held_bytes", "files", "down"}));
+  EXPECT_EQ(totals, (std::set<std::string>{"evicted_files", "evicted_bytes", "io_errors", "reopens"}));
+}
+
+// --- The directory going away ------------------------------------------------------
+
+// Before: a deleted directory failed every write until kvtierd restarted, even
+// once it was there again (the store wrote through a descriptor of the
+// deleted one).
+TEST_F(DiskStoreTest, ADeletedDirectoryIsMadeAgainAndUsedWithinASecond) {
+  const std::string d = dir_.path() + "/store";
+  auto store = OpenAt(d, kMiB);
+  ASSERT_NE(store, nullptr);
+  const Block a(1, 100), b(2, 100);
+  ASSERT_TRUE(store->Put(std::vector<StoreItem>{a.Item()}).ok());
+  fs::remove_all(d);
+  // Writes fail (counted) until the store looks at its directory again.
+  const Status failed = store->Put(std::vector<StoreItem>{b.Item()});
+  EXPECT_FALSE(failed.ok());
+  EXPECT_GE(CounterOf(*store, "io_errors"), 1u);
+  // Within a second or so, the store sees it gone, makes it again (mode 0700) and writes there.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!store->Put(std::vector<StoreItem>{b.Item()}).ok() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(fs::exists(d + "/" + b.Name())) << "written into the new directory";
+  EXPECT_EQ(fs::status(d).permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(CounterOf(*store, "reopens"), 1u);
+  EXPECT_FALSE(Holds(*store, a.Name())) << "the old directory's block went with it";
+  auto got = store->Get(std::vector<std::string>{b.Name()});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE((*got)[0].has_value());
+  EXPECT_EQ(*(*got)[0], b.Item().value);
+}
+
+// Replaced by an admin (another directory now under the path, with blocks of
+// its own): the store indexes what is in the new one.
+TEST_F(DiskStoreTest, ADirectoryReplacedUnderTheStoreIsReindexed) {
+  const std::string d = dir_.path() + "/store", spare = dir_.path() + "/spare";
+  const Block a(1, 100), b(2, 100);
+  {
+    auto other = OpenAt(spare, kMiB);
+    ASSERT_NE(other, nullptr);
+    ASSERT_TRUE(other->Put(std::vector<StoreItem>{b.Item()}).ok());
+  }
+  auto store = OpenAt(d, kMiB);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Put(std::vector<StoreItem>{a.Item()}).ok());
+  fs::remove_all(d);
+  fs::rename(spare, d);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!Holds(*store, b.Name()) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(Holds(*store, b.Name())) << "the new directory's block is indexed";
+  EXPECT_FALSE(Holds(*store, a.Name()));
+}
+
+// Before: a directory that could not be used at Open refused kvtierd's start.
+// A path under a regular file fails for root too (ENOTDIR; mode bits would not).
+TEST_F(DiskStoreTest, WithWaitForDirAnUnusableDirectoryStartsDownAndComesUpWhenFixed) {
+  const std::string parent = dir_.path() + "/parent", d = parent + "/store";
+  std::ofstream(parent) << "a file where the parent directory should be";
+  DiskStoreOptions o{d, kMiB, true};
+  EXPECT_EQ(OpenDiskStore(o).status().code(), StatusCode::kUnavailable) << "without wait_for_dir: an error";
+  o.wait_for_dir = true;
+  auto opened = OpenDiskStore(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  BlockStore& store = **opened;
+  EXPECT_NE(DiskStoreDownReason(store).find(d), std::string::npos) << DiskStoreDownReason(store);
+  EXPECT_EQ(CounterOf(store, "down"), 1u);
+  const Block b(1, 100);
+  const Status put = store.Put(std::vector<StoreItem>{b.Item()});
+  EXPECT_EQ(put.code(), StatusCode::kUnavailable);
+  EXPECT_NE(put.message().find("down"), std::string::npos) << put.message();
+  EXPECT_FALSE(store.Present(std::vector<std::string>{b.Name()}).ok());
+  fs::remove(parent);
+  fs::create_directory(parent);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!store.Put(std::vector<StoreItem>{b.Item()}).ok() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(Holds(store, b.Name()));
+  EXPECT_EQ(CounterOf(store, "down"), 0u);
+  EXPECT_EQ(DiskStoreDownReason(store), "");
 }
 
 // --- Damage behind the store's back ----------------------------------------------

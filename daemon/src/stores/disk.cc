@@ -4,6 +4,7 @@
 #include "../config_section.h"
 
 #ifndef KVTIER_CONFIG_PARSER_ONLY
+#include "../log.h"
 #include "disk/disk_store.h"
 #endif
 
@@ -28,13 +29,24 @@ std::vector<std::pair<std::string, std::string>> Settings(const StoreOptions& op
 }
 
 #ifndef KVTIER_CONFIG_PARSER_ONLY
-Result<std::unique_ptr<stores::BlockStore>> Open(const StoreOptions& options, const std::string&) {
+Result<std::unique_ptr<stores::BlockStore>> Open(const StoreOptions& options, const std::string& key) {
   const auto& o = std::get<DiskTierOptions>(options);
   stores::DiskStoreOptions d;
   d.dir = o.path;
   d.max_bytes = o.max_bytes;
   d.direct_io = o.direct_io;
-  return stores::OpenDiskStore(d);
+  // A directory that cannot be used now is no reason to refuse to start, as a
+  // Redis server that is down is not: the store serves misses, counts its
+  // errors and comes up when the directory can be used (retried every second).
+  d.wait_for_dir = true;
+  auto store = stores::OpenDiskStore(d);
+  if (store.ok()) {
+    if (const std::string why = stores::DiskStoreDownReason(**store); !why.empty()) {
+      LogError(key + " (disk " + o.path + "): " + why +
+               "; the store serves misses until the directory can be used (retried every second)");
+    }
+  }
+  return store;
 }
 #else
 constexpr std::nullptr_t Open = nullptr;

@@ -78,6 +78,10 @@ class BlockFileIo {
   // REQUIRES: dir_fd is an open directory that outlives this object.
   BlockFileIo(int dir_fd, bool direct) : dir_fd_(dir_fd), direct_(direct) {}
 
+  // From now on files are in directory `dir_fd` (the store reopened its
+  // directory). REQUIRES: as the constructor's.
+  void Rebind(int dir_fd) { dir_fd_ = dir_fd; }
+
   // True while files are read and written with O_DIRECT.
   bool direct() const { return direct_.load(std::memory_order_relaxed); }
 

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <tuple>
 
 #include "disk/block_file_io.h"
@@ -44,17 +45,21 @@ std::string FormatBytes(uint64_t bytes) {
   return text;
 }
 
+using Clock = std::chrono::steady_clock;
+
 class DiskStore final : public BlockStore {
  public:
-  DiskStore(const DiskStoreOptions& options, UniqueFd dir_fd, UniqueFd lock_fd)
-      : options_(options),
-        dir_fd_(std::move(dir_fd)),
-        lock_fd_(std::move(lock_fd)),
-        io_(dir_fd_.get(), options.direct_io) {}
+  explicit DiskStore(const DiskStoreOptions& options) : options_(options), io_(-1, options.direct_io) {}
 
-  // Indexes the directory (removing temporary files), settles the I/O mode
-  // and trims what is found to the cap.
-  Status Load();
+  // Opens (creating it one level deep) and locks the directory, then indexes
+  // it. kFailedPrecondition when another store holds it, kUnavailable when it
+  // cannot be used; the store is down (its reason set) after either.
+  Status OpenDir();
+
+  std::string DownReason() const {
+    std::lock_guard<std::mutex> lock(down_mu_);
+    return down_;
+  }
 
   std::string_view kind() const override { return "disk"; }
   std::string Describe() const override;
@@ -66,6 +71,17 @@ class DiskStore final : public BlockStore {
   void OnEvicted(std::function<void(std::string_view key)> evicted) override { evicted_ = std::move(evicted); }
 
  private:
+  // Indexes the directory (removing temporary files), settles the I/O mode
+  // and trims what is found to the cap.
+  Status Load();
+  // Whether the directory can be used now: at most once a kDirRecheckInterval,
+  // checks that it is still the one open (else reopens it), or retries it while down.
+  bool Usable();
+  // The directory at options_.dir is still the one open, and still linked.
+  bool StillOurs() const;
+  // Down for `why`: the index and descriptors go.
+  void GoDown(std::string why);
+  Status Down() const { return Unavailable(Where() + "down: " + DownReason()); }
   Status PutOne(const StoreItem& item);
   // Evicts least recently used files until `bytes` more fit under the cap
   // with `name`'s present value replaced. REQUIRES: bytes <= max_bytes.
@@ -79,15 +95,98 @@ class DiskStore final : public BlockStore {
   std::string Where() const { return "disk " + options_.dir + ": "; }
 
   const DiskStoreOptions options_;
-  UniqueFd dir_fd_;
-  UniqueFd lock_fd_;  // flock()ed for the store's life.
+  UniqueFd dir_fd_;   // Empty while down.
+  UniqueFd lock_fd_;  // flock()ed while the directory is open.
+  dev_t dir_dev_ = 0;
+  ino_t dir_ino_ = 0;
+  Clock::time_point next_check_;  // Usable()'s next look at the directory.
+  mutable std::mutex down_mu_;
+  std::string down_;  // Why it is down; empty while up. Guarded by down_mu_.
   BlockFileIo io_;
   disk::FileIndex index_;
   uint64_t next_temp_ = 0;
   std::function<void(std::string_view key)> evicted_;  // OnEvicted's.
 
   std::atomic<uint64_t> held_bytes_{0}, files_{0}, evicted_files_{0}, evicted_bytes_{0}, io_errors_{0};
+  std::atomic<uint64_t> down_gauge_{0}, reopens_{0};
 };
+
+Status DiskStore::OpenDir() {
+  GoDown("not open yet");
+  const std::string& path = options_.dir;
+  Status st;
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    st = Unavailable("disk store: cannot create directory '" + path + "': " + ErrnoText(errno));
+  }
+  UniqueFd dir_fd;
+  if (st.ok()) {
+    dir_fd.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir_fd) st = Unavailable("disk store: cannot open directory '" + path + "': " + ErrnoText(errno));
+  }
+  UniqueFd lock_fd;
+  if (st.ok()) {
+    lock_fd.reset(::openat(dir_fd.get(), kLockFileName, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+    if (!lock_fd) st = Unavailable("disk store: cannot create a lock in '" + path + "': " + ErrnoText(errno));
+  }
+  if (st.ok() && ::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    st = errno == EWOULDBLOCK
+             ? FailedPrecondition("disk store: '" + path + "' is in use by another store (another kvtierd?)")
+             : Unavailable("disk store: cannot lock '" + path + "': " + ErrnoText(errno));
+  }
+  struct stat dst {};
+  if (st.ok() && ::fstat(dir_fd.get(), &dst) != 0) {
+    st = Unavailable("disk store: cannot examine '" + path + "': " + ErrnoText(errno));
+  }
+  if (st.ok()) {
+    dir_fd_ = std::move(dir_fd);
+    lock_fd_ = std::move(lock_fd);
+    dir_dev_ = dst.st_dev;
+    dir_ino_ = dst.st_ino;
+    io_.Rebind(dir_fd_.get());
+    st = Load();
+  }
+  if (!st.ok()) {
+    GoDown(st.message());
+    return st;
+  }
+  std::lock_guard<std::mutex> lock(down_mu_);
+  down_.clear();
+  down_gauge_.store(0, std::memory_order_relaxed);
+  return st;
+}
+
+void DiskStore::GoDown(std::string why) {
+  index_ = disk::FileIndex();
+  dir_fd_.reset();
+  lock_fd_.reset();
+  io_.Rebind(-1);
+  PublishGauges();
+  down_gauge_.store(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(down_mu_);
+  down_ = std::move(why);
+}
+
+bool DiskStore::StillOurs() const {
+  struct stat open_st {}, path_st {};
+  return ::fstat(dir_fd_.get(), &open_st) == 0 && open_st.st_nlink > 0 &&
+         ::stat(options_.dir.c_str(), &path_st) == 0 && path_st.st_dev == dir_dev_ && path_st.st_ino == dir_ino_;
+}
+
+bool DiskStore::Usable() {
+  const Clock::time_point now = Clock::now();
+  if (now < next_check_) return static_cast<bool>(dir_fd_);
+  next_check_ = now + kDirRecheckInterval;
+  if (dir_fd_ && StillOurs()) return true;
+  // Gone, replaced, or never usable: open the path afresh (a stat, an open and
+  // a listing of what is there; once a second at most).
+  const bool was_up = static_cast<bool>(dir_fd_);
+  if (OpenDir().ok()) {
+    reopens_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  if (was_up) io_errors_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
 
 Status DiskStore::Load() {
   struct Found {
@@ -135,10 +234,13 @@ Status DiskStore::Load() {
 std::string DiskStore::Describe() const {
   std::string mode = "O_DIRECT";
   if (!io_.direct()) mode = options_.direct_io ? "buffered: the file system refuses O_DIRECT" : "buffered";
-  return "disk " + options_.dir + " (" + FormatBytes(options_.max_bytes) + " cap, " + mode + ")";
+  std::string out = "disk " + options_.dir + " (" + FormatBytes(options_.max_bytes) + " cap, " + mode + ")";
+  if (const std::string why = DownReason(); !why.empty()) out += " [down: " + why + "]";
+  return out;
 }
 
 Result<size_t> DiskStore::Present(std::span<const std::string> keys) {
+  if (!Usable()) return Down();
   size_t n = 0;
   for (const std::string& key : keys) {
     const std::optional<std::string> name = disk::BlockFileName(key);
@@ -150,6 +252,7 @@ Result<size_t> DiskStore::Present(std::span<const std::string> keys) {
 
 Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const std::string> keys,
                                                              uint64_t max_value_bytes) {
+  if (!Usable()) return Down();
   std::vector<std::optional<StoreValue>> out;
   out.reserve(keys.size());
   for (const std::string& key : keys) {
@@ -180,6 +283,7 @@ Result<std::vector<std::optional<StoreValue>>> DiskStore::Get(std::span<const st
 }
 
 Status DiskStore::Put(std::span<const StoreItem> items) {
+  if (!Usable()) return Down();
   Status first;
   for (const StoreItem& item : items) {
     Status st = PutOne(item);
@@ -254,6 +358,8 @@ std::vector<StoreCounter> DiskStore::Counters() const {
   add("evicted_files", evicted_files_, false);
   add("evicted_bytes", evicted_bytes_, false);
   add("io_errors", io_errors_, false);
+  add("down", down_gauge_, true);
+  add("reopens", reopens_, false);
   return out;
 }
 
@@ -262,22 +368,16 @@ std::vector<StoreCounter> DiskStore::Counters() const {
 Result<std::unique_ptr<BlockStore>> OpenDiskStore(const DiskStoreOptions& options) {
   if (options.dir.empty()) return InvalidArgument("disk store: no directory given");
   if (options.max_bytes == 0) return InvalidArgument("disk store " + options.dir + ": max_bytes must be > 0");
-  if (::mkdir(options.dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Unavailable("disk store: cannot create directory '" + options.dir + "': " + ErrnoText(errno));
-  }
-  UniqueFd dir_fd(::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir_fd) return Unavailable("disk store: cannot open directory '" + options.dir + "': " + ErrnoText(errno));
-  UniqueFd lock_fd(::openat(dir_fd.get(), kLockFileName, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!lock_fd) return Unavailable("disk store: cannot create a lock in '" + options.dir + "': " + ErrnoText(errno));
-  if (::flock(lock_fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return Unavailable("disk store: '" + options.dir + "' is in use by another store (another kvtierd?)");
-    }
-    return Unavailable("disk store: cannot lock '" + options.dir + "': " + ErrnoText(errno));
-  }
-  auto store = std::make_unique<DiskStore>(options, std::move(dir_fd), std::move(lock_fd));
-  KVTIER_RETURN_IF_ERROR(store->Load());
+  auto store = std::make_unique<DiskStore>(options);
+  Status st = store->OpenDir();
+  if (st.code() == StatusCode::kFailedPrecondition) return Unavailable(st.message());  // Another store's: always an error.
+  if (!st.ok() && !options.wait_for_dir) return st;
   return std::unique_ptr<BlockStore>(std::move(store));
+}
+
+std::string DiskStoreDownReason(const BlockStore& store) {
+  const auto* disk = dynamic_cast<const DiskStore*>(&store);
+  return disk != nullptr ? disk->DownReason() : std::string();
 }
 
 }  // namespace kvtier::stores

@@ -6,6 +6,12 @@
 #include <cstring>
 #include <new>
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <openssl/sha.h>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -46,7 +52,94 @@ uint64_t HeaderChecksum(std::string_view record, size_t tokens) {
 
 RecordCheck Fault(RecordFault f, std::string why) { return RecordCheck{f, std::move(why), {}}; }
 
+std::string Hex64(uint64_t v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) out[i] = kDigits[v & 0xf];
+  return out;
+}
+
+// Stamps a record EncodeBlockRecord laid out: both checksums.
+void Seal(std::string& out, std::span<const TokenId> tokens, std::span<const std::byte> payload) {
+  PutAt(out, 80, static_cast<uint64_t>(XXH3_64bits(payload.data(), payload.size())));
+  PutAt(out, 88, static_cast<uint64_t>(HeaderChecksum(out, tokens.size())));
+}
+
+std::string Layout(uint32_t version, const BlockRecordHeader& h, std::span<const TokenId> tokens,
+                   std::span<const std::byte> payload) {
+  std::string out(BlockRecordBytes(tokens.size(), payload.size(), version == kRecordVersion), '\0');
+  PutAt(out, 0, kRecordMagic);
+  PutAt(out, 8, version);
+  PutAt(out, 12, static_cast<uint32_t>(tokens.size()));
+  PutAt(out, 16, h.profile_fingerprint);
+  PutKey(out, 24, h.key);
+  PutKey(out, 40, h.parent);
+  PutKey(out, 56, h.key_ns.id);
+  PutAt(out, 72, static_cast<uint64_t>(payload.size()));
+  if (!tokens.empty()) std::memcpy(out.data() + kRecordHeaderBytes, tokens.data(), tokens.size_bytes());
+  if (!payload.empty()) {
+    std::memcpy(out.data() + kRecordHeaderBytes + tokens.size_bytes(), payload.data(), payload.size());
+  }
+  Seal(out, tokens, payload);
+  return out;
+}
+
 }  // namespace
+
+// The secret's bytes, wiped when the last RecordKey holding them goes.
+struct RecordKey::Secret {
+  std::string bytes;
+  EVP_MAC* hmac = nullptr;  // OpenSSL's HMAC implementation, fetched once.
+  ~Secret() {
+    OPENSSL_cleanse(bytes.data(), bytes.size());
+    EVP_MAC_free(hmac);
+  }
+};
+
+Result<RecordKey> RecordKey::FromSecret(std::string_view secret) {
+  if (secret.size() < kMinBytes || secret.size() > kMaxBytes) {
+    return InvalidArgument("a record key of " + std::to_string(secret.size()) + " bytes: it must have " +
+                           std::to_string(kMinBytes) + " to " + std::to_string(kMaxBytes) +
+                           " (such as head -c 32 /dev/urandom)");
+  }
+  auto s = std::make_shared<Secret>();
+  s->bytes.assign(secret);
+  s->hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (s->hmac == nullptr) return Status(StatusCode::kInternal, "OpenSSL offers no HMAC");
+  static constexpr std::string_view kIdLabel = "kvtier record key id";
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  const bool hashed = md != nullptr && EVP_DigestInit_ex(md, EVP_sha256(), nullptr) == 1 &&
+                      EVP_DigestUpdate(md, kIdLabel.data(), kIdLabel.size()) == 1 &&
+                      EVP_DigestUpdate(md, secret.data(), secret.size()) == 1 &&
+                      EVP_DigestFinal_ex(md, digest, nullptr) == 1;
+  EVP_MD_CTX_free(md);
+  if (!hashed) return Status(StatusCode::kInternal, "OpenSSL could not hash the record key");
+  RecordKey key;
+  std::memcpy(&key.id_, digest, sizeof key.id_);
+  key.secret_ = std::move(s);
+  return key;
+}
+
+std::string RecordKey::IdHex() const { return Hex64(id_); }
+
+void RecordKey::Mac(std::string_view bytes, unsigned char* out) const {
+  // A context per call (its setup hashes two blocks, nothing beside a record's
+  // hundreds of KiB), so that calls from several threads share nothing mutable.
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(secret_->hmac);
+  char digest_name[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest_name, 0),
+                               OSSL_PARAM_construct_end()};
+  size_t len = 0;
+  const bool ok = ctx != nullptr &&
+                  EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret_->bytes.data()),
+                               secret_->bytes.size(), params) == 1 &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) == 1 &&
+                  EVP_MAC_final(ctx, out, &len, kRecordMacBytes) == 1 && len == kRecordMacBytes;
+  EVP_MAC_CTX_free(ctx);
+  // Out of memory inside OpenSSL: a MAC of all ones signs nothing anyone can verify.
+  if (!ok) std::memset(out, 0xff, kRecordMacBytes);
+}
 
 StoreValue StoreValue::Copy(std::string_view bytes) {
   char* p = bytes.empty() ? nullptr : static_cast<char*>(std::malloc(bytes.size()));
@@ -84,22 +177,24 @@ std::optional<BlockKey> BlockKeyOfStoreKey(std::string_view prefix, std::string_
 
 std::string EncodeBlockRecord(const BlockRecordHeader& h, std::span<const TokenId> tokens,
                               std::span<const std::byte> payload) {
-  std::string out(BlockRecordBytes(tokens.size(), payload.size()), '\0');
-  PutAt(out, 0, kRecordMagic);
-  PutAt(out, 8, kRecordVersion);
-  PutAt(out, 12, static_cast<uint32_t>(tokens.size()));
-  PutAt(out, 16, h.profile_fingerprint);
-  PutKey(out, 24, h.key);
-  PutKey(out, 40, h.parent);
-  PutKey(out, 56, h.key_ns.id);
-  PutAt(out, 72, static_cast<uint64_t>(payload.size()));
-  PutAt(out, 80, static_cast<uint64_t>(XXH3_64bits(payload.data(), payload.size())));
-  if (!tokens.empty()) std::memcpy(out.data() + kRecordHeaderBytes, tokens.data(), tokens.size_bytes());
-  if (!payload.empty()) {
-    std::memcpy(out.data() + kRecordHeaderBytes + tokens.size_bytes(), payload.data(), payload.size());
-  }
-  PutAt(out, 88, static_cast<uint64_t>(HeaderChecksum(out, tokens.size())));
+  return Layout(kUnsignedRecordVersion, h, tokens, payload);
+}
+
+std::string EncodeBlockRecord(const BlockRecordHeader& h, std::span<const TokenId> tokens,
+                              std::span<const std::byte> payload, const RecordKey& key, bool sign_now) {
+  std::string out = Layout(kRecordVersion, h, tokens, payload);
+  PutAt(out, out.size() - kRecordTrailerBytes, key.id());
+  if (sign_now) SignBlockRecord(key, &out);
   return out;
+}
+
+bool SignBlockRecord(const RecordKey& key, std::string* record) {
+  if (record->size() < kRecordHeaderBytes + kRecordTrailerBytes || GetAt<uint32_t>(*record, 8) != kRecordVersion) {
+    return false;
+  }
+  const size_t mac_at = record->size() - kRecordMacBytes;
+  key.Mac(std::string_view(*record).substr(0, mac_at), reinterpret_cast<unsigned char*>(record->data() + mac_at));
+  return true;
 }
 
 bool ReadOwnBlockRecord(std::string_view record, BlockRecordHeader* header, std::vector<TokenId>* tokens) {
@@ -121,9 +216,16 @@ RecordCheck VerifyBlockRecord(std::string_view rec, const RecordExpectation& wan
                  "record of " + std::to_string(rec.size()) + " bytes is shorter than its header");
   }
   if (GetAt<uint64_t>(rec, 0) != kRecordMagic) return Fault(RecordFault::kCorrupt, "bad record magic");
-  if (const auto v = GetAt<uint32_t>(rec, 8); v != kRecordVersion) {
-    return Fault(RecordFault::kCorrupt,
-                 "record format " + std::to_string(v) + ", this build reads " + std::to_string(kRecordVersion));
+  const uint32_t version = GetAt<uint32_t>(rec, 8);
+  if (version != kRecordVersion && version != kUnsignedRecordVersion) {
+    return Fault(RecordFault::kCorrupt, "record format " + std::to_string(version) + ", this build reads " +
+                                            std::to_string(kUnsignedRecordVersion) + " and " +
+                                            std::to_string(kRecordVersion));
+  }
+  const bool is_signed = version == kRecordVersion;
+  if (want.record_key != nullptr && !is_signed) {
+    // Checked before anything else is: whatever else it holds, nobody with the key vouched for it.
+    return Fault(RecordFault::kForged, "an unsigned record (format 1) while a record key is configured");
   }
   const uint32_t n = GetAt<uint32_t>(rec, 12);
   const uint64_t payload_bytes = GetAt<uint64_t>(rec, 72);
@@ -133,9 +235,9 @@ RecordCheck VerifyBlockRecord(std::string_view rec, const RecordExpectation& wan
                                             std::to_string(want.tokens.size()) + " and " +
                                             std::to_string(want.payload_bytes));
   }
-  if (rec.size() != BlockRecordBytes(n, payload_bytes)) {
+  if (rec.size() != BlockRecordBytes(n, payload_bytes, is_signed)) {
     return Fault(RecordFault::kCorrupt, "record of " + std::to_string(rec.size()) + " bytes, its header says " +
-                                            std::to_string(BlockRecordBytes(n, payload_bytes)));
+                                            std::to_string(BlockRecordBytes(n, payload_bytes, is_signed)));
   }
   if (GetAt<uint64_t>(rec, 88) != HeaderChecksum(rec, n)) return Fault(RecordFault::kCorrupt, "header checksum");
   if (GetAt<uint64_t>(rec, 16) != want.profile_fingerprint) {
@@ -154,6 +256,20 @@ RecordCheck VerifyBlockRecord(std::string_view rec, const RecordExpectation& wan
   const auto* payload = reinterpret_cast<const std::byte*>(tokens + want.tokens.size_bytes());
   if (XXH3_64bits(payload, payload_bytes) != GetAt<uint64_t>(rec, 80)) {
     return Fault(RecordFault::kCorrupt, "payload checksum");
+  }
+  if (want.record_key != nullptr) {
+    // Damage was told by the checksums above; what is left to fail here was
+    // made, or changed, without the key.
+    const size_t mac_at = rec.size() - kRecordMacBytes;
+    if (const auto id = GetAt<uint64_t>(rec, mac_at - 8); id != want.record_key->id()) {
+      return Fault(RecordFault::kForeign,
+                   "signed under key id " + Hex64(id) + ", ours is " + want.record_key->IdHex());
+    }
+    unsigned char mac[kRecordMacBytes];
+    want.record_key->Mac(rec.substr(0, mac_at), mac);
+    if (CRYPTO_memcmp(mac, rec.data() + mac_at, kRecordMacBytes) != 0) {
+      return Fault(RecordFault::kForged, "MAC does not verify under the record key");
+    }
   }
   return RecordCheck{RecordFault::kNone, {}, std::span<const std::byte>(payload, payload_bytes)};
 }

@@ -23,7 +23,7 @@ uint64_t MicrosSince(Clock::time_point t) {
 struct Counters {
   std::atomic<uint64_t> hit_blocks{0}, miss_blocks{0}, fetched_bytes{0}, fetches{0}, fetch_us{0};
   std::atomic<uint64_t> put_blocks{0}, put_bytes{0}, puts{0}, put_us{0}, put_dropped{0};
-  std::atomic<uint64_t> errors{0}, corrupt{0}, foreign{0}, queued_bytes{0};
+  std::atomic<uint64_t> errors{0}, corrupt{0}, foreign{0}, forged{0}, queued_bytes{0};
 };
 
 }  // namespace
@@ -157,6 +157,8 @@ void StoreChain::set_drain(std::chrono::milliseconds drain) {
 
 size_t StoreChain::size() const { return impl_->members.size(); }
 
+const RecordKey* StoreChain::record_key() const { return impl_->options.record_key.get(); }
+
 std::vector<StoreEvent> StoreChain::TakeEvents() {
   if (!impl_->collecting()) return {};
   std::vector<StoreEvent> out;
@@ -204,7 +206,8 @@ void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId>
     if (s->chained.write_through != dropped) takers.push_back(s.get());
   }
   if (takers.empty()) return;
-  const uint64_t bytes = BlockRecordBytes(tokens.size(), payload.size());
+  const RecordKey* signer = m.options.record_key.get();
+  const uint64_t bytes = BlockRecordBytes(tokens.size(), payload.size(), signer != nullptr);
   auto full = [&] {
     return m.queued_total.load(std::memory_order_relaxed) + bytes * takers.size() > m.options.max_queued_bytes;
   };
@@ -216,7 +219,9 @@ void StoreChain::Offer(const BlockRecordHeader& header, std::span<const TokenId>
     for (Impl::Member* s : takers) s->counters.put_dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  std::string record = EncodeBlockRecord(header, tokens, payload);
+  // Signed on the I/O thread (PutOneBatch): the MAC costs far more than this copy.
+  std::string record = signer != nullptr ? EncodeBlockRecord(header, tokens, payload, *signer, /*sign_now=*/false)
+                                         : EncodeBlockRecord(header, tokens, payload);
   const std::string key = StoreKey(m.options.key_prefix, header.profile_fingerprint, header.key);
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -292,7 +297,8 @@ FetchResult StoreChain::Impl::TakeReadyOf(Fetch& f) {
   // Payloads point into the records, whose buffers no longer move.
   const size_t at = kRecordHeaderBytes + f.request.block_tokens * sizeof(TokenId);
   for (const StoreValue& rec : r.records) {
-    r.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, rec.size() - at);
+    // The payload's own size, not the rest of the record: a signed record ends with its key id and MAC.
+    r.payloads.emplace_back(reinterpret_cast<const std::byte*>(rec.data()) + at, f.request.payload_bytes);
   }
   r.took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - f.started);
   return r;
@@ -326,6 +332,7 @@ std::vector<StoreStats> StoreChain::stats() const {
     st.errors = c.errors.load();
     st.corrupt = c.corrupt.load();
     st.foreign = c.foreign.load();
+    st.forged = c.forged.load();
     st.queued_bytes = c.queued_bytes.load();
     st.counters = s->chained.store->Counters();
     out.push_back(std::move(st));
@@ -400,6 +407,9 @@ bool StoreChain::Impl::PutOneBatch(std::unique_lock<std::mutex>& lock) {
       s->queue.pop_front();
     }
     lock.unlock();
+    if (options.record_key != nullptr) {
+      for (StoreItem& item : batch) SignBlockRecord(*options.record_key, &item.value);
+    }
     const auto t = Clock::now();
     const Status st = s->chained.store->Put(batch);
     Counters& c = s->counters;
@@ -471,8 +481,9 @@ StoreChain::Impl::Turn StoreChain::Impl::FetchTurn(Fetch& f) {
     c.errors.fetch_add(1, std::memory_order_relaxed);
     out.status = present.status();
   } else if (*present > 0) {
-    auto values =
-        s.chained.store->Get(want.first(std::min(*present, asked)), BlockRecordBytes(r.block_tokens, r.payload_bytes));
+    // The bound is a signed record's size: an unsigned one is shorter, and VerifyBlockRecord checks the size.
+    auto values = s.chained.store->Get(want.first(std::min(*present, asked)),
+                                       BlockRecordBytes(r.block_tokens, r.payload_bytes, /*signed_record=*/true));
     if (!values.ok()) {
       answered = false;
       c.errors.fetch_add(1, std::memory_order_relaxed);
@@ -488,9 +499,13 @@ StoreChain::Impl::Turn StoreChain::Impl::FetchTurn(Fetch& f) {
         e.parent = i == 0 ? r.parent : r.keys[i - 1];
         e.tokens = std::span<const TokenId>(r.tokens).subspan(i * r.block_tokens, r.block_tokens);
         e.payload_bytes = r.payload_bytes;
+        e.record_key = options.record_key.get();
         const RecordCheck check = VerifyBlockRecord(v->view(), e);
         if (!check.ok()) {
-          (check.fault == RecordFault::kCorrupt ? c.corrupt : c.foreign).fetch_add(1, std::memory_order_relaxed);
+          (check.fault == RecordFault::kCorrupt  ? c.corrupt
+           : check.fault == RecordFault::kForged ? c.forged
+                                                 : c.foreign)
+              .fetch_add(1, std::memory_order_relaxed);
           break;
         }
         c.fetched_bytes.fetch_add(v->size(), std::memory_order_relaxed);

@@ -12,16 +12,17 @@
 // Reads: StartFetch queues a fetch of the blocks after a cached prefix; the I/O
 // thread asks the stores in order for the longest continuation, verifies every
 // record (VerifyBlockRecord) and stops at the first block no store holds
-// intact. A record that fails is a miss, counted as corrupt or foreign, never
-// returned. A fetch proceeds in chunks (a Present and a Get of at most
-// fetch_chunk_bytes of records), and the I/O thread takes the fetches under
-// way in turns, one chunk each: round-robin over the key namespaces asking
-// (tenants), then over each namespace's fetches. So a short fetch waits about
-// one chunk per other tenant fetching, never for another tenant's whole
+// intact. A record that fails is a miss, counted as corrupt, foreign or
+// forged, never returned. A fetch proceeds in chunks (a Present and a Get of
+// at most fetch_chunk_bytes of records), and the I/O thread takes the fetches
+// under way in turns, one chunk each: round-robin over the key namespaces
+// asking (tenants), then over each namespace's fetches. So a short fetch waits
+// about one chunk per other tenant fetching, never for another tenant's whole
 // fetch, and the verified prefix grows chunk by chunk: TakeReady moves it out
-// while the fetch goes on. Fetches go before queued writes. When one
-// completes, `notify` is called (on the I/O thread); the engine thread then
-// collects it with TakeFetch.
+// while the fetch goes on. With options.record_key the I/O thread signs each
+// record just before its Put, so the engine thread never pays for the MAC.
+// Fetches go before queued writes. When one completes, `notify` is called (on
+// the I/O thread); the engine thread then collects it with TakeFetch.
 //
 // Block events (StoreChainOptions::max_events > 0): the I/O thread notes each
 // record a store wrote (of the blocks offered with `reported`), each block a
@@ -67,6 +68,9 @@ struct StoreChainOptions {
   // finely a fetch's ready prefix grows. 4 MiB is a few milliseconds of a
   // local Redis or disk, while one round trip per chunk stays a few percent.
   uint64_t fetch_chunk_bytes = uint64_t{4} << 20;
+  // Records are signed with it (on the I/O thread, before each Put) and a
+  // fetched record must verify under it; nullptr: unsigned records (block_record.h).
+  std::shared_ptr<const RecordKey> record_key;
 };
 
 // What the I/O thread learnt about one block in one store.
@@ -124,7 +128,8 @@ struct StoreStats {
   uint64_t put_dropped = 0;            // Offers not queued: past max_queued_bytes.
   uint64_t errors = 0;                 // Calls that failed (unreachable, timed out, refused).
   uint64_t corrupt = 0;                // Records that failed their checksums or format.
-  uint64_t foreign = 0;                // Records of another block, tenant, model or profile.
+  uint64_t foreign = 0;                // Records of another block, tenant, model or profile (or record key).
+  uint64_t forged = 0;                 // Records unsigned or failing their MAC while a record key is set.
   uint64_t queued_bytes = 0;           // Waiting to be written now.
   std::vector<StoreCounter> counters;  // The store's own.
 };
@@ -168,6 +173,8 @@ class StoreChain {
   uint64_t dropped_events() const;
 
   size_t size() const;
+  // The key records are signed with (options.record_key), or nullptr.
+  const RecordKey* record_key() const;
   // Every store's figures, in chain order. Thread-safe.
   std::vector<StoreStats> stats() const;
   // How long the destructor writes queued records for.
