@@ -876,7 +876,7 @@ TEST(ConfigTest, AReloadAppliesExactlyTheKeysMarkedReloadable) {
     EXPECT_EQ(plan.applied.size() + plan.kept.size(), 1u) << k.Path();
     reloadable += k.reloadable;
   }
-  EXPECT_EQ(reloadable, 17u) << "log_level, busy_poll_us, tiering.* but policy (7) and limits' 8 reloadable keys";
+  EXPECT_EQ(reloadable, 18u) << "log_level, busy_poll_us, tiering.* but policy (7) and limits' 9 reloadable keys";
 }
 
 }  // namespace
