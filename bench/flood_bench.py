@@ -24,10 +24,10 @@ one flood runs, or none (quiet):
 
 Each round runs every phase once, quiet first and the floods in a rotated
 order, so a flood's figures are compared with the quiet phase of its own round
-(interleaved). A flood runs in its own processes; with --pin (the default on a
-machine of 2 or more cores) they are held to the last core, so the figures
-measure kvtierd's defences rather than how the kernel shares a small machine's
-cores. The last line is one JSON object: per flood, the bystander's p50 under
+(interleaved). A flood runs in its own processes; on a machine of 2 or more
+cores they and redis-server (a remote tier's server, on another host in a
+deployment) are held to the last core unless --no-pin, so the figures measure
+kvtierd's defences rather than how the kernel shares a small machine's cores. The last line is one JSON object: per flood, the bystander's p50 under
 the flood over its round's quiet p50 (median over rounds, with min and max),
 the absolute p50s, and the allocate failures.
 
@@ -67,13 +67,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_redis(tmp):
+def start_redis(tmp, pin=None):
     path = shutil.which("redis-server")
     if not path:
         raise SystemExit("redis-server is not on PATH (scripts/setup.sh installs it)")
     port = free_port()
     proc = subprocess.Popen([path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, {pin}))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -344,7 +345,7 @@ def main():
     pin = None if args.no_pin or (os.cpu_count() or 1) < 2 else (os.cpu_count() or 1) - 1
 
     tmp = tempfile.mkdtemp(prefix="kvtier-flood-")
-    redis, port = start_redis(tmp)
+    redis, port = start_redis(tmp, pin)
     extra = f"""stores:
   tiers:
     - {{ kind: redis, nodes: ["127.0.0.1:{port}"], write: through }}

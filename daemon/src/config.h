@@ -94,6 +94,10 @@ struct StoresConfig {
   // chunk each in turn (round-robin over tenants), and an Acquire past its
   // budget takes the prefix its fetch verified so far.
   uint64_t fetch_chunk_bytes = uint64_t{4} << 20;
+  // While another tenant has a client connected, one tenant's fetches ask the
+  // stores for at most this many bytes a second (a burst of max_fetch_bytes);
+  // 0: no limit. A tenant alone fetches as fast as the stores go.
+  uint64_t tenant_fetch_bytes_per_second = uint64_t{256} << 20;
   // The secret records are signed with and checked against (record_key_file.h);
   // empty: records are unsigned, and a writer to a store can forge them.
   std::string record_key_file;

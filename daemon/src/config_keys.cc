@@ -173,6 +173,10 @@ const std::vector<ConfigKey>& Table() {
                    "Records waiting to be written, at most; past it they are skipped"),
     Size<uint64_t>("stores", "max_fetch_bytes", KVTIER_MEMBER(stores.max_fetch_bytes), 1u << 20, kMaxByteSize, kAtStart,
                    "Bytes of blocks one Acquire fetches from the stores, at most"),
+    Size<uint64_t>("stores", "tenant_fetch_bytes_per_second", KVTIER_MEMBER(stores.tenant_fetch_bytes_per_second), 0,
+                   kMaxByteSize, kAtStart,
+                   "Bytes one tenant's fetches may ask the stores for per second while another tenant has a client "
+                   "connected (a burst of max_fetch_bytes); 0: no limit"),
     Size<uint64_t>("stores", "fetch_chunk_bytes", KVTIER_MEMBER(stores.fetch_chunk_bytes), 1u << 12, kMaxByteSize,
                    kAtStart, "Bytes of records a fetch reads per turn of the store I/O thread (tenants take turns)"),
     Text("stores", "record_key_file", KVTIER_MEMBER(stores.record_key_file), {}, kAtStart,

@@ -31,6 +31,7 @@
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
+#include "rate_buckets.h"
 #include "stats.h"
 #include "tenant_registry.h"
 #include "warm_lifecycle.h"
@@ -294,6 +295,7 @@ class Service {
     std::vector<TokenId> tokens;
   };
   std::vector<DetachedFetch> detached_;
+  RateBuckets<std::string> fetch_budgets_;  // Store fetch bytes per tenant (stores.tenant_fetch_bytes_per_second).
   std::unique_ptr<EventPublisher> events_;  // KV events (events.enabled); outlives the engines.
   std::mutex wake_mu_;
   std::function<void()> wake_;  // Guarded by wake_mu_.

@@ -58,6 +58,7 @@ struct ServiceCounters {
   uint64_t room_wait_timeouts = 0;   // Of those, answered after kRoomWaitLimit without it.
   uint64_t store_fetches = 0;        // Acquires that asked the stores below the host tier.
   uint64_t store_fetch_timeouts = 0;  // Of those, answered with what had come after stores.fetch_budget_ms.
+  uint64_t store_fetch_throttled_blocks = 0;  // Not asked of the stores: past the tenant's fetch budget.
   uint64_t store_fetch_ready_blocks = 0;  // Blocks those answers took: the prefix verified by the budget.
   uint64_t store_fetched_blocks = 0;  // Verified blocks the fetches brought (the engines imported those that fit).
   uint64_t store_fetches_landed = 0;       // Of the timed-out ones, fetches that came later and were placed.

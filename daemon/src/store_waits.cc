@@ -66,6 +66,24 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   // At most stores.max_fetch_bytes held in memory per fetch (at least one block).
   const uint64_t most = std::max<uint64_t>(1, config_.stores.max_fetch_bytes / profile.BlockBytes());
   want = std::min<size_t>(want, matched + most);
+  // While another tenant has a client connected, this tenant's fetches ask for
+  // at most stores.tenant_fetch_bytes_per_second (a burst of max_fetch_bytes):
+  // a tenant evicting and refetching a long prefix in a loop made the store
+  // thread and the event loop read, check and copy 1.5 GB/s, and on a small
+  // host took the CPU from every other tenant's requests. What the budget does
+  // not cover is not fetched: that Acquire gets the shorter prefix.
+  if (const uint64_t rate = config_.stores.tenant_fetch_bytes_per_second; rate != 0 && tenants_.connected() > 1) {
+    const double block = static_cast<double>(profile.BlockBytes());
+    const double burst = std::max({static_cast<double>(config_.stores.max_fetch_bytes), static_cast<double>(rate), block});
+    const double have = fetch_budgets_.Available(c.tenant, static_cast<double>(rate), burst, now);
+    const size_t afford = static_cast<size_t>(std::max(0.0, have) / block);
+    if (matched + afford < want) {
+      counters_.store_fetch_throttled_blocks += want - (matched + afford);
+      want = matched + afford;
+    }
+    if (want <= matched) return false;  // Answered from the local tiers.
+    fetch_budgets_.Take(c.tenant, static_cast<double>(want - matched) * block);
+  }
   stores::FetchRequest r;
   r.profile_fingerprint = profile.Fingerprint();
   r.payload_bytes = profile.BlockBytes();

@@ -10,7 +10,7 @@ TenantRegistry::TenantRegistry(const std::vector<TenantConfig>& configured) {
 Status TenantRegistry::Connect(const std::string& name, uint32_t limit,
                                const std::function<bool(const std::string&)>& idle) {
   if (auto it = known_.find(name); it != known_.end()) {
-    ++it->second.clients;
+    if (it->second.clients++ == 0) ++connected_;
     return Status::Ok();
   }
   if (labels_ >= limit) {
@@ -32,12 +32,13 @@ Status TenantRegistry::Connect(const std::string& name, uint32_t limit,
   }
   known_[name].clients = 1;
   ++labels_;
+  ++connected_;
   return Status::Ok();
 }
 
 void TenantRegistry::Disconnect(const std::string& name) {
   auto it = known_.find(name);
-  if (it != known_.end() && it->second.clients > 0) --it->second.clients;
+  if (it != known_.end() && it->second.clients > 0 && --it->second.clients == 0) --connected_;
 }
 
 std::vector<std::string> TenantRegistry::Names() const {

@@ -49,6 +49,7 @@ class TenantRegistry {
   size_t size() const { return known_.size(); }
   size_t labels() const { return labels_; }  // Known names that are not configured tenants.
   uint32_t clients(const std::string& name) const;
+  size_t connected() const { return connected_; }  // Names with a client connected now.
 
   // A known tenant's traffic in profile `profile`: counted while clients are
   // connected as it, forgotten with the label. REQUIRES: `name` is known.
@@ -64,6 +65,7 @@ class TenantRegistry {
   };
   std::map<std::string, Entry> known_;
   size_t labels_ = 0;
+  size_t connected_ = 0;
 };
 
 }  // namespace kvtier::daemon

@@ -59,6 +59,7 @@ class Host {
     Connect();
   }
   void Connect() { client_ = NewClient(); }
+  void Disconnect() { client_.reset(); }
   // Another connection, as `tenant` (without tenants: configured, a free label).
   std::unique_ptr<Client> NewClient(const std::string& tenant = "") {
     ClientOptions o;
@@ -697,6 +698,65 @@ TEST_F(RemoteTierTest, ATenantLoopingOnALongPrefixInTheStoresDoesNotStarveAnothe
               p50(quiet_ms), p50(loaded_ms), quiet_ms.size(), b_short, st.at("store.redis.fetched_bytes") / (1 << 20),
               st.at("store_fetch_timeouts"), st.at("store_fetches_landed"));
   EXPECT_GE(st.at("store_fetch_timeouts"), 1) << "A's fetches outlasted the budget: the load was real";
+}
+
+// A tenant that evicts and refetches its prefix in a loop fetches as fast as
+// the store goes while it is alone; once another tenant has a client
+// connected, it asks for at most stores.tenant_fetch_bytes_per_second (a burst
+// of max_fetch_bytes), and what that does not cover is not fetched (counted);
+// the other tenant's own fetches have their own budget.
+TEST_F(RemoteTierTest, ATenantRefetchingInALoopIsHeldToItsFetchBudgetWhileAnotherIsConnected) {
+  // 8 KiB blocks: a burst of 1 MiB is 128 blocks, 64 KiB a second is 8.
+  const std::string config = RemoteConfig({redis_->address()}, false, 2000,
+                                          "  max_fetch_bytes: 1MiB\n  tenant_fetch_bytes_per_second: 64KiB\n");
+  Host w(config), r(config);
+  w.Start();
+  r.Start();
+  const auto a_tokens = Tokens(41, 64), b_tokens = Tokens(42, 8);
+  {
+    std::unique_ptr<Client> wa = w.NewClient("a"), wb = w.NewClient("b");
+    ASSERT_TRUE(wa && wb);
+    CommitLongChain(*wa, "a", a_tokens);
+    CommitLongChain(*wb, "b", b_tokens);
+    ASSERT_TRUE(w.WaitForStat("store.redis.put_blocks", 64 + 8, 30s));
+  }
+  std::unique_ptr<Client> a = r.NewClient("a");
+  ASSERT_TRUE(a);
+  r.Disconnect();  // Host r's own client (tenant "") goes: tenant a is alone.
+  std::this_thread::sleep_for(100ms);
+  auto refetch = [&](int times) {
+    size_t got = 0;
+    for (int i = 0; i < times; ++i) {
+      got += VerifiedHitsOf(*a, "a", a_tokens, Promote::kNo);
+      (void)a->Evict("a");
+    }
+    return got;
+  };
+  EXPECT_EQ(refetch(6), 6u * 64) << "alone, a tenant fetches as fast as the store goes";
+  auto stat = [&](const char* name) {
+    auto st = a->Stats();
+    EXPECT_TRUE(st.ok());
+    for (const auto& [k, v] : *st) {
+      if (k == name) return v;
+    }
+    return -1.0;
+  };
+  EXPECT_EQ(stat("store_fetch_throttled_blocks"), 0);
+
+  std::unique_ptr<Client> b = r.NewClient("b");
+  ASSERT_TRUE(b);
+  const auto start = Clock::now();
+  const size_t loaded = refetch(10);
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("  10 refetches of 64 blocks with another tenant connected: %zu blocks in %.2f s\n", loaded, took);
+  EXPECT_LE(loaded, 128 + static_cast<size_t>(took * 8) + 1) << "the burst and 8 blocks a second";
+  EXPECT_GE(loaded, 128u) << "the burst is fetched";
+  EXPECT_GE(stat("store_fetch_throttled_blocks"), 10 * 64 - static_cast<double>(loaded) - 1);
+  EXPECT_EQ(VerifiedHitsOf(*b, "b", b_tokens, Promote::kNo), 8u) << "b's fetches have their own budget";
+
+  b.reset();
+  std::this_thread::sleep_for(100ms);  // b's Disconnect is handled.
+  EXPECT_EQ(refetch(2), 2u * 64) << "alone again: no limit";
 }
 
 TEST_F(RemoteTierTest, RedisDownCostsABoundedWaitAndIsUsedAgainWhenItIsBack) {
