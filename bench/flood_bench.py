@@ -253,7 +253,7 @@ def flood_store_hog(sock, stop, tokens):
 
 def flood_gpu_hog(sock, stop, _):
     c = kvtier.Client(socket=sock, tenant="hog")
-    tokens = tokens_for(77, 256)
+    tokens = tokens_for(77, 512)
     try:
         commit_prefix(c, "hog-gpu", tokens)
     except kvtier.Error:
