@@ -1,8 +1,10 @@
 """What the Python benchmarks share: their kvtierd (a host-backend daemon on one
 fp32 profile of 16-token blocks, configured and started in a scratch
-directory), their seeded Llama model, and the bootstrap interval of a median."""
+directory), a scratch redis-server, their seeded Llama model, and the
+bootstrap interval of a median."""
 
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -47,6 +49,28 @@ def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks, extra=""):
             time.sleep(0.05)
     proc.kill()
     raise SystemExit("kvtierd did not start; see " + log.name)
+
+
+def start_redis(binary, tmp, pin=None):
+    """Starts `binary` (redis-server) on a free loopback port with no persistence,
+    held to CPU `pin` if given; returns (process, port) once it answers PING."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, {pin}))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("redis-server did not start")
 
 
 def bench_llama(layers, hidden, max_positions):

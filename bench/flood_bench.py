@@ -19,17 +19,18 @@ one flood runs, or none (quiet):
   hello_churn         clients connecting, saying Hello and leaving, in a loop
   store_hog           another tenant looping Acquire on its own 256-block prefix
                       held only in Redis (each turn evicts and refetches it)
-  gpu_hog             another tenant renewing read leases on as many GPU blocks
-                      as it can get, every 50 ms
+  gpu_hog             another tenant renewing read leases on a 512-block prefix
+                      (the whole GPU tier) every 50 ms
 
 Each round runs every phase once, quiet first and the floods in a rotated
 order, so a flood's figures are compared with the quiet phase of its own round
 (interleaved). A flood runs in its own processes; on a machine of 2 or more
 cores they and redis-server (a remote tier's server, on another host in a
 deployment) are held to the last core unless --no-pin, so the figures measure
-kvtierd's defences rather than how the kernel shares a small machine's cores. The last line is one JSON object: per flood, the bystander's p50 under
-the flood over its round's quiet p50 (median over rounds, with min and max),
-the absolute p50s, and the allocate failures.
+kvtierd's defences rather than how the kernel shares a small machine's cores.
+The last line is one JSON object: per flood, the bystander's p50 under the
+flood over its round's quiet p50 (median over rounds, with min and max), the
+absolute p50s, and the allocate failures.
 
   bench/flood_bench.py --kvtierd build/daemon/kvtierd --rounds 5
 """
@@ -52,40 +53,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kvtierd import start_kvtierd  # noqa: E402
+from bench_kvtierd import start_kvtierd, start_redis  # noqa: E402
 
 import kvtier  # noqa: E402
 
 BLOCK_TOKENS = 16
 KINDS = ["events_connections", "events_replays", "events_big_messages", "socket_garbage", "hello_churn",
          "store_hog", "gpu_hog"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_redis(tmp, pin=None):
-    path = shutil.which("redis-server")
-    if not path:
-        raise SystemExit("redis-server is not on PATH (scripts/setup.sh installs it)")
-    port = free_port()
-    proc = subprocess.Popen([path, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=None if pin is None else lambda: os.sched_setaffinity(0, {pin}))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
 
 
 def evict(client, session):
@@ -345,7 +319,10 @@ def main():
     pin = None if args.no_pin or (os.cpu_count() or 1) < 2 else (os.cpu_count() or 1) - 1
 
     tmp = tempfile.mkdtemp(prefix="kvtier-flood-")
-    redis, port = start_redis(tmp, pin)
+    redis_server = shutil.which("redis-server")
+    if not redis_server:
+        raise SystemExit("redis-server is not on PATH (scripts/setup.sh installs it)")
+    redis, port = start_redis(redis_server, tmp, pin)
     extra = f"""stores:
   tiers:
     - {{ kind: redis, nodes: ["127.0.0.1:{port}"], write: through }}

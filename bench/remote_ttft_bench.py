@@ -22,15 +22,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
-from bench_kvtierd import bench_llama, bootstrap_median_ci, start_kvtierd
+from bench_kvtierd import bench_llama, bootstrap_median_ci, start_kvtierd, start_redis
 
 import kvtier
 import kvtier.hf
@@ -48,25 +46,6 @@ def parse_args():
     p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
     p.add_argument("--seed", type=int, default=int(time.time()) % 100000, help="prompts' seed (default: from the clock)")
     return p.parse_args()
-
-
-def start_redis(binary, tmp):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(16).startswith(b"+PONG"):
-                    return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
 
 
 def stat(client, name):

@@ -230,6 +230,19 @@ std::string WriteRecordKey(const std::string& dir) {
 // The stores: section's line naming the key file.
 std::string KeyLine(const std::string& key_file) { return "  record_key_file: " + key_file + "\n"; }
 
+// Commits 4-block sessions (tokens from seed on) until the disk store writes
+// one, for at most 10 s: the tokens of the one that landed, or none.
+std::vector<TokenId> WriteUntilOneLands(Host& h, uint32_t seed) {
+  const auto until = Clock::now() + 10s;
+  while (Clock::now() < until) {
+    const double before = h.Stats()["store.disk.put_blocks"];
+    std::vector<TokenId> tokens = Tokens(seed++, 4);
+    h.PutAndDemote("c" + std::to_string(seed), tokens);
+    if (h.WaitForStat("store.disk.put_blocks", before + 4, 500ms)) return tokens;
+  }
+  return {};
+}
+
 class DiskTierTest : public ::testing::Test {
  protected:
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -379,16 +392,7 @@ TEST_F(DiskTierTest, ADeletedDirectoryIsMadeAgainAndWritesLandThere) {
   h.PutAndDemote("b", Tokens(16, 4));
   ASSERT_TRUE(h.WaitForStat("store.disk.errors", 1)) << "writes into the deleted directory fail, counted";
   // kvtierd makes the directory again (its parent is there) within a second or so.
-  const auto until = Clock::now() + 10s;
-  uint32_t seed = 100;
-  std::vector<TokenId> landed;
-  while (Clock::now() < until) {
-    const double before = h.Stats()["store.disk.put_blocks"];
-    landed = Tokens(seed++, 4);
-    h.PutAndDemote("c" + std::to_string(seed), landed);
-    if (h.WaitForStat("store.disk.put_blocks", before + 4, 500ms)) break;
-    landed.clear();
-  }
+  const std::vector<TokenId> landed = WriteUntilOneLands(h, 100);
   ASSERT_FALSE(landed.empty()) << "no write landed after the directory was deleted";
   EXPECT_TRUE(std::filesystem::is_directory(dir_));
   EXPECT_GE(h.Stats().at("store.disk.reopens"), 1);
@@ -412,16 +416,7 @@ TEST_F(DiskTierTest, AnUnusableDirectoryAtStartIsAStoreThatIsDownUntilItCanBeUse
   EXPECT_EQ(h.Stats().at("store.disk.put_blocks"), 0);
   std::filesystem::remove(parent);
   std::filesystem::create_directory(parent);
-  const auto until = Clock::now() + 10s;
-  uint32_t seed = 200;
-  std::vector<TokenId> landed;
-  while (Clock::now() < until) {
-    const double before = h.Stats()["store.disk.put_blocks"];
-    landed = Tokens(seed++, 4);
-    h.PutAndDemote("c" + std::to_string(seed), landed);
-    if (h.WaitForStat("store.disk.put_blocks", before + 4, 500ms)) break;
-    landed.clear();
-  }
+  const std::vector<TokenId> landed = WriteUntilOneLands(h, 200);
   ASSERT_FALSE(landed.empty()) << "the store never came up";
   EXPECT_EQ(h.Stats().at("store.disk.down"), 0);
   h.Kill(SIGKILL);
