@@ -91,6 +91,91 @@ TEST_F(EngineShareTest, ARenewingReaderGivesWayToAWaitingTenant) {
   EXPECT_INVARIANTS();
 }
 
+// The same reader without sessions: it evicts them and renews leases taken
+// without a session id, so its blocks are in no session chain. Before, marks
+// were taken from chains alone: its blocks were never marked, and the other
+// tenant's Allocate failed for as long as the reader renewed.
+TEST_F(EngineShareTest, ASessionlessRenewingReaderGivesWayToAWaitingTenant) {
+  Start(Options(kGpu, 32));
+  const Chain c = MakeChain(1, kGpu);
+  Put("a", c);
+  auto first_lease = Get("", c);
+  ASSERT_TRUE(first_lease.ok()) << first_lease.status().ToString();
+  ReadLease lease = std::move(first_lease).value();
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
+  EXPECT_EQ(engine_->stats().sessions, 0u);
+  EXPECT_EQ(InGpu(lease), kGpu) << "the lease alone holds every GPU block";
+  ASSERT_FALSE(engine_->Allocate(other_, 1).ok()) << "every GPU slot is pinned by the reader";
+
+  auto renew = [&](const ReadLease& old) {
+    auto next = Get("", c);
+    EXPECT_TRUE(next.ok()) << next.status().ToString();
+    EXPECT_TRUE(engine_->Release(old.id).ok());
+    return std::move(next).value();
+  };
+  std::vector<WriteLease> got;
+  int renewals = 0;
+  while (got.empty() && renewals < 3) {
+    lease = renew(lease);
+    ++renewals;
+    ExpectLeaseHolds(lease, c);
+    // Marks take the ends of its prefix first: it keeps the beginning.
+    EXPECT_GE(lease.blocks.size(), kGpu / 2) << "the reader keeps its share, from block 0";
+    if (auto w = engine_->Allocate(other_, 1); w.ok()) got.push_back(std::move(*w));
+  }
+  ASSERT_FALSE(got.empty()) << "the waiting tenant got no GPU slot in " << renewals << " renewals";
+  EXPECT_GE(engine_->stats().share_limited, 1u);
+  // Up to its share, as the reader renews; the blocks the reader gave up were
+  // held by no session, so they left the cache when its old lease ended.
+  for (int i = 0; i < 6 && got.size() < kGpu / 2; ++i) {
+    if (auto w = engine_->Allocate(other_, 1); w.ok()) got.push_back(std::move(*w));
+    lease = renew(lease);
+  }
+  EXPECT_EQ(got.size(), kGpu / 2);
+  EXPECT_EQ(lease.blocks.size(), kGpu / 2);
+  ExpectLeaseHolds(lease, c);
+  for (const Freed& f : freed_) EXPECT_FALSE(f.dropped) << "released, never dropped while leased";
+  EXPECT_INVARIANTS();
+
+  ASSERT_TRUE(engine_->Release(lease.id).ok());
+  for (const WriteLease& w : got) ASSERT_TRUE(engine_->Release(w.id).ok());
+  EXPECT_INVARIANTS();
+}
+
+// Sessionless leases of two prefixes: the marks take the ends of both before
+// the beginning of either, so the reader keeps the start of each.
+TEST_F(EngineShareTest, SessionlessMarksTakeTheEndsOfEveryPrefixFirst) {
+  Start(Options(kGpu, 32));
+  const Chain c1 = MakeChain(1, kGpu / 2);
+  const Chain c2 = MakeChain(2, kGpu / 2);
+  Put("a", c1);
+  Put("b", c2);
+  auto l1 = Get("", c1);
+  auto l2 = Get("", c2);
+  ASSERT_TRUE(l1.ok() && l2.ok());
+  EXPECT_EQ(engine_->EvictSessions(tenant_.ns), 2u);
+  ASSERT_FALSE(engine_->Allocate(other_, 1).ok());
+  for (int i = 0; i < 2; ++i) {
+    auto n1 = Get("", c1);
+    auto n2 = Get("", c2);
+    ASSERT_TRUE(n1.ok() && n2.ok());
+    ASSERT_TRUE(engine_->Release(l1->id).ok());
+    ASSERT_TRUE(engine_->Release(l2->id).ok());
+    l1 = std::move(n1);
+    l2 = std::move(n2);
+  }
+  EXPECT_EQ(l1->blocks.size(), kGpu / 4) << "half of each prefix, its beginning";
+  EXPECT_EQ(l2->blocks.size(), kGpu / 4);
+  ExpectLeaseHolds(*l1, c1);
+  ExpectLeaseHolds(*l2, c2);
+  auto w = engine_->Allocate(other_, kGpu / 2);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(engine_->Release(l1->id).ok());
+  ASSERT_TRUE(engine_->Release(l2->id).ok());
+  if (w.ok()) ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_INVARIANTS();
+}
+
 TEST_F(EngineShareTest, ATenantAloneKeepsTheWholeTier) {
   Start(Options(kGpu, 32));
   const Chain c = MakeChain(1, kGpu);
