@@ -19,7 +19,10 @@ bool GpuShare::NoteWaiting(TenantAccount& waiter, const TenantLedger& ledger, Cl
   if (waiter.Held(Tier::kGpu) >= share) return false;
   // A new wait (not during one) begins a new marking epoch: marks made during
   // one wait stay until it ends (Reclaimer::ReclaimShare).
-  if (!contended(now) && ++epoch_ == 0) epoch_ = 1;
+  if (!contended(now)) {
+    if (++epoch_ == 0) epoch_ = 1;
+    marked_.clear();
+  }
   waiter.waited = true;
   waiter.waited_at = now;
   waited_ = true;

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "tenant_ledger.h"
 
@@ -54,6 +55,11 @@ class GpuShare {
   // The marking epoch (Record::share_epoch): blocks marked in it are over
   // their tenant's share. 0 is never an epoch.
   uint32_t epoch() const { return epoch_; }
+  // The records marked in this epoch, every tenant's, so that the marks a
+  // tenant holds are counted without walking what it holds. Entries may have
+  // gone stale since (demoted, freed, republished): the reclaimer checks each
+  // against its record and prunes them. Emptied when a new epoch begins.
+  std::vector<uint32_t>& marked() { return marked_; }
 
   // Whether the share applies to `a` now: contended, and `a` has no GPU quota.
   bool Applies(const TenantAccount& a, Clock::time_point now) const {
@@ -78,6 +84,7 @@ class GpuShare {
   uint32_t share_ = 0;
   uint32_t active_ = 0;
   uint32_t epoch_ = 0;
+  std::vector<uint32_t> marked_;
 };
 
 }  // namespace kvtier::tiering

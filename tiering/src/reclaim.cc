@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "engine_impl.h"
@@ -189,22 +191,18 @@ void Reclaimer::ReclaimShare(TenantAccount& tenant, uint32_t excess) {
   // stay for the whole wait (one epoch): re-marking by coldness would move
   // them as the reader's own acquires warm its sessions, and it would lose
   // more than its excess. So the blocks marked already and still in the GPU
-  // tier count first (a walk of all its chains: the cost of being over).
+  // tier count first (GpuShare::marked: at most one entry per GPU slot once
+  // pruned, whoever holds them).
   const uint32_t held = tenant.Held(Tier::kGpu);
   const uint32_t share = engine_.gpu_share.share();
   if (held <= share) return;
   const uint32_t epoch = engine_.gpu_share.epoch();
-  std::vector<uint32_t> marked;
-  engine_.sessions.VisitColdest([&](Session* s) {
-    if (s->tenant != &tenant) return true;
-    for (uint32_t r : s->chain) {
-      const Record& rec = engine_.blocks[r];
-      if (rec.share_epoch == epoch && rec.tier == Tier::kGpu && !rec.moving()) marked.push_back(r);
-    }
-    return true;
-  });
+  std::vector<uint32_t>& marked = engine_.gpu_share.marked();
   std::sort(marked.begin(), marked.end());
-  const auto already = static_cast<uint32_t>(std::unique(marked.begin(), marked.end()) - marked.begin());
+  marked.erase(std::unique(marked.begin(), marked.end()), marked.end());
+  std::erase_if(marked, [&](uint32_t r) { return !Marked(engine_.blocks[r], epoch); });
+  const auto already = static_cast<uint32_t>(
+      std::count_if(marked.begin(), marked.end(), [&](uint32_t r) { return engine_.blocks[r].tenant == &tenant; }));
   if (held - share <= already) return;
   const uint32_t to_mark = held - share - already;
   uint32_t added = 0;
@@ -214,11 +212,58 @@ void Reclaimer::ReclaimShare(TenantAccount& tenant, uint32_t excess) {
       Record& rec = engine_.blocks[*it];
       if (rec.ReadyIn(Tier::kGpu) && rec.readers > 0 && rec.share_epoch != epoch) {
         rec.share_epoch = epoch;
+        marked.push_back(*it);
         ++added;
       }
     }
     return added < to_mark;
   });
+  if (added < to_mark) MarkLeased(tenant, to_mark - added);
+}
+
+bool Reclaimer::Marked(const Record& rec, uint32_t epoch) {
+  // Demoting (leaving: no longer counted where it is) or freed, it holds no
+  // GPU slot of its tenant's to give way.
+  return rec.share_epoch == epoch && rec.ReadyIn(Tier::kGpu) && !rec.doomed;
+}
+
+void Reclaimer::MarkLeased(TenantAccount& tenant, uint32_t want) {
+  // Pinned by read leases alone: blocks of sessions that are gone (evicted,
+  // or a reader that never named one), which no chain reaches. Before, such
+  // a reader renewing its leases kept them pinned for as long as it lived.
+  // Every lease is a prefix from block 0 (MatchRecords), so a block's place
+  // in a lease is its depth in its prefix: the deepest blocks of every prefix
+  // are marked first, and a renewed lease (which stops at its first marked
+  // block) keeps the beginnings of all of them. The walk passes every live
+  // lease once and reads the tenant's own (bounded by max_leases_per_client
+  // and max_blocks_per_request per client); it runs only while a tenant waits
+  // and this one is over its share with too few pinned blocks in its chains.
+  const uint32_t epoch = engine_.gpu_share.epoch();
+  std::vector<std::pair<uint32_t, uint32_t>> found;  // (depth, record)
+  engine_.leases.ForEach([&](LeaseId, const Lease& lease) {
+    const auto* read = std::get_if<ReadRecords>(&lease.held);
+    // A read lease holds its reader's tenant's blocks only (MatchRecords).
+    if (read == nullptr || read->records.empty() || engine_.blocks[read->records[0]].tenant != &tenant) return;
+    for (size_t i = 0; i < read->records.size(); ++i) {
+      const uint32_t r = read->records[i];
+      const Record& rec = engine_.blocks[r];
+      if (rec.ReadyIn(Tier::kGpu) && !rec.doomed && rec.share_epoch != epoch) {
+        found.emplace_back(static_cast<uint32_t>(i), r);
+      }
+    }
+  });
+  // Deepest first; among equals, the oldest lease's first (grant order).
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<uint32_t>& marked = engine_.gpu_share.marked();
+  uint32_t added = 0;
+  for (const auto& [depth, r] : found) {
+    if (added >= want) break;
+    Record& rec = engine_.blocks[r];
+    if (rec.share_epoch == epoch) continue;  // In two leases (an old one and its renewal).
+    rec.share_epoch = epoch;
+    marked.push_back(r);
+    ++added;
+  }
 }
 
 void Reclaimer::MakeHostRoomFor(const Session* s, uint32_t want) {

@@ -18,6 +18,7 @@
 
 namespace kvtier::tiering {
 
+struct Record;
 struct Session;
 struct TenantAccount;
 
@@ -66,8 +67,10 @@ class Reclaimer {
   // While a tenant waits for GPU room: every tenant over its fair share has
   // its idle GPU blocks past the share demoted, and as many of its pinned
   // ones as it holds past the share after that marked (Record::share_epoch;
-  // tails of its coldest sessions first), so that its new read leases stop
-  // before them and they are demoted once its older leases end.
+  // tails of its coldest sessions first, then the deepest blocks of its read
+  // leases that no session holds), so that its new read leases stop
+  // before them and they are demoted once its older leases end (or freed,
+  // when no session holds them).
   void ReclaimShares();
   // Makes host room under `s`'s tenant's quota and in the host tier for
   // demoting `want` of its blocks, dropping colder host blocks. For Demote.
@@ -80,6 +83,12 @@ class Reclaimer {
                        uint32_t credit, const std::string& limit_text);
   // ReclaimShares for one tenant holding `excess` GPU blocks or slots past its share.
   void ReclaimShare(TenantAccount& tenant, uint32_t excess);
+  // Marks up to `want` more of the tenant's GPU blocks pinned by its read
+  // leases, the deepest in their prefixes first: those no session chain
+  // reaches (a reader whose sessions are gone, or that never named one).
+  void MarkLeased(TenantAccount& tenant, uint32_t want);
+  // `rec` is marked in `epoch` and still holds a GPU slot of its tenant's.
+  static bool Marked(const Record& rec, uint32_t epoch);
 
   Engine::Impl& engine_;
 };
