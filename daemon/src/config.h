@@ -182,6 +182,10 @@ struct DaemonConfig {
   // A lease (Allocate's write lease, Acquire's read lease) older than this is
   // revoked at the next tick: its slots go back to the pool, its pins end; 0: never.
   uint32_t lease_timeout_ms = 30000;
+  // The fair share of the GPU tier (EngineOptions::gpu_share_window): while a
+  // tenant below its share finds no GPU slot, and this long after, each tenant
+  // without a GPU quota may hold gpu slots / active tenants; 0: no share.
+  uint32_t gpu_share_window_ms = 1000;
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.

@@ -161,6 +161,9 @@ const std::vector<ConfigKey>& Table() {
                    kReloadable, "Unsent reply bytes past which a connection's requests wait (4x: it is closed)"),
     Number<uint32_t>("limits", "lease_timeout_ms", KVTIER_MEMBER(lease_timeout_ms), 0, 86400000, kReloadable,
                      "A lease older than this is revoked (0: never)", &CheckLeaseTimeout),
+    Number<uint32_t>("limits", "gpu_share_window_ms", KVTIER_MEMBER(gpu_share_window_ms), 0, 3600000, kReloadable,
+                     "After a tenant below its fair share of the gpu tier finds no slot, tenants without a gpu quota "
+                     "are held to gpu slots / active tenants this long (0: no fair share)"),
 
     Text("metrics", "listen", KVTIER_MEMBER(metrics_listen), {}, kAtStart,
          "Prometheus endpoint HOST:PORT (port 0: any free one); empty: none", &CheckMetricsListen),

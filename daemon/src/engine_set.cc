@@ -39,6 +39,7 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profi
   o.max_session_blocks = config.max_session_blocks;
   o.max_blocks_per_request = config.max_blocks_per_request;
   o.lease_timeout = std::chrono::milliseconds(config.lease_timeout_ms);
+  o.gpu_share_window = std::chrono::milliseconds(config.gpu_share_window_ms);
   o.name = shm_names::Domain(p.profile.name, tenant != nullptr ? tenant->name : std::string());
   o.index_segment = shm_names::Index(config.instance, o.name);
   // An isolated tenant's engine is its quota; the shared one keeps the quotas

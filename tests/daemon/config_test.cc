@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -13,6 +14,7 @@
 
 #include "config.h"
 #include "config_keys.h"
+#include "engine_set.h"
 #include "store_factory.h"
 
 namespace kvtier::daemon {
@@ -742,6 +744,35 @@ TEST(ConfigTest, LeaseTimeoutDefaultsTo30SecondsIsCheckedRoundTripsAndReloads) {
   EXPECT_EQ(plan.applied[0], "limits.lease_timeout_ms: 30000 -> 0");
 }
 
+// The fair share's window: 1 s by default, 0 turns the share off; the
+// engines take it at once on a reload (Engine::Retune).
+TEST(ConfigTest, GpuShareWindowDefaultsToOneSecondReachesTheEnginesAndReloads) {
+  auto def = ParseConfig(kMinimal, "test.yaml");
+  ASSERT_TRUE(def.ok());
+  EXPECT_EQ(def->gpu_share_window_ms, 1000u);
+  EXPECT_EQ(EngineOptionsFor(*def, 0, "").gpu_share_window, std::chrono::milliseconds(1000));
+  for (const char* ok : {"0", "250", "3600000"}) {
+    auto c = ParseConfig(std::string(kMinimal) + "limits:\n  gpu_share_window_ms: " + ok + "\n", "test.yaml");
+    ASSERT_TRUE(c.ok()) << ok << ": " << c.status().ToString();
+    EXPECT_EQ(c->gpu_share_window_ms, std::stoul(ok));
+    EXPECT_EQ(EngineOptionsFor(*c, 0, "").gpu_share_window.count(), std::stol(ok));
+    auto again = ParseConfig(DumpConfig(*c), "dump");
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->gpu_share_window_ms, c->gpu_share_window_ms);
+  }
+  for (const char* bad : {"3600001", "-1", "soon"}) {
+    const std::string e = ErrorOf(std::string(kMinimal) + "limits:\n  gpu_share_window_ms: " + bad + "\n");
+    EXPECT_NE(e.find("limits.gpu_share_window_ms"), std::string::npos) << bad << ": " << e;
+  }
+  auto off = ParseConfig(std::string(kMinimal) + "limits:\n  gpu_share_window_ms: 0\n", "test.yaml");
+  ASSERT_TRUE(off.ok());
+  const ReloadPlan plan = PlanReload(*def, *off);
+  EXPECT_EQ(plan.next.gpu_share_window_ms, 0u);
+  EXPECT_TRUE(plan.kept.empty());
+  ASSERT_EQ(plan.applied.size(), 1u);
+  EXPECT_EQ(plan.applied[0], "limits.gpu_share_window_ms: 1000 -> 0");
+}
+
 // Found by kvtier-fuzz-config (tests/fuzz/corpus/config/found_*): malformed
 // numbers used to escape ParseByteSize as std::invalid_argument / out_of_range.
 TEST(ConfigTest, MalformedByteSizesAreErrorsNotExceptions) {
@@ -876,7 +907,7 @@ TEST(ConfigTest, AReloadAppliesExactlyTheKeysMarkedReloadable) {
     EXPECT_EQ(plan.applied.size() + plan.kept.size(), 1u) << k.Path();
     reloadable += k.reloadable;
   }
-  EXPECT_EQ(reloadable, 18u) << "log_level, busy_poll_us, tiering.* but policy (7) and limits' 9 reloadable keys";
+  EXPECT_EQ(reloadable, 19u) << "log_level, busy_poll_us, tiering.* but policy (7) and limits' 10 reloadable keys";
 }
 
 }  // namespace

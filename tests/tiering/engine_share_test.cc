@@ -176,6 +176,36 @@ TEST_F(EngineShareTest, SessionlessMarksTakeTheEndsOfEveryPrefixFirst) {
   EXPECT_INVARIANTS();
 }
 
+// The window may change while serving (Retune; kvtierd's
+// limits.gpu_share_window_ms reloads): 0 turns the share off, at once.
+TEST_F(EngineShareTest, AWindowRetunedToZeroTurnsTheShareOff) {
+  Start(Options(kGpu, 32));
+  const Chain c = MakeChain(1, kGpu);
+  ReadLease lease = FillAndLease(c);
+  EngineOptions off = Options(kGpu, 32);
+  off.gpu_share_window = milliseconds(0);
+  ASSERT_TRUE(engine_->Retune(off).ok());
+  ASSERT_FALSE(engine_->Allocate(other_, 1).ok());
+  for (int i = 0; i < 3; ++i) {
+    lease = Renew(c, lease);
+    EXPECT_EQ(InGpu(lease), kGpu) << "no share: the reader keeps the tier";
+    EXPECT_FALSE(engine_->Allocate(other_, 1).ok());
+  }
+  EXPECT_EQ(engine_->stats().share_limited, 0u);
+  EngineOptions bad = Options(kGpu, 32);
+  bad.gpu_share_window = milliseconds(-1);
+  EXPECT_EQ(engine_->Retune(bad).code(), StatusCode::kInvalidArgument);
+  // Back on: the next wait begins a share.
+  ASSERT_TRUE(engine_->Retune(Options(kGpu, 32)).ok());
+  ASSERT_FALSE(engine_->Allocate(other_, 1).ok());
+  lease = Renew(c, lease);
+  auto w = engine_->Allocate(other_, 1);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(engine_->Release(lease.id).ok());
+  if (w.ok()) ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_INVARIANTS();
+}
+
 TEST_F(EngineShareTest, ATenantAloneKeepsTheWholeTier) {
   Start(Options(kGpu, 32));
   const Chain c = MakeChain(1, kGpu);

@@ -83,6 +83,7 @@ Status CheckTunables(const EngineOptions& o) {
   }
   if (o.max_copy_batch == 0) return InvalidArgument("max_copy_batch must be > 0");
   if (o.lease_timeout.count() < 0) return InvalidArgument("lease_timeout must be >= 0 (0: never)");
+  if (o.gpu_share_window.count() < 0) return InvalidArgument("gpu_share_window must be >= 0 (0: no fair share)");
   return Status::Ok();
 }
 
@@ -307,6 +308,10 @@ Status Engine::Retune(const EngineOptions& o) {
   options.host_low_watermark = o.host_low_watermark;
   options.max_copy_batch = o.max_copy_batch;
   options.lease_timeout = o.lease_timeout;
+  // A shorter window ends a wait sooner (0: at once); marks made in it mean
+  // nothing once nobody waits.
+  options.gpu_share_window = o.gpu_share_window;
+  impl_->gpu_share.set_window(o.gpu_share_window);
   return Status::Ok();
 }
 

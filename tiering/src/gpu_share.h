@@ -13,8 +13,8 @@
 // holding GPU blocks or write-lease slots, or waiting within the window). A
 // tenant over it gets no new GPU slots, its promotions stop, and the GPU blocks
 // it holds past its share are *marked*: its new read leases stop before a
-// marked block, so once its older leases end those blocks are demoted and
-// their slots go to the waiter (reclaim.h: MakeShareRoom). Existing leases are
+// marked block, so once its older leases end those blocks are demoted (or
+// freed, when no session holds them) and their slots go to the waiter (reclaim.h: MakeShareRoom). Existing leases are
 // never revoked early: a reader would read reused slots.
 //
 // Alone, a tenant never waits on anyone (its share is the whole tier), and a

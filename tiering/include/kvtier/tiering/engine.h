@@ -220,7 +220,7 @@ class Engine {
     EnforceWatermarks();
     return expired;
   }
-  // Takes the watermarks, max_copy_batch and lease_timeout from `options` (the
+  // Takes the watermarks, max_copy_batch, lease_timeout and gpu_share_window from `options` (the
   // settings that may change while serving, e.g. on a config reload); every
   // other field is ignored. The watermarks apply from the next EnforceWatermarks. On an invalid
   // value nothing changes (kInvalidArgument, as Create would say).

@@ -154,7 +154,7 @@ struct EngineOptions {
   // read leases stop before its GPU blocks past the share, which are demoted
   // once its older leases end. Active: holding GPU blocks or write-lease
   // slots, or waiting within this window. Nobody waiting, any tenant may use
-  // the whole tier.
+  // the whole tier. May change (Retune); kvtierd's limits.gpu_share_window_ms.
   std::chrono::milliseconds gpu_share_window{1000};
 };
 
