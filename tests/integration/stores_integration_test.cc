@@ -435,6 +435,16 @@ std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster, in
          "]\n      cluster: " + (cluster ? "true" : "false") + "\n      timeout_ms: 300\n";
 }
 
+// The store budget of the tests that need a fetch to outlast it: a victim's 8-block fetch (or a
+// first 4 MiB chunk) must fit it while a 256 MiB fetch does not; sanitizer builds are slower.
+#if defined(__SANITIZE_THREAD__)
+constexpr int kLoopBudgetMs = 400;
+#elif defined(__SANITIZE_ADDRESS__)
+constexpr int kLoopBudgetMs = 120;
+#else
+constexpr int kLoopBudgetMs = 50;
+#endif
+
 class RemoteTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -572,8 +582,11 @@ TEST_F(RemoteTierTest, AFetchPastTheBudgetLandsInTheSessionForItsNextAcquire) {
 // rest landing in the session for the next.
 TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSoFar) {
   // 128 KiB blocks: the 2,048-block prefix is 256 MiB, longer to read than the 50 ms budget.
-  std::string config = RemoteConfig({redis_->address()}, false, 50) + "tiering:\n  tick_ms: 5\n";
+  // The budget is kLoopBudgetMs (scaled in sanitizer builds, where a first chunk takes longer than
+  // 50 ms), Redis' timeout well past the pause below.
+  std::string config = RemoteConfig({redis_->address()}, false, kLoopBudgetMs) + "tiering:\n  tick_ms: 5\n";
   config.replace(config.find("head_dim: 32"), 12, "head_dim: 512");
+  config.replace(config.find("timeout_ms: 300"), 15, "timeout_ms: 3000");
   std::string writer = config, reader = config;
   writer.replace(writer.find("host_blocks: 1024"), 17, "host_blocks: 2560");
   reader.replace(reader.find("host_blocks: 1024"), 17, "host_blocks: 3072");  // No watermark drops the prefix.
@@ -598,7 +611,7 @@ TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSo
       if (some) {
         redis_->Pause();
         paused = true;
-        std::this_thread::sleep_for(150ms);  // Past the 50 ms budget, within the 300 ms timeout.
+        std::this_thread::sleep_for(std::chrono::milliseconds(kLoopBudgetMs + 150));  // Past the budget.
         redis_->Resume();
         return;
       }
@@ -631,7 +644,8 @@ TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSo
 TEST_F(RemoteTierTest, ATenantLoopingOnALongPrefixInTheStoresDoesNotStarveAnotherTenantsFetches) {
   // 128 KiB blocks: tenant A's 2,048-block prefix is 256 MiB (stores.max_fetch_bytes).
   // A 50 ms budget: A's fetches (about 100 ms here) outlast it, a chunk of them (2 ms) does not.
-  std::string config = RemoteConfig({redis_->address()}, false, 50);
+  // Sanitizer builds run everything several times slower: kLoopBudgetMs scales.
+  std::string config = RemoteConfig({redis_->address()}, false, kLoopBudgetMs);
   config.replace(config.find("head_dim: 32"), 12, "head_dim: 512");
   // Room in the host tiers for A's prefix and B's: the victim's blocks are never short of a slot.
   std::string writer = config, reader = config;
