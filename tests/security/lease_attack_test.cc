@@ -121,6 +121,42 @@ Result<std::pair<WriteLease, milliseconds>> AllocateWhenRoom(Client& c, uint32_t
   }
 }
 
+// A reader that keeps its prompts leased: each Renew leases every prompt again
+// (under session "s<i>", or none), then releases the previous leases, and
+// checks the bytes of every block leased. Renew returns the blocks in the GPU
+// tier, or -1 when a lease went wrong (`whole`: each must hold its whole prompt).
+class RenewingReader {
+ public:
+  RenewingReader(std::vector<std::vector<TokenId>> prompts, bool sessions, bool whole)
+      : prompts_(std::move(prompts)), held_(prompts_.size()), sessions_(sessions), whole_(whole) {}
+  int Renew(Client& c) {
+    int in_gpu = 0;
+    std::vector<Lease> next;
+    for (size_t s = 0; s < prompts_.size(); ++s) {
+      auto lease = c.Acquire(sessions_ ? "s" + std::to_string(s) : "", prompts_[s]);
+      if (!lease.ok() || !lease->Wait(kReply).ok()) return -1;
+      const std::vector<BlockKey> keys = c.Keys(prompts_[s]);
+      if (whole_ && lease->matched() != keys.size()) return -1;
+      for (size_t i = 0; i < lease->size(); ++i) {
+        if (!testing::PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) return -1;
+        in_gpu += lease->block(i).tier == Tier::kGpu ? 1 : 0;
+      }
+      next.push_back(std::move(*lease));
+    }
+    for (Lease& l : held_) {
+      if (l.size() > 0 && !l.Release().ok()) return -1;
+    }
+    held_ = std::move(next);
+    return in_gpu;
+  }
+
+ private:
+  const std::vector<std::vector<TokenId>> prompts_;
+  std::vector<Lease> held_;
+  const bool sessions_;
+  const bool whole_;
+};
+
 class LeaseAttack : public ::testing::Test {
  protected:
   void Start(const std::string& config) {
@@ -494,37 +530,15 @@ TEST_F(LeaseAttack, ALiveReaderRenewingEveryGpuBlockGivesWayToAWaitingTenant) {
   }
   ASSERT_EQ(StatOf(**hog, "tenant.hog.gpu_blocks"), kGpuSlots);
 
-  // Leases every block of every session again, then releases the previous
-  // leases; checks that every leased block holds its bytes. The blocks in the
-  // GPU tier, or -1 when a lease went wrong.
-  std::vector<Lease> held(kSessions);
-  auto renew = [&](Client& c) -> int {
-    int in_gpu = 0;
-    std::vector<Lease> next;
-    for (uint32_t s = 0; s < kSessions; ++s) {
-      auto lease = c.Acquire("s" + std::to_string(s), prompts[s]);
-      if (!lease.ok() || lease->matched() != kChunk || !lease->Wait(kReply).ok()) return -1;
-      const std::vector<BlockKey> keys = c.Keys(prompts[s]);
-      for (size_t i = 0; i < lease->size(); ++i) {
-        if (!testing::PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) return -1;
-        in_gpu += lease->block(i).tier == Tier::kGpu ? 1 : 0;
-      }
-      next.push_back(std::move(*lease));
-    }
-    for (Lease& l : held) {
-      if (l.size() > 0 && !l.Release().ok()) return -1;
-    }
-    held = std::move(next);
-    return in_gpu;
-  };
+  RenewingReader reader(prompts, /*sessions=*/true, /*whole=*/true);
 
   // Alone (nobody waits), the reader keeps the whole GPU tier.
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(renew(**hog), static_cast<int>(kGpuSlots)) << "renewal " << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(reader.Renew(**hog), static_cast<int>(kGpuSlots)) << "renewal " << i;
 
   // The reader renews every ~100 ms while the victim tries to Allocate+Commit.
   auto victim = Connect(*daemon_, "victim");
   ASSERT_TRUE(victim.ok()) << victim.status().ToString();
-  const Race race = RaceAVictim(**victim, [&] { return renew(**hog); });
+  const Race race = RaceAVictim(**victim, [&] { return reader.Renew(**hog); });
   ASSERT_GT(race.commits, 0) << "the victim never got a GPU slot in 3 s (" << race.failures << " failures)";
   EXPECT_EQ(race.failures_after, 0) << "once the reader gave way, the victim's turns found room";
   EXPECT_GT(race.renewals, 5) << "the reader kept renewing meanwhile";
@@ -551,37 +565,16 @@ TEST_F(LeaseAttack, ASessionlessRenewingReaderGivesWayToAWaitingTenant) {
     prompts.push_back(Tokens(kChunk, 100 + s));
     ASSERT_TRUE(CommitKnown(**hog, "s" + std::to_string(s), prompts.back()).ok());
   }
-  // Leases every prompt without a session again (each lease a prefix as long
-  // as what is still cached), then releases the previous leases; checks the
-  // bytes of every leased block. The blocks in the GPU tier, or -1.
-  std::vector<Lease> held(kPrompts);
-  auto renew = [&](Client& c) -> int {
-    int in_gpu = 0;
-    std::vector<Lease> next;
-    for (uint32_t s = 0; s < kPrompts; ++s) {
-      auto lease = c.Acquire("", prompts[s]);
-      if (!lease.ok() || !lease->Wait(kReply).ok()) return -1;
-      const std::vector<BlockKey> keys = c.Keys(prompts[s]);
-      for (size_t i = 0; i < lease->size(); ++i) {
-        if (!testing::PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes())) return -1;
-        in_gpu += lease->block(i).tier == Tier::kGpu ? 1 : 0;
-      }
-      next.push_back(std::move(*lease));
-    }
-    for (Lease& l : held) {
-      if (l.size() > 0 && !l.Release().ok()) return -1;
-    }
-    held = std::move(next);
-    return in_gpu;
-  };
-  ASSERT_EQ(renew(**hog), static_cast<int>(kGpuSlots));
+  // Without a session id, each lease a prefix as long as what is still cached.
+  RenewingReader reader(prompts, /*sessions=*/false, /*whole=*/false);
+  ASSERT_EQ(reader.Renew(**hog), static_cast<int>(kGpuSlots));
   for (uint32_t s = 0; s < kPrompts; ++s) ASSERT_TRUE((*hog)->Evict("s" + std::to_string(s)).ok());
   ASSERT_EQ(StatOf(**hog, "tenant.hog.gpu_blocks"), kGpuSlots) << "its leases alone hold the whole tier";
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(renew(**hog), static_cast<int>(kGpuSlots)) << "alone, it keeps it";
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(reader.Renew(**hog), static_cast<int>(kGpuSlots)) << "alone, it keeps it";
 
   auto victim = Connect(*daemon_, "victim");
   ASSERT_TRUE(victim.ok()) << victim.status().ToString();
-  const Race race = RaceAVictim(**victim, [&] { return renew(**hog); });
+  const Race race = RaceAVictim(**victim, [&] { return reader.Renew(**hog); });
   ASSERT_GT(race.commits, 0) << "the victim never got a GPU slot in 3 s (" << race.failures << " failures)";
   EXPECT_EQ(race.failures_after, 0) << "once the reader gave way, the victim's turns found room";
   EXPECT_GT(race.renewals, 5) << "the reader kept renewing meanwhile";
