@@ -438,12 +438,24 @@ std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster, in
 // The store budget of the tests that need a fetch to outlast it: a victim's 8-block fetch (or a
 // first 4 MiB chunk) must fit it while a 256 MiB fetch does not; sanitizer builds are slower.
 #if defined(__SANITIZE_THREAD__)
-constexpr int kLoopBudgetMs = 400;
+constexpr int kSlowFetchBudgetMs = 400;
 #elif defined(__SANITIZE_ADDRESS__)
-constexpr int kLoopBudgetMs = 120;
+constexpr int kSlowFetchBudgetMs = 120;
 #else
-constexpr int kLoopBudgetMs = 50;
+constexpr int kSlowFetchBudgetMs = 50;
 #endif
+
+// Host w commits `a` as tenant a's session "a" and `b` as tenant b's "b", and
+// waits (60 s at most) until its Redis store holds every block of both.
+void WriteThroughAsTenants(Host& w, const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
+  std::unique_ptr<Client> wa = w.NewClient("a"), wb = w.NewClient("b");
+  ASSERT_TRUE(wa && wb);
+  const double before = w.Stats()["store.redis.put_blocks"];
+  CommitLongChain(*wa, "a", a);
+  CommitLongChain(*wb, "b", b);
+  const size_t blocks = wa->Keys(a).size() + wb->Keys(b).size();
+  ASSERT_TRUE(w.WaitForStat("store.redis.put_blocks", before + static_cast<double>(blocks), 60s));
+}
 
 class RemoteTierTest : public ::testing::Test {
  protected:
@@ -581,10 +593,10 @@ TEST_F(RemoteTierTest, AFetchPastTheBudgetLandsInTheSessionForItsNextAcquire) {
 // chunk, and the Acquire past the budget is served the verified prefix, the
 // rest landing in the session for the next.
 TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSoFar) {
-  // 128 KiB blocks: the 2,048-block prefix is 256 MiB, longer to read than the 50 ms budget.
-  // The budget is kLoopBudgetMs (scaled in sanitizer builds, where a first chunk takes longer than
+  // 128 KiB blocks: the 2,048-block prefix is 256 MiB, longer to read than the budget.
+  // The budget is kSlowFetchBudgetMs (scaled in sanitizer builds, where a first chunk takes longer than
   // 50 ms), Redis' timeout well past the pause below.
-  std::string config = RemoteConfig({redis_->address()}, false, kLoopBudgetMs) + "tiering:\n  tick_ms: 5\n";
+  std::string config = RemoteConfig({redis_->address()}, false, kSlowFetchBudgetMs) + "tiering:\n  tick_ms: 5\n";
   config.replace(config.find("head_dim: 32"), 12, "head_dim: 512");
   config.replace(config.find("timeout_ms: 300"), 15, "timeout_ms: 3000");
   std::string writer = config, reader = config;
@@ -611,7 +623,7 @@ TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSo
       if (some) {
         redis_->Pause();
         paused = true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(kLoopBudgetMs + 150));  // Past the budget.
+        std::this_thread::sleep_for(std::chrono::milliseconds(kSlowFetchBudgetMs + 150));  // Past the budget.
         redis_->Resume();
         return;
       }
@@ -643,9 +655,9 @@ TEST_F(RemoteTierTest, AColdHostsFirstAcquirePastTheBudgetGetsThePrefixFetchedSo
 // victim Acquire gets its blocks, quiet or not.
 TEST_F(RemoteTierTest, ATenantLoopingOnALongPrefixInTheStoresDoesNotStarveAnotherTenantsFetches) {
   // 128 KiB blocks: tenant A's 2,048-block prefix is 256 MiB (stores.max_fetch_bytes).
-  // A 50 ms budget: A's fetches (about 100 ms here) outlast it, a chunk of them (2 ms) does not.
-  // Sanitizer builds run everything several times slower: kLoopBudgetMs scales.
-  std::string config = RemoteConfig({redis_->address()}, false, kLoopBudgetMs);
+  // A budget of kSlowFetchBudgetMs (50 ms; more in sanitizer builds): A's fetches (about 100 ms
+  // here) outlast it, a chunk of them (2 ms) does not.
+  std::string config = RemoteConfig({redis_->address()}, false, kSlowFetchBudgetMs);
   config.replace(config.find("head_dim: 32"), 12, "head_dim: 512");
   // Room in the host tiers for A's prefix and B's: the victim's blocks are never short of a slot.
   std::string writer = config, reader = config;
@@ -655,13 +667,7 @@ TEST_F(RemoteTierTest, ATenantLoopingOnALongPrefixInTheStoresDoesNotStarveAnothe
   w.Start();
   r.Start();
   const auto a_tokens = Tokens(31, 2048), b_tokens = Tokens(32, 8);
-  {
-    std::unique_ptr<Client> wa = w.NewClient("a"), wb = w.NewClient("b");
-    ASSERT_TRUE(wa && wb);
-    CommitLongChain(*wa, "a", a_tokens);
-    CommitLongChain(*wb, "b", b_tokens);
-    ASSERT_TRUE(w.WaitForStat("store.redis.put_blocks", 2048 + 8, 60s));
-  }
+  WriteThroughAsTenants(w, a_tokens, b_tokens);
   std::unique_ptr<Client> a = r.NewClient("a"), b = r.NewClient("b");
   ASSERT_TRUE(a && b);
   // Tenant A, while `loaded`: its prefix, then evicts it, so each lands from Redis anew.
@@ -722,13 +728,7 @@ TEST_F(RemoteTierTest, ATenantRefetchingInALoopIsHeldToItsFetchBudgetWhileAnothe
   w.Start();
   r.Start();
   const auto a_tokens = Tokens(41, 64), b_tokens = Tokens(42, 8);
-  {
-    std::unique_ptr<Client> wa = w.NewClient("a"), wb = w.NewClient("b");
-    ASSERT_TRUE(wa && wb);
-    CommitLongChain(*wa, "a", a_tokens);
-    CommitLongChain(*wb, "b", b_tokens);
-    ASSERT_TRUE(w.WaitForStat("store.redis.put_blocks", 64 + 8, 30s));
-  }
+  WriteThroughAsTenants(w, a_tokens, b_tokens);
   std::unique_ptr<Client> a = r.NewClient("a");
   ASSERT_TRUE(a);
   r.Disconnect();  // Host r's own client (tenant "") goes: tenant a is alone.
