@@ -25,16 +25,16 @@ def tokens(seed, blocks):
     return [seed * 1000 + i for i in range(blocks * BT)]
 
 
-def workload(c, seed):
-    """Commits, demotes, promotes and evicts sessions: every kind of event."""
+def workload(c, seed, blocks=12):
+    """Commits, demotes, promotes and evicts sessions of `blocks` blocks: every kind of event."""
     for i in range(8):
         sid = f"s{seed}-{i}"
-        with c.allocate(12) as w:
-            c.commit(w, sid, tokens(seed * 100 + i, 12))
+        with c.allocate(blocks) as w:
+            c.commit(w, sid, tokens(seed * 100 + i, blocks))
         if i % 3 == 0:
             c.demote(sid)
         if i % 3 == 2:
-            with c.acquire(tokens(seed * 100, 12), session=f"s{seed}-0") as lease:
+            with c.acquire(tokens(seed * 100, blocks), session=f"s{seed}-0") as lease:
                 lease.wait()
     c.evict(f"s{seed}-7")
 

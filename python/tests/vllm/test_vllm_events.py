@@ -15,6 +15,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_events import BT, tokens, workload  # noqa: E402
+
 from conftest import Daemon  # noqa: E402
 
 zmq = pytest.importorskip("zmq")
@@ -25,7 +27,6 @@ BlockRemoved = kv_events.BlockRemoved
 BlockStored = kv_events.BlockStored
 KVEventBatch = kv_events.KVEventBatch
 
-BT = 4
 TOPIC = "kv@host-a@tiny"
 # Small tiers: 8 sessions of 6 blocks overflow both, so pressure demotes and drops.
 PROFILE = """\
@@ -54,10 +55,6 @@ DISK = """stores:
       max_bytes: 24960
       write: back
 """
-
-
-def tokens(seed, blocks):
-    return [seed * 1000 + i for i in range(blocks * BT)]
 
 
 def vllm_hash(key_hex):
@@ -172,20 +169,6 @@ def disk_hashes(path):
     return {vllm_hash(n[-32:]) for n in os.listdir(path) if not n.startswith(".")}
 
 
-def workload(c, seed):
-    """Commits, demotes, promotes (acquires of a demoted session) and evicts; the small tiers drop blocks."""
-    for i in range(8):
-        sid = f"s{seed}-{i}"
-        with c.allocate(6) as w:
-            c.commit(w, sid, tokens(seed * 100 + i, 6))
-        if i % 3 == 0:
-            c.demote(sid)
-        if i % 3 == 2:
-            with c.acquire(tokens(seed * 100, 6), session=f"s{seed}-0") as lease:
-                lease.wait()
-    c.evict(f"s{seed}-7")
-
-
 @pytest.fixture
 def vllm_daemon(tmp_path):
     d = Daemon(tmp_path, EVENTS, profiles=PROFILE)
@@ -219,7 +202,7 @@ def test_vllms_decoder_rebuilds_the_blocks_per_tier_from_the_stream(vllm_daemon)
     sub = VllmSubscriber(f"ipc://{vllm_daemon.socket}.events", f"ipc://{vllm_daemon.socket}.replay")
     try:
         # Joins late: the replay brings it up from batch 1, which opens with AllBlocksCleared.
-        workload(c, 1)
+        workload(c, 1, blocks=6)
         first = sub.replay(1)
         assert first and first[0][0] == 1
         assert isinstance(sub.decoder.decode(first[0][1]).events[0], AllBlocksCleared)
@@ -232,8 +215,8 @@ def test_vllms_decoder_rebuilds_the_blocks_per_tier_from_the_stream(vllm_daemon)
                 break
         else:
             pytest.fail("no live batch reached the subscriber")
-        workload(c, 2)
-        workload(c, 3)
+        workload(c, 2, blocks=6)
+        workload(c, 3, blocks=6)
         deadline = time.monotonic() + 10
         while True:  # Copies may still be landing: until the stream is quiet and the sets agree.
             want = c.stats()["event_seq"]
@@ -273,9 +256,9 @@ def test_the_storage_medium_is_what_the_disk_store_holds(vllm_disk_daemon):
     sub = VllmSubscriber(f"ipc://{vllm_disk_daemon.socket}.events", f"ipc://{vllm_disk_daemon.socket}.replay")
     try:
         join(c, sub)
-        workload(c, 1)
-        workload(c, 2)
-        workload(c, 3)
+        workload(c, 1, blocks=6)
+        workload(c, 2, blocks=6)
+        workload(c, 3, blocks=6)
         deadline = time.monotonic() + 10
         while True:  # Copies and writes may still be landing: until the stream is quiet and the sets agree.
             want = c.stats()["event_seq"]
