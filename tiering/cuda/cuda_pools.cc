@@ -26,11 +26,7 @@ GpuPool::~GpuPool() {
 }
 
 PoolHandle GpuPool::Export() const {
-  PoolHandle h;
-  h.backend = BackendKind::kCuda;
-  h.tier = tier();
-  h.slot_bytes = slot_bytes();
-  h.slots = slots();
+  PoolHandle h = BaseHandle(BackendKind::kCuda);
   h.ipc_handle = EncodeGpuPoolHandle(handle_);
   return h;
 }
@@ -59,11 +55,7 @@ Status PinnedHostPool::Pin(size_t chunk_bytes, const CudaBackendOptions& options
 }
 
 PoolHandle PinnedHostPool::Export() const {
-  PoolHandle h;
-  h.backend = BackendKind::kCuda;
-  h.tier = tier();
-  h.slot_bytes = slot_bytes();
-  h.slots = slots();
+  PoolHandle h = BaseHandle(BackendKind::kCuda);
   h.shm_name = segment_.name();
   h.fd = segment_.share_fd();
   return h;

@@ -68,11 +68,7 @@ class HostPool final : public Pool {
   }
 
   PoolHandle Export() const override {
-    PoolHandle h;
-    h.backend = BackendKind::kHost;
-    h.tier = tier();
-    h.slot_bytes = slot_bytes();
-    h.slots = slots();
+    PoolHandle h = BaseHandle(BackendKind::kHost);
     h.shm_name = segment_.name();
     h.fd = segment_.share_fd();
     h.clients_write = tier() == Tier::kGpu;

@@ -76,6 +76,15 @@ class Pool {
  protected:
   Pool(Tier tier, size_t slot_bytes, uint32_t slots, std::byte* base, bool adopted = false)
       : tier_(tier), slot_bytes_(slot_bytes), slots_(slots), base_(base), adopted_(adopted) {}
+  // The handle's fields every backend fills alike; Export adds how to open the memory.
+  PoolHandle BaseHandle(BackendKind backend) const {
+    PoolHandle h;
+    h.backend = backend;
+    h.tier = tier_;
+    h.slot_bytes = slot_bytes_;
+    h.slots = slots_;
+    return h;
+  }
   std::string persistence_lost_;
 
  private:
