@@ -194,6 +194,12 @@ Result<uint32_t> Client::Prefetch(std::string_view session) {
   return r->message.count;
 }
 
+Result<uint32_t> Client::EndSession(std::string_view session) {
+  auto r = connection_->Call<wire::CountResponse>(wire::EndSessionRequest{std::string(session)}, Resend::kYes);
+  if (!r.ok()) return r.status();
+  return r->message.count;
+}
+
 Result<uint32_t> Client::Demote(std::string_view session) {
   auto r = connection_->Call<wire::CountResponse>(wire::DemoteRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();

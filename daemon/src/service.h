@@ -212,6 +212,7 @@ class Service {
   Result<Reply> On(ClientState& c, const wire::PrefetchRequest& m);
   Result<Reply> On(ClientState& c, const wire::DemoteRequest& m);
   Result<Reply> On(ClientState& c, const wire::EvictRequest& m);
+  Result<Reply> On(ClientState& c, const wire::EndSessionRequest& m);
   Result<Reply> On(ClientState& c, const wire::SetPriorityRequest& m);
   Result<Reply> On(ClientState& c, const wire::ListSessionsRequest& m);
   Result<Reply> On(ClientState& c, const wire::SessionInfoRequest& m);

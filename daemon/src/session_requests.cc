@@ -1,6 +1,7 @@
-// The session requests: evict (a session, a tenant's, all), set a session's
-// priority, list sessions page by page, and one session's chain with where each
-// block lies (the GPU, the host, or the store below that holds it).
+// The session requests: evict (a session, a tenant's, all), end one (its
+// blocks kept), set a session's priority, list sessions page by page, and one
+// session's chain with where each block lies (the GPU, the host, or the store
+// below that holds it).
 #include <algorithm>
 #include <iterator>
 #include <string>
@@ -48,6 +49,12 @@ Result<Reply> Service::On(ClientState& c, const wire::EvictRequest& m) {
   LogInfo("client " + std::to_string(c.id) + " evicted " + std::to_string(n) + " sessions (" +
           (m.all ? std::string("all") : "tenant '" + m.tenant + "'") + ")");
   return Reply{wire::CountResponse{n}};
+}
+
+Result<Reply> Service::On(ClientState& c, const wire::EndSessionRequest& m) {
+  auto r = EngineOf(c).EndSession(TenantOf(c), m.session);
+  if (!r.ok()) return r.status();
+  return Reply{wire::CountResponse{*r}};
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::SetPriorityRequest& m) {

@@ -248,7 +248,7 @@ void Fields(IO& io, M& m) {
 }
 
 template <typename IO, typename M>
-requires Is<M, PrefetchRequest> || Is<M, DemoteRequest> || Is<M, SessionInfoRequest>
+requires Is<M, PrefetchRequest> || Is<M, DemoteRequest> || Is<M, SessionInfoRequest> || Is<M, EndSessionRequest>
 void Fields(IO& io, M& m) { io.String("session", m.session); }
 
 template <typename IO, Is<EvictRequest> M>

@@ -96,6 +96,13 @@ void BindClient(py::module_& m) {
           },
           py::arg("session"))
       .def(
+          "end_session",
+          [](PyClient& c, const std::string& session) {
+            auto r = Unlocked([&] { return c.client->EndSession(session); });
+            return Take(std::move(r));
+          },
+          py::arg("session"))
+      .def(
           "evict",
           [](PyClient& c, const std::string& session, const std::string& tenant) {
             auto r = Unlocked([&] { return c.client->Evict(session, tenant); });

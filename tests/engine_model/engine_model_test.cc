@@ -223,9 +223,14 @@ class EngineModel {
       } else if (op < 78) {
         auto r = engine_->Prefetch(convs_[ci].tenant, sid);
         ASSERT_TRUE(r.ok() || r.status().code() == StatusCode::kNotFound) << Where() << r.status().ToString();
-      } else if (op < 83) {
+      } else if (op < 80) {
         const Status st = engine_->Evict(convs_[ci].tenant, sid);
         ASSERT_TRUE(st.ok() || st.code() == StatusCode::kNotFound) << Where() << st.ToString();
+      } else if (op < 83) {
+        ApplyFrees();
+        auto r = engine_->EndSession(convs_[ci].tenant, sid);
+        ASSERT_TRUE(r.ok() || r.status().code() == StatusCode::kNotFound) << Where() << r.status().ToString();
+        ASSERT_TRUE(freed_.empty()) << Where() << ": ending a session freed a block";
       } else if (op < 86) {
         const Status st = engine_->SetPriority(convs_[ci].tenant, sid, static_cast<int>(rng_() % 4));
         ASSERT_TRUE(st.ok() || st.code() == StatusCode::kNotFound) << Where() << st.ToString();

@@ -228,6 +228,76 @@ TEST_F(EngineTest, ASessionHoldsAtMostMaxSessionBlocks) {
 
 // --- Priorities and their deadlines --------------------------------------------------
 
+// A client that is done with a session (a vLLM request that finished) ends
+// it: what it computed stays cached, and the session no longer holds a place
+// under the tenant's session limit.
+TEST_F(EngineTest, AnEndedSessionKeepsItsBlocksAndMakesRoomUnderTheTenantsLimit) {
+  EngineOptions o = Options(16, 8);
+  o.max_sessions_per_tenant = 2;
+  Start(o);
+  const Chain a = MakeChain(1, 2), b = MakeChain(2, 2), c = MakeChain(3, 2);
+  Put("a", a);
+  Put("b", b);
+  // At the limit with both sessions open: a third is refused, as before.
+  auto w = engine_->Allocate(tenant_, 2);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(engine_->Commit(w->id, tenant_, "c", BlockKey{}, 0, c.tokens, w->slots).status().code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+
+  auto kept = engine_->EndSession(tenant_, "a");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(*kept, 2u);
+  EXPECT_EQ(Matched(a), 2u) << "an ended session's blocks stay cached";
+  EXPECT_TRUE(freed_.empty());
+  ASSERT_TRUE(engine_->EndSession(tenant_, "b").ok());
+  EXPECT_EQ(engine_->stats().ended_sessions, 2u);
+  EXPECT_INVARIANTS();
+
+  // A new session takes the place of the coldest ended one (a), whose blocks go.
+  Put("c", c);
+  EXPECT_EQ(engine_->GetSession(tenant_, "a").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Matched(a), 0u);
+  EXPECT_EQ(Matched(b), 2u);
+  EXPECT_EQ(Matched(c), 2u);
+  EXPECT_TRUE(WasFreed(a.keys[1], false));
+  EXPECT_EQ(engine_->stats().sessions, 2u);
+  EXPECT_INVARIANTS();
+
+  // Naming b again takes it back: no ended session is left to give up.
+  auto lease = Get("b", b);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  w = engine_->Allocate(tenant_, 2);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(engine_->Commit(w->id, tenant_, "d", BlockKey{}, 0, a.tokens, w->slots).status().code(),
+            StatusCode::kResourceExhausted);
+  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_EQ(Matched(b), 2u);
+  EXPECT_INVARIANTS();
+}
+
+TEST_F(EngineTest, EndingASessionAnotherContinuesRemovesItAndFreesNothing) {
+  Start(Options(16, 8));
+  const Chain turn1 = MakeChain(1, 2);
+  const Chain turn2 = MakeChain(2, 2, &turn1);
+  Put("turn1", turn1);
+  auto lease = Get("turn2", turn1);  // The next turn's request adopts the cached prefix...
+  ASSERT_TRUE(lease.ok());
+  Put("turn2", turn2, 2);  // ...and extends it.
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  auto kept = engine_->EndSession(tenant_, "turn1");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(*kept, 0u) << "turn2 holds all of turn1's chain";
+  EXPECT_EQ(engine_->GetSession(tenant_, "turn1").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Matched(turn2), 4u);
+  EXPECT_TRUE(freed_.empty());
+  EXPECT_EQ(engine_->stats().evicted_sessions, 0u) << "ending is not evicting";
+  EXPECT_EQ(*engine_->EndSession(tenant_, "turn2"), 4u);
+  EXPECT_EQ(engine_->EndSession(tenant_, "nobody").status().code(), StatusCode::kNotFound);
+  EXPECT_INVARIANTS();
+}
+
 TEST_F(EngineTest, PriorityTtlRevertsToZeroAtItsDeadline) {
   Start(Options(16, 16));
   for (const char* s : {"a", "b", "c", "d"}) Put(s, MakeChain(static_cast<uint32_t>(s[0]), 1));

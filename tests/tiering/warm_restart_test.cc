@@ -95,6 +95,21 @@ TEST(WarmManifestTest, AFormat1ManifestDecodesWithTheTenantSplitOffTheId) {
   EXPECT_EQ(d->sessions[1].id, "x");
 }
 
+// Format 4 keeps whether a session's client ended it; a format 3 manifest
+// (before sessions had flags) decodes with every session open.
+TEST(WarmManifestTest, AnEndedSessionStaysEndedAndAFormat3ManifestHasNone) {
+  WarmManifest m = Sample();
+  m.sessions[0].ended = true;
+  auto d = DecodeWarmManifest(EncodeWarmManifest(m), m.geometry);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->sessions[0].ended);
+  EXPECT_FALSE(d->sessions[1].ended);
+  auto old = DecodeWarmManifest(EncodeWarmManifest(m, /*format=*/3), m.geometry);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_FALSE(old->sessions[0].ended);
+  EXPECT_EQ(old->sessions[0].chain, m.sessions[0].chain);
+}
+
 TEST(WarmManifestTest, OtherGeometryOrVersionIsAPreconditionFailure) {
   const WarmManifest m = Sample();
   const std::vector<std::byte> bytes = EncodeWarmManifest(m);
@@ -345,6 +360,7 @@ TEST_F(WarmAdoptTest, CleanRestartAdoptsSessionsIndexAndBytes) {
   Put("tenant/a", a);
   Put("b", b);
   ASSERT_TRUE(engine_->SetPriority(tenant_, "b", 5).ok());
+  ASSERT_TRUE(engine_->EndSession(tenant_, "b").ok());
   DemoteAll();
   auto saved = engine_->SaveWarm(Manifest(), true);
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
@@ -369,6 +385,8 @@ TEST_F(WarmAdoptTest, CleanRestartAdoptsSessionsIndexAndBytes) {
   ASSERT_TRUE(sb.ok());
   EXPECT_EQ(sb->priority, 5);
   EXPECT_EQ(sb->chain, Keys(b));
+  EXPECT_TRUE(sb->ended) << "an ended session comes back ended";
+  EXPECT_FALSE(engine_->GetSession(tenant_, "tenant/a")->ended);
   EXPECT_EQ(engine_->Match(ns_, Keys(a), a), 4u);
   EXPECT_EQ(VerifiedHits(a), 4u);
   EXPECT_EQ(VerifiedHits(b), 3u);

@@ -96,6 +96,7 @@ std::vector<Message> SampleMessages() {
   out.push_back(ListSessionsRequest{"tenant-a", ListSessionsPage{500, "tenant-a", "chat-41"}});
   out.push_back(ListSessionsResponse{{Summary("chat-42", 0), Summary("chat-43", -5), Summary("", 100)}, true});
   out.push_back(SessionInfoRequest{"chat-42"});
+  out.push_back(EndSessionRequest{"vllm-1f2e3d4c-r0-cmpl-7"});
 
   SessionInfoResponse si;
   si.summary = Summary("chat-42", 2);

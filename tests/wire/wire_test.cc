@@ -206,7 +206,7 @@ TEST(WireTest, HeaderErrors) {
   EXPECT_NE(r.status().message().find("peer speaks 2"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("this side speaks 3"), std::string::npos) << r.status().message();
 
-  for (uint16_t t : {0, 8, 15, 44, 0x7fff, 0xffff}) {
+  for (uint16_t t : {0, 8, 15, 45, 0x7fff, 0xffff}) {
     bad = good;
     StoreLE<uint16_t>(bad.data() + 6, t);
     ExpectProtocolError(bad, "unknown message type " + std::to_string(t));

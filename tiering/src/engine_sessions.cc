@@ -40,11 +40,12 @@ Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
   TenantAccount& account = tenants.Get(t);
   Status status = tenants.CheckNewSession(account, id, options.max_sessions_per_tenant);
   if (status.ok()) return status;
-  // At its limit, the tenant's coldest session that holds no block (only the
-  // keys of those dropped into the stores) makes room for the new one.
+  // At its limit, the tenant's coldest session that its client ended, or
+  // that holds no block (only the keys of those dropped into the stores),
+  // makes room for the new one.
   Session* spare = nullptr;
   sessions.VisitColdest([&](Session* s) {
-    if (s->tenant == &account && s->chain.empty()) spare = s;
+    if (s->tenant == &account && (s->ended || s->chain.empty())) spare = s;
     return spare == nullptr;
   });
   if (spare == nullptr) return status;
@@ -54,6 +55,7 @@ Status Engine::Impl::CheckNewSession(const Tenant& t, std::string_view id) {
 
 void Engine::Impl::Touch(Session* s) {
   ++changes;
+  s->ended = false;
   sessions.Touch(s, clock);
 }
 
@@ -100,6 +102,22 @@ Status Engine::Evict(const Tenant& tenant, std::string_view session_id) {
   if (s == nullptr) return NoSession(session_id);
   impl_->RemoveSession(s, SessionEnd::kEvicted);
   return Status::Ok();
+}
+
+Result<uint32_t> Engine::EndSession(const Tenant& tenant, std::string_view session_id) {
+  Impl& impl = *impl_;
+  Session* s = impl.FindSession(tenant, session_id);
+  if (s == nullptr) return NoSession(session_id);
+  ++impl.stats.ended_sessions;
+  ++impl.changes;
+  // Chains are prefixes from block 0 (every block names its parent), so a
+  // session holding this chain's last block holds all of it.
+  if (s->chain.empty() || impl.blocks[s->chain.back()].refs > 1) {
+    impl.RemoveSession(s, SessionEnd::kEmptied);
+    return 0u;
+  }
+  s->ended = true;
+  return static_cast<uint32_t>(s->chain.size());
 }
 
 Result<uint32_t> Engine::Demote(const Tenant& tenant, std::string_view session_id) {
@@ -171,6 +189,7 @@ SessionInfo Describe(const Session& s, const BlockTable& blocks, uint32_t block_
   info.ns = s.tenant->tenant.ns;
   info.id = s.id;
   info.priority = s.priority;
+  info.ended = s.ended;
   info.last_use = s.last_use;
   info.idle_ms = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - s.used_at).count());

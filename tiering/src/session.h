@@ -27,7 +27,12 @@ struct Session {
   uint64_t last_use = 0;
   std::chrono::steady_clock::time_point used_at{};  // Wall time of last_use.
   int priority = 0;
-  std::chrono::steady_clock::time_point priority_until{};  // When priority goes back to 0; epoch: never.
+  std::chrono::steady_clock::time_point priority_until{};
+  // Its client ended it (Engine::EndSession): the chain stays cached at its
+  // place in the eviction order, but the session is the first its tenant gives
+  // up for a new one at max_sessions_per_tenant. Naming it again (an Acquire,
+  // a Commit, a Prefetch) takes it back.
+  bool ended = false;  // When priority goes back to 0; epoch: never.
   SessionHandle handle = 0;  // How the eviction policy knows it (SessionTable assigns it).
 };
 

@@ -63,6 +63,13 @@ struct WarmSessionEntry {
   uint32_t tenant_bytes;  // Format 2; 0 in format 1, whose ids were "<tenant>/<id>".
 };
 static_assert(sizeof(WarmSessionEntry) == 16);
+// Follows each WarmSessionEntry from format 4 on.
+struct WarmSessionFlags {
+  uint32_t flags;
+  uint32_t reserved;
+};
+static_assert(sizeof(WarmSessionFlags) == 8);
+constexpr uint32_t kSessionEnded = 1;
 
 constexpr uint32_t kFlagClean = 1;
 constexpr uint32_t kMaxSessionIdBytes = 1u << 16;
@@ -138,6 +145,10 @@ std::vector<std::byte> EncodeWarmManifest(const WarmManifest& m, uint32_t format
     const WarmSessionEntry e{static_cast<uint32_t>(s.id.size()), static_cast<uint32_t>(s.chain.size()), s.priority,
                              static_cast<uint32_t>(s.tenant.size())};
     w.Put(&e, sizeof(e));
+    if (format >= 4) {
+      const WarmSessionFlags f{s.ended ? kSessionEnded : 0u, 0};
+      w.Put(&f, sizeof(f));
+    }
     w.Put(s.id.data(), s.id.size());
     w.Put(s.tenant.data(), s.tenant.size());
     w.Align();
@@ -228,7 +239,12 @@ Result<WarmManifest> DecodeWarmManifest(std::span<const std::byte> bytes, const 
     WarmSessionEntry e;
     WarmSession& s = m.sessions[i];
     const std::string where = "warm manifest session " + std::to_string(i);
-    if (!r.Get(&e, sizeof(e))) return Corrupt(where + " is truncated");
+    WarmSessionFlags flags{0, 0};
+    if (!r.Get(&e, sizeof(e)) || (h.format_version >= 4 && !r.Get(&flags, sizeof(flags)))) {
+      return Corrupt(where + " is truncated");
+    }
+    if ((flags.flags & ~kSessionEnded) != 0 || flags.reserved != 0) return Corrupt(where + " has unknown flags");
+    s.ended = (flags.flags & kSessionEnded) != 0;
     if (e.id_bytes == 0 || e.id_bytes > kMaxSessionIdBytes)
       return Corrupt(where + " has an id of " + std::to_string(e.id_bytes) + " bytes");
     if (e.chain_len > h.block_count) return Corrupt(where + " has a chain longer than the block list");

@@ -9,8 +9,8 @@
 //
 // Format (little-endian, no pointers): a 128-byte WarmHeader, then the block
 // entries (WarmBlockEntry + block_tokens token ids each), then the sessions
-// (WarmSessionEntry + id bytes + tenant bytes, padded to 8 bytes, + chain
-// indices, padded to 8 bytes). The
+// (WarmSessionEntry, its flags from format 4 on, + id bytes + tenant bytes,
+// padded to 8 bytes, + chain indices, padded to 8 bytes). The
 // header carries an XXH3-64 of everything after it and of its own first bytes.
 //
 // A segment is written whole under a temporary name and renamed over the old
@@ -32,7 +32,8 @@ namespace kvtier::tiering {
 inline constexpr uint64_t kWarmMagic = 0x314d5241574b544bULL;  // "KTKWARM1"
 // Format 2 stores each session's tenant apart from its id; format 1 (read
 // still) wrote "<tenant>/<id>" as the id.
-inline constexpr uint32_t kWarmFormatVersion = 3;  // 3: each block's model identity.
+// 3: each block's model identity. 4: each session's flags (ended).
+inline constexpr uint32_t kWarmFormatVersion = 4;
 inline constexpr uint32_t kWarmOldestFormatVersion = 1;
 
 // What must be equal between the run that wrote a manifest and the run that adopts it.
@@ -59,6 +60,7 @@ struct WarmSession {
   std::string id;
   int32_t priority = 0;
   std::vector<uint32_t> chain;  // Indices into WarmManifest::blocks, block 0 first.
+  bool ended = false;  // Its client ended it (Engine::EndSession); false before format 4.
 };
 
 struct WarmManifest {
@@ -72,8 +74,8 @@ struct WarmManifest {
 // XXH3-64 of a block's payload.
 uint64_t PayloadChecksum(const std::byte* data, size_t bytes);
 
-// `format`: kWarmFormatVersion, or 2 (no model identities; what an older
-// build wrote, for tests of the decoder).
+// `format`: kWarmFormatVersion, or 2 or 3 (no model identities, no session
+// flags: what an older build wrote, for tests of the decoder).
 std::vector<std::byte> EncodeWarmManifest(const WarmManifest& manifest, uint32_t format = kWarmFormatVersion);
 
 // Decodes and checks structure: kCorrupt for a bad magic, a truncated or

@@ -61,6 +61,7 @@ Result<WarmSaveReport> Engine::SaveWarm(const std::string& manifest_segment, boo
     ws.tenant = s->tenant->tenant.name;
     ws.id = s->id;
     ws.priority = s->priority;
+    ws.ended = s->ended;
     manifest.sessions.push_back(std::move(ws));
   }
   const std::vector<std::byte> bytes = EncodeWarmManifest(manifest);
@@ -153,6 +154,7 @@ void Engine::Impl::AdoptSessions(const WarmManifest& manifest, const std::vector
     s->chain = std::move(chain);
     sessions.SetPriority(s, std::clamp(ws.priority, kMinPriority, kMaxPriority), {});
     Touch(s);
+    s->ended = ws.ended;
     ++report->adopted_sessions;
   }
 }

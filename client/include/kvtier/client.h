@@ -348,6 +348,13 @@ class Client {
   // client's own tenant or the client is an admin).
   Result<uint32_t> Evict(std::string_view session, std::string_view tenant = {});
   Result<uint32_t> EvictTenant(std::string_view tenant);
+  // This client is done with the session (a request that finished): its blocks
+  // stay cached until pressure drops them, and the session no longer counts
+  // against the tenant's session limit (the first given up for a new one).
+  // Returns the blocks it keeps (0: another session holds all of them, so it
+  // is gone). kNotFound when there is no such session; a kvtierd that predates
+  // it refuses the request (kProtocolError).
+  Result<uint32_t> EndSession(std::string_view session);
   Result<uint32_t> EvictAll();
   // Priority 0..7 (higher is kept longer). With a ttl > 0 the daemon sets it
   // back to 0 after `ttl`, whether or not this client is still there; a kvtierd

@@ -67,6 +67,7 @@ enum class MessageType : uint16_t {
   kStatsResponse = 41,
   kConfigRequest = 42,
   kConfigResponse = 43,
+  kEndSessionRequest = 44,
 };
 
 // "Hello", "AcquireResponse", ... (the message's kName); "Unknown" for a value
@@ -265,7 +266,18 @@ struct SetPriorityRequest {
   friend bool operator==(const SetPriorityRequest&, const SetPriorityRequest&) = default;
 };
 
-// The reply to Prefetch, Demote and Evict: how many blocks the call affected.
+// The client is done with a session (a request that finished): its blocks stay
+// cached, and it is the first its tenant gives up for a new session
+// (tiering::Engine::EndSession). Answered with a CountResponse: the blocks the
+// ended session keeps (0: it held nothing another session does not, and is gone).
+struct EndSessionRequest {
+  static constexpr MessageType kType = MessageType::kEndSessionRequest;
+  static constexpr const char* kName = "EndSessionRequest";
+  std::string session;
+  friend bool operator==(const EndSessionRequest&, const EndSessionRequest&) = default;
+};
+
+// The reply to Prefetch, Demote, Evict and EndSession: how many blocks the call affected.
 struct CountResponse {
   static constexpr MessageType kType = MessageType::kCountResponse;
   static constexpr const char* kName = "CountResponse";
@@ -403,7 +415,7 @@ using Message = std::variant<Hello, Welcome, Ping, Pong, OkResponse, ErrorRespon
                              AllocateResponse, CommitRequest, CommitResponse, AcquireRequest, AcquireResponse,
                              ReleaseRequest, PrefetchRequest, DemoteRequest, EvictRequest, SetPriorityRequest,
                              ListSessionsRequest, ListSessionsResponse, SessionInfoRequest, SessionInfoResponse,
-                             StatsRequest, StatsResponse, ConfigRequest, ConfigResponse>;
+                             StatsRequest, StatsResponse, ConfigRequest, ConfigResponse, EndSessionRequest>;
 
 namespace internal {
 // The kTypes of the alternatives strictly increase (so no two share a value and

@@ -177,6 +177,16 @@ class Engine {
   // A session is named by its tenant (its namespace) and its id; kNotFound
   // when that tenant has no session of that id.
   Status Evict(const Tenant& tenant, std::string_view session);
+  // Ends the session's use by its client without losing its blocks: they stay
+  // cached, the session holding them at its place in the eviction order (a
+  // request that is over: what it computed is kept until pressure drops it),
+  // and the session is the first its tenant gives up for a new session at
+  // max_sessions_per_tenant (before, ended or not, a new session past it was
+  // refused). A session whose last block another session holds holds nothing
+  // that one does not (chains are prefixes), so it is removed at once, as is
+  // an empty one. Returns the blocks the ended session keeps (0 when removed).
+  // Naming the session again (Acquire, Commit, Prefetch) takes it back.
+  Result<uint32_t> EndSession(const Tenant& tenant, std::string_view session);
   Result<uint32_t> Demote(const Tenant& tenant, std::string_view session);    // Blocks scheduled gpu->host.
   Result<uint32_t> Prefetch(const Tenant& tenant, std::string_view session);  // Blocks scheduled host->gpu.
   // With a ttl > 0, the priority goes back to 0 at the first Tick (or

@@ -38,6 +38,7 @@ struct EngineStats {
   uint64_t promoted_blocks = 0;  // Copies host->gpu completed.
   uint64_t dropped_blocks = 0;   // Lost to pressure.
   uint64_t evicted_sessions = 0;
+  uint64_t ended_sessions = 0;  // EndSession calls that found their session (kept or removed).
   uint64_t allocation_failures = 0;
   // Operations a tenant's fair share of the GPU tier limited while another
   // waited (EngineOptions::gpu_share_window): Allocates refused, Acquires whose

@@ -20,6 +20,7 @@ struct SessionInfo {
   Namespace ns;        // Its tenant's namespace.
   std::string id;
   int priority = 0;
+  bool ended = false;  // Its client ended it (Engine::EndSession).
   uint64_t last_use = 0;  // Engine clock ticks; larger is more recent.
   uint64_t idle_ms = 0;   // Milliseconds since the session was last used.
   uint32_t blocks = 0;
