@@ -88,7 +88,11 @@ Result<Reply<wire::Message>> Connection::Send(const wire::Message& request, Rese
     KVTIER_RETURN_IF_ERROR(ConnectLocked());
   }
   auto reply = transport_.RoundTrip(request);
-  if (!reply.ok() && !transport_.connected() && resend == Resend::kYes && options_.reconnect) {
+  // A connection that broke (kvtierd restarted since the last call) is made
+  // again and the request resent once; a kvtierd that did not answer in time
+  // is not asked again: one call waits at most request_timeout for it.
+  if (!reply.ok() && reply.status().code() != StatusCode::kTimeout && !transport_.connected() &&
+      resend == Resend::kYes && options_.reconnect) {
     KVTIER_RETURN_IF_ERROR(ConnectLocked());
     reply = transport_.RoundTrip(request);
   }

@@ -14,18 +14,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from . import InvalidArgumentError
-
-# A torch dtype's kvtier profile name and safetensors name.
-DTYPES: dict[torch.dtype, tuple[str, str]] = {
-    torch.float32: ("fp32", "F32"),
-    torch.float16: ("fp16", "F16"),
-    torch.bfloat16: ("bf16", "BF16"),
-}
+from ._tensors import DTYPES
 
 _HELD_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
 

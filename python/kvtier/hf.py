@@ -6,9 +6,12 @@
     cache.store("chat-1", input_ids, out.past_key_values)  # commits the new full blocks
 
 It works with a plain forward loop and with model.generate(..., past_key_values=past).
-kvtierd going away (stopped, restarting) never fails a turn: load then returns
-an empty cache (the turn recomputes) and store commits nothing, each with a
-warning; the next call after kvtierd is back reconnects.
+kvtierd going away (stopped, restarting, hung past the client's
+request_timeout) never fails a turn: load then returns an empty cache (the turn
+recomputes) and store commits nothing, each with a warning; the next call after
+kvtierd is back reconnects. A service keeps its client with kvtier.link.Link
+(a thread that pings and reconnects) and passes on_unavailable=link.failed, so
+that no turn tries kvtierd while it is away (kvtier.serve does).
 The model's KV geometry must be the daemon profile's (checked at construction,
 with an error naming both), and the client must carry the model's identity
 (model_identity(model, tokenizer) computes it, as every kvtier worker does).
@@ -18,7 +21,7 @@ sliding-window layers is served (Llama, Qwen2, Mistral, GPT-2, ...); others
 construction with an error naming what is not supported.
 
 The pieces live beside it: _hf_model (the supported caches, the KV geometry),
-_hf_identity (the model identity), _hf_views (pool blocks as tensors) and
+_hf_identity (the model identity), _tensors (pool blocks as tensors) and
 _hf_layer (the in-place cache layer); this module re-exports their public names.
 """
 
@@ -26,16 +29,18 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from . import FailedPreconditionError, InvalidArgumentError, NotFoundError, ResourceExhaustedError, UnavailableError
+from . import TimeoutError as KvtierTimeoutError
 from ._hf_identity import config_settings, model_identity, tokenizer_description
 from ._hf_layer import RoomyLayer, held_tokens, layer_kv
 from ._hf_model import check_supported, geometry
-from ._hf_views import block_tensor, to_numpy, view
+from ._tensors import block_tensor, to_numpy, view
 
 __all__ = ["PrefixCache", "block_tensor", "config_settings", "model_identity", "tokenizer_description"]
 
@@ -58,14 +63,18 @@ def _tokens(input_ids: Any) -> list[int]:
 class PrefixCache:
     """A prefix cache of one model over a kvtier client (see the module's text)."""
 
-    def __init__(self, client: Any, model: Any, tail_sessions: int = 64) -> None:
+    def __init__(self, client: Any, model: Any, tail_sessions: int = 64,
+                 on_unavailable: Callable[[BaseException], None] | None = None) -> None:
         """tail_sessions: for how many sessions (the most recently stored) this
         object keeps the K/V of the tokens past the last full block, which
         kvtierd does not hold: a follow-up turn served by this process then
         computes only its new tokens, as an in-process cache would, instead of
-        up to block_tokens - 1 more. 0 keeps none."""
+        up to block_tokens - 1 more. 0 keeps none. on_unavailable(error): called
+        when a load or store found kvtierd gone or not answering in time (a
+        kvtier.link.Link's failed, so that no later turn tries it until it is back)."""
         self.client = client
         self.model = model
+        self.on_unavailable = on_unavailable
         check_supported(model)
         profile = client.profile
         want = geometry(model)
@@ -104,8 +113,10 @@ class PrefixCache:
         at every update); past that room the cache grows as a DynamicCache does."""
         try:
             return self._load(session, input_ids, max_new_tokens)
-        except UnavailableError as e:
+        except (UnavailableError, KvtierTimeoutError) as e:
             _log.warning("kvtier: kvtierd is unavailable, recomputing this turn: %s", e)
+            if self.on_unavailable is not None:
+                self.on_unavailable(e)
             return DynamicCache(), 0
 
     def store(self, session: str, input_ids: Any, cache: Any) -> int:
@@ -114,8 +125,10 @@ class PrefixCache:
         blocks were committed (0 with kvtierd away)."""
         try:
             return self._store(session, input_ids, cache)
-        except UnavailableError as e:
+        except (UnavailableError, KvtierTimeoutError) as e:
             _log.warning("kvtier: kvtierd is unavailable, this turn is not cached: %s", e)
+            if self.on_unavailable is not None:
+                self.on_unavailable(e)
             return 0
         except ResourceExhaustedError as e:  # A full tier or quota, or the session's length limit.
             _log.warning("kvtier: this turn is not cached: %s", e)

@@ -1,32 +1,42 @@
 """kvtier.paged: a paged KV cache (vLLM's) copied to and from kvtierd's blocks.
 
 An engine that pages its KV keeps, per layer, a tensor of blocks of N tokens
-each. kvtierd's blocks hold block_tokens tokens (N is a multiple of it), so one
-engine block is N / block_tokens kvtier blocks: the block's page in layer l is
-cut into that many equal pieces, piece j going to layer l of kvtier block j.
-The bytes are copied as they lie (opaque): the engine's layout within a page is
-its own and is part of the model identity, so only engines that lay blocks out
-the same way share them, and only whole engine blocks are ever loaded.
+each. One engine block is one kvtier block: the profile's block_tokens must be
+N (PagedKV.check refuses any other profile, naming both sizes). The block's
+page in layer l becomes layer l of the kvtier block, copied as it lies
+(opaque): the engine's layout within a page is its own (vLLM's CPU backend
+packs heads first, for its ISA) and is part of the model identity, so only
+engines that lay blocks out the same way share them.
 
-Torch only (no vLLM import): kvtier.vllm's connector uses it, and the tests run
-it against a real kvtierd on both backends without an engine. On a cuda-backend
-kvtierd with the cache on the GPU, copies are device to device between the
-GPU tier (CUDA IPC) and the cache, queued on the caller's stream and ordered
-with kvtierd's events (a read lease waits on the stream for its promotions and
-is released after the stream's copies; a write lease is committed after an
-event recorded behind them). Host-tier blocks are copied host to device.
+Why whole blocks: a kvtier block's bytes must depend only on the tokens its key
+chain covers. A page cut into pieces keyed by fewer tokens broke that on
+layouts whose pages are not token-major (every piece holds some heads of all N
+tokens): two prompts sharing a prefix that ended inside an engine block could
+each save some pieces of that block, and the block then held both prompts' KV.
+With one kvtier block per engine block the key covers every token the page
+depends on, so no save can mix two prompts (docs/design.md, "vLLM connector").
+
+Torch only (no vLLM or transformers import): kvtier.vllm's connector uses it,
+and the tests run it against a real kvtierd on both backends without an engine.
+On a cuda-backend kvtierd with the cache on the GPU, copies are device to
+device between the GPU tier (CUDA IPC) and the cache, queued on the caller's
+stream and ordered with kvtierd's events (a read lease waits on the stream for
+its promotions and is released after the stream's copies; a write lease is
+committed after an event recorded behind them). Host-tier blocks are copied
+host to device.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
 import kvtier
-from kvtier.hf import block_tensor
+from kvtier._tensors import DTYPES, block_tensor
 
-__all__ = ["PagedKV", "load_blocks", "save_blocks"]
+__all__ = ["PagedKV", "load_blocks", "profile_mismatch", "save_blocks"]
 
 
 def _page_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -38,6 +48,27 @@ def _page_view(t: torch.Tensor) -> torch.Tensor | None:
     if not p[0].is_contiguous():
         return None
     return p.flatten(1)
+
+
+def profile_mismatch(profile: dict[str, Any], layers: int, kv_heads: int, head_dim: int, dtype: str,
+                     block_size: int) -> str | None:
+    """Why kvtierd's `profile` cannot hold an engine's blocks one for one, or
+    None when it can: the same layers, KV heads, head size and dtype, and
+    block_tokens equal to the engine's block size (a kvtier block is one engine
+    block). The message names both geometries and what to change."""
+    ours = (layers, kv_heads, head_dim, dtype, block_size)
+    theirs = (profile["layers"], profile["kv_heads"], profile["head_dim"], profile["dtype"], profile["block_tokens"])
+    if ours == theirs:
+        return None
+    what = f"kvtierd's profile '{profile['name']}' ({profile['layers']} layers x {profile['kv_heads']} kv_heads x " \
+           f"{profile['head_dim']} dim, {profile['dtype']}, blocks of {profile['block_tokens']} tokens) does not fit " \
+           f"this engine's KV cache ({layers} layers x {kv_heads} kv_heads x {head_dim} dim, {dtype}, blocks of " \
+           f"{block_size} tokens)"
+    if ours[:4] == theirs[:4]:
+        what += f": a kvtier block must be one engine block, {block_size} tokens, not {profile['block_tokens']} " \
+                f"(configure a profile with block_tokens: {block_size}, or run the engine with blocks of " \
+                f"{profile['block_tokens']} tokens)"
+    return what
 
 
 class PagedKV:
@@ -88,22 +119,35 @@ class PagedKV:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def pieces(self, block_tokens: int) -> int:
-        """kvtier blocks per engine block."""
-        return self.block_size // block_tokens
+    def describe(self) -> str:
+        dtype = DTYPES[self.dtype][0] if self.dtype in DTYPES else str(self.dtype)
+        return (f"{self.layers} layers x {self.kv_heads} kv_heads x {self.head_dim} dim, {dtype}, "
+                f"blocks of {self.block_size} tokens")
 
-    def _slices(self, block: int, piece: int, pieces: int):
+    def mismatch(self, profile: dict[str, Any]) -> str | None:
+        """Why kvtierd's `profile` cannot hold this cache's blocks one for one, or
+        None when it can (profile_mismatch)."""
+        dtype = DTYPES[self.dtype][0] if self.dtype in DTYPES else str(self.dtype)
+        return profile_mismatch(profile, self.layers, self.kv_heads, self.head_dim, dtype, self.block_size)
+
+    def check(self, profile: dict[str, Any]) -> None:
+        """Raises kvtier.FailedPreconditionError (mismatch()) unless `profile` fits."""
+        why = self.mismatch(profile)
+        if why is not None:
+            raise kvtier.FailedPreconditionError(f"kvtier: {why}")
+
+    def _layer_views(self, block: int):
         for first, v in self._views:
-            yield first, v[:, block].unflatten(1, (pieces, -1))[:, piece]
+            yield first, v[:, block]
 
-    def copy_in(self, src: torch.Tensor, block: int, piece: int, pieces: int, non_blocking: bool = False) -> None:
-        """kvtier block `src` [layers, ...] into piece `piece` of engine block `block`."""
-        for first, d in self._slices(block, piece, pieces):
+    def copy_in(self, src: torch.Tensor, block: int, non_blocking: bool = False) -> None:
+        """kvtier block `src` [layers, ...] into engine block `block`."""
+        for first, d in self._layer_views(block):
             d.copy_(src[first:first + d.shape[0]].reshape(d.shape), non_blocking=non_blocking)
 
-    def copy_out(self, dst: torch.Tensor, block: int, piece: int, pieces: int, non_blocking: bool = False) -> None:
-        """Piece `piece` of engine block `block` into kvtier block `dst` [layers, ...]."""
-        for first, s in self._slices(block, piece, pieces):
+    def copy_out(self, dst: torch.Tensor, block: int, non_blocking: bool = False) -> None:
+        """Engine block `block` into kvtier block `dst` [layers, ...]."""
+        for first, s in self._layer_views(block):
             dst[first:first + s.shape[0]].view(s.shape).copy_(s, non_blocking=non_blocking)
 
 
@@ -137,70 +181,65 @@ def load_blocks(client, paged: PagedKV, tokens: list[int], session: str, first: 
     from kvtierd's blocks of `tokens` (the prompt's tokens through block
     first + len(block_ids)); the lease becomes `session`'s chain. Returns the
     engine block ids filled (a prefix of block_ids: kvtierd may hold fewer than
-    were probed) and the kvtier blocks the session now holds. Raises
-    kvtier.Error when the lease did not end well: then nothing counts as filled.
-    On the GPU, the copies are queued on `stream` (default: the current one)."""
+    were probed) and the blocks the session now holds. Raises kvtier.Error when
+    the lease did not end well, or kvtierd's profile (after a reconnect: perhaps
+    another kvtierd's) does not fit: then nothing counts as filled. On the GPU,
+    the copies are queued on `stream` (default: the current one)."""
     gpu = _gpu_stream(client, paged, stream)
-    pieces = paged.pieces(client.block_tokens)
     lease = client.acquire(tokens, session=session, promote=True if gpu is not None else "after_read")
     try:
-        got = len(lease) // pieces  # Whole engine blocks the lease holds.
+        paged.check(client.profile)  # The kvtierd that answered, whichever it is.
         if gpu is not None:
             lease.wait_on_stream(gpu)  # Promotions land before the copies read them.
         else:
             lease.wait()
+        got = len(lease)
         done = []
         with _on(gpu):
             for i, b in enumerate(block_ids):
-                vb = first + i
-                if vb >= got:
+                if first + i >= got:
                     break
-                for j in range(pieces):
-                    src = block_tensor(client, lease, vb * pieces + j, device=paged.device)
-                    paged.copy_in(src, b, j, pieces, non_blocking=gpu is not None)
+                paged.copy_in(block_tensor(client, lease, first + i, device=paged.device), b,
+                              non_blocking=gpu is not None)
                 done.append(b)
-        chain = len(lease)
     except BaseException:
         _end(lease, gpu)  # After any copies already queued.
         raise
     _end(lease, gpu, quiet=False)
-    return done, chain
+    return done, got
 
 
 def save_blocks(client, paged: PagedKV, tokens: list[int], session: str, block_ids: list[int], have: int = 0,
                 stream=None) -> tuple[int, int]:
     """Writes engine blocks `block_ids` (the prompt's first len(block_ids)
     blocks, `tokens` their tokens) to kvtierd as `session`'s chain, skipping
-    what kvtierd holds already; `have`: kvtier blocks the session holds of them
-    (from a load or an earlier save). Returns (kvtier blocks the session holds
-    now, blocks stored). Raises kvtier.Error."""
+    the prefix kvtierd holds already; `have`: blocks the session holds of them
+    (from a load or an earlier save; the cached prefix is adopted as the
+    session's chain when it is not). Every block is written whole, from the
+    first one kvtierd lacks. Returns (blocks the session holds now, blocks
+    stored). Raises kvtier.Error, as load_blocks."""
     gpu = _gpu_stream(client, paged, stream)
-    pieces = paged.pieces(client.block_tokens)
     bt = client.block_tokens
-    total = len(block_ids) * pieces
-    cached = client.probe(tokens[: total * bt]) if have < total else have
+    total = len(block_ids)
+    cached = client.probe(tokens[: total * bt])
     if cached >= total:
         return have, 0  # Every block is in kvtierd already (another engine's, an earlier request's).
-    if cached == 0:
-        have = 0  # Nothing of it is cached (kvtierd may have restarted): written from the start.
-    else:
+    if 0 < cached != have:
         # What kvtierd holds of this prefix becomes the session's chain; only the rest is written.
-        with client.acquire(tokens[: total * bt], session=session, promote=False) as lease:
-            have = len(lease)
-    if have >= total:
-        return have, 0
-    n = total - have
-    w = client.allocate(n)
+        with client.acquire(tokens[: cached * bt], session=session, promote=False) as lease:
+            cached = len(lease)
+    start = cached
+    w = client.allocate(total - start)
     try:
+        paged.check(client.profile)
         with _on(gpu):
-            for i in range(n):
-                vb, j = divmod(have + i, pieces)
+            for i in range(total - start):
                 dst = block_tensor(client, w, i, writable=True, device=paged.device)
-                paged.copy_out(dst, block_ids[vb], j, pieces, non_blocking=gpu is not None)
+                paged.copy_out(dst, block_ids[start + i], non_blocking=gpu is not None)
         if gpu is not None:  # kvtierd serves them once the copies are done.
             w.record_written(gpu)
-        parent = client.keys(tokens[: have * bt])[-1] if have else None
-        stored, _ = client.commit(w, session, tokens[have * bt: total * bt], start_block=have, parent=parent)
+        parent = client.keys(tokens[: start * bt])[-1] if start else None
+        stored, _ = client.commit(w, session, tokens[start * bt: total * bt], start_block=start, parent=parent)
     finally:
         _end(w, gpu)
     return total, stored

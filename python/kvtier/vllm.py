@@ -5,50 +5,64 @@ leading blocks any engine of the same model computed before (this one, another
 process, an engine since restarted) loads them from kvtierd instead of
 recomputing them, and every engine saves the full blocks it computes.
 
-    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvtierConnector",
+    vllm serve MODEL --block-size 16 --kv-transfer-config '{"kv_connector": "KvtierConnector",
         "kv_connector_module_path": "kvtier.vllm", "kv_role": "kv_both",
-        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
+        "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock", "profile": "llama-16"}}'
 
     LLM(model=..., kv_transfer_config=KVTransferConfig(kv_connector="KvtierConnector",
         kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
         kv_connector_extra_config={"socket": ..., "tenant": ..., "profile": ...}))
 
+The kvtierd profile must be the engine's KV geometry per tensor-parallel rank,
+with block_tokens equal to vLLM's block size (16 by default on a GPU, 128 on
+vLLM's CPU backend): one kvtier block is one vLLM block. Anything else is
+refused at start-up with an error naming both.
+
 kv_connector_extra_config keys (all optional): socket (default $KVTIER_SOCKET,
 else /run/kvtier/kvtierd.sock), tenant, profile (kvtierd's profile for this
 model's KV; default its first), model_id (32 hex digits instead of the computed
-identity), connect_timeout (seconds, 0.5), request_timeout (seconds, 2: the
-longest a kvtierd that stops answering can hold a step), load_failure_policy ("recompute",
-the default here, or "fail": vLLM's own default fails a request whose load
-failed; a cache that may lose its daemon wants recomputing).
+identity; with tensor parallelism, each rank's is derived from it),
+connect_timeout (seconds, 0.5), request_timeout (seconds, 2: the longest a
+kvtierd that stops answering can hold a step), save_queue (saves waiting at
+most, 64: past it a save is dropped and counted, never waited for),
+load_failure_policy ("recompute", the default here, or "fail": vLLM's own
+default fails a request whose load failed; a cache that may lose its daemon
+wants recomputing).
 
-How it works (docs/design.md, "vLLM connector"):
+What it caches: engines of one group of full-attention layers, KV in the
+model's dtype, any tensor-parallel size. Sliding windows, MLA, Mamba and
+hybrid models, quantized (fp8) KV caches, pipeline and context parallelism are
+refused at start-up by name (docs/design.md, "vLLM connector"). Requests with
+a LoRA adapter, a cache_salt, multimodal inputs or prompt embeddings are
+served without it.
+
+How it works:
 - The scheduler side answers get_num_new_matched_tokens from kvtierd's shared
   index (Client.probe: no round trip, no side effects), in whole vLLM blocks,
-  leaving the prompt's last token to compute. It never waits on the socket: a
-  thread keeps the connection (and pings, so a restarted kvtierd is found
-  within a second); while kvtierd is away every lookup misses.
-- One vLLM block of N tokens is N / block_tokens kvtier blocks. The connector
-  copies whole vLLM blocks, as opaque bytes: the page of block b in layer l is
-  cut into N / block_tokens equal pieces, piece j going to layer l of kvtier
-  block j (kvtier.paged). vLLM lays a block out its own way (its resolved KV
-  cache layout; on the CPU, packed for the ISA), so tokens are never sliced out
-  of a block; the layout is part of the identity instead.
+  leaving the prompt's last token to compute; with tensor parallelism, the
+  prefix every rank's identity holds. It never waits on the socket: a link
+  (kvtier.link) keeps the connection and pings, so a restarted kvtierd is
+  found within a second; while kvtierd is away every lookup misses and no
+  save is planned.
+- One vLLM block is one kvtier block, copied whole as opaque bytes (each
+  layer's page as it lies: vLLM's layout, on the CPU packed for the ISA, is
+  part of the identity). So a block's bytes depend only on the tokens its key
+  covers, and no save can mix two prompts' KV.
 - Loads are synchronous (before the forward that needs them). Saves of the
-  blocks a step completed (a long prompt's once its prefill ends) start when the
-  step ends (wait_for_save) and run on a thread at a low CPU priority while vLLM
-  returns the step's output and goes on. A step that may write a block a save
-  still reads (its request finished or was preempted: vLLM freed its blocks)
-  first waits for that save (handle_preemptions, the first thing vLLM does in a
-  step), so a save never reads a block being rewritten, and it adds nothing to
-  a request's time to first token. A block whose load
-  failed (kvtierd gone, a prefix evicted between probe and load, a lease
-  revoked) is reported by get_block_ids_with_load_errors and recomputed: a
+  blocks a step completed (a long prompt's once its prefill ends) start when
+  the step ends (wait_for_save) and run on a thread at a low CPU priority while
+  vLLM returns the step's output and goes on. A step that may write a block a
+  save still reads (its request finished or was preempted: vLLM freed its
+  blocks) first waits for that request's saves (handle_preemptions, the first
+  thing vLLM does in a step). A block whose load failed (kvtierd gone or hung,
+  a prefix evicted between lookup and load, a lease revoked) is reported by
+  get_block_ids_with_load_errors and recomputed, and then saved again: a
   request never continues on bytes that were not loaded.
-- Identity (model_identity): blocks are shared only between engines whose
-  model (config, tokenizer, a sample of every weight file), dtype, KV dtype,
-  block size, attention backend and KV layout, and tensor-parallel rank agree.
-  Requests with a LoRA adapter, a cache_salt, multimodal inputs or prompt
-  embeddings are not cached.
+- kvtierd away costs a bounded, small amount: the first call that fails (at
+  most request_timeout) takes the worker's link down, and until a ping finds
+  kvtierd again no load or save tries it.
+- A request's kvtierd session ends when the request does (Client.end_session):
+  its blocks stay cached, and sessions never fill a tenant's limit.
 """
 
 from __future__ import annotations
@@ -70,16 +84,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 import kvtier
-from kvtier._vllm_support import (  # noqa: F401 - model_identity and the stats classes are kvtier.vllm's API
-    _DTYPES,
-    KvtierConnectorStats,
-    KvtierPromMetrics,
-    _Connection,
-    _log,
-    _Saver,
-    model_identity,
-)
-from kvtier.paged import PagedKV, load_blocks, save_blocks
+from kvtier._tensors import DTYPES
+from kvtier._vllm_model import _log, engine_identity, model_identity, rank_identity, refusal
+from kvtier._vllm_saver import Saver
+from kvtier._vllm_stats import KvtierConnectorStats, KvtierPromMetrics
+from kvtier.link import Link
+from kvtier.paged import PagedKV, load_blocks, profile_mismatch, save_blocks
+
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats", "KvtierPromMetrics",
+           "model_identity"]
 
 # --- metadata -------------------------------------------------------------------------
 
@@ -87,7 +100,6 @@ from kvtier.paged import PagedKV, load_blocks, save_blocks
 @dataclasses.dataclass
 class _Load:
     req_id: str
-    session: str
     tokens: list[int]      # Of vLLM blocks [0, first + len(block_ids)): what the lease asks for.
     first: int             # The request's first vLLM block to fill...
     block_ids: list[int]   # ...and the vLLM block ids to fill, in order.
@@ -96,7 +108,6 @@ class _Load:
 @dataclasses.dataclass
 class _Save:
     req_id: str
-    session: str
     tokens: list[int]      # Of vLLM blocks [0, len(block_ids)).
     block_ids: list[int]   # The request's vLLM blocks, from its first.
 
@@ -122,6 +133,9 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        why = refusal(vllm_config, kv_cache_config)
+        if why is not None:
+            raise ValueError(why)
         extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
         self._socket = extra.get("socket") or os.environ.get("KVTIER_SOCKET") or "/run/kvtier/kvtierd.sock"
         self._tenant = extra.get("tenant", "")
@@ -129,7 +143,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._timeout = float(extra.get("connect_timeout", 0.5))
         # A kvtierd that stops answering holds a step up to this long, no longer.
         self._request_timeout = float(extra.get("request_timeout", 2.0))
-        self._block_size = vllm_config.cache_config.block_size  # Tokens per vLLM block.
+        self._save_queue = int(extra.get("save_queue", 64))
+        self._block_size = vllm_config.cache_config.block_size  # Tokens per vLLM block (and kvtier block).
         self._stats = KvtierConnectorStats()
         policy = extra.get("load_failure_policy", "recompute")
         if policy not in ("recompute", "fail"):
@@ -139,54 +154,75 @@ class KvtierConnector(KVConnectorBase_V1):
 
         spec = None
         if kv_cache_config is not None and kv_cache_config.kv_cache_groups:
-            if len(kv_cache_config.kv_cache_groups) != 1:
-                raise ValueError("kvtier: models with several KV cache groups (hybrid attention) are not supported")
             spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
             self._layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names)
         else:
             self._layer_names = []
         self._spec = spec
-        tp = vllm_config.parallel_config
+        self._tp = vllm_config.parallel_config.tensor_parallel_size
         rank = 0
-        if role == KVConnectorRole.WORKER and tp.tensor_parallel_size > 1:
+        if role == KVConnectorRole.WORKER and self._tp > 1:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank()
         self._rank = rank
         self._layout = self._describe_layout(vllm_config, spec)
-        self._model_id = extra.get("model_id") or model_identity(vllm_config, self._layout, f"{rank}")
-        name = f"vllm:{os.path.basename(os.path.normpath(vllm_config.model_config.model))}:{role.name.lower()}"
-
-        def make() -> kvtier.Client:
-            c = kvtier.Client(socket=self._socket, tenant=self._tenant, profile=self._profile, model_id=self._model_id,
-                              client_name=name, connect_timeout=self._timeout,
-                              request_timeout=self._request_timeout)
-            self._check_geometry(c.profile)
-            return c
-
-        self._conn = _Connection(make, interval=0.5 if role == KVConnectorRole.SCHEDULER else 1.0,
-                                 keep=role == KVConnectorRole.SCHEDULER)
+        base = extra.get("model_id") or engine_identity(vllm_config, self._layout)
+        self._ids = [rank_identity(base, r, self._tp) for r in range(self._tp)]
+        self._model_id = self._ids[rank]
+        self._name = f"vllm:{os.path.basename(os.path.normpath(vllm_config.model_config.model))}:{role.name.lower()}"
+        self._engine = uuid.uuid4().hex[:8]  # Names this process's sessions.
         # Scheduler side.
-        self._engine = uuid.uuid4().hex[:8]
+        self._links: list[Link] = []
         self._requests: dict[str, Any] = {}     # Every live request, by id.
         self._looked_up: dict[str, int] = {}    # Local prefix length given to the last lookup.
+        self._counted: set[str] = set()         # Requests whose lookup the stats counted.
         self._loads: dict[str, _Load] = {}      # Planned, not yet sent to the workers.
+        self._loading: dict[str, _Load] = {}    # Sent: a failure reported for its blocks undoes _saved.
         self._saved: dict[str, int] = {}        # vLLM blocks of each request in kvtierd (or loaded).
         self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
         # Worker side.
+        self._link: Link | None = None
         self._paged: PagedKV | None = None
-        self._saver: _Saver | None = None
-        self._chain: dict[str, int] = {}        # kvtier blocks each request's session holds.
+        self._saver: Saver | None = None
+        self._chain: dict[str, tuple[int, int]] = {}  # Request -> (kvtierd instance, blocks its session holds).
+        self._sessions: set[str] = set()        # Requests whose session kvtierd may hold (to end).
+        self._to_end: set[str] = set()          # Finished requests whose session is still to end.
         self._errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
-            client = self._conn.get()
-            if client is None:
+            # One link per tensor-parallel rank's identity: a lookup finds what every rank holds.
+            self._links = [Link(functools.partial(self._make_client, i), interval=0.5, check=self._check_profile,
+                                name=f"kvtier-link-{i}") for i in range(self._tp)]
+            if not all(link.up for link in self._links):
                 _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
                              self._socket)
-            _log.info("kvtier: connector on %s, model identity %s, %s, vLLM blocks of %d tokens", self._socket,
-                      self._model_id, self._layout, self._block_size)
+            _log.info("kvtier: connector on %s, model identity %s, %s, vLLM blocks of %d tokens, %d rank(s)",
+                      self._socket, self._model_id, self._layout, self._block_size, self._tp)
 
-    # --- geometry ------------------------------------------------------------------
+    # --- kvtierd ---------------------------------------------------------------------
+    def _make_client(self, rank: int) -> kvtier.Client:
+        return kvtier.Client(socket=self._socket, tenant=self._tenant, profile=self._profile,
+                             model_id=self._ids[rank], client_name=self._name, connect_timeout=self._timeout,
+                             request_timeout=self._request_timeout)
+
+    def _geometry(self) -> tuple | None:
+        s = self._spec
+        if s is None:
+            return None
+        return (len(self._layer_names), s.num_kv_heads, s.head_size, DTYPES[s.dtype][0], s.block_size)
+
+    def _check_profile(self, client: kvtier.Client) -> None:
+        """Raises ValueError when the kvtierd reached (at start, or after a
+        restart) has a profile that cannot hold this engine's blocks one for one."""
+        if self._paged is not None:
+            why = self._paged.mismatch(client.profile)
+        else:
+            g = self._geometry()
+            why = profile_mismatch(client.profile, *g) if g is not None else None
+        if why is not None:
+            raise ValueError(f"kvtier: {why}; configure a matching profile and name it in "
+                             f"kv_connector_extra_config.profile")
+
     @staticmethod
     def _describe_layout(vllm_config, spec) -> str:
         from vllm.platforms import current_platform
@@ -207,33 +243,18 @@ class KvtierConnector(KVConnectorBase_V1):
                 isa = "unknown"
         return f"{device} {layout} {isa}".strip()
 
-    def _geometry(self) -> dict:
-        s = self._spec
-        if s is None:
-            return {}
-        return {"layers": len(self._layer_names), "kv_heads": s.num_kv_heads, "head_dim": s.head_size,
-                "dtype": _DTYPES.get(s.dtype, str(s.dtype)), "block_size": s.block_size}
-
-    def _check_geometry(self, profile: dict) -> None:
-        g = self._geometry()
-        if not g:
-            return
-        ours = f"{g['layers']} layers x {g['kv_heads']} kv_heads x {g['head_dim']} dim, {g['dtype']}, " \
-               f"vLLM blocks of {g['block_size']} tokens"
-        theirs = f"profile '{profile['name']}': {profile['layers']} layers x {profile['kv_heads']} kv_heads x " \
-                 f"{profile['head_dim']} dim, {profile['dtype']}, {profile['block_tokens']}-token blocks"
-        if (g["layers"], g["kv_heads"], g["head_dim"], g["dtype"]) != (
-                profile["layers"], profile["kv_heads"], profile["head_dim"], profile["dtype"]):
-            raise ValueError(f"kvtier: kvtierd's {theirs} does not fit this engine's KV ({ours}); "
-                             "configure a matching profile and name it in kv_connector_extra_config.profile")
-        if g["block_size"] % profile["block_tokens"]:
-            raise ValueError(f"kvtier: vLLM's block size must be a multiple of the profile's block_tokens: "
-                             f"{ours} against {theirs}")
-
-    def _pieces(self, client) -> int:
-        return self._block_size // client.block_tokens
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A cache: a save lost to a preemption is a later miss, not a failure, so
+        # vLLM keeps a preempted request's in-flight output (async scheduling).
+        return False
 
     # ======================= scheduler side =========================================
+    def _clients(self) -> list[kvtier.Client] | None:
+        """Every rank's client while kvtierd answers them all, else None."""
+        clients = [link.get() for link in self._links]
+        return None if any(c is None for c in clients) else clients  # type: ignore[return-value]
+
     def on_new_request(self, request) -> None:
         self._requests[request.request_id] = request
         if request.lora_request is not None or request.cache_salt or request.mm_features or \
@@ -243,8 +264,8 @@ class KvtierConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         rid = request.request_id
         self._requests.setdefault(rid, request)
-        client = self._conn.get()
-        if client is None or rid in self._uncached:
+        clients = self._clients()
+        if clients is None or rid in self._uncached:
             return 0, False
         bs = self._block_size
         usable = (request.num_tokens - 1) // bs * bs  # Whole vLLM blocks; the last token is computed.
@@ -252,11 +273,13 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         tokens = list(request.all_token_ids[:usable])
         try:
-            cached = client.probe(tokens)  # kvtier blocks, from the shared index: no round trip.
+            cached = min(c.probe(tokens) for c in clients)  # Blocks, from the shared index: no round trip.
         except kvtier.Error:
             return 0, False
-        hit = cached // self._pieces(client) * bs
-        self._stats.add(lookups=1, lookup_hit_tokens=hit)
+        hit = cached * bs
+        if rid not in self._counted:  # vLLM may ask again for the same request.
+            self._counted.add(rid)
+            self._stats.add(lookups=1, lookup_hit_tokens=hit)
         self._looked_up[rid] = num_computed_tokens
         return max(0, hit - num_computed_tokens), False
 
@@ -269,16 +292,18 @@ class KvtierConnector(KVConnectorBase_V1):
         first, count = local // bs, num_external_tokens // bs
         block_ids = list(blocks.get_block_ids()[0][first:first + count])
         end = (first + count) * bs
-        self._loads[rid] = _Load(rid, self._session(rid), list(request.all_token_ids[:end]), first, block_ids)
+        self._loads[rid] = _Load(rid, list(request.all_token_ids[:end]), first, block_ids)
         self._saved[rid] = max(self._saved.get(rid, 0), first + count)
-
-    def _session(self, rid: str) -> str:
-        return f"vllm-{self._engine}-{rid}"
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         freed = set(scheduler_output.finished_req_ids) | set(getattr(scheduler_output, "preempted_req_ids", None) or ())
+        for rid in freed:
+            self._loading.pop(rid, None)  # Its blocks are vLLM's to reuse: a report naming them is another's.
         meta = KvtierConnectorMetadata(loads=list(self._loads.values()), freed=freed)
+        self._loading.update(self._loads)
         self._loads.clear()
+        if self._clients() is None:
+            return meta  # No saves while kvtierd is away: each would only fail.
         bs = self._block_size
         manager = self._kv_cache_manager
         scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
@@ -297,34 +322,54 @@ class KvtierConnector(KVConnectorBase_V1):
             block_ids = list(manager.get_blocks(rid).get_block_ids()[0][:done])
             if len(block_ids) < done:
                 continue
-            meta.saves.append(_Save(rid, self._session(rid), list(request.all_token_ids[:done * bs]), block_ids))
+            meta.saves.append(_Save(rid, list(request.all_token_ids[:done * bs]), block_ids))
             self._saved[rid] = done
         return meta
 
+    def update_connector_output(self, connector_output) -> None:
+        bad = getattr(connector_output, "invalid_block_ids", None)
+        if not bad:
+            return
+        # Loaded blocks that failed are recomputed by vLLM: they are not in kvtierd
+        # (or not as this engine's), so they are saved again once computed.
+        for rid, load in list(self._loading.items()):
+            failed = [i for i, b in enumerate(load.block_ids) if b in bad]
+            if failed:
+                self._saved[rid] = min(self._saved.get(rid, 0), load.first + failed[0])
+                del self._loading[rid]
+
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict | None]:
-        # Saves are done by the end of the step that completed their blocks:
-        # nothing is in flight when a request finishes, its blocks may go.
+        # A request's saves are waited for before a step may reuse its blocks
+        # (handle_preemptions): its blocks may be freed now.
         rid = request.request_id
-        for d in (self._requests, self._looked_up, self._loads, self._saved):
+        for d in (self._requests, self._looked_up, self._loads, self._loading, self._saved):
             d.pop(rid, None)
         self._uncached.discard(rid)
+        self._counted.discard(rid)
         return False, None
 
     # ======================= worker side ============================================
+    def _session(self, rid: str) -> str:
+        return f"vllm-{self._engine}-r{self._rank}-{rid}"
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = self._layer_names or sorted(kv_caches, key=_layer_index)
         missing = [n for n in names if n not in kv_caches]
         if missing:
             raise ValueError(f"kvtier: vLLM registered no KV cache for layers {missing}")
         paged = PagedKV([kv_caches[n] for n in names], self._block_size, self._layout, names)
-        if paged.dtype not in _DTYPES:
+        if paged.dtype not in DTYPES:
             raise ValueError(f"kvtier: KV cache dtype {paged.dtype} has no kvtier profile dtype (fp32, fp16, bf16)")
         self._paged = paged
-        self._saver = _Saver()
-        client = self._conn.get_or_connect()
-        if client is None:
-            _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is",
-                         self._socket)
+        self._saver = Saver(self._save_queue)
+        # Loads (on vLLM's thread) and saves (on the saver's) each have a client of
+        # their own, so that neither waits behind the other's call to a hung kvtierd;
+        # the link pings only while kvtierd is away (the calls show it gone).
+        self._link = Link(functools.partial(self._make_client, self._rank), interval=0.5, ping_while_up=False,
+                          check=self._check_profile, name="kvtier-link")
+        if not self._link.up:
+            _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is "
+                         "(%s)", self._socket, self._link.state()["error"])
 
     def _planned(self, kind: str) -> list:
         """This step's loads or saves, as the scheduler planned them."""
@@ -332,12 +377,15 @@ class KvtierConnector(KVConnectorBase_V1):
         return getattr(meta, kind) if isinstance(meta, KvtierConnectorMetadata) else []
 
     def _settle_saves(self, meta) -> None:
-        """Waits for the saves still running that read blocks vLLM freed since
-        (their request finished or was preempted): this step may write those."""
+        """Waits for the saves still waiting or running that read blocks vLLM
+        freed since (their request finished or was preempted): this step may
+        write those. Other requests' saves go on."""
         if self._saver is None:
             return
-        if not isinstance(meta, KvtierConnectorMetadata) or self._saver.busy(meta.freed):
-            self._saver.drain()
+        if isinstance(meta, KvtierConnectorMetadata):
+            self._saver.wait_for(meta.freed)
+        else:
+            self._saver.drain()  # No metadata to say which: every save.
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
         # The first thing vLLM does in a step, before any block that a finished or
@@ -352,22 +400,22 @@ class KvtierConnector(KVConnectorBase_V1):
     def _load(self, load: _Load) -> None:
         started = time.perf_counter()
         done: list[int] = []
-        client = self._conn.get_or_connect()
-        assert self._paged is not None  # Registered before any load.
-        try:
-            if client is None:
-                raise kvtier.UnavailableError("kvtierd is not connected")
-            done, chain = load_blocks(client, self._paged, load.tokens, load.session, load.first, load.block_ids,
-                                      self._stream())
-            self._chain[load.req_id] = chain
-        except kvtier.Error as e:
-            _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
-            done = []  # Nothing counts as loaded when the lease did not end well.
+        assert self._paged is not None and self._link is not None  # Registered before any load.
+        client = self._link.get()
+        if client is not None:
+            try:
+                done, held = load_blocks(client, self._paged, load.tokens, self._session(load.req_id), load.first,
+                                         load.block_ids, self._stream())
+                self._chain[load.req_id] = (client.instance_id, held)
+            except kvtier.Error as e:
+                _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
+                self._link.failed(e)  # No other load or save tries kvtierd until a ping finds it.
+                done = []  # Nothing counts as loaded when the lease did not end well.
+            self._sessions.add(load.req_id)
         filled = set(done)
         failed = [b for b in load.block_ids if b not in filled]
         self._errors.update(failed)
-        pieces = self._paged.pieces(client.block_tokens) if done and client is not None else 0
-        self._stats.add(loaded_blocks=len(done) * pieces, loaded_tokens=len(done) * self._block_size,
+        self._stats.add(loaded_blocks=len(done), loaded_tokens=len(done) * self._block_size,
                         load_error_blocks=len(failed), load_seconds=time.perf_counter() - started)
 
     def _stream(self):
@@ -384,35 +432,69 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         # The step's saves run on the saver's thread while vLLM returns the step's
         # output and goes on; a later step waits for one only if it may write the
-        # blocks that save reads (_settle_saves).
+        # blocks that save reads (_settle_saves). None is queued while kvtierd is
+        # away, and none past the queue's bound: each is a later miss, not a wait.
+        saves = self._planned("saves")
+        if not saves:
+            return
+        assert self._saver is not None and self._link is not None  # Started with the kv caches' registration.
         stream = self._stream()
-        assert self._saver is not None  # Started with the kv caches' registration.
-        for save in self._planned("saves"):
-            self._saver.put(functools.partial(self._save, save, stream), save.req_id)
+        for save in saves:
+            if not self._link.up or not self._saver.put(functools.partial(self._save, save, stream), save.req_id):
+                self._stats.add(saves_dropped=1)
 
     def _save(self, save: _Save, stream) -> None:
         started = time.perf_counter()
-        client = self._conn.get_or_connect()
+        assert self._paged is not None and self._link is not None
+        client = self._link.get("save")
         if client is None:
-            self._stats.add(save_errors=1)
+            self._stats.add(saves_dropped=1)
             return
+        self._sessions.add(save.req_id)
         try:
-            assert self._paged is not None
-            have = self._chain.get(save.req_id, 0)
-            have, stored = save_blocks(client, self._paged, save.tokens, save.session, save.block_ids, have, stream)
-            self._chain[save.req_id] = have
-            self._stats.add(saved_blocks=stored, saved_tokens=stored * client.block_tokens)
+            instance, have = self._chain.get(save.req_id, (0, 0))
+            if instance != client.instance_id:
+                have = 0  # What a session held on another kvtierd is nothing here.
+            have, stored = save_blocks(client, self._paged, save.tokens, self._session(save.req_id), save.block_ids,
+                                       have, stream)
+            self._chain[save.req_id] = (client.instance_id, have)
+            self._stats.add(saved_blocks=stored, saved_tokens=stored * self._block_size)
         except kvtier.Error as e:
             _log.warning("kvtier: save for request %s failed (%s)", save.req_id, e)
+            if isinstance(e, (kvtier.UnavailableError, kvtier.TimeoutError)):
+                self._link.failed(e)
             self._stats.add(save_errors=1)
         finally:
             self._stats.add(save_seconds=time.perf_counter() - started)
 
+    def _end_sessions(self, rids: set[str]) -> None:
+        """On the saver's thread, after the requests' saves: their sessions end
+        (the blocks stay cached; the tenant's session count does not grow).
+        While kvtierd is away they wait for it, with those that could not end."""
+        assert self._link is not None
+        for rid in rids:
+            self._chain.pop(rid, None)
+            if rid in self._sessions:
+                self._sessions.discard(rid)
+                self._to_end.add(rid)
+        client = self._link.get("save") if self._to_end else None
+        while client is not None and self._to_end:
+            rid = self._to_end.pop()
+            try:
+                client.end_session(self._session(rid))
+            except kvtier.NotFoundError:
+                pass  # Never made (a load or save that found nothing), evicted, or gone with a kvtierd.
+            except kvtier.Error as e:
+                _log.warning("kvtier: could not end the session of request %s (%s)", rid, e)
+                if isinstance(e, (kvtier.UnavailableError, kvtier.TimeoutError)):
+                    self._to_end.add(rid)
+                    self._link.failed(e)
+                    client = None
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if finished_req_ids and self._saver is not None:
             # On the saver's thread: after any save of theirs still queued.
-            rids = set(finished_req_ids)
-            self._saver.put(lambda: [self._chain.pop(rid, None) for rid in rids])
+            self._saver.put(functools.partial(self._end_sessions, set(finished_req_ids)), always=True)
         return None, None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -434,4 +516,5 @@ class KvtierConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._saver is not None:
             self._saver.close()
-        self._conn.close()
+        for link in self._links + ([self._link] if self._link is not None else []):
+            link.close()

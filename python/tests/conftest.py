@@ -10,7 +10,7 @@ import pytest
 
 import kvtier
 
-# 2 layers x 2 KV heads x 8 dims, fp32, 4-token blocks: 512-byte blocks.
+# 2 layers x 2 KV heads x 8 dims, fp32, 4-token blocks (by default): 512-byte blocks.
 CONFIG = """\
 instance: {instance}
 socket: {socket}
@@ -25,7 +25,7 @@ PROFILE = """\
     kv_heads: 2
     head_dim: {head_dim}
     dtype: fp32
-    block_tokens: 4
+    block_tokens: {block_tokens}
     gpu_blocks: 64
     host_blocks: 256"""
 
@@ -42,13 +42,14 @@ def stop_process(proc):
 
 
 class Daemon:
-    def __init__(self, tmp_path, extra="", backend="host", head_dim=8, profiles=None):
+    def __init__(self, tmp_path, extra="", backend="host", head_dim=8, profiles=None, block_tokens=4):
         self.socket = str(tmp_path / "kvtierd.sock")
         self.config = tmp_path / "kvtierd.yaml"
         instance = "pytest-" + uuid.uuid4().hex[:12]
         self.instance = instance
         self.config.write_text(CONFIG.format(instance=instance, socket=self.socket, extra=extra, backend=backend,
-                                             profiles=profiles or PROFILE.format(head_dim=head_dim)))
+                                             profiles=profiles or PROFILE.format(head_dim=head_dim,
+                                                                                     block_tokens=block_tokens)))
         self.log = tmp_path / "kvtierd.log"
         self._log_file = open(self.log, "w")
         self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],
@@ -96,8 +97,8 @@ def daemon(tmp_path):
 def make_daemon(tmp_path):
     made = []
 
-    def make(extra="", backend="host", head_dim=8):
-        d = Daemon(tmp_path, extra, backend, head_dim)
+    def make(extra="", backend="host", head_dim=8, block_tokens=4):
+        d = Daemon(tmp_path, extra, backend, head_dim, block_tokens=block_tokens)
         made.append(d)
         return d
 

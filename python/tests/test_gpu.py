@@ -59,25 +59,25 @@ def test_vllm_paged_blocks_go_device_to_device_through_the_gpu_tier(make_daemon,
 
     from kvtier.paged import PagedKV, load_blocks
 
-    d = make_daemon(backend="cuda")
+    d = make_daemon(backend="cuda", block_tokens=8)
     stream = torch.cuda.Stream()
     client, a, b = exchange(d, layout, 8, device="cuda", stream=stream)
     assert client.backend == "cuda"
     prompt = tokens(24)
     with client.acquire(prompt) as lease:
-        assert [t for t, _ in lease.blocks] == ["gpu"] * 6
+        assert [t for t, _ in lease.blocks] == ["gpu"] * 3
 
     assert client.demote("a") > 0
     for _ in range(2000):
-        if client.session("a")["host_blocks"] == 6:
+        if client.session("a")["host_blocks"] == 3:
             break
         time.sleep(0.001)
     with client.acquire(prompt, promote=False) as lease:
-        assert [t for t, _ in lease.blocks] == ["host"] * 6
+        assert [t for t, _ in lease.blocks] == ["host"] * 3
     c = PagedKV(vllm_cache(layout, 16, 8, "cuda", seed=3), 8, layout)
     done, chain = load_blocks(client, c, prompt, "c", 0, [4, 6, 8], stream=stream)
     torch.cuda.synchronize()
-    assert done == [4, 6, 8] and chain == 6
+    assert done == [4, 6, 8] and chain == 3
     for layer in range(2):
         for mine, theirs in ((4, 5), (6, 9), (8, 2)):
             torch.testing.assert_close(_layer(c, layer, mine), _layer(a, layer, theirs), rtol=0, atol=0)

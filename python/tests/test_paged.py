@@ -41,29 +41,30 @@ def tokens(n, base=1000):
 
 
 def exchange(d, layout, block_size, device="cpu", separate=False, stream=None):
+    """d: a kvtierd whose profile's blocks are block_size tokens (one kvtier block per engine block)."""
     client = d.client()
+    assert client.block_tokens == block_size
     a = PagedKV(vllm_cache(layout, 16, block_size, device, seed=1, separate=separate), block_size, layout)
     b = PagedKV(vllm_cache(layout, 16, block_size, device, seed=2, separate=separate), block_size, layout)
-    pieces = a.pieces(client.block_tokens)
     prompt = tokens(3 * block_size)
     # Engine A computed the prompt's three blocks into its blocks 5, 9, 2.
     have, stored = save_blocks(client, a, prompt, "a", [5, 9, 2], stream=stream)
-    assert (have, stored) == (3 * pieces, 3 * pieces)
-    assert client.probe(prompt) == 3 * pieces
+    assert (have, stored) == (3, 3)
+    assert client.probe(prompt) == 3
     # Saved again (another request, the same prefix): nothing is written.
     assert save_blocks(client, a, prompt, "a2", [5, 9, 2], stream=stream)[1] == 0
     # Engine B has the first block itself and loads the other two into its 11 and 0.
     done, chain = load_blocks(client, b, prompt, "b", 1, [11, 0], stream=stream)
     if device != "cpu":
         torch.cuda.synchronize()
-    assert done == [11, 0] and chain == 3 * pieces
+    assert done == [11, 0] and chain == 3
     for layer in range(LAYERS):
         torch.testing.assert_close(b._views and _layer(b, layer, 11), _layer(a, layer, 9), rtol=0, atol=0)
         torch.testing.assert_close(_layer(b, layer, 0), _layer(a, layer, 2), rtol=0, atol=0)
         assert not torch.equal(_layer(b, layer, 1), _layer(a, layer, 1))  # Untouched.
     # B then computes a fourth block (its 12) and saves on from the chain it loaded.
     longer = prompt + tokens(block_size, base=5000)
-    assert save_blocks(client, b, longer, "b", [3, 11, 0, 12], have=chain, stream=stream) == (4 * pieces, pieces)
+    assert save_blocks(client, b, longer, "b", [3, 11, 0, 12], have=chain, stream=stream) == (4, 1)
     # A loads all four, including B's, into fresh blocks.
     done, _ = load_blocks(client, a, longer, "a3", 0, [13, 14, 15, 7], stream=stream)
     if device != "cpu":
@@ -86,15 +87,32 @@ def _layer(paged, layer, block):
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_each_dense_layout_round_trips_through_kvtierd(make_daemon, layout, block_size):
-    d = make_daemon(head_dim=DIM)
+    d = make_daemon(head_dim=DIM, block_tokens=block_size)
     _, a, _ = exchange(d, layout, block_size)
     assert len(a._views) == 1  # One buffer: every layer is one strided view.
 
 
 def test_layers_in_separate_buffers_round_trip(make_daemon):
-    d = make_daemon(head_dim=DIM)
+    d = make_daemon(head_dim=DIM, block_tokens=8)
     _, a, _ = exchange(d, "LBHNC", 8, separate=True)
     assert len(a._views) == LAYERS
+
+
+def test_a_profile_whose_blocks_are_not_the_engines_is_refused_naming_both(make_daemon):
+    """One kvtier block is one engine block: a profile of 4-token blocks cannot
+    hold an engine's 8-token blocks (in pieces, a piece of a heads-first page
+    would hold some heads of all 8 tokens under a key of 4)."""
+    d = make_daemon(head_dim=DIM, block_tokens=4)
+    client = d.client()
+    a = PagedKV(vllm_cache("LBHNC", 4, 8), 8, "LBHNC")
+    why = a.mismatch(client.profile)
+    assert why is not None and "one engine block, 8 tokens, not 4" in why and "block_tokens: 8" in why, why
+    with pytest.raises(kvtier.FailedPreconditionError, match="8 tokens, not 4"):
+        save_blocks(client, a, tokens(16), "a", [0, 1])
+    assert client.probe(tokens(16)) == 0  # Nothing was committed.
+    with pytest.raises(kvtier.FailedPreconditionError, match="8 tokens, not 4"):
+        load_blocks(client, a, tokens(16), "b", 0, [0, 1])
+    assert client.stats()["leased_slots"] == 0 and client.stats()["read_leases"] == 0
 
 
 @pytest.mark.parametrize("layout", sorted(SCATTERED))
@@ -109,15 +127,38 @@ def test_a_block_size_that_is_not_the_tensors_is_refused():
 
 
 def test_a_load_fills_only_what_kvtierd_holds(make_daemon):
-    d = make_daemon(head_dim=DIM)
+    d = make_daemon(head_dim=DIM, block_tokens=8)
     client = d.client()
     a = PagedKV(vllm_cache("LBNHC", 8, 8, seed=1), 8, "LBNHC")
     b = PagedKV(vllm_cache("LBNHC", 8, 8, seed=2), 8, "LBNHC")
     prompt = tokens(24)
     save_blocks(client, a, prompt[:8], "a", [4])
     done, chain = load_blocks(client, b, prompt, "b", 0, [1, 2, 3])
-    assert done == [1] and chain == 2
+    assert done == [1] and chain == 1
     torch.testing.assert_close(_layer(b, 0, 1), _layer(a, 0, 4), rtol=0, atol=0)
+
+
+def test_a_save_writes_whole_blocks_from_the_first_one_kvtierd_lacks(make_daemon):
+    """Two prompts share a prefix that ends inside their second block: the first
+    saves both its blocks; the second finds only block 0 cached, adopts it, and
+    writes its own block 1 whole, under a key of its own tokens. A third engine
+    asking for the second prompt loads the second prompt's bytes, never a mix."""
+    d = make_daemon(head_dim=DIM, block_tokens=8)
+    client = d.client()
+    x = PagedKV(vllm_cache("LBHNC", 4, 8, seed=1), 8, "LBHNC")
+    y = PagedKV(vllm_cache("LBHNC", 4, 8, seed=2), 8, "LBHNC")
+    shared = tokens(12)
+    px, py = shared + tokens(4, base=7000), shared + tokens(4, base=8000)
+    assert save_blocks(client, x, px, "x", [0, 1]) == (2, 2)
+    assert client.probe(py) == 1  # Block 0 only: block 1's tokens differ after the shared 12.
+    assert save_blocks(client, y, py, "y", [2, 3]) == (2, 1)
+    assert client.session("y")["blocks"] == 2
+    z = PagedKV(vllm_cache("LBHNC", 4, 8, seed=3), 8, "LBHNC")
+    done, _ = load_blocks(client, z, py, "z", 0, [0, 1])
+    assert done == [0, 1]
+    for layer in range(LAYERS):
+        torch.testing.assert_close(_layer(z, layer, 0), _layer(x, layer, 0), rtol=0, atol=0)
+        torch.testing.assert_close(_layer(z, layer, 1), _layer(y, layer, 3), rtol=0, atol=0)
 
 
 def test_a_load_from_a_kvtierd_gone_raises_and_fills_nothing(make_daemon):

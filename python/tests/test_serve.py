@@ -241,22 +241,74 @@ def test_an_overlong_conversation_keeps_the_system_prompt_and_the_latest_turns(s
     assert usage.prompt_tokens + 6 <= 64
 
 
+def health(service):
+    return json.loads(urllib.request.urlopen(service.url + "/health", timeout=5).read())["kvtier"]
+
+
+def until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def test_kvtierd_killed_mid_conversation_means_recomputing_not_failing(services):
     d, make = services
     kv = make("kvtier")
     messages = [{"role": "user", "content": "a chat that outlives its cache"}]
     reply, _ = chat(kv, messages)
-    assert json.loads(urllib.request.urlopen(kv.url + "/health", timeout=5).read())["kvtier"] is True
+    assert health(kv) is True
     d.proc.kill()
     d.proc.wait()
-    time.sleep(0.2)
-    assert json.loads(urllib.request.urlopen(kv.url + "/health", timeout=5).read())["kvtier"] is False, \
-        "kvtierd is down: /health must not say it is connected"
+    # The link's next ping (every 0.5 s) finds it gone.
+    until(lambda: health(kv) is False, 2, "/health to say kvtierd is down")
     assert "kvtier_serve_cache_connected 0" in urllib.request.urlopen(kv.url + "/metrics", timeout=5).read().decode()
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "still there?"}]
     reply2, usage = chat(kv, messages)
     assert usage.prompt_tokens_details.cached_tokens == 0
     assert reply2 is not None
+
+
+def test_a_restarted_kvtierd_serves_hits_again_within_a_second(services, tmp_path):
+    """kvtierd SIGKILLed mid-conversation and started again on the same socket:
+    within a second of its answering, the service's link has found it, and the
+    turns computed after that are cached for the next ones (before, the service
+    asked again only after 1, 2, 4 ... 30 s, and turns in that window were
+    neither loaded nor stored)."""
+    from conftest import Daemon
+
+    d, make = services
+    kv = make("kvtier")
+    messages = [{"role": "user", "content": "a conversation across a kvtierd restart, long enough to fill blocks"}]
+    reply, usage = chat(kv, messages)
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and the turn after"}]
+    reply, usage = chat(kv, messages)
+    assert usage.prompt_tokens_details.cached_tokens > 0  # The cache works before the fault.
+    d.proc.kill()
+    d.proc.wait()
+    until(lambda: health(kv) is False, 2, "the service to see kvtierd gone")
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "while it is away"}]
+    reply, usage = chat(kv, messages)
+    assert usage.prompt_tokens_details.cached_tokens == 0  # Really away: recomputed.
+    d.stop()
+    back = Daemon(tmp_path, head_dim=16)  # The same socket; an empty cache.
+    try:
+        import kvtier
+
+        answering = time.monotonic()
+        assert kvtier.Client(socket=back.socket).ping() >= 0
+        found = until(lambda: health(kv) is True, 3, "the service to find kvtierd again")
+        assert found - answering < 1.0, f"found {found - answering:.2f} s after kvtierd answered"
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "back again"}]
+        reply, usage = chat(kv, messages)  # Computed after the restart: stored.
+        first = usage.prompt_tokens
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "and once more"}]
+        _, usage = chat(kv, messages)
+        assert usage.prompt_tokens_details.cached_tokens >= first, (usage, first)  # The whole turn before.
+    finally:
+        back.stop()
 
 
 def test_a_full_queue_answers_503_and_the_service_goes_on(services):

@@ -1,73 +1,64 @@
-"""Where a conversation's K/V waits between turns: kvtierd (KvtierLink: the
-connection, made again while kvtierd is away, and whether it answers now), or
-this process alone (LocalCache, --cache local: the design kvtier replaces, kept
-for comparison). Neither is locked: the generator calls them under its model
-lock, /health and /metrics call KvtierLink.connected from any thread (its state
-is a few plain fields, each written whole)."""
+"""Where a conversation's K/V waits between turns: kvtierd (KvtierLink: a
+kvtier.link.Link that keeps the connection on its own thread, and the
+PrefixCache over it), or this process alone (LocalCache, --cache local: the
+design kvtier replaces, kept for comparison). The generator calls them under
+its model lock; /health and /metrics read KvtierLink.connected() from any
+thread without waiting (the link's state, which its pings keep)."""
 
 from __future__ import annotations
 
 import collections
 import logging
-import time
 from typing import Any
 
 import kvtier
 import kvtier.hf
+from kvtier.link import Link
 
 log = logging.getLogger(__name__)
 
 
 class KvtierLink:
+    """kvtierd for one service. Its link connects at start (or as soon as
+    kvtierd is there), pings every 0.5 s and reconnects, so a restarted kvtierd
+    is used again within a second of answering; a turn never waits on a
+    connection: while kvtierd is away (or a call to it just failed) turns are
+    recomputed and not stored. A hung kvtierd holds a turn request_timeout at
+    most (2 s), once: that failure takes the link down."""
+
+    REQUEST_TIMEOUT = 2.0
+
     def __init__(self, model: Any, identity: str, name: str, socket: str, tenant: str = "",
                  profile: str = "") -> None:
         self.model, self.identity, self.name = model, identity, name
         self.socket, self.tenant, self.profile = socket, tenant, profile
-        self.cache: kvtier.hf.PrefixCache | None = None
-        self._next_connect = 0.0
-        self._checked_at = -10.0  # When connected() last asked kvtierd, and what it found.
-        self._connected = False
-        self._check_every = 0.0  # Seconds between its asks: 0 while kvtierd answers, 1 doubling to 30 while not.
+        self.cache: kvtier.hf.PrefixCache | None = None  # Over the client the link last checked.
+        self.link = Link(self._make, interval=0.5, check=self._check, name="kvtier-serve-link", start=False)
 
-    def prefix_cache(self) -> kvtier.hf.PrefixCache | None:
-        """The PrefixCache, connecting (again) at most every 2 s while kvtierd is away."""
-        if self.cache is None and time.monotonic() >= self._next_connect:
-            self._next_connect = time.monotonic() + 2.0
-            try:
-                client = kvtier.Client(socket=self.socket, tenant=self.tenant, profile=self.profile,
-                                       model_id=self.identity, client_name=f"kvtier.serve:{self.name}",
-                                       connect_timeout=0.5)
-                self.cache = kvtier.hf.PrefixCache(client, self.model)
-                log.info("kvtier: connected to %s (model identity %s)", self.socket, self.identity)
-            except kvtier.UnavailableError as e:
-                log.warning("kvtier: %s; serving without the cache until it is back", e)
-        return self.cache
+    def start(self) -> None:
+        """Connects now if kvtierd is there (at most 0.5 s), and starts the link's thread."""
+        self.link.start()
+
+    def _make(self) -> kvtier.Client:
+        return kvtier.Client(socket=self.socket, tenant=self.tenant, profile=self.profile, model_id=self.identity,
+                             client_name=f"kvtier.serve:{self.name}", connect_timeout=0.5,
+                             request_timeout=self.REQUEST_TIMEOUT)
+
+    def _check(self, client: kvtier.Client) -> None:
+        """On the link's thread, for each kvtierd it reaches: the model must fit its profile."""
+        try:
+            self.cache = kvtier.hf.PrefixCache(client, self.model, on_unavailable=self.link.failed)
+        except kvtier.FailedPreconditionError as e:
+            raise ValueError(str(e)) from e
+        log.info("kvtier: connected to %s (model identity %s)", self.socket, self.identity)
 
     def connected(self) -> bool:
-        """Whether kvtierd answers now: a ping (a round trip, ~0.1 ms) each time
-        while it does; while it does not, the next ping waits 1, 2, 4 ... 30 s,
-        the answer remembered in between, so a request pays at most one failed
-        connection attempt per interval. A client object alone says nothing: it
-        outlives the kvtierd it was connected to. Blocks for the ping."""
-        cache = self.cache
-        if cache is None:
-            return False
-        now = time.monotonic()
-        if now - self._checked_at >= self._check_every:
-            try:
-                cache.client.ping()
-                self._connected, self._check_every = True, 0.0
-            except kvtier.Error:
-                self._connected = False
-                self._check_every = min(30.0, max(1.0, self._check_every * 2))
-            self._checked_at = now
-        return self._connected
+        """Whether kvtierd answered the link's last ping (and no call failed since). Never waits."""
+        return self.link.up
 
     def usable(self) -> kvtier.hf.PrefixCache | None:
-        """The PrefixCache when kvtierd answers; None while it is away (no load or
-        store tries it, each of which waited to connect: ~0.9 s a request)."""
-        cache = self.prefix_cache()
-        return cache if cache is not None and self.connected() else None
+        """The PrefixCache while kvtierd answers; None while it is away."""
+        return self.cache if self.link.get() is not None else None
 
 
 class LocalCache:

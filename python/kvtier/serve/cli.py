@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=a.log_level.upper(), format="kvtier.serve: %(levelname)s: %(message)s")
     service = Service(a)
     if service.link is not None:
-        service.link.prefix_cache()  # Connect now; kvtierd not there yet means connecting later.
+        service.link.start()  # Connects now; kvtierd not there yet means connecting when it is.
     log.info("serving %s on http://%s:%d (model identity %s, max context %d)", service.name, a.host, a.port,
              service.identity, service.max_context)
     uvicorn.run(build_app(service, a.max_body_bytes), host=a.host, port=a.port, log_level=a.log_level)

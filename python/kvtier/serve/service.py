@@ -59,5 +59,5 @@ class Service:
         self.metrics = Metrics(self.cache_connected, lambda: self.admission.count)
 
     def cache_connected(self) -> bool:
-        """Whether kvtierd answers now (False under --cache local or none). Blocks for a ping."""
+        """Whether kvtierd answers (False under --cache local or none): the link's state, never a wait."""
         return self.link is not None and self.link.connected()

@@ -1,8 +1,13 @@
-"""Blocks of the kvtier pool as torch tensors viewing it in place:
-[layers, 2 (K, V), block_tokens, kv_heads, head_dim] of the profile's dtype.
-Host-tier (and host-backend) blocks are CPU tensors over the shared memory; a
-GPU-tier block of a cuda-backend kvtierd is a CUDA tensor over the pool this
-process maps through CUDA IPC. Valid while the lease is held."""
+"""kvtier's blocks as torch tensors (torch and numpy only: kvtier.hf,
+kvtier.paged and kvtier.vllm share it, and none of them pays for another's
+imports).
+
+DTYPES names each torch dtype as a kvtier profile and as safetensors do.
+block_tensor views a pool block in place: [layers, 2 (K, V), block_tokens,
+kv_heads, head_dim] of the profile's dtype. Host-tier (and host-backend) blocks
+are CPU tensors over the shared memory; a GPU-tier block of a cuda-backend
+kvtierd is a CUDA tensor over the pool this process maps through CUDA IPC.
+Valid while the lease is held."""
 
 from __future__ import annotations
 
@@ -12,7 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._hf_model import DTYPES
+# A torch dtype's kvtier profile name and safetensors name.
+DTYPES: dict[torch.dtype, tuple[str, str]] = {
+    torch.float32: ("fp32", "F32"),
+    torch.float16: ("fp16", "F16"),
+    torch.bfloat16: ("bf16", "BF16"),
+}
 
 # A profile dtype's torch dtype, and how __cuda_array_interface__ spells its elements (bf16 as its bits).
 TORCH_DTYPE: dict[str, torch.dtype] = {name: dtype for dtype, (name, _) in DTYPES.items()}

@@ -1,0 +1,195 @@
+"""kvtier.link: the one way a Python process keeps its connection to kvtierd.
+
+    link = kvtier.link.Link(lambda: kvtier.Client(socket=..., connect_timeout=0.5))
+    client = link.get()          # never waits: None while kvtierd is away
+    if client is not None:
+        try:
+            ... client.acquire(...) ...
+        except kvtier.Error as e:
+            link.failed(e)       # nobody uses it again until kvtierd answers a ping
+    link.state()                 # for /health and /metrics
+    link.close()
+
+A thread connects, then pings every `interval` seconds (0.5 by default): a
+kvtierd that died is noticed by the next ping, or at once by a caller whose
+call failed (failed()); one that comes back, restarted or new, is found within
+an interval, and the check the link was given (a profile that must fit the
+model) runs again on every kvtierd it reaches. No request ever waits for a
+connection: get() returns the client while kvtierd answered the last ping (and
+no call failed since), else None, so a caller recomputes instead. kvtier.serve,
+kvtier.vllm's connector and workers built on kvtier.hf all stand on it.
+
+Roles: a client serializes its calls, so a thread that must never wait behind
+another's call to a hung kvtierd asks for a client of its own (get("save")).
+Every role's client is made from the same `make`, once kvtierd answers, and is
+dropped with the link's state: a failed call on any of them takes the link down.
+
+Thread-safe. Torch-free and vLLM-free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kvtier
+
+__all__ = ["Link"]
+
+log = logging.getLogger("kvtier.link")
+
+
+class Link:
+    """A kvtier.Client kept by a thread (see the module docstring).
+
+    make: returns a connected kvtier.Client (its connect_timeout bounds how long
+      a try takes, on the link's thread). check: called with every client the
+      link connects and again whenever its kvtierd changed (another instance
+      answered: a restart); raising ValueError (a profile that does not fit)
+      keeps the link down, with the message in state(). ping_while_up: False for
+      a user whose own calls show kvtierd's absence soon enough (then the thread
+      only looks for kvtierd while it is away, and never contends for the
+      client with the caller). on_up(client): called on the link's thread each
+      time kvtierd answers after being away (or at the first connect)."""
+
+    def __init__(self, make: Callable[[], kvtier.Client], *, interval: float = 0.5, ping_while_up: bool = True,
+                 check: Callable[[kvtier.Client], None] | None = None,
+                 on_up: Callable[[kvtier.Client], None] | None = None, name: str = "kvtier-link",
+                 start: bool = True) -> None:
+        self._make, self._check, self._on_up = make, check, on_up
+        self.interval, self._ping_while_up, self.name = interval, ping_while_up, name
+        self._lock = threading.Lock()
+        self._client: kvtier.Client | None = None
+        self._roles: dict[str, kvtier.Client] = {}
+        self._up = False
+        self._instance = 0          # The kvtierd instance `check` last passed.
+        self._error: str | None = None
+        self._since = time.monotonic()
+        self._connects = 0          # Times kvtierd answered after being away (or first).
+        self._failures = 0          # Calls that failed (failed()).
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    # --- for callers ---------------------------------------------------------------
+    def start(self) -> None:
+        """Tries once now (the caller waits at most one connect_timeout), then starts the thread."""
+        if self._thread is not None:
+            return
+        self._try()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    @property
+    def up(self) -> bool:
+        return self._up
+
+    def get(self, role: str = "") -> kvtier.Client | None:
+        """The client of `role` ("": the one the link pings) while kvtierd answers;
+        None while it is away. A role's client is made at its first get() once
+        kvtierd is up (a connect, on the caller's thread); a failure to make it
+        takes the link down and returns None."""
+        with self._lock:
+            if not self._up:
+                return None
+            if not role:
+                return self._client
+            client = self._roles.get(role)
+        if client is not None:
+            return client
+        try:
+            client = self._make()
+            if self._check is not None:
+                self._check(client)
+        except (kvtier.Error, ValueError) as e:
+            self.failed(e)
+            return None
+        with self._lock:
+            if not self._up:
+                return None
+            return self._roles.setdefault(role, client)
+
+    def failed(self, error: BaseException | str) -> None:
+        """A call failed (kvtierd gone, hung past request_timeout, refused the
+        connection): no client of the link is handed out again until kvtierd
+        answers a ping."""
+        with self._lock:
+            self._failures += 1
+            if not self._up:
+                return
+            self._up = False
+            self._since = time.monotonic()
+            self._error = str(error)
+        log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", error)
+
+    def state(self) -> dict[str, Any]:
+        """up, seconds since the last change, the last error, connects, failures."""
+        with self._lock:
+            return {"up": self._up, "for_seconds": round(time.monotonic() - self._since, 3), "error": self._error,
+                    "connects": self._connects, "failures": self._failures}
+
+    def wait_up(self, timeout: float) -> bool:
+        """Waits until kvtierd answers (tests, start-up), at most `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self._up and time.monotonic() < deadline:
+            time.sleep(min(0.02, self.interval))
+        return self._up
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    # --- the thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self._up and not self._ping_while_up:
+                continue
+            try:
+                self._try()
+            except Exception:  # noqa: BLE001 - the link's thread never dies of a bad kvtierd
+                log.exception("kvtier: the link to kvtierd failed unexpectedly")
+
+    def _try(self) -> None:
+        client = self._client
+        try:
+            if client is None:
+                client = self._make()
+            else:
+                client.ping()  # A call: a client whose kvtierd went away reconnects here.
+            instance = client.instance_id
+            if instance != self._instance and self._check is not None:
+                self._check(client)
+        except kvtier.Error as e:
+            with self._lock:
+                was_up, self._up = self._up, False
+                if was_up or self._error is None:
+                    self._since, self._error = time.monotonic(), str(e)
+            if was_up:
+                log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", e)
+            return
+        except ValueError as e:  # A kvtierd that does not fit this user (its profile).
+            with self._lock:
+                self._client = client
+                first = self._error != str(e)
+                self._up, self._since, self._error = False, time.monotonic(), str(e)
+            if first:
+                log.error("%s", e)
+            return
+        with self._lock:
+            came_up = not self._up
+            if came_up or instance != self._instance:
+                self._roles.clear()  # Made again against this kvtierd, checked.
+            self._client, self._instance = client, instance
+            self._up, self._error = True, None
+            if came_up:
+                self._since = time.monotonic()
+                self._connects += 1
+        if came_up:
+            log.info("kvtier: connected to kvtierd (profile %s)", client.profile.get("name"))
+            if self._on_up is not None:
+                self._on_up(client)
