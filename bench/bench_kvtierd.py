@@ -1,5 +1,5 @@
 """What the Python benchmarks share: their kvtierd (a host-backend daemon on one
-fp32 profile of 16-token blocks, configured and started in a scratch
+fp32 profile, of 16-token blocks unless told, configured and started in a scratch
 directory), a scratch redis-server, their seeded Llama model, and the
 bootstrap interval of a median."""
 
@@ -22,20 +22,21 @@ profiles:
     kv_heads: {kv_heads}
     head_dim: {head_dim}
     dtype: fp32
-    block_tokens: 16
+    block_tokens: {block_tokens}
     gpu_blocks: {blocks}
     host_blocks: {blocks}
 {extra}"""
 
 
-def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks, extra=""):
+def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks, extra="", block_tokens=16):
     """Starts kvtierd with `blocks` slots per tier (and `extra` configuration
     text, such as a stores: section); returns (process, socket) once it answers."""
     sock = os.path.join(tmp, "kvtierd.sock")
     path = os.path.join(tmp, "kvtierd.yaml")
     with open(path, "w") as f:
         f.write(CONFIG.format(instance="bench-" + uuid.uuid4().hex[:10], socket=sock, layers=layers,
-                              kv_heads=kv_heads, head_dim=head_dim, blocks=blocks, extra=extra))
+                              kv_heads=kv_heads, head_dim=head_dim, blocks=blocks, extra=extra,
+                              block_tokens=block_tokens))
     log = open(os.path.join(tmp, "kvtierd.log"), "w")
     proc = subprocess.Popen([binary, "--config", path], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20

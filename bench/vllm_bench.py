@@ -19,8 +19,9 @@ started alike differ by several percent in either direction on a small machine,
 more than the connector costs. Ratios are medians of per-round ratios, with the
 smallest and largest; TTFT is vLLM's own first-token latency. Each timed request waits --settle seconds first: after a step, a vLLM
 worker busy-polls its queue for a second, which on a small machine takes a core
-from the engine timed next. The model defaults to the real one (scripts/make_model.py), with
-kvtierd's smollm2 profile. Prints progress, then one JSON object as its last line.
+from the engine timed next. The model defaults to the real one (scripts/make_model.py), on a
+kvtierd profile of its geometry in vLLM's CPU blocks (128 tokens). Prints progress, then one
+JSON object as its last line.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
 sys.path.insert(0, HERE)
 from bench_kvtierd import start_kvtierd  # noqa: E402
+from vllm_engines import BLOCK as VLLM_CPU_BLOCK  # noqa: E402
 from vllm_engines import Engine  # noqa: E402
 
 import kvtier  # noqa: E402
@@ -69,7 +71,8 @@ def main() -> int:
     p.add_argument("--prefix", type=int, default=2048, help="tokens of the shared prefix")
     p.add_argument("--suffix", type=int, default=32, help="new tokens after it")
     p.add_argument("--kv-cache-mib", type=int, default=512, help="each engine's KV cache")
-    p.add_argument("--blocks", type=int, default=1456, help="kvtier blocks per tier (1 GiB of the real model's)")
+    p.add_argument("--blocks", type=int, default=182,
+                   help="kvtier blocks per tier (of vLLM's CPU block, 128 tokens: 1 GiB of the real model's)")
     p.add_argument("--settle", type=float, default=1.2,
                    help="seconds to wait before each timed request: a vLLM worker busy-polls for 1 s after "
                         "its last step, taking a core from whichever engine runs next")
@@ -92,7 +95,7 @@ def main() -> int:
 
     run = tempfile.mkdtemp(prefix="kvtier-vllm-bench.")
     daemon, sock = start_kvtierd(a.kvtierd, run, geometry["layers"], geometry["kv_heads"], geometry["head_dim"],
-                                 a.blocks)
+                                 a.blocks, block_tokens=VLLM_CPU_BLOCK)
     engines = {}
     try:
         kv = a.kv_cache_mib << 20

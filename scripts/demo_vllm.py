@@ -24,7 +24,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--socket", required=True)
-    p.add_argument("--profile", default="smollm2")
+    p.add_argument("--profile", default="smollm2-vllm-cpu",
+                   help="kvtierd's profile: the model's, with blocks of vLLM's block size (128 on its CPU backend)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--logs", default="/tmp", help="where the engines' logs go")
     a = p.parse_args()

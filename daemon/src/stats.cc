@@ -40,6 +40,7 @@ void Accumulate(tiering::EngineStats& sum, const tiering::EngineStats& s) {
   sum.promoted_blocks += s.promoted_blocks;
   sum.dropped_blocks += s.dropped_blocks;
   sum.evicted_sessions += s.evicted_sessions;
+  sum.ended_sessions += s.ended_sessions;
   sum.allocation_failures += s.allocation_failures;
   sum.share_limited += s.share_limited;
   sum.expired_priorities += s.expired_priorities;

@@ -62,8 +62,14 @@ def refusal(vllm_config, kv_cache_config=None) -> str | None:
                 f"attention), which kvtier does not cache: it caches full attention only; {_WITHOUT}")
     window = _sliding_window(mc)
     if window:
-        return (f"kvtier: {model} uses sliding-window attention (a window of {window} tokens), which kvtier does "
-                f"not cache: it caches full attention only; {_WITHOUT}")
+        told = f" (a window of {window} tokens)" if window > 0 else ""
+        return (f"kvtier: {model} uses sliding-window attention{told}, which kvtier does not cache: it caches full "
+                f"attention only; {_WITHOUT}")
+    types = getattr(getattr(mc, "hf_text_config", None), "layer_types", None) or ()
+    odd = sorted({str(t) for t in types} - {"attention", "full_attention"})
+    if odd:
+        return (f"kvtier: {model} has layers of kind {', '.join(odd)} beside full attention, which kvtier does not "
+                f"cache: it caches full attention only; {_WITHOUT}")
     if kv_cache_config is None:
         return None
     groups = kv_cache_config.kv_cache_groups

@@ -67,6 +67,7 @@ class Link:
         self._up = False
         self._instance = 0          # The kvtierd instance `check` last passed.
         self._error: str | None = None
+        self._refused: str | None = None  # Why `check` refused the kvtierd last reached, if it did.
         self._since = time.monotonic()
         self._connects = 0          # Times kvtierd answered after being away (or first).
         self._failures = 0          # Calls that failed (failed()).
@@ -87,6 +88,12 @@ class Link:
     @property
     def up(self) -> bool:
         return self._up
+
+    @property
+    def refused(self) -> str | None:
+        """What `check` said of the kvtierd the link reached last, if it refused it
+        (a user that must not start against it raises this at start-up)."""
+        return self._refused
 
     def get(self, role: str = "") -> kvtier.Client | None:
         """The client of `role` ("": the one the link pings) while kvtierd answers;
@@ -176,7 +183,7 @@ class Link:
             with self._lock:
                 self._client = client
                 first = self._error != str(e)
-                self._up, self._since, self._error = False, time.monotonic(), str(e)
+                self._up, self._since, self._error, self._refused = False, time.monotonic(), str(e), str(e)
             if first:
                 log.error("%s", e)
             return
@@ -185,7 +192,7 @@ class Link:
             if came_up or instance != self._instance:
                 self._roles.clear()  # Made again against this kvtierd, checked.
             self._client, self._instance = client, instance
-            self._up, self._error = True, None
+            self._up, self._error, self._refused = True, None, None
             if came_up:
                 self._since = time.monotonic()
                 self._connects += 1

@@ -193,6 +193,7 @@ class KvtierConnector(KVConnectorBase_V1):
             # One link per tensor-parallel rank's identity: a lookup finds what every rank holds.
             self._links = [Link(functools.partial(self._make_client, i), interval=0.5, check=self._check_profile,
                                 name=f"kvtier-link-{i}") for i in range(self._tp)]
+            self._refuse_if_unfit(self._links)
             if not all(link.up for link in self._links):
                 _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
                              self._socket)
@@ -222,6 +223,16 @@ class KvtierConnector(KVConnectorBase_V1):
         if why is not None:
             raise ValueError(f"kvtier: {why}; configure a matching profile and name it in "
                              f"kv_connector_extra_config.profile")
+
+    def _refuse_if_unfit(self, links: list[Link]) -> None:
+        """At start-up, a kvtierd whose profile cannot hold this engine's blocks
+        fails the engine, naming both (a kvtierd that appears later with such a
+        profile is refused by the link, which logs it and stays down)."""
+        for link in links:
+            if link.refused is not None:
+                for other in links:
+                    other.close()
+                raise ValueError(link.refused)
 
     @staticmethod
     def _describe_layout(vllm_config, spec) -> str:
@@ -367,6 +378,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # the link pings only while kvtierd is away (the calls show it gone).
         self._link = Link(functools.partial(self._make_client, self._rank), interval=0.5, ping_while_up=False,
                           check=self._check_profile, name="kvtier-link")
+        self._refuse_if_unfit([self._link])
         if not self._link.up:
             _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is "
                          "(%s)", self._socket, self._link.state()["error"])

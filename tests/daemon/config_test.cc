@@ -38,7 +38,7 @@ TEST(ConfigTest, TheShippedDefaultParses) {
   auto c = LoadConfigFile(KVTIER_DEFAULT_CONFIG);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->backend, "auto");
-  ASSERT_EQ(c->profiles.size(), 2u);
+  ASSERT_EQ(c->profiles.size(), 3u);
   EXPECT_EQ(c->profiles[0].profile.name, "default");
   EXPECT_EQ(c->profiles[0].profile.BlockBytes(), 128u * 1024);
   EXPECT_EQ(c->profiles[0].gpu_blocks, 512u);   // 64 MiB of 128 KiB blocks.
@@ -48,6 +48,12 @@ TEST(ConfigTest, TheShippedDefaultParses) {
   EXPECT_EQ(c->profiles[1].profile.BlockBytes(), 720u * 1024);
   EXPECT_EQ(c->profiles[1].gpu_blocks, 364u);    // 256 MiB.
   EXPECT_EQ(c->profiles[1].host_blocks, 1456u);  // 1 GiB.
+  // The same model for vLLM's CPU backend: one block is one of vLLM's, 128 tokens.
+  EXPECT_EQ(c->profiles[2].profile.name, "smollm2-vllm-cpu");
+  EXPECT_EQ(c->profiles[2].profile.block_tokens, 128u);
+  EXPECT_EQ(c->profiles[2].profile.BlockBytes(), 5760u * 1024);
+  EXPECT_EQ(c->profiles[2].gpu_blocks, 45u);    // 256 MiB.
+  EXPECT_EQ(c->profiles[2].host_blocks, 182u);  // 1 GiB.
 }
 
 TEST(ConfigTest, DefaultsFillWhatIsNotGiven) {

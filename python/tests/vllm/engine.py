@@ -8,6 +8,11 @@ Requests: {"prompts": [[token ids], ...], "max_tokens": N, "salts": [str|null, .
 "cached": prompt tokens vLLM did not compute, "ttft": seconds}]}, one line
 starting with RESULT_PREFIX (vLLM logs to the same streams); {"quit": true}
 ends it. Requests run one batch at a time: several prompts are served together.
+{"stream": true, "prompts": [...], "every": seconds or "at": [seconds, ...],
+"events": [{"at": s, "pid": p, "signal": "SIGSTOP"}, ...], "max_tokens": N}:
+prompts arriving over time while the engine steps, signals sent on the way ->
+{"outputs": [...], "steps": [{"at": s, "seconds": s}, ...]}. {"metrics": true} -> {"metrics":
+{name: value summed over labels}}: vLLM's own and the connector's.
 """
 
 import json
@@ -21,6 +26,56 @@ RESULT_PREFIX = "KVTIER-ENGINE "
 def reply(obj):
     sys.stdout.write(RESULT_PREFIX + json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def metrics(llm):
+    """vLLM's metrics (its own and the connector's vllm:kvtier_*), each summed over its labels."""
+    out = {}
+    for m in llm.get_metrics():
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            out[m.name] = out.get(m.name, 0) + value
+    return out
+
+
+def stream(llm, req, SamplingParams):
+    """Requests arriving over time: prompt i is added at req["at"][i] seconds
+    (default every x i) while the engine steps, and each event {"at": s, "pid":
+    p, "signal": "SIGKILL"} is sent when its time comes, before the prompts of
+    that time; returns each output and every step's start and duration."""
+    import signal
+
+    engine = llm.llm_engine
+    sp = SamplingParams(max_tokens=req.get("max_tokens", 8), temperature=0, logprobs=5)
+    prompts = req["prompts"]
+    at = req.get("at") or [req["every"] * i for i in range(len(prompts))]
+    events = sorted(req.get("events") or [], key=lambda e: e["at"])
+    tag = f"{time.monotonic_ns()}-"  # Request ids never seen before by this engine.
+    started = time.perf_counter()
+    outputs, steps, added = {}, [], 0
+    while len(outputs) < len(prompts):
+        now = time.perf_counter() - started
+        while events and events[0]["at"] <= now:
+            e = events.pop(0)
+            os.kill(e["pid"], getattr(signal, e["signal"]))
+        while added < len(prompts) and at[added] <= now:
+            engine.add_request(tag + str(added), {"prompt_token_ids": prompts[added]}, sp)
+            added += 1
+        if not engine.has_unfinished_requests():
+            upcoming = ([at[added]] if added < len(prompts) else []) + [e["at"] for e in events[:1]]
+            nxt = min(upcoming, default=now)
+            time.sleep(min(0.005, max(0.0, nxt - now)))
+            continue
+        t = time.perf_counter()
+        for o in engine.step():
+            if o.finished:
+                outputs[int(o.request_id[len(tag):])] = o
+        steps.append({"at": round(t - started, 4), "seconds": round(time.perf_counter() - t, 4)})
+    return {"outputs": [{
+        "tokens": list(outputs[i].outputs[0].token_ids),
+        "logprobs": [{str(k): v.logprob for k, v in lp.items()} for lp in (outputs[i].outputs[0].logprobs or [])],
+        "cached": outputs[i].num_cached_tokens or 0,
+    } for i in range(len(prompts))], "steps": steps}
 
 
 def main():
@@ -41,6 +96,12 @@ def main():
         req = json.loads(line)
         if req.get("quit"):
             break
+        if req.get("metrics"):
+            reply({"metrics": metrics(llm)})
+            continue
+        if req.get("stream"):
+            reply(stream(llm, req, SamplingParams))
+            continue
         sp = SamplingParams(max_tokens=req.get("max_tokens", 8), temperature=0, logprobs=5)
         salts = req.get("salts") or [None] * len(req["prompts"])
         prompts = []

@@ -15,16 +15,24 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, HERE)
 from engine import RESULT_PREFIX  # noqa: E402
 
-# The tiny model's KV: 4 layers x 4 KV heads x 64, fp32 (configs/kvtierd.yaml's default profile).
+# vLLM's block size on its CPU backend: a kvtier block is one vLLM block.
+BLOCK = 128
+
+# The tiny model's KV: 4 layers x 4 KV heads x 64, fp32 (per tensor-parallel rank: kv_heads / tp),
+# in blocks of vLLM's (1 MiB each).
 PROFILE = """\
-  - name: tiny
+  - name: {name}
     layers: 4
-    kv_heads: 4
+    kv_heads: {kv_heads}
     head_dim: 64
     dtype: fp32
-    block_tokens: 16
+    block_tokens: {block_tokens}
     gpu_blocks: {gpu}
     host_blocks: {host}"""
+
+
+def profile(gpu, host, name="tiny", block_tokens=BLOCK, kv_heads=4):
+    return PROFILE.format(name=name, gpu=gpu, host=host, block_tokens=block_tokens, kv_heads=kv_heads)
 
 
 def make_model(directory, seed=1):
@@ -38,7 +46,7 @@ class Engine:
     """One vLLM engine process (an LLM); generate() sends it a batch of prompts."""
 
     def __init__(self, model, log_path, socket=None, extra=None, llm=None, kv_cache_bytes=128 << 20,
-                 start_timeout=300):
+                 start_timeout=300, env=None):
         cfg = {"model": model, "socket": socket, "extra": extra or {}, "llm": llm or {},
                "kv_cache_bytes": kv_cache_bytes}
         env = {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", "TOKENIZERS_PARALLELISM": "false",
@@ -47,7 +55,7 @@ class Engine:
                # that left the connector's engines both cores and the others one): engines
                # compared with each other must get the same cores.
                "VLLM_CPU_OMP_THREADS_BIND": f"0-{(os.cpu_count() or 1) - 1}",
-               **os.environ}
+               **os.environ, **(env or {})}
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), json.dumps(cfg)],
@@ -88,6 +96,20 @@ class Engine:
         self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "salts": salts}) + "\n")
         self.proc.stdin.flush()
         return self._next(timeout)["outputs"]
+
+    def stream(self, prompts, at, events=(), max_tokens=8, timeout=600):
+        """Prompt i arrives at at[i] seconds while the engine steps, and each event
+        ({"at": s, "pid": p, "signal": "SIGKILL"}) is sent at its time (engine.py's stream)."""
+        self.proc.stdin.write(json.dumps({"stream": True, "prompts": prompts, "at": list(at), "events": list(events),
+                                          "max_tokens": max_tokens}) + "\n")
+        self.proc.stdin.flush()
+        return self._next(timeout)
+
+    def metrics(self):
+        """vLLM's metrics and the connector's (vllm:kvtier_*), summed over their labels."""
+        self.proc.stdin.write(json.dumps({"metrics": True}) + "\n")
+        self.proc.stdin.flush()
+        return self._next(60)["metrics"]
 
     def quit(self):
         """Asks the engine to shut down, without waiting (stop() waits)."""
