@@ -1,8 +1,9 @@
 """What the Python benchmarks share: their kvtierd (a host-backend daemon on one
 fp32 profile, of 16-token blocks unless told, configured and started in a scratch
-directory), a scratch redis-server, their seeded Llama model, and the
-bootstrap interval of a median."""
+directory), a scratch redis-server, their seeded Llama model, the bootstrap
+interval of a median, and how a benchmark gives its result."""
 
+import json
 import os
 import socket
 import subprocess
@@ -93,3 +94,13 @@ def bootstrap_median_ci(x, rng, n=2000):
     x = np.asarray(x)
     meds = np.median(rng.choice(x, size=(n, len(x)), replace=True), axis=1)
     return float(np.median(x)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def emit(result, out=""):
+    """A benchmark's result: one JSON object as the last line of its output, and in
+    the file `out` too when given."""
+    line = json.dumps(result)
+    if out:
+        with open(out, "w") as f:
+            f.write(line + "\n")
+    print(line)

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
 sys.path.insert(0, HERE)
-from bench_kvtierd import start_kvtierd  # noqa: E402
+from bench_kvtierd import emit, start_kvtierd  # noqa: E402
 from vllm_engines import BLOCK as VLLM_CPU_BLOCK  # noqa: E402
 from vllm_engines import Engine  # noqa: E402
 
@@ -169,11 +169,7 @@ def main() -> int:
             e.stop()
         daemon.terminate()
         daemon.wait(30)
-    line = json.dumps(result)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(line + "\n")
-    print(line)
+    emit(result, a.out)
     return 0
 
 

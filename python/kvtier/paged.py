@@ -29,6 +29,7 @@ host to device.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import torch
@@ -140,15 +141,34 @@ class PagedKV:
         for first, v in self._views:
             yield first, v[:, block]
 
-    def copy_in(self, src: torch.Tensor, block: int, non_blocking: bool = False) -> None:
-        """kvtier block `src` [layers, ...] into engine block `block`."""
+    def copy_in(self, src: torch.Tensor, block: int, piece: int = 0, pieces: int = 1,
+                non_blocking: bool = False) -> None:
+        """kvtier block `src` [layers, ...] into engine block `block`. (piece and
+        pieces are the older signature's; a block is copied whole: 0 and 1.)"""
+        _whole(piece, pieces)
         for first, d in self._layer_views(block):
             d.copy_(src[first:first + d.shape[0]].reshape(d.shape), non_blocking=non_blocking)
 
-    def copy_out(self, dst: torch.Tensor, block: int, non_blocking: bool = False) -> None:
-        """Engine block `block` into kvtier block `dst` [layers, ...]."""
+    def copy_out(self, dst: torch.Tensor, block: int, piece: int = 0, pieces: int = 1,
+                 non_blocking: bool = False) -> None:
+        """Engine block `block` into kvtier block `dst` [layers, ...] (piece, pieces: as copy_in)."""
+        _whole(piece, pieces)
         for first, s in self._layer_views(block):
             dst[first:first + s.shape[0]].view(s.shape).copy_(s, non_blocking=non_blocking)
+
+    def pieces(self, block_tokens: int) -> int:
+        """Deprecated: engine blocks are no longer cut into pieces (one kvtier
+        block is one engine block); kept for older callers. Engine block tokens
+        over `block_tokens`."""
+        warnings.warn("PagedKV.pieces is deprecated: a kvtier block is one engine block", DeprecationWarning,
+                      stacklevel=2)
+        return self.block_size // block_tokens
+
+
+def _whole(piece: int, pieces: int) -> None:
+    if (piece, pieces) != (0, 1):
+        raise ValueError(f"kvtier: engine blocks are copied whole (piece 0 of 1), not piece {piece} of {pieces}: "
+                         "a piece would be keyed by fewer tokens than its bytes depend on")
 
 
 def _on(stream):

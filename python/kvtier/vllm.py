@@ -123,6 +123,14 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
 
 # --- the connector --------------------------------------------------------------------
 
+def _link_failure(e: kvtier.Error) -> bool:
+    """Whether an error says the kvtierd the link reaches cannot serve this engine
+    now (gone, hung, another kvtierd with another profile, another protocol), as
+    opposed to one request's trouble (a full tier, an evicted prefix)."""
+    return isinstance(e, (kvtier.UnavailableError, kvtier.TimeoutError, kvtier.FailedPreconditionError,
+                          kvtier.ProtocolErrorError, kvtier.VersionMismatchError))
+
+
 def _layer_index(name: str) -> int:
     m = re.findall(r"\d+", name)
     return int(m[0]) if m else 0
@@ -188,6 +196,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._chain: dict[str, tuple[int, int]] = {}  # Request -> (kvtierd instance, blocks its session holds).
         self._sessions: set[str] = set()        # Requests whose session kvtierd may hold (to end).
         self._to_end: set[str] = set()          # Finished requests whose session is still to end.
+        self._can_end = True                    # False once a kvtierd that predates EndSession said so.
         self._errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
             # One link per tensor-parallel rank's identity: a lookup finds what every rank holds.
@@ -421,7 +430,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._chain[load.req_id] = (client.instance_id, held)
             except kvtier.Error as e:
                 _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
-                self._link.failed(e)  # No other load or save tries kvtierd until a ping finds it.
+                if _link_failure(e):
+                    self._link.failed(e)  # No other load or save tries kvtierd until a ping finds it.
                 done = []  # Nothing counts as loaded when the lease did not end well.
             self._sessions.add(load.req_id)
         filled = set(done)
@@ -473,7 +483,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._stats.add(saved_blocks=stored, saved_tokens=stored * self._block_size)
         except kvtier.Error as e:
             _log.warning("kvtier: save for request %s failed (%s)", save.req_id, e)
-            if isinstance(e, (kvtier.UnavailableError, kvtier.TimeoutError)):
+            if _link_failure(e):
                 self._link.failed(e)
             self._stats.add(save_errors=1)
         finally:
@@ -488,7 +498,8 @@ class KvtierConnector(KVConnectorBase_V1):
             self._chain.pop(rid, None)
             if rid in self._sessions:
                 self._sessions.discard(rid)
-                self._to_end.add(rid)
+                if self._can_end:
+                    self._to_end.add(rid)
         client = self._link.get("save") if self._to_end else None
         while client is not None and self._to_end:
             rid = self._to_end.pop()
@@ -496,9 +507,15 @@ class KvtierConnector(KVConnectorBase_V1):
                 client.end_session(self._session(rid))
             except kvtier.NotFoundError:
                 pass  # Never made (a load or save that found nothing), evicted, or gone with a kvtierd.
+            except kvtier.ProtocolErrorError as e:  # A kvtierd that predates EndSession.
+                _log.warning("kvtier: kvtierd cannot end sessions (%s): each request's session stays until "
+                             "kvtierd evicts it; upgrade kvtierd", e)
+                self._to_end.clear()
+                self._can_end = False
+                return
             except kvtier.Error as e:
                 _log.warning("kvtier: could not end the session of request %s (%s)", rid, e)
-                if isinstance(e, (kvtier.UnavailableError, kvtier.TimeoutError)):
+                if _link_failure(e):
                     self._to_end.add(rid)
                     self._link.failed(e)
                     client = None

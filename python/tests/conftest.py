@@ -30,6 +30,17 @@ PROFILE = """\
     host_blocks: 256"""
 
 
+def until(predicate, timeout, what):
+    """Polls predicate() until it holds (returns that time.monotonic()) or
+    `timeout` seconds pass (an AssertionError naming `what`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return time.monotonic()
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def stop_process(proc):
     """Ends a child process: SIGTERM, then SIGKILL after 15 s."""
     if proc.poll() is None:

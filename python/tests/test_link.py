@@ -8,21 +8,12 @@ import time
 import pytest
 
 import kvtier
-from conftest import Daemon
+from conftest import Daemon, until
 from kvtier.link import Link
 
 
 def make(d, **kw):
     return lambda: kvtier.Client(socket=d.socket, connect_timeout=0.3, request_timeout=1.0, **kw)
-
-
-def until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_a_link_follows_kvtierd_away_and_back_within_a_second(tmp_path):

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from conftest import stop_process
+from conftest import stop_process, until
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -243,15 +243,6 @@ def test_an_overlong_conversation_keeps_the_system_prompt_and_the_latest_turns(s
 
 def health(service):
     return json.loads(urllib.request.urlopen(service.url + "/health", timeout=5).read())["kvtier"]
-
-
-def until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return time.monotonic()
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_kvtierd_killed_mid_conversation_means_recomputing_not_failing(services):

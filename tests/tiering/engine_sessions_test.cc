@@ -226,8 +226,6 @@ TEST_F(EngineTest, ASessionHoldsAtMostMaxSessionBlocks) {
   EXPECT_INVARIANTS();
 }
 
-// --- Priorities and their deadlines --------------------------------------------------
-
 // A client that is done with a session (a vLLM request that finished) ends
 // it: what it computed stays cached, and the session no longer holds a place
 // under the tenant's session limit.
@@ -236,14 +234,17 @@ TEST_F(EngineTest, AnEndedSessionKeepsItsBlocksAndMakesRoomUnderTheTenantsLimit)
   o.max_sessions_per_tenant = 2;
   Start(o);
   const Chain a = MakeChain(1, 2), b = MakeChain(2, 2), c = MakeChain(3, 2);
+  auto refused = [&](const std::string& session, const Chain& chain) {
+    auto w = engine_->Allocate(tenant_, chain.blocks());
+    EXPECT_TRUE(w.ok());
+    if (!w.ok()) return false;
+    const auto code = engine_->Commit(w->id, tenant_, session, BlockKey{}, 0, chain.tokens, w->slots).status().code();
+    EXPECT_TRUE(engine_->Release(w->id).ok());
+    return code == StatusCode::kResourceExhausted;
+  };
   Put("a", a);
   Put("b", b);
-  // At the limit with both sessions open: a third is refused, as before.
-  auto w = engine_->Allocate(tenant_, 2);
-  ASSERT_TRUE(w.ok());
-  EXPECT_EQ(engine_->Commit(w->id, tenant_, "c", BlockKey{}, 0, c.tokens, w->slots).status().code(),
-            StatusCode::kResourceExhausted);
-  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_TRUE(refused("c", c)) << "at the limit with both sessions open: a third is refused, as before";
 
   auto kept = engine_->EndSession(tenant_, "a");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
@@ -268,11 +269,7 @@ TEST_F(EngineTest, AnEndedSessionKeepsItsBlocksAndMakesRoomUnderTheTenantsLimit)
   auto lease = Get("b", b);
   ASSERT_TRUE(lease.ok());
   ASSERT_TRUE(engine_->Release(lease->id).ok());
-  w = engine_->Allocate(tenant_, 2);
-  ASSERT_TRUE(w.ok());
-  EXPECT_EQ(engine_->Commit(w->id, tenant_, "d", BlockKey{}, 0, a.tokens, w->slots).status().code(),
-            StatusCode::kResourceExhausted);
-  ASSERT_TRUE(engine_->Release(w->id).ok());
+  EXPECT_TRUE(refused("d", a));
   EXPECT_EQ(Matched(b), 2u);
   EXPECT_INVARIANTS();
 }
@@ -297,6 +294,8 @@ TEST_F(EngineTest, EndingASessionAnotherContinuesRemovesItAndFreesNothing) {
   EXPECT_EQ(engine_->EndSession(tenant_, "nobody").status().code(), StatusCode::kNotFound);
   EXPECT_INVARIANTS();
 }
+
+// --- Priorities and their deadlines --------------------------------------------------
 
 TEST_F(EngineTest, PriorityTtlRevertsToZeroAtItsDeadline) {
   Start(Options(16, 16));

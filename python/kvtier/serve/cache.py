@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import warnings
 from typing import Any
 
 import kvtier
@@ -51,6 +52,14 @@ class KvtierLink:
         except kvtier.FailedPreconditionError as e:
             raise ValueError(str(e)) from e
         log.info("kvtier: connected to %s (model identity %s)", self.socket, self.identity)
+
+    def prefix_cache(self) -> kvtier.hf.PrefixCache | None:
+        """Deprecated (start() connects, usable() gives the cache): starts the link
+        and returns the PrefixCache if kvtierd answers."""
+        warnings.warn("KvtierLink.prefix_cache is deprecated: call start(), then usable()", DeprecationWarning,
+                      stacklevel=2)
+        self.start()
+        return self.usable()
 
     def connected(self) -> bool:
         """Whether kvtierd answered the link's last ping (and no call failed since). Never waits."""

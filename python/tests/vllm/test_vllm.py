@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_engines import BLOCK, ROOT, Engine, make_model, profile, prompt, wait_for  # noqa: E402
+from vllm_engines import BLOCK, ROOT, Engine, make_model, profile, prompt, same, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
@@ -48,19 +48,6 @@ def reference(models, tmp_path_factory):
 
 def daemon(tmp_path, gpu=64, host=256):
     return Daemon(tmp_path, profiles=profile(gpu, host))
-
-
-def same(outputs, expected):
-    """Greedy tokens equal; each step's top-5 logprobs name the same tokens, with
-    values within fp32 rounding of a prefix computed in another pass."""
-    assert len(outputs) == len(expected)
-    for got, want in zip(outputs, expected):
-        assert got["tokens"] == want["tokens"]
-        for g, w in zip(got["logprobs"], want["logprobs"]):
-            common = set(g) & set(w)
-            assert len(common) >= 4, (g, w)  # A near tie at the fifth place may swap it.
-            for t in common:
-                assert abs(g[t] - w[t]) <= 1e-3, (t, g[t], w[t])
 
 
 def cachectl_stats(sock):

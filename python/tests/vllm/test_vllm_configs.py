@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_engines import BLOCK, Engine, make_model, profile, prompt, wait_for  # noqa: E402
+from vllm_engines import BLOCK, Engine, difference, make_model, profile, prompt, same, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
@@ -35,19 +35,6 @@ NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
 
 def hit(n):
     return (n - 1) // BLOCK * BLOCK
-
-
-def same(outputs, expected, tolerance=1e-3):
-    """Greedy tokens equal; each step's top-5 logprobs name the same tokens, with
-    values within fp32 rounding of a prefix computed in another pass."""
-    assert len(outputs) == len(expected)
-    for got, want in zip(outputs, expected):
-        assert got["tokens"] == want["tokens"]
-        for g, w in zip(got["logprobs"], want["logprobs"]):
-            common = set(g) & set(w)
-            assert len(common) >= 4, (g, w)
-            for t in common:
-                assert abs(g[t] - w[t]) <= tolerance, (t, g[t], w[t])
 
 
 def cachectl(sock, *args):
@@ -132,12 +119,7 @@ def test_prompts_sharing_a_prefix_that_ends_anywhere_load_only_their_own_kv(mode
             got = a.generate([p[2] for p in prompts.values()])
             # S+Y's full blocks, as B saved them (Z is A's own).
             assert [o["cached"] for o in got] == [len(p[1]) // BLOCK * BLOCK for p in prompts.values()], name
-            wrong = []
-            for case, g, w in zip(cases, got, want):
-                try:
-                    same([g], [w])
-                except AssertionError as e:
-                    wrong.append(f"{case}: {e}")
+            wrong = [f"{case}: {difference(g, w)}" for case, g, w in zip(cases, got, want) if difference(g, w)]
             assert not wrong, f"profile {name}: KV of another prompt was loaded: " + "; ".join(wrong)
             for e in engines:
                 e.stop()

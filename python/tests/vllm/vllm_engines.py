@@ -198,6 +198,31 @@ def _mapped_shm(pid):
     return {p for p in out if os.path.exists(p)}
 
 
+def difference(got, want, tolerance=1e-3):
+    """How one engine's output differs from another's for the same prompt, or None:
+    greedy tokens equal, and each step's top-5 logprobs name the same tokens (a
+    near tie at the fifth place may swap it) with values within fp32 rounding of
+    a prefix computed in another pass."""
+    if got["tokens"] != want["tokens"]:
+        return f"tokens {got['tokens']} != {want['tokens']}"
+    for step, (g, w) in enumerate(zip(got["logprobs"], want["logprobs"])):
+        common = set(g) & set(w)
+        if len(common) < 4:
+            return f"step {step}: top-5 tokens {sorted(g)} against {sorted(w)}"
+        for t in common:
+            if abs(g[t] - w[t]) > tolerance:
+                return f"step {step}: logprob of token {t} {g[t]} against {w[t]} (off by {abs(g[t] - w[t]):.2e})"
+    return None
+
+
+def same(outputs, expected, tolerance=1e-3):
+    """Asserts that every output is its expected one's (difference)."""
+    assert len(outputs) == len(expected)
+    for i, (got, want) in enumerate(zip(outputs, expected)):
+        why = difference(got, want, tolerance)
+        assert why is None, f"output {i}: {why}"
+
+
 def prompt(seed, n, vocab=190):
     """n token ids of the tiny model's vocabulary, a function of seed."""
     return [7 + (seed * 7919 + i * 37 + (i * i) % 11) % (vocab - 7) for i in range(n)]
