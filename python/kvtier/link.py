@@ -99,13 +99,19 @@ class Link:
         """The client of `role` ("": the one the link pings) while kvtierd answers;
         None while it is away. A role's client is made at its first get() once
         kvtierd is up (a connect, on the caller's thread); a failure to make it
-        takes the link down and returns None."""
+        takes the link down and returns None. A client reconnects by itself when
+        a call finds kvtierd restarted: the first get() after that runs the check
+        on the new kvtierd and drops the role clients still mapping the old one
+        (a client that made no call since would read the old index)."""
         with self._lock:
-            if not self._up:
+            if not self._up or not self._follow(self._client):
                 return None
             if not role:
                 return self._client
             client = self._roles.get(role)
+            if client is not None and client.instance_id != self._instance:
+                del self._roles[role]  # It maps another kvtierd than the one the link follows.
+                client = None
         if client is not None:
             return client
         try:
@@ -116,9 +122,29 @@ class Link:
             self.failed(e)
             return None
         with self._lock:
-            if not self._up:
+            if not self._up or not self._follow(client):
                 return None
             return self._roles.setdefault(role, client)
+
+    def _follow(self, client: kvtier.Client | None) -> bool:
+        """Under the lock: takes `client`'s kvtierd as the one the link follows when
+        it is another than the last checked (it restarted, and a call reconnected),
+        if the check passes; False (the link down, refused) when it does not."""
+        if client is None:
+            return False
+        instance = client.instance_id
+        if instance == self._instance:
+            return True
+        if self._check is not None:
+            try:
+                self._check(client)
+            except ValueError as e:
+                self._up, self._since, self._error, self._refused = False, time.monotonic(), str(e), str(e)
+                log.error("%s", e)
+                return False
+        self._instance = instance
+        self._roles = {r: c for r, c in self._roles.items() if c.instance_id == instance}
+        return True
 
     def failed(self, error: BaseException | str) -> None:
         """A call failed (kvtierd gone, hung past request_timeout, refused the
