@@ -99,7 +99,7 @@ def test_a_failed_load_is_recomputed_and_then_saved_again(pipe, kvtierd, tmp_pat
     pipe.add(p)
     pipe.run()
     pipe.drain()
-    b = pipe.add(p + prompt(4, 20), max_tokens=3)
+    pipe.add(p + prompt(4, 20), max_tokens=3)
     out = pipe.schedule()
     assert len(out.kv_connector_metadata.loads) == 1  # Planned against the old kvtierd.
     kvtierd[0].proc.kill()
