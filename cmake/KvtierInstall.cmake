@@ -54,7 +54,9 @@ install(FILES ${PROJECT_BINARY_DIR}/kvtierConfig.cmake ${PROJECT_BINARY_DIR}/kvt
 install(FILES configs/kvtierd.yaml DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kvtier)
 install(DIRECTORY configs/examples/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples FILES_MATCHING PATTERN "*.yaml")
 
-install(FILES README.md docs/design.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# The README and the pages it links to (docs/*.md), so that its links work where it is installed.
+install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs FILES_MATCHING PATTERN "*.md")
 
 # systemd/CMakeLists.txt generates the unit from systemd/kvtierd.service.in; the
 # guard is on the source, so a unit that was not generated fails the install.
@@ -82,6 +84,8 @@ if(KVTIER_BUILD_TESTS)
     ${KVTIER_INSTALL_CMAKEDIR}/kvtierTargets.cmake
     ${CMAKE_INSTALL_SYSCONFDIR}/kvtier/kvtierd.yaml
     ${CMAKE_INSTALL_DOCDIR}/README.md
+    ${CMAKE_INSTALL_DOCDIR}/docs/design.md
+    ${CMAKE_INSTALL_DOCDIR}/docs/vllm.md
     ${CMAKE_INSTALL_DOCDIR}/examples/dev-no-gpu.yaml
   )
   foreach(_h IN LISTS KVTIER_PUBLIC_HEADERS)

@@ -1,5 +1,5 @@
 // cachectl events: subscribes to kvtierd's KV events and prints them; a gap in
-// sequence numbers is filled from kvtierd's replay (the README's "KV events").
+// sequence numbers is filled from kvtierd's replay (docs/events.md).
 #include <sys/stat.h>
 
 #include <chrono>

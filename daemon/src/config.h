@@ -112,7 +112,7 @@ struct EventsConfig {
   std::string publish;           // ZMQ endpoint of the PUB socket (tcp://, ipc://); empty: ipc://<socket_path>.events
   std::string replay;            // Of the ROUTER socket answering replays; empty: ipc://<socket_path>.replay
   std::string topic = "kvtier";  // Every message's first frame.
-  std::string format = "kvtier";  // kvtier (README's "KV events") | vllm (vLLM's KVEventBatch; token ids always).
+  std::string format = "kvtier";  // kvtier (docs/events.md) | vllm (vLLM's KVEventBatch; token ids always).
   bool token_ids = false;         // Stored events carry the block's token ids (kvtier format).
   uint32_t max_batch_events = 1024;
   uint32_t replay_batches = 4096;  // The last batches kept for replays.

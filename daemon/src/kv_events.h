@@ -4,7 +4,7 @@
 // evicted (EngineOptions::on_block_event, on_session_evicted); the event loop
 // adds each to the open batch (Add*) and closes it (Flush) at every tick, or
 // when it holds events.max_batch_events. A closed batch gets the next sequence
-// number and is encoded (msgpack, the format in the README's "KV events") on
+// number and is encoded (msgpack, the format in docs/events.md) on
 // the loop's thread, then handed to the events helper, a child process that
 // owns the sockets (events_helper.h; kvtierd's side is events_link.h): it
 // sends each batch on the PUB socket and keeps the last events.replay_batches

@@ -2,7 +2,7 @@
 
 kvtierd (with ``events: {enabled: true}``) publishes every block stored, moved
 between tiers or removed, and every session evicted, in msgpack batches over
-ZMQ; the README's "KV events" gives the format field by field. This module
+ZMQ; docs/events.md gives the format field by field. This module
 subscribes to that stream (pyzmq), fills gaps in sequence numbers from
 kvtierd's replay socket, and keeps one host's blocks per tier::
 

@@ -7,7 +7,7 @@
 // Afterwards each test checks, through a fresh client: no lease is left, the
 // pools' used slots are exactly the cached blocks, and every cached block's
 // payload verifies. Knobs: KVTIER_CHAOS_SEED, KVTIER_CHAOS_KILLS,
-// KVTIER_CHAOS_RESTARTS, KVTIER_SOAK_SECONDS (see README).
+// KVTIER_CHAOS_RESTARTS, KVTIER_SOAK_SECONDS (see docs/testing.md).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // The KV event stream's framing, shared by kvtierd's publisher, cachectl events
-// and subscribers written in C++ (the README's "KV events" has the whole format).
+// and subscribers written in C++ (docs/events.md has the whole format).
 #pragma once
 
 #include <cstddef>

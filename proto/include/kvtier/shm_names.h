@@ -1,7 +1,7 @@
 // The names of everything a kvtierd instance labels in shared memory and puts
 // beside its socket. Every part of kvtier that creates, opens or removes one
 // builds its name here, so that the daemon, the backends, warm restart and
-// operators' tools agree (the README lists them for operators).
+// operators' tools agree (docs/operating.md, "Warm restart", lists them for operators).
 //
 // Labels of nameless (memfd) segments, passed to clients as descriptors:
 //   <instance>.fences             copy fences, one per instance (the backend)
