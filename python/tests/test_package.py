@@ -58,3 +58,35 @@ def test_the_stub_names_everything_the_native_module_has():
             if (vars(obj)["__init__"].__doc__ or "").startswith("__init__("):  # A constructor Python may call.
                 have.add("__init__")
             assert members[name] == have, name
+
+
+def test_the_torch_modules_import_without_transformers():
+    """kvtier.paged (the vLLM connector's copies) and kvtier.link need torch at
+    most: with transformers unimportable they still import, and kvtier.hf is
+    not pulled in. (kvtier.vllm imports vLLM, which needs transformers itself;
+    what it imports of kvtier is these modules.)"""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "class NoTransformers:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'transformers' or name.startswith('transformers.'):\n"
+        "            raise ImportError('transformers is not installed here')\n"
+        "sys.meta_path.insert(0, NoTransformers())\n"
+        "import kvtier.paged, kvtier.link, kvtier._vllm_saver\n"
+        "assert 'kvtier.hf' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    try:
+        import importlib.util
+
+        has_vllm = importlib.util.find_spec("vllm") is not None
+    except ImportError:
+        has_vllm = False
+    if has_vllm:  # The connector itself does not pull in kvtier.hf.
+        code = "import sys, kvtier.vllm\nassert 'kvtier.hf' not in sys.modules\nprint('ok')\n"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
