@@ -114,9 +114,7 @@ class PrefixCache:
         try:
             return self._load(session, input_ids, max_new_tokens)
         except (UnavailableError, KvtierTimeoutError) as e:
-            _log.warning("kvtier: kvtierd is unavailable, recomputing this turn: %s", e)
-            if self.on_unavailable is not None:
-                self.on_unavailable(e)
+            self._away(e, "recomputing this turn")
             return DynamicCache(), 0
 
     def store(self, session: str, input_ids: Any, cache: Any) -> int:
@@ -126,13 +124,17 @@ class PrefixCache:
         try:
             return self._store(session, input_ids, cache)
         except (UnavailableError, KvtierTimeoutError) as e:
-            _log.warning("kvtier: kvtierd is unavailable, this turn is not cached: %s", e)
-            if self.on_unavailable is not None:
-                self.on_unavailable(e)
+            self._away(e, "this turn is not cached")
             return 0
         except ResourceExhaustedError as e:  # A full tier or quota, or the session's length limit.
             _log.warning("kvtier: this turn is not cached: %s", e)
             return 0
+
+    def _away(self, error: BaseException, what: str) -> None:
+        """kvtierd is gone or did not answer in time: said, and told to on_unavailable."""
+        _log.warning("kvtier: kvtierd is unavailable, %s: %s", what, error)
+        if self.on_unavailable is not None:
+            self.on_unavailable(error)
 
     def _load(self, session: str, input_ids: Any, max_new_tokens: int) -> tuple[DynamicCache, int]:
         tokens = _tokens(input_ids)

@@ -52,14 +52,12 @@ class Link:
       keeps the link down, with the message in state(). ping_while_up: False for
       a user whose own calls show kvtierd's absence soon enough (then the thread
       only looks for kvtierd while it is away, and never contends for the
-      client with the caller). on_up(client): called on the link's thread each
-      time kvtierd answers after being away (or at the first connect)."""
+      client with the caller)."""
 
     def __init__(self, make: Callable[[], kvtier.Client], *, interval: float = 0.5, ping_while_up: bool = True,
-                 check: Callable[[kvtier.Client], None] | None = None,
-                 on_up: Callable[[kvtier.Client], None] | None = None, name: str = "kvtier-link",
+                 check: Callable[[kvtier.Client], None] | None = None, name: str = "kvtier-link",
                  start: bool = True) -> None:
-        self._make, self._check, self._on_up = make, check, on_up
+        self._make, self._check = make, check
         self.interval, self._ping_while_up, self.name = interval, ping_while_up, name
         self._lock = threading.Lock()
         self._client: kvtier.Client | None = None
@@ -109,27 +107,24 @@ class Link:
             if not role:
                 return self._client
             client = self._roles.get(role)
-            if client is not None and client.instance_id != self._instance:
-                del self._roles[role]  # It maps another kvtierd than the one the link follows.
-                client = None
-        if client is not None:
-            return client
+            if client is not None and client.instance_id == self._instance:
+                return client
         try:
             client = self._make()
-            if self._check is not None:
-                self._check(client)
-        except (kvtier.Error, ValueError) as e:
+        except kvtier.Error as e:
             self.failed(e)
             return None
         with self._lock:
             if not self._up or not self._follow(client):
                 return None
-            return self._roles.setdefault(role, client)
+            self._roles[role] = client
+            return client
 
     def _follow(self, client: kvtier.Client | None) -> bool:
         """Under the lock: takes `client`'s kvtierd as the one the link follows when
-        it is another than the last checked (it restarted, and a call reconnected),
-        if the check passes; False (the link down, refused) when it does not."""
+        it is another than the last checked (it restarted, or this is the first),
+        if the check passes, and drops the role clients of any other; False (the
+        link down, refused) when the check fails."""
         if client is None:
             return False
         instance = client.instance_id
@@ -139,12 +134,22 @@ class Link:
             try:
                 self._check(client)
             except ValueError as e:
-                self._up, self._since, self._error, self._refused = False, time.monotonic(), str(e), str(e)
-                log.error("%s", e)
+                self._down(str(e), refused=True)
                 return False
         self._instance = instance
         self._roles = {r: c for r, c in self._roles.items() if c.instance_id == instance}
         return True
+
+    def _down(self, why: str, refused: bool = False) -> None:
+        """Under the lock: kvtierd is away (or refused: it does not fit this user)."""
+        if self._up or self._error != why:
+            self._since = time.monotonic()
+            if refused:
+                log.error("%s", why)
+            elif self._up:
+                log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", why)
+        self._up, self._error = False, why
+        self._refused = why if refused else None
 
     def failed(self, error: BaseException | str) -> None:
         """A call failed (kvtierd gone, hung past request_timeout, refused the
@@ -152,25 +157,14 @@ class Link:
         answers a ping."""
         with self._lock:
             self._failures += 1
-            if not self._up:
-                return
-            self._up = False
-            self._since = time.monotonic()
-            self._error = str(error)
-        log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", error)
+            if self._up:
+                self._down(str(error))
 
     def state(self) -> dict[str, Any]:
         """up, seconds since the last change, the last error, connects, failures."""
         with self._lock:
             return {"up": self._up, "for_seconds": round(time.monotonic() - self._since, 3), "error": self._error,
                     "connects": self._connects, "failures": self._failures}
-
-    def wait_up(self, timeout: float) -> bool:
-        """Waits until kvtierd answers (tests, start-up), at most `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while not self._up and time.monotonic() < deadline:
-            time.sleep(min(0.02, self.interval))
-        return self._up
 
     def close(self) -> None:
         self._stop.set()
@@ -194,35 +188,19 @@ class Link:
                 client = self._make()
             else:
                 client.ping()  # A call: a client whose kvtierd went away reconnects here.
-            instance = client.instance_id
-            if instance != self._instance and self._check is not None:
-                self._check(client)
         except kvtier.Error as e:
             with self._lock:
-                was_up, self._up = self._up, False
-                if was_up or self._error is None:
-                    self._since, self._error = time.monotonic(), str(e)
-            if was_up:
-                log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", e)
-            return
-        except ValueError as e:  # A kvtierd that does not fit this user (its profile).
-            with self._lock:
-                self._client = client
-                first = self._error != str(e)
-                self._up, self._since, self._error, self._refused = False, time.monotonic(), str(e), str(e)
-            if first:
-                log.error("%s", e)
+                self._down(str(e))
             return
         with self._lock:
+            self._client = client
             came_up = not self._up
-            if came_up or instance != self._instance:
-                self._roles.clear()  # Made again against this kvtierd, checked.
-            self._client, self._instance = client, instance
-            self._up, self._error, self._refused = True, None, None
+            if not self._follow(client):
+                return
             if came_up:
+                self._roles.clear()  # Their connections may have broken with the failure that took it down.
                 self._since = time.monotonic()
                 self._connects += 1
+            self._up, self._error, self._refused = True, None, None
         if came_up:
             log.info("kvtier: connected to kvtierd (profile %s)", client.profile.get("name"))
-            if self._on_up is not None:
-                self._on_up(client)

@@ -120,11 +120,6 @@ class PagedKV:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def describe(self) -> str:
-        dtype = DTYPES[self.dtype][0] if self.dtype in DTYPES else str(self.dtype)
-        return (f"{self.layers} layers x {self.kv_heads} kv_heads x {self.head_dim} dim, {dtype}, "
-                f"blocks of {self.block_size} tokens")
-
     def mismatch(self, profile: dict[str, Any]) -> str | None:
         """Why kvtierd's `profile` cannot hold this cache's blocks one for one, or
         None when it can (profile_mismatch)."""

@@ -224,11 +224,8 @@ class KvtierConnector(KVConnectorBase_V1):
     def _check_profile(self, client: kvtier.Client) -> None:
         """Raises ValueError when the kvtierd reached (at start, or after a
         restart) has a profile that cannot hold this engine's blocks one for one."""
-        if self._paged is not None:
-            why = self._paged.mismatch(client.profile)
-        else:
-            g = self._geometry()
-            why = profile_mismatch(client.profile, *g) if g is not None else None
+        g = self._geometry()  # The spec's: what register_kv_caches's tensors are made of, in both roles.
+        why = profile_mismatch(client.profile, *g) if g is not None else None
         if why is not None:
             raise ValueError(f"kvtier: {why}; configure a matching profile and name it in "
                              f"kv_connector_extra_config.profile")

@@ -449,3 +449,20 @@ def test_a_model_whose_cache_kvtier_cannot_hold_is_refused_naming_what(daemon, m
     with pytest.raises(kvtier.InvalidArgumentError) as e:
         kvtier.hf.PrefixCache(daemon.client(), model)
     assert "kvtier.hf does not support model" in str(e.value) and named in str(e.value), str(e.value)
+
+
+def test_the_services_older_link_call_still_connects(daemon):
+    """kvtier.serve.KvtierLink.prefix_cache() (before the link had a thread of its
+    own) still connects and gives the PrefixCache; it is deprecated for start()
+    and usable()."""
+    pytest.importorskip("fastapi")
+    from kvtier.serve.cache import KvtierLink
+
+    model = tiny_llama()
+    link = KvtierLink(model, kvtier.hf.model_identity(model), "tiny", daemon.socket)
+    try:
+        with pytest.warns(DeprecationWarning):
+            cache = link.prefix_cache()
+        assert isinstance(cache, kvtier.hf.PrefixCache) and link.connected() and link.usable() is cache
+    finally:
+        link.link.close()

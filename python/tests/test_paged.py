@@ -169,3 +169,25 @@ def test_a_load_from_a_kvtierd_gone_raises_and_fills_nothing(make_daemon):
     d.stop()
     with pytest.raises(kvtier.Error):
         load_blocks(client, a, tokens(4), "b", 0, [1])
+
+
+def test_calls_written_against_the_older_api_still_work(make_daemon):
+    """Before a kvtier block was one engine block, copy_in/copy_out took a piece and
+    a piece count, and pieces() said how many: a whole block (piece 0 of 1) still
+    copies, pieces() still answers (deprecated), and a real piece is refused."""
+    d = make_daemon(head_dim=DIM, block_tokens=8)
+    client = d.client()
+    a = PagedKV(vllm_cache("LBHNC", 4, 8, seed=1), 8, "LBHNC")
+    b = PagedKV(vllm_cache("LBHNC", 4, 8, seed=2), 8, "LBHNC")
+    with pytest.warns(DeprecationWarning):
+        assert a.pieces(client.block_tokens) == 1
+    with client.allocate(1) as w:
+        from kvtier._tensors import block_tensor
+
+        dst = block_tensor(client, w, 0, writable=True)
+        a.copy_out(dst, 2, 0, 1)
+        b.copy_in(dst, 3, 0, 1)
+        for layer in range(LAYERS):
+            torch.testing.assert_close(_layer(b, layer, 3), _layer(a, layer, 2), rtol=0, atol=0)
+        with pytest.raises(ValueError, match="copied whole"):
+            a.copy_out(dst, 2, 1, 2)
