@@ -52,12 +52,15 @@ class Link:
       keeps the link down, with the message in state(). ping_while_up: False for
       a user whose own calls show kvtierd's absence soon enough (then the thread
       only looks for kvtierd while it is away, and never contends for the
-      client with the caller)."""
+      client with the caller). logger: where the link says kvtierd went away or
+      came back (default "kvtier.link"; a host such as vLLM passes its own, so
+      that the lines carry its process and time stamps)."""
 
     def __init__(self, make: Callable[[], kvtier.Client], *, interval: float = 0.5, ping_while_up: bool = True,
                  check: Callable[[kvtier.Client], None] | None = None, name: str = "kvtier-link",
-                 start: bool = True) -> None:
+                 start: bool = True, logger: logging.Logger | None = None) -> None:
         self._make, self._check = make, check
+        self._log = logger or log
         self.interval, self._ping_while_up, self.name = interval, ping_while_up, name
         self._lock = threading.Lock()
         self._client: kvtier.Client | None = None
@@ -145,9 +148,9 @@ class Link:
         if self._up or self._error != why:
             self._since = time.monotonic()
             if refused:
-                log.error("%s", why)
+                self._log.error("%s", why)
             elif self._up:
-                log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", why)
+                self._log.warning("kvtier: kvtierd unreachable (%s); going on without it until it answers", why)
         self._up, self._error = False, why
         self._refused = why if refused else None
 
@@ -179,7 +182,7 @@ class Link:
             try:
                 self._try()
             except Exception:  # noqa: BLE001 - the link's thread never dies of a bad kvtierd
-                log.exception("kvtier: the link to kvtierd failed unexpectedly")
+                self._log.exception("kvtier: the link to kvtierd failed unexpectedly")
 
     def _try(self) -> None:
         client = self._client
@@ -203,4 +206,4 @@ class Link:
                 self._connects += 1
             self._up, self._error, self._refused = True, None, None
         if came_up:
-            log.info("kvtier: connected to kvtierd (profile %s)", client.profile.get("name"))
+            self._log.info("kvtier: connected to kvtierd (profile %s)", client.profile.get("name"))

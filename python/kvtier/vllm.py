@@ -201,7 +201,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             # One link per tensor-parallel rank's identity: a lookup finds what every rank holds.
             self._links = [Link(functools.partial(self._make_client, i), interval=0.5, check=self._check_profile,
-                                name=f"kvtier-link-{i}") for i in range(self._tp)]
+                                name=f"kvtier-link-{i}", logger=_log) for i in range(self._tp)]
             self._refuse_if_unfit(self._links)
             if not all(link.up for link in self._links):
                 _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
@@ -383,7 +383,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # their own, so that neither waits behind the other's call to a hung kvtierd;
         # the link pings only while kvtierd is away (the calls show it gone).
         self._link = Link(functools.partial(self._make_client, self._rank), interval=0.5, ping_while_up=False,
-                          check=self._check_profile, name="kvtier-link")
+                          check=self._check_profile, name="kvtier-link", logger=_log)
         self._refuse_if_unfit([self._link])
         if not self._link.up:
             _log.warning("kvtier: kvtierd is not reachable at %s: loads fail (and are recomputed) until it is "

@@ -3,6 +3,7 @@ notices it gone (a ping, or a caller's failed call), finds it again within a
 second of a restart, re-checks the profile of every kvtierd it reaches, and
 never makes a caller wait."""
 
+import logging
 import time
 
 import pytest
@@ -38,6 +39,27 @@ def test_a_link_follows_kvtierd_away_and_back_within_a_second(tmp_path):
         assert client.instance_id != first
         assert client.probe([1, 2, 3, 4]) == 0  # The new kvtierd's index is mapped.
         assert link.state()["connects"] == 2
+    finally:
+        link.close()
+        d.stop()
+
+
+def test_a_link_says_what_happened_through_its_hosts_logger(tmp_path, caplog):
+    """vLLM passes its own logger, so that the lines carry its process and time stamps."""
+    caplog.set_level(logging.INFO, logger="host")
+    d = Daemon(tmp_path)
+    link = Link(make(d), interval=0.1, logger=logging.getLogger("host"))
+    try:
+        d.proc.kill()
+        d.proc.wait()
+        d.stop()
+        until(lambda: not link.up, 3, "the link to see kvtierd gone")
+        d = Daemon(tmp_path)
+        until(lambda: link.up, 3, "the link to find kvtierd again")
+        said = [r.getMessage() for r in caplog.records if r.name == "host"]
+        assert any("kvtierd unreachable" in m for m in said), said
+        assert any("connected to kvtierd" in m for m in said), said
+        assert not [r for r in caplog.records if r.name == "kvtier.link"]
     finally:
         link.close()
         d.stop()

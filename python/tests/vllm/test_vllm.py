@@ -24,6 +24,8 @@ from conftest import Daemon  # noqa: E402
 pytest.importorskip("vllm")
 
 NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
+MAX_TOKENS = 300  # Tokens an output is compared on.
+DECODE = 1500  # Tokens a request decodes while the connector finds a replaced kvtierd.
 
 
 def hit(n):
@@ -116,48 +118,73 @@ def test_kvtierd_absent_killed_hung_and_back_never_changes_an_output(tmp_path):
 
 def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, reference, tmp_path):
     """A prefix is cached; kvtierd hangs (SIGSTOP) just as a request that hits it
-    arrives, and is replaced by a new, empty kvtierd while the request decodes.
-    The load waits out request_timeout and fails (counted), vLLM recomputes the
-    prefix, and once the connector finds the new kvtierd the recomputed blocks
-    are saved there: a later request finds them. Before, a failed load still
-    counted as saved, so the recomputed blocks were never saved again."""
+    arrives. The load waits out request_timeout and fails (counted), vLLM
+    recomputes the prefix, and kvtierd is replaced by a new, empty one while the
+    request decodes: once the connector finds it, the recomputed blocks are saved
+    there, and a later request finds them. Before, a failed load still counted as
+    saved, so the recomputed blocks were never saved again.
+
+    No step waits for a time, so that a loaded machine cannot make the fault
+    miss. The replacement waits for the connector's word that the load failed.
+    request_timeout is long: the lookup needs no round trip but is made only
+    while the scheduler's link is up, and on a busy CI machine a ping from an
+    idle engine has taken 4 s to come back (kvtierd answered others at once),
+    which with a short timeout took the link down before the request came. The
+    new kvtierd is started beforehand and moved onto the old socket's path the
+    moment the old one dies, and the request decodes DECODE tokens (compared on
+    its first MAX_TOKENS: greedy, so they are the shorter run's), so the
+    connector finds the new kvtierd long before the request is done."""
     import threading
 
     d = daemon(tmp_path)
+    (tmp_path / "next").mkdir()
+    nxt = daemon(tmp_path / "next")  # The replacement: nothing cached.
     e = None
     try:
         p = prompt(12, 700)
-        e = Engine(models[0], str(tmp_path / "e.log"), socket=d.socket, llm=NO_APC, extra={"request_timeout": 1.0})
+        e = Engine(models[0], str(tmp_path / "e.log"), socket=d.socket, llm=NO_APC, extra={"request_timeout": 8.0})
         same(e.generate([p]), reference.generate([p]))
         wait_for(lambda: cachectl_stats(d.socket)["committed_blocks"] >= len(p) // BLOCK, 10, "the prefix saved")
         ask = p + prompt(13, 20)
-        want = reference.generate([ask], max_tokens=300)
+        want = reference.generate([ask], max_tokens=MAX_TOKENS)
         replaced = {}
 
+        def load_failed():
+            with open(e.log_path) as f:
+                return "kvtier: load for request" in f.read()
+
         def replace():
-            time.sleep(0.6)  # The load is waiting on the stopped kvtierd by now.
-            d.proc.kill()
-            d.proc.wait()
-            d.stop()
-            replaced["d"] = daemon(tmp_path)  # The same socket, nothing cached.
+            try:
+                wait_for(load_failed, 120, "the load to fail on the stopped kvtierd")
+                replaced["at"] = time.monotonic() - started
+            finally:  # Replaced whatever happened, so that the stream ends and the test can say why.
+                d.proc.kill()
+                d.proc.wait()
+                os.replace(nxt.socket, d.socket)
+                nxt.socket = d.socket
 
         t = threading.Thread(target=replace)
+        started = time.monotonic()
         t.start()
-        out = e.stream([ask], [0.0], events=[{"at": 0.0, "pid": d.proc.pid, "signal": "SIGSTOP"}], max_tokens=300)
+        out = e.stream([ask], [0.0], events=[{"at": 0.0, "pid": d.proc.pid, "signal": "SIGSTOP"}], max_tokens=DECODE)
         t.join()
-        d = replaced["d"]
-        same(out["outputs"], want)
         m = e.metrics()
-        assert m["vllm:kvtier_load_error_blocks"] == hit(len(ask)) // BLOCK, m  # The fault hit the load.
-        wait_for(lambda: cachectl_stats(d.socket)["committed_blocks"] >= hit(len(ask)) // BLOCK, 10,
+        assert "at" in replaced, (m, e.log_tail())  # The fault hit the load...
+        assert m["vllm:kvtier_load_error_blocks"] == hit(len(ask)) // BLOCK, m  # ...all of it...
+        assert replaced["at"] < out["steps"][-1]["at"], (replaced["at"], out["steps"][-1])  # ...mid-request.
+        first = [{**o, "tokens": o["tokens"][:MAX_TOKENS], "logprobs": o["logprobs"][:MAX_TOKENS]}
+                 for o in out["outputs"]]
+        same(first, want)
+        wait_for(lambda: cachectl_stats(nxt.socket)["committed_blocks"] >= hit(len(ask)) // BLOCK, 10,
                  "the recomputed prefix to be saved to the new kvtierd")
-        got = e.generate([ask], max_tokens=300)
+        got = e.generate([ask], max_tokens=MAX_TOKENS)
         assert got[0]["cached"] == hit(len(ask))
         same(got, want)
     finally:
         if e is not None:
             e.stop()
         d.stop()
+        nxt.stop()
 
 
 def test_an_engine_killed_mid_save_leaves_nothing_held(models, tmp_path):
