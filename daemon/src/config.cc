@@ -282,7 +282,7 @@ bool IsValidTenantName(std::string_view name) {
 
 uint32_t SessionsPerTenant(const DaemonConfig& c) {
   if (c.max_sessions_per_tenant != 0 || c.tenants.empty()) return c.max_sessions_per_tenant;
-  return std::max<uint32_t>(1, c.max_sessions / static_cast<uint32_t>(c.tenants.size() + 1));
+  return std::max<uint32_t>(1, c.engine_limits.max_sessions / static_cast<uint32_t>(c.tenants.size() + 1));
 }
 
 uint32_t ClientsPerTenant(const DaemonConfig& c) {

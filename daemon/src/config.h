@@ -7,6 +7,7 @@
 // writing back out (DumpConfig, config_dump.cc) and the reload plan follow.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,6 +16,7 @@
 #include "kvtier/block_key.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
+#include "kvtier/tiering/engine_options.h"
 #include "store_kinds.h"
 
 namespace kvtier::daemon {
@@ -140,11 +142,13 @@ struct DaemonConfig {
   // sleeps in epoll_wait, so a client's next request finds it awake (0: never).
   uint32_t busy_poll_us = 50;
 
-  double gpu_high_watermark = 0.90;
-  double gpu_low_watermark = 0.75;
-  double host_high_watermark = 0.95;
-  double host_low_watermark = 0.85;
-  uint32_t max_copy_batch = 64;
+  // The engine's own settings (tiering.*_watermark, max_copy_batch;
+  // limits.lease_timeout_ms, gpu_share_window_ms, max_sessions,
+  // max_session_blocks, max_blocks_per_request): named once, in
+  // engine_options.h, and given to every engine whole. kvtierd's defaults
+  // where they differ from the engine library's.
+  tiering::EngineTunables engine{.lease_timeout = std::chrono::milliseconds(30000)};
+  tiering::EngineLimits engine_limits{.max_sessions = 65536, .max_blocks_per_request = 8192};
   std::string policy = "lru";
   uint32_t tick_ms = 20;            // Watermark check period.
   // With warm_restart, how often a changed manifest is rewritten while serving
@@ -159,11 +163,9 @@ struct DaemonConfig {
   // Clients one tenant may have connected at once; a Hello past it is refused.
   // 0 (the default): derived, see ClientsPerTenant.
   uint32_t max_clients_per_tenant = 0;
-  uint32_t max_sessions = 65536;
   // Sessions per tenant and profile; a new one past it is refused. 0 (the
   // default): derived, see SessionsPerTenant.
   uint32_t max_sessions_per_tenant = 0;
-  uint32_t max_session_blocks = 0;  // Blocks one session may hold; 0 = no limit.
   // Tenant labels kvtierd remembers (each has its stats and metrics) when no
   // tenants: are configured and a Hello names its tenant freely: a Hello with
   // a new label past it is refused (resource_exhausted) unless a label with no
@@ -171,7 +173,6 @@ struct DaemonConfig {
   // Configured tenants are always known and do not count.
   uint32_t max_tenants = 1024;
   uint32_t max_leases_per_client = 4096;
-  uint32_t max_blocks_per_request = 8192;
   uint32_t max_frame_bytes = 16u << 20;
   uint32_t hello_timeout_ms = 10000;  // A connection must send Hello this soon, else it is closed.
   uint32_t frame_timeout_ms = 10000;  // A frame begun must arrive whole this soon, else the connection is closed.
@@ -179,13 +180,6 @@ struct DaemonConfig {
   // (until its replies drain below it); a reply finding kReplyCloseFactor times
   // as many unsent closes it.
   uint32_t max_reply_backlog_bytes = 4u << 20;
-  // A lease (Allocate's write lease, Acquire's read lease) older than this is
-  // revoked at the next tick: its slots go back to the pool, its pins end; 0: never.
-  uint32_t lease_timeout_ms = 30000;
-  // The fair share of the GPU tier (EngineOptions::gpu_share_window): while a
-  // tenant below its share finds no GPU slot, and this long after, each tenant
-  // without a GPU quota may hold gpu slots / active tenants; 0: no share.
-  uint32_t gpu_share_window_ms = 1000;
 
   // Prometheus endpoint "HOST:PORT" (an IPv4 address or a bracketed IPv6 one;
   // port 0 picks a free port); empty: no endpoint.

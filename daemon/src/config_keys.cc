@@ -18,6 +18,11 @@ ConfigKey Number(const char* section, const char* key, ConfigRef<T> field, doubl
                  const char* doc, std::string (*check)(const DaemonConfig&) = nullptr) {
   return ConfigKey{section, key, field, lo, hi, false, {}, reloadable, doc, check};
 }
+// A duration written in whole milliseconds (a key named *_ms).
+ConfigKey Millis(const char* section, const char* key, ConfigRef<std::chrono::milliseconds> field, double lo,
+                 double hi, bool reloadable, const char* doc, std::string (*check)(const DaemonConfig&) = nullptr) {
+  return ConfigKey{section, key, field, lo, hi, false, {}, reloadable, doc, check};
+}
 template <typename T>
 ConfigKey Size(const char* section, const char* key, ConfigRef<T> field, double lo, double hi, bool reloadable,
                const char* doc) {
@@ -60,17 +65,16 @@ std::string CheckSocket(const DaemonConfig& c) {
   return "";
 }
 std::string CheckGpuLow(const DaemonConfig& c) {
-  if (c.gpu_low_watermark > c.gpu_high_watermark) return "must not exceed gpu_high_watermark";
-  return c.gpu_low_watermark <= 0 ? "must be > 0" : "";
+  if (c.engine.gpu_low_watermark > c.engine.gpu_high_watermark) return "must not exceed gpu_high_watermark";
+  return c.engine.gpu_low_watermark <= 0 ? "must be > 0" : "";
 }
 std::string CheckHostLow(const DaemonConfig& c) {
-  if (c.host_low_watermark > c.host_high_watermark) return "must not exceed host_high_watermark";
-  return c.host_low_watermark <= 0 ? "must be > 0" : "";
+  if (c.engine.host_low_watermark > c.engine.host_high_watermark) return "must not exceed host_high_watermark";
+  return c.engine.host_low_watermark <= 0 ? "must be > 0" : "";
 }
 std::string CheckLeaseTimeout(const DaemonConfig& c) {
-  if (c.lease_timeout_ms != 0 && c.lease_timeout_ms < 100) {
-    return "must be 0 (never) or at least 100, got " + std::to_string(c.lease_timeout_ms);
-  }
+  const auto ms = c.engine.lease_timeout.count();
+  if (ms != 0 && ms < 100) return "must be 0 (never) or at least 100, got " + std::to_string(ms);
   return "";
 }
 std::string CheckMetricsListen(const DaemonConfig& c) {
@@ -118,15 +122,15 @@ const std::vector<ConfigKey>& Table() {
     Number<uint32_t>("", "busy_poll_us", KVTIER_MEMBER(busy_poll_us), 0, 10000, kReloadable,
                      "After requests, the event loop polls this long before sleeping (0: never)"),
 
-    Number<double>("tiering", "gpu_high_watermark", KVTIER_MEMBER(gpu_high_watermark), 0.01, 1.0, kReloadable,
+    Number<double>("tiering", "gpu_high_watermark", KVTIER_MEMBER(engine.gpu_high_watermark), 0.01, 1.0, kReloadable,
                    "GPU tier use past which cold blocks are demoted to the host tier"),
-    Number<double>("tiering", "gpu_low_watermark", KVTIER_MEMBER(gpu_low_watermark), 0.0, 1.0, kReloadable,
+    Number<double>("tiering", "gpu_low_watermark", KVTIER_MEMBER(engine.gpu_low_watermark), 0.0, 1.0, kReloadable,
                    "...until its use is down to this", &CheckGpuLow),
-    Number<double>("tiering", "host_high_watermark", KVTIER_MEMBER(host_high_watermark), 0.01, 1.0, kReloadable,
+    Number<double>("tiering", "host_high_watermark", KVTIER_MEMBER(engine.host_high_watermark), 0.01, 1.0, kReloadable,
                    "Host tier use past which cold blocks are dropped (to the stores, if any)"),
-    Number<double>("tiering", "host_low_watermark", KVTIER_MEMBER(host_low_watermark), 0.0, 1.0, kReloadable,
+    Number<double>("tiering", "host_low_watermark", KVTIER_MEMBER(engine.host_low_watermark), 0.0, 1.0, kReloadable,
                    "...until its use is down to this", &CheckHostLow),
-    Number<uint32_t>("tiering", "max_copy_batch", KVTIER_MEMBER(max_copy_batch), 1, 65536, kReloadable,
+    Number<uint32_t>("tiering", "max_copy_batch", KVTIER_MEMBER(engine.max_copy_batch), 1, 65536, kReloadable,
                      "Blocks one copy batch moves between tiers, at most"),
     Text("tiering", "policy", KVTIER_MEMBER(policy), kPolicies, kReloadable, "Which sessions go cold first"),
     Number<uint32_t>("tiering", "tick_ms", KVTIER_MEMBER(tick_ms), 1, 60000, kReloadable, "Watermark check period"),
@@ -139,17 +143,17 @@ const std::vector<ConfigKey>& Table() {
                      "New connections per second from one uid (burst: one second's worth); 0: no limit"),
     Number<uint32_t>("limits", "max_clients_per_tenant", KVTIER_MEMBER(max_clients_per_tenant), 0, 1u << 20,
                      kReloadable, "Clients of one tenant at once; 0: max_clients / (tenants + 1) with tenants:"),
-    Number<uint32_t>("limits", "max_sessions", KVTIER_MEMBER(max_sessions), 1, 1u << 28, kAtStart,
+    Number<uint32_t>("limits", "max_sessions", KVTIER_MEMBER(engine_limits.max_sessions), 1, 1u << 28, kAtStart,
                      "Sessions per profile"),
     Number<uint32_t>("limits", "max_sessions_per_tenant", KVTIER_MEMBER(max_sessions_per_tenant), 0, 1u << 28,
                      kAtStart, "Sessions of one tenant per profile; 0: max_sessions / (tenants + 1) with tenants:"),
-    Number<uint32_t>("limits", "max_session_blocks", KVTIER_MEMBER(max_session_blocks), 0, 1u << 28, kAtStart,
+    Number<uint32_t>("limits", "max_session_blocks", KVTIER_MEMBER(engine_limits.max_session_blocks), 0, 1u << 28, kAtStart,
                      "Blocks one session may hold; 0: no limit"),
     Number<uint32_t>("limits", "max_tenants", KVTIER_MEMBER(max_tenants), 1, kMaxTenants, kReloadable,
                      "Tenant labels remembered when clients name their tenant (no tenants:)"),
     Number<uint32_t>("limits", "max_leases_per_client", KVTIER_MEMBER(max_leases_per_client), 1, 1u << 24,
                      kReloadable, "Leases one client may hold at once"),
-    Number<uint32_t>("limits", "max_blocks_per_request", KVTIER_MEMBER(max_blocks_per_request), 1, 1u << 20, kAtStart,
+    Number<uint32_t>("limits", "max_blocks_per_request", KVTIER_MEMBER(engine_limits.max_blocks_per_request), 1, 1u << 20, kAtStart,
                      "Blocks one request may name"),
     Size<uint32_t>("limits", "max_frame_bytes", KVTIER_MEMBER(max_frame_bytes), 4096, 16u << 20, kAtStart,
                    "The largest frame a client may send"),
@@ -159,11 +163,11 @@ const std::vector<ConfigKey>& Table() {
                      "A frame begun must arrive whole this soon, else the connection is closed"),
     Size<uint32_t>("limits", "max_reply_backlog_bytes", KVTIER_MEMBER(max_reply_backlog_bytes), 64u << 10, 1u << 30,
                    kReloadable, "Unsent reply bytes past which a connection's requests wait (4x: it is closed)"),
-    Number<uint32_t>("limits", "lease_timeout_ms", KVTIER_MEMBER(lease_timeout_ms), 0, 86400000, kReloadable,
-                     "A lease older than this is revoked (0: never)", &CheckLeaseTimeout),
-    Number<uint32_t>("limits", "gpu_share_window_ms", KVTIER_MEMBER(gpu_share_window_ms), 0, 3600000, kReloadable,
-                     "After a tenant below its fair share of the gpu tier finds no slot, tenants without a gpu quota "
-                     "are held to gpu slots / active tenants this long (0: no fair share)"),
+    Millis("limits", "lease_timeout_ms", KVTIER_MEMBER(engine.lease_timeout), 0, 86400000, kReloadable,
+           "A lease older than this is revoked (0: never)", &CheckLeaseTimeout),
+    Millis("limits", "gpu_share_window_ms", KVTIER_MEMBER(engine.gpu_share_window), 0, 3600000, kReloadable,
+           "After a tenant below its fair share of the gpu tier finds no slot, tenants without a gpu quota "
+           "are held to gpu slots / active tenants this long (0: no fair share)"),
 
     Text("metrics", "listen", KVTIER_MEMBER(metrics_listen), {}, kAtStart,
          "Prometheus endpoint HOST:PORT (port 0: any free one); empty: none", &CheckMetricsListen),
@@ -254,6 +258,13 @@ Status ReadKey(Section& s, const ConfigKey& k, DaemonConfig* c) {
                            : s.Read<uint64_t>(k.key, &m(*c), static_cast<uint64_t>(k.lo), static_cast<uint64_t>(k.hi));
           },
           [&](ConfigRef<double> m) { return s.Read<double>(k.key, &m(*c), k.lo, k.hi); },
+          [&](ConfigRef<std::chrono::milliseconds> m) {  // A key named *_ms: whole milliseconds.
+            uint32_t ms = static_cast<uint32_t>(m(*c).count());
+            KVTIER_RETURN_IF_ERROR(
+                s.Read<uint32_t>(k.key, &ms, static_cast<uint32_t>(k.lo), static_cast<uint32_t>(k.hi)));
+            m(*c) = std::chrono::milliseconds(ms);
+            return Status::Ok();
+          },
           [&](ConfigRef<std::string> m) { return s.ReadString(k.key, &m(*c), k.choices); },
       },
       k.field);
@@ -273,6 +284,7 @@ std::string ConfigKey::ValueText(const DaemonConfig& config) const {
                         [&](ConfigRef<uint32_t> m) { return std::to_string(m(c)); },
                         [&](ConfigRef<uint64_t> m) { return std::to_string(m(c)); },
                         [&](ConfigRef<double> m) { return YamlDouble(m(c)); },
+                        [&](ConfigRef<std::chrono::milliseconds> m) { return std::to_string(m(c).count()); },
                         [&](ConfigRef<std::string> m) { return YamlString(m(c)); },
                     },
                     field);

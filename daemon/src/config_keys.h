@@ -1,13 +1,16 @@
 // The configuration's scalar keys, one row each: where the key is in the YAML,
 // the DaemonConfig member it sets, what values it takes, whether a reload
 // applies it, and what it means. One table drives parsing, DumpConfig, the
-// reload plan and `kvtierd --config-keys`. Adding a setting: its member in
-// config.h, its row in config_keys.cc, and the code that uses it.
+// reload plan and `kvtierd --config-keys`. Adding a setting: its member (in
+// config.h, or for one the engine reads, in EngineTunables or EngineLimits of
+// engine_options.h, which reach every engine whole), its row in
+// config_keys.cc, and the code that uses it.
 //
 // The structured parts (profiles, access, tenants, stores.tiers) are parsed by
 // hand: config.cc and config_stores.cc.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -24,8 +27,8 @@ class Section;
 // A member of DaemonConfig, reached from the whole config.
 template <typename T>
 using ConfigRef = T& (*)(DaemonConfig&);
-using ConfigField =
-    std::variant<ConfigRef<bool>, ConfigRef<uint32_t>, ConfigRef<uint64_t>, ConfigRef<double>, ConfigRef<std::string>>;
+using ConfigField = std::variant<ConfigRef<bool>, ConfigRef<uint32_t>, ConfigRef<uint64_t>, ConfigRef<double>,
+                                 ConfigRef<std::chrono::milliseconds>, ConfigRef<std::string>>;
 
 struct ConfigKey {
   const char* section;  // "limits"; "" for a key at the top level.

@@ -29,17 +29,9 @@ tiering::EngineOptions EngineOptionsFor(const DaemonConfig& config, size_t profi
       o.host_slots -= t.host_blocks;
     }
   }
-  o.gpu_high_watermark = config.gpu_high_watermark;
-  o.gpu_low_watermark = config.gpu_low_watermark;
-  o.host_high_watermark = config.host_high_watermark;
-  o.host_low_watermark = config.host_low_watermark;
-  o.max_copy_batch = config.max_copy_batch;
-  o.max_sessions = config.max_sessions;
+  static_cast<tiering::EngineTunables&>(o) = config.engine;
+  static_cast<tiering::EngineLimits&>(o) = config.engine_limits;
   o.max_sessions_per_tenant = SessionsPerTenant(config);
-  o.max_session_blocks = config.max_session_blocks;
-  o.max_blocks_per_request = config.max_blocks_per_request;
-  o.lease_timeout = std::chrono::milliseconds(config.lease_timeout_ms);
-  o.gpu_share_window = std::chrono::milliseconds(config.gpu_share_window_ms);
   o.name = shm_names::Domain(p.profile.name, tenant != nullptr ? tenant->name : std::string());
   o.index_segment = shm_names::Index(config.instance, o.name);
   // An isolated tenant's engine is its quota; the shared one keeps the quotas

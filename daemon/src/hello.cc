@@ -94,7 +94,7 @@ Result<Reply> Service::On(ClientState& c, const wire::Hello& m) {
   w.fence_segment = backend_->FenceSegmentName();
   fds.push_back(e.index_fd());
   fds.push_back(backend_->FenceSegmentFd());
-  w.max_blocks_per_request = config_.max_blocks_per_request;
+  w.max_blocks_per_request = config_.engine_limits.max_blocks_per_request;
   w.max_payload = config_.max_frame_bytes;
   w.fence_events = backend_->PromotionFenceEvents();
   LogInfo("client " + std::to_string(c.id) + " connected: " + c.name + " (pid " + std::to_string(m.pid) + ", " +

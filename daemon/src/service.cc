@@ -83,7 +83,7 @@ std::string Service::Describe() const {
         std::to_string(e.options().gpu_slots) + " blocks, host " + std::to_string(e.options().host_slots) + " blocks";
   }
   const uint32_t per_tenant = SessionsPerTenant(config_);
-  out += "; at most " + std::to_string(config_.max_sessions) + " sessions per profile, " +
+  out += "; at most " + std::to_string(config_.engine_limits.max_sessions) + " sessions per profile, " +
          (per_tenant == 0 ? std::string("shared fairly between tenants") : std::to_string(per_tenant) + " per tenant");
   if (config_.tenants.empty()) out += "; at most " + std::to_string(config_.max_tenants) + " tenant labels";
   if (stores_ != nullptr) {
@@ -132,7 +132,7 @@ void Service::LogExpiredLeases() {
   };
   LogWarn("revoked " + count(l.write, "write") + " (" + std::to_string(l.slots) + " gpu slots back to the pool) and " +
           count(l.read, "read") + " held longer than limits.lease_timeout_ms (" +
-          std::to_string(config_.lease_timeout_ms) + " ms); at most one such line every " +
+          std::to_string(config_.engine.lease_timeout.count()) + " ms); at most one such line every " +
           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kExpiredLeaseLogPeriod).count()) + " s");
   l.write = l.read = l.slots = 0;
 }
@@ -142,7 +142,7 @@ void Service::NoteExpiredLease(ClientState& c, uint64_t lease, const char* use) 
   c.told_lease_expired = true;
   LogWarn("client " + std::to_string(c.id) + " (" + c.name + ", pid " + std::to_string(c.pid) + ", tenant '" +
           c.tenant + "') " + use + " lease " + std::to_string(lease) +
-          ", which had expired (limits.lease_timeout_ms: " + std::to_string(config_.lease_timeout_ms) +
+          ", which had expired (limits.lease_timeout_ms: " + std::to_string(config_.engine.lease_timeout.count()) +
           " ms); further ones of this client are not logged");
 }
 
@@ -451,12 +451,9 @@ Result<Reply> Service::On(ClientState& c, const wire::ConfigRequest&) {
 }
 
 Status Service::Reconfigure(const DaemonConfig& next) {
-  // Retune checks first and changes nothing on an error; tiering settings are
-  // alike for every engine, so the first one's answer is every one's.
-  // Tenants are not reloadable: `next` has the isolated tenants the engines serve.
-  for (EngineMember& m : engines_) {
-    KVTIER_RETURN_IF_ERROR(m.engine->Retune(EngineOptionsFor(next, m.profile, m.tenant)));
-  }
+  // Retune checks first and changes nothing on an error; the engine's
+  // settings are alike for every engine, so the first one's answer is every one's.
+  for (EngineMember& m : engines_) KVTIER_RETURN_IF_ERROR(m.engine->Retune(next.engine));
   config_ = next;
   return Status::Ok();
 }

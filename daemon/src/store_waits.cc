@@ -60,7 +60,7 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   const uint32_t bt = profile.block_tokens;
   if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
   size_t want = m.keys.size();
-  if (config_.max_session_blocks != 0) want = std::min<size_t>(want, config_.max_session_blocks);
+  if (const uint32_t most = config_.engine_limits.max_session_blocks; most != 0) want = std::min<size_t>(want, most);
   const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model);
   if (matched >= want) return false;
   // At most stores.max_fetch_bytes held in memory per fetch (at least one block).

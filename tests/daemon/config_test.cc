@@ -62,7 +62,7 @@ TEST(ConfigTest, DefaultsFillWhatIsNotGiven) {
   EXPECT_EQ(c->instance, "kvtier");
   EXPECT_EQ(c->profiles[0].profile.block_tokens, 16u);
   EXPECT_EQ(c->profiles[0].profile.dtype, DType::kF16);
-  EXPECT_DOUBLE_EQ(c->gpu_high_watermark, 0.90);
+  EXPECT_DOUBLE_EQ(c->engine.gpu_high_watermark, 0.90);
   EXPECT_EQ(c->max_frame_bytes, 16u << 20);
 }
 
@@ -72,7 +72,7 @@ TEST(ConfigTest, TheDumpParsesBackToTheSameConfig) {
   auto again = ParseConfig(DumpConfig(*c), "dump");
   ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << DumpConfig(*c);
   EXPECT_EQ(DumpConfig(*again), DumpConfig(*c));
-  EXPECT_DOUBLE_EQ(again->gpu_low_watermark, 0.5);
+  EXPECT_DOUBLE_EQ(again->engine.gpu_low_watermark, 0.5);
 }
 
 TEST(ConfigTest, UnknownKeysAreErrorsNamingTheKey) {
@@ -164,14 +164,14 @@ TEST(ConfigTest, TenantNamesAndTheTenantLimit) {
 
 TEST(ConfigTest, SessionsPerTenantIsDerivedWhenZero) {
   DaemonConfig c;
-  c.max_sessions = 1000;
+  c.engine_limits.max_sessions = 1000;
   EXPECT_EQ(SessionsPerTenant(c), 0u) << "free labels: no limit of its own, the fair eviction applies";
   c.tenants.resize(3);
   EXPECT_EQ(SessionsPerTenant(c), 250u) << "max_sessions over the tenants and default";
   c.max_sessions_per_tenant = 7;
   EXPECT_EQ(SessionsPerTenant(c), 7u) << "a configured limit wins";
   c.max_sessions_per_tenant = 0;
-  c.max_sessions = 2;
+  c.engine_limits.max_sessions = 2;
   EXPECT_EQ(SessionsPerTenant(c), 1u) << "never 0 (which would mean none)";
 }
 
@@ -398,11 +398,11 @@ metrics:
   const ReloadPlan plan = PlanReload(*running, *loaded);
   const DaemonConfig& n = plan.next;
   EXPECT_EQ(n.log_level, "debug");
-  EXPECT_EQ(n.gpu_high_watermark, 0.8);
-  EXPECT_EQ(n.gpu_low_watermark, 0.5);
-  EXPECT_EQ(n.host_high_watermark, 0.9);
-  EXPECT_EQ(n.host_low_watermark, 0.7);
-  EXPECT_EQ(n.max_copy_batch, 8u);
+  EXPECT_EQ(n.engine.gpu_high_watermark, 0.8);
+  EXPECT_EQ(n.engine.gpu_low_watermark, 0.5);
+  EXPECT_EQ(n.engine.host_high_watermark, 0.9);
+  EXPECT_EQ(n.engine.host_low_watermark, 0.7);
+  EXPECT_EQ(n.engine.max_copy_batch, 8u);
   EXPECT_EQ(n.tick_ms, 50u);
   EXPECT_EQ(n.max_clients, 7u);
   EXPECT_EQ(n.max_leases_per_client, 9u);
@@ -410,7 +410,7 @@ metrics:
   // What cannot change keeps its running value.
   EXPECT_EQ(n.socket_path, running->socket_path);
   EXPECT_EQ(n.profiles[0].gpu_blocks, 10u);
-  EXPECT_EQ(n.max_sessions, running->max_sessions);
+  EXPECT_EQ(n.engine_limits.max_sessions, running->engine_limits.max_sessions);
   EXPECT_EQ(n.metrics_listen, "");
 
   auto has = [](const std::vector<std::string>& v, const std::string& text) {
@@ -726,14 +726,14 @@ TEST(ConfigTest, AConfigFileOverOneMiBIsRefusedUnparsed) {
 TEST(ConfigTest, LeaseTimeoutDefaultsTo30SecondsIsCheckedRoundTripsAndReloads) {
   auto def = ParseConfig(kMinimal, "test.yaml");
   ASSERT_TRUE(def.ok());
-  EXPECT_EQ(def->lease_timeout_ms, 30000u);
+  EXPECT_EQ(def->engine.lease_timeout, std::chrono::milliseconds(30000));
   for (const char* ok : {"0", "100", "86400000"}) {
     auto c = ParseConfig(std::string(kMinimal) + "limits:\n  lease_timeout_ms: " + ok + "\n", "test.yaml");
     ASSERT_TRUE(c.ok()) << ok << ": " << c.status().ToString();
-    EXPECT_EQ(c->lease_timeout_ms, std::stoul(ok));
+    EXPECT_EQ(c->engine.lease_timeout, std::chrono::milliseconds(std::stoul(ok)));
     auto again = ParseConfig(DumpConfig(*c), "dump");
     ASSERT_TRUE(again.ok()) << again.status().ToString();
-    EXPECT_EQ(again->lease_timeout_ms, c->lease_timeout_ms);
+    EXPECT_EQ(again->engine.lease_timeout, c->engine.lease_timeout);
   }
   for (const char* bad : {"1", "99", "86400001", "-1", "soon"}) {
     const std::string e = ErrorOf(std::string(kMinimal) + "limits:\n  lease_timeout_ms: " + bad + "\n");
@@ -744,7 +744,7 @@ TEST(ConfigTest, LeaseTimeoutDefaultsTo30SecondsIsCheckedRoundTripsAndReloads) {
   auto off = ParseConfig(std::string(kMinimal) + "limits:\n  lease_timeout_ms: 0\n", "test.yaml");
   ASSERT_TRUE(off.ok());
   const ReloadPlan plan = PlanReload(*def, *off);
-  EXPECT_EQ(plan.next.lease_timeout_ms, 0u) << "the engines take the new timeout at once";
+  EXPECT_EQ(plan.next.engine.lease_timeout.count(), 0) << "the engines take the new timeout at once";
   EXPECT_TRUE(plan.kept.empty());
   ASSERT_EQ(plan.applied.size(), 1u);
   EXPECT_EQ(plan.applied[0], "limits.lease_timeout_ms: 30000 -> 0");
@@ -755,16 +755,16 @@ TEST(ConfigTest, LeaseTimeoutDefaultsTo30SecondsIsCheckedRoundTripsAndReloads) {
 TEST(ConfigTest, GpuShareWindowDefaultsToOneSecondReachesTheEnginesAndReloads) {
   auto def = ParseConfig(kMinimal, "test.yaml");
   ASSERT_TRUE(def.ok());
-  EXPECT_EQ(def->gpu_share_window_ms, 1000u);
+  EXPECT_EQ(def->engine.gpu_share_window, std::chrono::milliseconds(1000));
   EXPECT_EQ(EngineOptionsFor(*def, 0, "").gpu_share_window, std::chrono::milliseconds(1000));
   for (const char* ok : {"0", "250", "3600000"}) {
     auto c = ParseConfig(std::string(kMinimal) + "limits:\n  gpu_share_window_ms: " + ok + "\n", "test.yaml");
     ASSERT_TRUE(c.ok()) << ok << ": " << c.status().ToString();
-    EXPECT_EQ(c->gpu_share_window_ms, std::stoul(ok));
+    EXPECT_EQ(c->engine.gpu_share_window, std::chrono::milliseconds(std::stoul(ok)));
     EXPECT_EQ(EngineOptionsFor(*c, 0, "").gpu_share_window.count(), std::stol(ok));
     auto again = ParseConfig(DumpConfig(*c), "dump");
     ASSERT_TRUE(again.ok()) << again.status().ToString();
-    EXPECT_EQ(again->gpu_share_window_ms, c->gpu_share_window_ms);
+    EXPECT_EQ(again->engine.gpu_share_window, c->engine.gpu_share_window);
   }
   for (const char* bad : {"3600001", "-1", "soon"}) {
     const std::string e = ErrorOf(std::string(kMinimal) + "limits:\n  gpu_share_window_ms: " + bad + "\n");
@@ -773,7 +773,7 @@ TEST(ConfigTest, GpuShareWindowDefaultsToOneSecondReachesTheEnginesAndReloads) {
   auto off = ParseConfig(std::string(kMinimal) + "limits:\n  gpu_share_window_ms: 0\n", "test.yaml");
   ASSERT_TRUE(off.ok());
   const ReloadPlan plan = PlanReload(*def, *off);
-  EXPECT_EQ(plan.next.gpu_share_window_ms, 0u);
+  EXPECT_EQ(plan.next.engine.gpu_share_window.count(), 0);
   EXPECT_TRUE(plan.kept.empty());
   ASSERT_EQ(plan.applied.size(), 1u);
   EXPECT_EQ(plan.applied[0], "limits.gpu_share_window_ms: 1000 -> 0");
@@ -856,7 +856,7 @@ metrics:
   auto again = ParseConfig(dump, "dump");
   ASSERT_TRUE(again.ok()) << again.status().ToString() << "\n" << dump;
   EXPECT_TRUE(*again == *c) << dump;
-  EXPECT_EQ(again->gpu_high_watermark, 0.123456789);
+  EXPECT_EQ(again->engine.gpu_high_watermark, 0.123456789);
   EXPECT_NE(dump.find("instance: \"a: b # c\"\n"), std::string::npos) << dump;
   EXPECT_NE(dump.find("  - name: \"null\"\n"), std::string::npos) << dump;
   // Plain names and paths stay unquoted.
@@ -898,6 +898,9 @@ TEST(ConfigTest, AReloadAppliesExactlyTheKeysMarkedReloadable) {
             v = !v;
           } else if constexpr (std::is_same_v<T, std::string>) {
             v = k.choices.size() > 1 && v == k.choices[0] ? k.choices[1] : k.choices.empty() ? v + "x" : k.choices[0];
+          } else if constexpr (std::is_same_v<T, std::chrono::milliseconds>) {
+            const auto lo = static_cast<int64_t>(k.lo), hi = static_cast<int64_t>(k.hi);
+            v = std::chrono::milliseconds(v.count() == hi ? lo : hi);
           } else {
             v = v == static_cast<T>(k.hi) ? static_cast<T>(k.lo) : static_cast<T>(k.hi);
           }

@@ -75,8 +75,8 @@ uint32_t Engine::Impl::Promotable(std::span<const uint32_t> recs) const {
 
 namespace {
 
-// The checks on the options Retune may change.
-Status CheckTunables(const EngineOptions& o) {
+// The checks on the settings Retune may change.
+Status CheckTunables(const EngineTunables& o) {
   auto wm_ok = [](double lo, double hi) { return lo > 0 && lo <= hi && hi <= 1.0; };
   if (!wm_ok(o.gpu_low_watermark, o.gpu_high_watermark) || !wm_ok(o.host_low_watermark, o.host_high_watermark)) {
     return InvalidArgument("watermarks must satisfy 0 < low <= high <= 1");
@@ -299,19 +299,12 @@ uint32_t Engine::Poll() {
 
 void Engine::EnforceWatermarks() { impl_->reclaim.EnforceWatermarks(); }
 
-Status Engine::Retune(const EngineOptions& o) {
-  KVTIER_RETURN_IF_ERROR(CheckTunables(o));
-  EngineOptions& options = impl_->options;
-  options.gpu_high_watermark = o.gpu_high_watermark;
-  options.gpu_low_watermark = o.gpu_low_watermark;
-  options.host_high_watermark = o.host_high_watermark;
-  options.host_low_watermark = o.host_low_watermark;
-  options.max_copy_batch = o.max_copy_batch;
-  options.lease_timeout = o.lease_timeout;
+Status Engine::Retune(const EngineTunables& t) {
+  KVTIER_RETURN_IF_ERROR(CheckTunables(t));
+  static_cast<EngineTunables&>(impl_->options) = t;
   // A shorter window ends a wait sooner (0: at once); marks made in it mean
   // nothing once nobody waits.
-  options.gpu_share_window = o.gpu_share_window;
-  impl_->gpu_share.set_window(o.gpu_share_window);
+  impl_->gpu_share.set_window(t.gpu_share_window);
   return Status::Ok();
 }
 

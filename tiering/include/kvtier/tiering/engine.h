@@ -230,11 +230,12 @@ class Engine {
     EnforceWatermarks();
     return expired;
   }
-  // Takes the watermarks, max_copy_batch, lease_timeout and gpu_share_window from `options` (the
-  // settings that may change while serving, e.g. on a config reload); every
-  // other field is ignored. The watermarks apply from the next EnforceWatermarks. On an invalid
-  // value nothing changes (kInvalidArgument, as Create would say).
-  Status Retune(const EngineOptions& options);
+  // Takes the settings that may change while serving (e.g. on a config
+  // reload) whole: an EngineOptions passed here gives its EngineTunables, and
+  // the rest of it is ignored. The watermarks apply from the next
+  // EnforceWatermarks. On an invalid value nothing changes (kInvalidArgument,
+  // as Create would say).
+  Status Retune(const EngineTunables& tunables);
   // Waits for every copy in flight and applies it, and for the promotions
   // wanted after release (PromoteOnRelease) that the landed demotions made
   // room for. kTimeout if they do not finish.

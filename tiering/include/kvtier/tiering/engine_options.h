@@ -73,16 +73,43 @@ struct BlockEvent {
   std::span<const TokenId> tokens;  // kStored, kMoved: its tokens, valid during the call only.
 };
 
-struct EngineOptions {
-  ModelProfile profile;
-  uint32_t gpu_slots = 0;
-  uint32_t host_slots = 0;
+// The engine's settings that kvtierd's configuration sets one for one are named
+// once, in the two structs below: DaemonConfig embeds them (config.engine and
+// config.engine_limits, a row each in daemon/src/config_keys.cc), EngineOptions
+// is made of them, and Retune takes the first whole. A new setting that reaches
+// the engine is a member here and a row there, and costs no more files than one
+// only kvtierd reads.
+
+// What may change while the engine runs (Retune).
+struct EngineTunables {
   // Above high, the engine demotes (gpu) or drops (host) until usage is at low.
   double gpu_high_watermark = 0.90;
   double gpu_low_watermark = 0.75;
   double host_high_watermark = 0.95;
   double host_low_watermark = 0.85;
   uint32_t max_copy_batch = 64;      // Blocks per backend submission.
+  // How long a lease may be held (0 = for ever). ExpireLeases (and Tick) revoke
+  // older ones: a write lease's slots go back to the pool (a commit of it then
+  // fails), a read lease's blocks are unpinned. An age is measured from the
+  // grant, so a shorter timeout (Retune) applies to existing leases.
+  std::chrono::milliseconds lease_timeout{0};
+  // The fair share of the GPU tier for tenants without a GPU quota (0 = none).
+  // When a tenant holding less than `gpu slots / active tenants` finds no GPU
+  // slot for an Allocate or a promotion (every slot leased, pinned or moving),
+  // then for this long each tenant without a GPU quota may hold that share:
+  // past it, its Allocate fails (kResourceExhausted naming the share) unless
+  // its own colder blocks make room, its promotions are not made, and its new
+  // read leases stop before its GPU blocks past the share, which are demoted
+  // once its older leases end. Active: holding GPU blocks or write-lease
+  // slots, or waiting within this window. Nobody waiting, any tenant may use
+  // the whole tier.
+  std::chrono::milliseconds gpu_share_window{1000};
+
+  friend bool operator==(const EngineTunables&, const EngineTunables&) = default;
+};
+
+// What is fixed when the engine is made.
+struct EngineLimits {
   // Sessions in all. A new session beyond it evicts one, chosen fairly: the
   // coldest of its own tenant when that tenant holds at least its share
   // (max_sessions / the tenants holding sessions, itself counted), else the
@@ -91,14 +118,23 @@ struct EngineOptions {
   // and one past it makes room from its own; with one tenant this is the
   // coldest session.
   uint32_t max_sessions = 1 << 20;
-  // Sessions one tenant (namespace) may hold; 0 = no limit. A new session past
-  // it is refused (kResourceExhausted), never made room for.
-  uint32_t max_sessions_per_tenant = 0;
   // Blocks one session's chain may hold; 0 = no limit. A commit past it is
   // refused (kResourceExhausted), and an acquire leases (and names into the
   // session) at most that many: one endless conversation cannot take a tier.
   uint32_t max_session_blocks = 0;
   uint32_t max_blocks_per_request = 1 << 16;
+
+  friend bool operator==(const EngineLimits&, const EngineLimits&) = default;
+};
+
+struct EngineOptions : EngineTunables, EngineLimits {
+  ModelProfile profile;
+  uint32_t gpu_slots = 0;
+  uint32_t host_slots = 0;
+  // Sessions one tenant (namespace) may hold; 0 = no limit. A new session past
+  // it is refused (kResourceExhausted), never made room for. (kvtierd derives
+  // it from its own limits.max_sessions_per_tenant, whose 0 means "a share".)
+  uint32_t max_sessions_per_tenant = 0;
   std::string name = "default";      // The profile's name: pool objects are shm_names::PoolObject(name, tier).
   // The index's segment label (shm_names::Index: "/<instance>.<profile>.index");
   // required. The segment itself is nameless and sealed: clients map it from
@@ -140,22 +176,6 @@ struct EngineOptions {
   // Promotions past the GPU quota are not made (the block is leased where it
   // is, in the host tier).
   std::vector<TenantQuota> quotas;
-  // How long a lease may be held (0 = for ever). ExpireLeases (and Tick) revoke
-  // older ones: a write lease's slots go back to the pool (a commit of it then
-  // fails), a read lease's blocks are unpinned. May change (Retune); an age is
-  // measured from the grant, so a shorter timeout applies to existing leases.
-  std::chrono::milliseconds lease_timeout{0};
-  // The fair share of the GPU tier for tenants without a GPU quota (0 = none).
-  // When a tenant holding less than `gpu slots / active tenants` finds no GPU
-  // slot for an Allocate or a promotion (every slot leased, pinned or moving),
-  // then for this long each tenant without a GPU quota may hold that share:
-  // past it, its Allocate fails (kResourceExhausted naming the share) unless
-  // its own colder blocks make room, its promotions are not made, and its new
-  // read leases stop before its GPU blocks past the share, which are demoted
-  // once its older leases end. Active: holding GPU blocks or write-lease
-  // slots, or waiting within this window. Nobody waiting, any tenant may use
-  // the whole tier. May change (Retune); kvtierd's limits.gpu_share_window_ms.
-  std::chrono::milliseconds gpu_share_window{1000};
 };
 
 }  // namespace kvtier::tiering
