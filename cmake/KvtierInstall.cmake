@@ -30,6 +30,7 @@ install(TARGETS kvtier_client kvtier_proto EXPORT kvtierTargets
 # compiles a worker against these alone, so a header missing here fails it.
 set(KVTIER_PUBLIC_HEADERS
   client/include/kvtier/client.h
+  client/include/kvtier/client_options.h
   proto/include/kvtier/block_key.h
   proto/include/kvtier/fence_layout.h
   proto/include/kvtier/model_profile.h

@@ -18,7 +18,7 @@
 #include <utility>
 
 #include "attachment.h"
-#include "kvtier/client.h"
+#include "kvtier/client_options.h"
 #include "kvtier/status.h"
 #include "kvtier/wire.h"
 #include "transport.h"

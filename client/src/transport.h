@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvtier/client.h"
+#include "kvtier/client_options.h"
 #include "kvtier/status.h"
 #include "kvtier/wire.h"
 #include "reply_spin.h"

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "copy_planner.h"
+#include "kvtier/tiering/copy_planner.h"
 
 namespace kvtier::tiering {
 namespace {

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "copy_kernels.h"
-#include "copy_planner.h"
+#include "kvtier/tiering/copy_planner.h"
 #include "cuda_backend_impl.h"
 #include "cuda_pools.h"
 #include "kvtier/gpu_pool_handle.h"

@@ -38,8 +38,8 @@
 #include <vector>
 
 #include "copy_kernels.h"
-#include "copy_planner.h"
-#include "fence_board.h"
+#include "kvtier/tiering/copy_planner.h"
+#include "kvtier/tiering/fence_board.h"
 #include "kvtier/tiering/cuda_backend.h"
 
 namespace kvtier::tiering::cuda {

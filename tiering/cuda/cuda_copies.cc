@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "copy_kernels.h"
-#include "copy_planner.h"
+#include "kvtier/tiering/copy_planner.h"
 #include "cuda_backend_impl.h"
 #include "cuda_pools.h"
 

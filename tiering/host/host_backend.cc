@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "fence_board.h"
+#include "kvtier/tiering/fence_board.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/shm_segment.h"
 

@@ -1,5 +1,5 @@
 // CopyPlanner: one SubmitCopies batch as the submissions a GPU backend issues (copy_planner.h).
-#include "copy_planner.h"
+#include "kvtier/tiering/copy_planner.h"
 
 #include <algorithm>
 #include <cstdint>
