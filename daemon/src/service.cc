@@ -33,6 +33,7 @@ Result<std::unique_ptr<Service>> Service::Create(const DaemonConfig& config) {
       storage_events ? kMaxStoreEvents : 0);
   if (!opened.ok()) return opened.status();
   svc->stores_ = std::move(opened).value();
+  svc->store_waits_.Attach(svc->stores_.get());
   if (config.events.enabled) {
     auto events = EventPublisher::Start(config.events, EventsPublishEndpoint(config.events, config.socket_path),
                                         EventsReplayEndpoint(config.events, config.socket_path), config.access,
@@ -111,7 +112,7 @@ void Service::Tick() {
     lease_log_.slots += expired.slots;
   }
   LogExpiredLeases();
-  if (stores_ != nullptr) LandDetachedFetches();
+  store_waits_.LandDetached(engines_);
   if (stores_ != nullptr && events_ != nullptr) {
     for (const stores::StoreEvent& e : stores_->TakeEvents()) events_->AddStorage(e);
   }
@@ -202,8 +203,7 @@ void Service::Disconnect(ClientState& c) {
     tenants_.Disconnect(c.tenant);
     backend_->ForgetClient(c.id);  // Its events, each closed with its last watch.
   }
-  if (c.fetch && stores_ != nullptr) stores_->CancelFetch(c.fetch->id);
-  c.fetch.reset();
+  store_waits_.Cancel(c);
   c.leases.clear();
   c.reading.clear();
   c.welcomed = false;
@@ -365,7 +365,7 @@ Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   Engine& e = EngineOf(c);
-  if (stores_ != nullptr && WaitForStores(c, m, e)) return Reply::Deferred();
+  if (store_waits_.AcquireWaits(c, m, e, tenants_.connected())) return Reply::Deferred();
   if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens, c.model)) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are

@@ -33,6 +33,7 @@
 #include "kvtier/wire.h"
 #include "rate_buckets.h"
 #include "stats.h"
+#include "store_waits.h"
 #include "tenant_registry.h"
 #include "warm_lifecycle.h"
 
@@ -104,10 +105,6 @@ inline constexpr std::chrono::milliseconds kRoomWaitLimit{5000};
 // What the stores' I/O thread keeps of its block events between two ticks
 // (the vllm format's STORAGE medium); past it they are dropped and counted.
 inline constexpr size_t kMaxStoreEvents = 16384;
-
-// How long a SessionInfo waits for the stores to say where the session's
-// blocks that pressure dropped into them are (past it they show as unknown).
-inline constexpr std::chrono::milliseconds kLocateWaitLimit{2000};
 
 // Leases revoked by limits.lease_timeout_ms are logged at most this often (in
 // one line with the counts since the last one).
@@ -249,21 +246,6 @@ class Service {
   // What the figures are read from, reporting the tenants in `tenants`.
   StatsView View(std::vector<std::string> tenants) const;
 
-  // For an Acquire with stores below the host tier: the fetch it waits for,
-  // started if its prefix goes on past the local tiers. Returns true while the
-  // Acquire should wait for it (deferred); false when it is answered now, with
-  // whatever came (c.fetch->result) or without (none started, or the budget ran out).
-  bool WaitForStores(ClientState& c, const wire::AcquireRequest& m, tiering::Engine& e);
-  // Places what detached fetches brought (at each tick): see DetachedFetch.
-  void LandDetachedFetches();
-  bool HasDetachedFetch(const std::string& tenant) const;
-  // For a SessionInfo whose session has blocks dropped into the stores: the
-  // stores' answer of where `away` (those no local tier holds) are, asked for
-  // once. Returns false while the SessionInfo should wait for it (deferred);
-  // true when it is answered now, with `places` filled (a kPlace value per key
-  // asked about) if the stores answered in time.
-  bool LocateInStores(ClientState& c, const tiering::Engine& e, const std::vector<BlockKey>& away,
-                      std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places);
   // Closes the open KV event batch (events.enabled): at every tick.
   void FlushEvents();
   // The stores' figures (empty without stores).
@@ -277,26 +259,6 @@ class Service {
   // Before the engines, whose on_spill offers it blocks; after them at
   // destruction (~Service), so that it writes what they offered last.
   std::unique_ptr<stores::StoreChain> stores_;
-  // A fetch whose Acquire stopped waiting for it (stores.fetch_budget_ms) goes
-  // on for the blocks after the prefix it had verified (which the Acquire
-  // took: `start` is where that ended); what it brings is placed into the
-  // Acquire's session when it comes
-  // (Engine::ImportLate, at the next tick), so the session's next Acquire finds
-  // it in the host tier instead of asking the stores again. At most one per
-  // tenant: while it is under way, that tenant's Acquires start no new fetch,
-  // so a tenant looping on a prefix the stores are slow to give reads it once,
-  // and cannot fill the store I/O thread's queue ahead of other tenants.
-  struct DetachedFetch {
-    uint64_t id = 0;
-    size_t engine = 0;
-    tiering::Tenant tenant;
-    std::string session;
-    uint32_t start = 0;
-    std::vector<BlockKey> keys;
-    std::vector<TokenId> tokens;
-  };
-  std::vector<DetachedFetch> detached_;
-  RateBuckets<std::string> fetch_budgets_;  // Store fetch bytes per tenant (stores.tenant_fetch_bytes_per_second).
   std::unique_ptr<EventPublisher> events_;  // KV events (events.enabled); outlives the engines.
   std::mutex wake_mu_;
   std::function<void()> wake_;  // Guarded by wake_mu_.
@@ -307,6 +269,7 @@ class Service {
   AccessPolicy access_;
   TenantRegistry tenants_;  // The configured tenants and the labels of clients (limits.max_tenants).
   ServiceCounters counters_;
+  StoreWaits store_waits_{config_, counters_};  // Requests waiting for stores_ (attached once opened).
   // Leases revoked since the last log line about them.
   struct ExpiredLeaseLog {
     uint64_t write = 0, read = 0, slots = 0;

@@ -163,8 +163,7 @@ Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
   const Engine& e = EngineOf(c);
   auto r = e.GetSession(TenantOf(c), m.session);
   if (!r.ok()) {
-    if (c.fetch && stores_ != nullptr) stores_->CancelFetch(c.fetch->id);
-    c.fetch.reset();
+    store_waits_.Cancel(c);
     return r.status();
   }
   std::vector<BlockKey> away;  // Dropped into the stores, held by no local tier.
@@ -172,7 +171,7 @@ Result<Reply> Service::On(ClientState& c, const wire::SessionInfoRequest& m) {
     if (!r->below_local[i]) away.push_back(r->below[i]);
   }
   std::unordered_map<BlockKey, uint8_t, BlockKeyHash> places;  // Of `away`, as the stores said in time.
-  if (!away.empty() && stores_ != nullptr && !LocateInStores(c, e, away, places)) return Reply::Deferred();
+  if (!away.empty() && store_waits_.SessionInfoWaits(c, e, away, places)) return Reply::Deferred();
   wire::SessionInfoResponse out;
   out.summary = Summarize(*r);
   out.chain = r->chain;

@@ -1,24 +1,24 @@
-// Store waits: an Acquire or a SessionInfo that asks the stores below the host
-// tier (stores/) waits for them without holding the event loop: the request is
-// deferred (Reply::deferred) and handled again until their answer came or
-// stores.fetch_budget_ms passed (ClientState::StoreFetch).
+// StoreWaits (store_waits.h): requests that wait for the stores below the host tier.
+#include "store_waits.h"
+
 #include <algorithm>
 #include <iterator>
 #include <string>
 #include <vector>
 
 #include "log.h"
-#include "service.h"
+#include "service.h"  // ClientState.
 
 namespace kvtier::daemon {
 
 using tiering::Engine;
 
-bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engine& e) {
+bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Engine& e, size_t tenants_connected) {
+  if (chain_ == nullptr) return false;
   const auto now = std::chrono::steady_clock::now();
   if (c.fetch) {
     if (c.fetch->result) return false;  // Came already; the Acquire waited for GPU room since.
-    if (auto result = stores_->TakeFetch(c.fetch->id)) {
+    if (auto result = chain_->TakeFetch(c.fetch->id)) {
       c.fetch->result = std::move(result);
       counters_.store_fetched_blocks += c.fetch->result->blocks();
       return false;
@@ -29,7 +29,7 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
     // for the rest, which lands in the session when it comes (one per tenant,
     // else it is cancelled).
     bool finished = false;
-    stores::FetchResult ready = stores_->TakeReady(c.fetch->id, &finished);
+    stores::FetchResult ready = chain_->TakeReady(c.fetch->id, &finished);
     const uint32_t got = ready.blocks();
     counters_.store_fetched_blocks += got;
     if (finished) {  // It completed meanwhile: in time after all.
@@ -37,11 +37,11 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
       return false;
     }
     counters_.store_fetch_ready_blocks += got;
-    if (!m.session.empty() && !HasDetachedFetch(c.tenant)) {
-      detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, TenantOf(c), m.session, c.fetch->start + got,
-                                        m.keys, m.tokens});
+    if (!m.session.empty() && !HasDetached(c.tenant)) {
+      detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, tiering::Tenant{c.ns, c.tenant, c.model},
+                                        m.session, c.fetch->start + got, m.keys, m.tokens});
     } else {
-      stores_->CancelFetch(c.fetch->id);
+      chain_->CancelFetch(c.fetch->id);
     }
     // The fetch is the detached one's now (or cancelled): what this Acquire
     // takes is the ready prefix, kept here should it wait for GPU room.
@@ -55,7 +55,7 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
     return false;
   }
   // A fetch of this tenant's is still under way: no second one (the first lands in the host tier).
-  if (HasDetachedFetch(c.tenant)) return false;
+  if (HasDetached(c.tenant)) return false;
   const ModelProfile& profile = e.profile();
   const uint32_t bt = profile.block_tokens;
   if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
@@ -72,9 +72,10 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   // thread and the event loop read, check and copy 1.5 GB/s, and on a small
   // host took the CPU from every other tenant's requests. What the budget does
   // not cover is not fetched: that Acquire gets the shorter prefix.
-  if (const uint64_t rate = config_.stores.tenant_fetch_bytes_per_second; rate != 0 && tenants_.connected() > 1) {
+  if (const uint64_t rate = config_.stores.tenant_fetch_bytes_per_second; rate != 0 && tenants_connected > 1) {
     const double block = static_cast<double>(profile.BlockBytes());
-    const double burst = std::max({static_cast<double>(config_.stores.max_fetch_bytes), static_cast<double>(rate), block});
+    const double burst =
+        std::max({static_cast<double>(config_.stores.max_fetch_bytes), static_cast<double>(rate), block});
     const double have = fetch_budgets_.Available(c.tenant, static_cast<double>(rate), burst, now);
     const size_t afford = static_cast<size_t>(std::max(0.0, have) / block);
     if (matched + afford < want) {
@@ -92,7 +93,7 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   r.parent = matched == 0 ? BlockKey{} : m.keys[matched - 1];
   r.keys.assign(m.keys.begin() + matched, m.keys.begin() + static_cast<std::ptrdiff_t>(want));
   r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
-  c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)),
+  c.fetch = ClientState::StoreFetch{chain_->StartFetch(std::move(r)),
                                     matched,
                                     now + std::chrono::milliseconds(config_.stores.fetch_budget_ms),
                                     std::nullopt,
@@ -101,19 +102,20 @@ bool Service::WaitForStores(ClientState& c, const wire::AcquireRequest& m, Engin
   return true;
 }
 
-bool Service::LocateInStores(ClientState& c, const Engine& e, const std::vector<BlockKey>& away,
-                             std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places) {
+bool StoreWaits::SessionInfoWaits(ClientState& c, const Engine& e, const std::vector<BlockKey>& away,
+                                  std::unordered_map<BlockKey, uint8_t, BlockKeyHash>& places) {
+  if (chain_ == nullptr) return false;
   const auto now = std::chrono::steady_clock::now();
   if (!c.fetch) {
     stores::FetchRequest r;
     r.profile_fingerprint = e.profile().Fingerprint();
     r.keys = away;
     r.locate = true;
-    c.fetch = ClientState::StoreFetch{stores_->StartFetch(std::move(r)), 0, now + kLocateWaitLimit, std::nullopt, away};
-    return false;
+    c.fetch = ClientState::StoreFetch{chain_->StartFetch(std::move(r)), 0, now + kLocateWaitLimit, std::nullopt, away};
+    return true;
   }
-  if (!c.fetch->result) c.fetch->result = stores_->TakeFetch(c.fetch->id);
-  if (!c.fetch->result && now < c.fetch->deadline) return false;
+  if (!c.fetch->result) c.fetch->result = chain_->TakeFetch(c.fetch->id);
+  if (!c.fetch->result && now < c.fetch->deadline) return true;
   if (c.fetch->result) {
     // The keys asked about when the session was read first (one that differs now shows as unknown).
     const std::vector<uint8_t>& store = c.fetch->result->store;
@@ -121,27 +123,33 @@ bool Service::LocateInStores(ClientState& c, const Engine& e, const std::vector<
       places[c.fetch->located[i]] = i < store.size() ? static_cast<uint8_t>(kPlaceStoreBase + store[i]) : kPlaceNowhere;
     }
   } else {
-    stores_->CancelFetch(c.fetch->id);
+    chain_->CancelFetch(c.fetch->id);
   }
   c.fetch.reset();
-  return true;
+  return false;
 }
 
-bool Service::HasDetachedFetch(const std::string& tenant) const {
+void StoreWaits::Cancel(ClientState& c) {
+  if (c.fetch && chain_ != nullptr) chain_->CancelFetch(c.fetch->id);
+  c.fetch.reset();
+}
+
+bool StoreWaits::HasDetached(const std::string& tenant) const {
   return std::any_of(detached_.begin(), detached_.end(),
                      [&](const DetachedFetch& d) { return d.tenant.name == tenant; });
 }
 
-void Service::LandDetachedFetches() {
+void StoreWaits::LandDetached(EngineSet& engines) {
+  if (chain_ == nullptr) return;
   std::erase_if(detached_, [&](DetachedFetch& d) {
-    std::optional<stores::FetchResult> result = stores_->TakeFetch(d.id);
+    std::optional<stores::FetchResult> result = chain_->TakeFetch(d.id);
     if (!result) return false;
     counters_.store_fetched_blocks += result->blocks();
     ++counters_.store_fetches_landed;
     tiering::FetchedBlocks fetched;
     fetched.start = d.start;
     fetched.payloads = result->payloads;
-    auto placed = engines_[d.engine].engine->ImportLate(d.tenant, d.session, d.keys, d.tokens, fetched);
+    auto placed = engines[d.engine].engine->ImportLate(d.tenant, d.session, d.keys, d.tokens, fetched);
     if (placed.ok()) counters_.store_fetch_landed_blocks += *placed;
     return true;
   });
