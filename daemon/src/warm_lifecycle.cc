@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "engine_set.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/shm_segment.h"
 #include "log.h"

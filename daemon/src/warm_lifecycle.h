@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "config.h"
-#include "engine_set.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 
 namespace kvtier::daemon {
+
+class EngineSet;  // engine_set.h, which names this class in its wiring: no include back.
 
 class WarmLifecycle {
  public:
