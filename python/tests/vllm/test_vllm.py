@@ -137,10 +137,10 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
     import threading
 
     d = daemon(tmp_path)
-    (tmp_path / "next").mkdir()
-    nxt = daemon(tmp_path / "next")  # The replacement: nothing cached.
-    e = None
+    nxt = e = None
     try:
+        (tmp_path / "next").mkdir()
+        nxt = daemon(tmp_path / "next")  # The replacement: nothing cached.
         p = prompt(12, 700)
         e = Engine(models[0], str(tmp_path / "e.log"), socket=d.socket, llm=NO_APC, extra={"request_timeout": 8.0})
         same(e.generate([p]), reference.generate([p]))
@@ -184,7 +184,8 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
         if e is not None:
             e.stop()
         d.stop()
-        nxt.stop()
+        if nxt is not None:
+            nxt.stop()
 
 
 def test_an_engine_killed_mid_save_leaves_nothing_held(models, tmp_path):
