@@ -67,13 +67,11 @@ How it works:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
 import time
 import uuid
-from typing import Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -86,6 +84,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 import kvtier
 from kvtier._tensors import DTYPES
 from kvtier._vllm_model import _log, engine_identity, model_identity, rank_identity, refusal
+from kvtier._vllm_plan import KvtierConnectorMetadata, Load, Planner, Save
 from kvtier._vllm_saver import Saver
 from kvtier._vllm_stats import KvtierConnectorStats, KvtierPromMetrics
 from kvtier.link import Link
@@ -93,33 +92,6 @@ from kvtier.paged import PagedKV, load_blocks, profile_mismatch, save_blocks
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats", "KvtierPromMetrics",
            "model_identity"]
-
-# --- metadata -------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Load:
-    req_id: str
-    tokens: list[int]      # Of vLLM blocks [0, first + len(block_ids)): what the lease asks for.
-    first: int             # The request's first vLLM block to fill...
-    block_ids: list[int]   # ...and the vLLM block ids to fill, in order.
-
-
-@dataclasses.dataclass
-class _Save:
-    req_id: str
-    tokens: list[int]      # Of vLLM blocks [0, len(block_ids)).
-    block_ids: list[int]   # The request's vLLM blocks, from its first.
-
-
-@dataclasses.dataclass
-class KvtierConnectorMetadata(KVConnectorMetadata):
-    loads: list[_Load] = dataclasses.field(default_factory=list)
-    saves: list[_Save] = dataclasses.field(default_factory=list)
-    # Requests whose blocks vLLM freed since the last step (finished, preempted):
-    # the only blocks this step may write that a save still running could read.
-    freed: set[str] = dataclasses.field(default_factory=set)
-
 
 # --- the connector --------------------------------------------------------------------
 
@@ -182,13 +154,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._engine = uuid.uuid4().hex[:8]  # Names this process's sessions.
         # Scheduler side.
         self._links: list[Link] = []
-        self._requests: dict[str, Any] = {}     # Every live request, by id.
-        self._looked_up: dict[str, int] = {}    # Local prefix length given to the last lookup.
-        self._counted: set[str] = set()         # Requests whose lookup the stats counted.
-        self._loads: dict[str, _Load] = {}      # Planned, not yet sent to the workers.
-        self._loading: dict[str, _Load] = {}    # Sent: a failure reported for its blocks undoes _saved.
-        self._saved: dict[str, int] = {}        # vLLM blocks of each request in kvtierd (or loaded).
-        self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
+        self._plan = Planner(self._block_size, self._stats, self._clients)  # Each step's loads and saves.
         # Worker side.
         self._link: Link | None = None
         self._paged: PagedKV | None = None
@@ -273,96 +239,27 @@ class KvtierConnector(KVConnectorBase_V1):
         return None if any(c is None for c in clients) else clients  # type: ignore[return-value]
 
     def on_new_request(self, request) -> None:
-        self._requests[request.request_id] = request
-        if request.lora_request is not None or request.cache_salt or request.mm_features or \
-                getattr(request, "prompt_embeds", None) is not None:
-            self._uncached.add(request.request_id)
+        self._plan.new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        rid = request.request_id
-        self._requests.setdefault(rid, request)
-        clients = self._clients()
-        if clients is None or rid in self._uncached:
-            return 0, False
-        bs = self._block_size
-        usable = (request.num_tokens - 1) // bs * bs  # Whole vLLM blocks; the last token is computed.
-        if usable <= num_computed_tokens:
-            return 0, False
-        tokens = list(request.all_token_ids[:usable])
-        try:
-            cached = min(c.probe(tokens) for c in clients)  # Blocks, from the shared index: no round trip.
-        except kvtier.Error:
-            return 0, False
-        hit = cached * bs
-        if rid not in self._counted:  # vLLM may ask again for the same request.
-            self._counted.add(rid)
-            self._stats.add(lookups=1, lookup_hit_tokens=hit)
-        self._looked_up[rid] = num_computed_tokens
-        return max(0, hit - num_computed_tokens), False
+        return self._plan.matched_tokens(request, num_computed_tokens), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
-        rid = request.request_id
-        if num_external_tokens <= 0:
-            return
-        bs = self._block_size
-        local = self._looked_up.get(rid, 0)
-        first, count = local // bs, num_external_tokens // bs
-        block_ids = list(blocks.get_block_ids()[0][first:first + count])
-        end = (first + count) * bs
-        self._loads[rid] = _Load(rid, list(request.all_token_ids[:end]), first, block_ids)
-        self._saved[rid] = max(self._saved.get(rid, 0), first + count)
+        self._plan.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        freed = set(scheduler_output.finished_req_ids) | set(getattr(scheduler_output, "preempted_req_ids", None) or ())
-        for rid in freed:
-            self._loading.pop(rid, None)  # Its blocks are vLLM's to reuse: a report naming them is another's.
-        meta = KvtierConnectorMetadata(loads=list(self._loads.values()), freed=freed)
-        self._loading.update(self._loads)
-        self._loads.clear()
-        if self._clients() is None:
-            return meta  # No saves while kvtierd is away: each would only fail.
-        bs = self._block_size
-        manager = self._kv_cache_manager
-        scheduled = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
-        cached = scheduler_output.scheduled_cached_reqs
-        scheduled += list(zip(cached.req_ids, cached.num_computed_tokens))
-        for rid, computed in scheduled:
-            request = self._requests.get(rid)
-            if request is None or rid in self._uncached or manager is None:
-                continue
-            end = computed + scheduler_output.num_scheduled_tokens.get(rid, 0)
-            if end < request.num_prompt_tokens:
-                continue  # A chunk of a long prompt: saved with the step that ends the prefill, off its TTFT.
-            done = min(end // bs, request.num_tokens // bs)
-            if done <= self._saved.get(rid, 0):
-                continue
-            block_ids = list(manager.get_blocks(rid).get_block_ids()[0][:done])
-            if len(block_ids) < done:
-                continue
-            meta.saves.append(_Save(rid, list(request.all_token_ids[:done * bs]), block_ids))
-            self._saved[rid] = done
-        return meta
+        return self._plan.build(scheduler_output, self._kv_cache_manager)
 
     def update_connector_output(self, connector_output) -> None:
         bad = getattr(connector_output, "invalid_block_ids", None)
         if not bad:
             return
-        # Loaded blocks that failed are recomputed by vLLM: they are not in kvtierd
-        # (or not as this engine's), so they are saved again once computed.
-        for rid, load in list(self._loading.items()):
-            failed = [i for i, b in enumerate(load.block_ids) if b in bad]
-            if failed:
-                self._saved[rid] = min(self._saved.get(rid, 0), load.first + failed[0])
-                del self._loading[rid]
+        self._plan.load_failed(bad)
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict | None]:
         # A request's saves are waited for before a step may reuse its blocks
         # (handle_preemptions): its blocks may be freed now.
-        rid = request.request_id
-        for d in (self._requests, self._looked_up, self._loads, self._loading, self._saved):
-            d.pop(rid, None)
-        self._uncached.discard(rid)
-        self._counted.discard(rid)
+        self._plan.finished(request.request_id)
         return False, None
 
     # ======================= worker side ============================================
@@ -415,7 +312,7 @@ class KvtierConnector(KVConnectorBase_V1):
         for load in self._planned("loads"):
             self._load(load)
 
-    def _load(self, load: _Load) -> None:
+    def _load(self, load: Load) -> None:
         started = time.perf_counter()
         done: list[int] = []
         assert self._paged is not None and self._link is not None  # Registered before any load.
@@ -462,7 +359,7 @@ class KvtierConnector(KVConnectorBase_V1):
             if not self._link.up or not self._saver.put(functools.partial(self._save, save, stream), save.req_id):
                 self._stats.add(saves_dropped=1)
 
-    def _save(self, save: _Save, stream) -> None:
+    def _save(self, save: Save, stream) -> None:
         started = time.perf_counter()
         assert self._paged is not None and self._link is not None
         client = self._link.get("save")
