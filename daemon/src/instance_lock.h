@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 
 namespace kvtier::daemon {

@@ -5,15 +5,15 @@
 #include <optional>
 #include <string>
 
-#include "config.h"
-#include "config_keys.h"
-#include "events_helper.h"
+#include "config/config.h"
+#include "config/config_keys.h"
+#include "events/events_helper.h"
 #include "instance_lock.h"
 #include "kvtier/stores/allocator.h"
 #include "log.h"
 #include "notify.h"
-#include "server.h"
-#include "service.h"
+#include "server/server.h"
+#include "service/service.h"
 
 namespace {
 

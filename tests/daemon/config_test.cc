@@ -12,10 +12,10 @@
 
 #include <filesystem>
 
-#include "config.h"
-#include "config_keys.h"
-#include "engine_set.h"
-#include "store_factory.h"
+#include "config/config.h"
+#include "config/config_keys.h"
+#include "service/engine_set.h"
+#include "stores/store_factory.h"
 
 namespace kvtier::daemon {
 namespace {

@@ -1,6 +1,6 @@
 // The metrics kvtierd keeps and renders: histogram quantiles, the Prometheus
 // text exposition format (0.0.4) and the table of every figure.
-#include "prometheus.h"
+#include "stats/prometheus.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "stats.h"
+#include "stats/stats.h"
 
 namespace kvtier::daemon {
 namespace {

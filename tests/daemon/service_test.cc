@@ -1,7 +1,7 @@
 // Service: tenant labels (checked and bounded at Hello), paged session
 // listings and replies that always fit one frame, driven through
 // Service::Handle in this process, without a socket.
-#include "service.h"
+#include "service/service.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

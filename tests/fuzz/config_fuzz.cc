@@ -1,4 +1,4 @@
-// Fuzz target for kvtierd's configuration parser (daemon/src/config.cc).
+// Fuzz target for kvtierd's configuration parser (daemon/src/config/config.cc).
 //
 // The input is YAML text. ParseConfig must return a status for anything, never
 // throw or crash; a config it accepts must survive the `--check-config` round
@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "config.h"
+#include "config/config.h"
 
 namespace {
 

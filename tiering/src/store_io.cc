@@ -1,6 +1,6 @@
 // The engine's side of the stores below the host tier: host-tier blocks
 // offered to them (on_spill) and blocks fetched from them placed in the host
-// tier (Import). The stores themselves (tiering/stores) know nothing of the engine.
+// tier (Import). The stores themselves (the top-level stores/) know nothing of the engine.
 #include <algorithm>
 #include <cstring>
 #include <optional>

@@ -1,5 +1,5 @@
 // DaemonConfig: parsing and checking the YAML configuration (config.h).
-#include "config.h"
+#include "config/config.h"
 
 #include <arpa/inet.h>
 #include <grp.h>
@@ -17,8 +17,8 @@
 #include <set>
 #include <sstream>
 
-#include "config_keys.h"
-#include "config_section.h"
+#include "config/config_keys.h"
+#include "config/config_section.h"
 #include "kvtier/event_stream.h"
 
 namespace kvtier::daemon {

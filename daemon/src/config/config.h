@@ -13,11 +13,12 @@
 #include <string_view>
 #include <vector>
 
+#include "config/byte_size.h"
 #include "kvtier/block_key.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
 #include "kvtier/tiering/engine_options.h"
-#include "store_kinds.h"
+#include "stores/store_kinds.h"
 
 namespace kvtier::daemon {
 
@@ -244,8 +245,5 @@ Result<DaemonConfig> ParseConfig(std::string_view yaml, std::string_view source)
 Result<DaemonConfig> LoadConfigFile(const std::string& path);
 // The effective configuration as YAML (what `cachectl config` shows).
 std::string DumpConfig(const DaemonConfig& config);
-// "64MiB" / "2 GiB" / "4096" (bytes) -> bytes, at most kMaxByteSize.
-inline constexpr double kMaxByteSize = 1e15;
-Result<uint64_t> ParseByteSize(std::string_view text);
 
 }  // namespace kvtier::daemon

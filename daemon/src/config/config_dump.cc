@@ -1,7 +1,7 @@
 // Writing a DaemonConfig back out, and planning what a reload may change (config.h).
-#include "config.h"
-#include "config_keys.h"
-#include "config_section.h"
+#include "config/config.h"
+#include "config/config_keys.h"
+#include "config/config_section.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,11 +1,11 @@
 // The table of the configuration's scalar keys (config_keys.h).
-#include "config_keys.h"
+#include "config/config_keys.h"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
-#include "config_section.h"
+#include "config/config_section.h"
 
 namespace kvtier::daemon {
 namespace {

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <variant>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 
 namespace kvtier::daemon {

@@ -13,7 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "config.h"
+#include "config/byte_size.h"
+#include "kvtier/status.h"
 
 namespace kvtier::daemon {
 
@@ -149,6 +150,8 @@ std::string YamlString(const std::string& v);
 std::string YamlList(const std::vector<std::string>& items);
 // The shortest text that reads back as exactly `v`.
 std::string YamlDouble(double v);
+
+struct DaemonConfig;
 
 // The stores: section (config_stores.cc).
 Status ParseStores(const YAML::Node& node, const std::string& source, DaemonConfig* config);

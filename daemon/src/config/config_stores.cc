@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "config_keys.h"
-#include "config_section.h"
+#include "config/config_keys.h"
+#include "config/config_section.h"
 
 namespace kvtier::daemon {
 namespace {

@@ -1,6 +1,6 @@
 // The KV events helper process: the ZMQ sockets, the replay ring and the
 // replay rate limit, fed batches by kvtierd over a socketpair (events_helper.h).
-#include "events_helper.h"
+#include "events/events_helper.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,5 +1,5 @@
 // kvtierd's side of the KV events helper: spawn, feed, reap, restart (events_link.h).
-#include "events_link.h"
+#include "events/events_link.h"
 
 #include <fcntl.h>
 #include <poll.h>

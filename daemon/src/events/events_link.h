@@ -22,7 +22,7 @@
 #include <string>
 #include <utility>
 
-#include "events_helper.h"
+#include "events/events_helper.h"
 #include "kvtier/status.h"
 
 namespace kvtier::daemon {

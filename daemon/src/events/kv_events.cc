@@ -1,5 +1,5 @@
 // KV events: batches encoded on the loop's thread, published by the events helper process (kv_events.h).
-#include "kv_events.h"
+#include "events/kv_events.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #define MSGPACK_NO_BOOST
 #include <msgpack.hpp>
 
-#include "events_link.h"
+#include "events/events_link.h"
 #include "kvtier/event_stream.h"
 
 namespace kvtier::daemon {

@@ -43,7 +43,7 @@
 #include <string>
 #include <string_view>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 #include "kvtier/stores/store_chain.h"
 #include "kvtier/tiering/engine.h"

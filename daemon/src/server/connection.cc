@@ -1,5 +1,5 @@
 // Connection: framing, parked requests and reply backlog of one client (connection.h).
-#include "connection.h"
+#include "server/connection.h"
 
 #include <sys/socket.h>
 

@@ -22,10 +22,10 @@
 
 #include <boost/asio.hpp>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 #include "kvtier/wire.h"
-#include "service.h"
+#include "service/service.h"
 
 namespace kvtier::daemon {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "log.h"
-#include "service.h"
+#include "service/service.h"
 
 namespace kvtier::daemon {
 

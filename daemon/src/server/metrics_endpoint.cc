@@ -1,5 +1,5 @@
 // The GET /metrics endpoint (metrics_endpoint.h).
-#include "metrics_endpoint.h"
+#include "server/metrics_endpoint.h"
 
 #include <algorithm>
 #include <boost/asio.hpp>

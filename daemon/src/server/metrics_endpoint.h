@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 
 namespace boost::asio {

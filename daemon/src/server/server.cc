@@ -1,6 +1,6 @@
 // Server: the socket, accepting, parked requests, timers, signals and reloads (server.h); each
 // client's framing is its Connection's (connection.h).
-#include "server.h"
+#include "server/server.h"
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,12 +20,12 @@
 #include <unordered_set>
 #include <utility>
 
-#include "connect_rate.h"
-#include "connection.h"
 #include "log.h"
-#include "metrics_endpoint.h"
 #include "notify.h"
-#include "service.h"
+#include "server/connect_rate.h"
+#include "server/connection.h"
+#include "server/metrics_endpoint.h"
+#include "service/service.h"
 
 namespace kvtier::daemon {
 

@@ -1,5 +1,5 @@
 // Access: peer credentials from the kernel, who may connect, and each peer's tenant (access.h).
-#include "access.h"
+#include "service/access.h"
 
 #include <grp.h>
 #include <pwd.h>

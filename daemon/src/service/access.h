@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 
 namespace kvtier::daemon {

@@ -1,5 +1,5 @@
 // Building the configured backend (backend_factory.h).
-#include "backend_factory.h"
+#include "service/backend_factory.h"
 
 #include <cstdlib>
 #include <string>

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/wire.h"

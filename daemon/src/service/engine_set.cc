@@ -1,10 +1,10 @@
 // kvtierd's engines, one per profile and trust domain (engine_set.h).
-#include "engine_set.h"
+#include "service/engine_set.h"
 
-#include "kv_events.h"
+#include "events/kv_events.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/stores/store_chain.h"
-#include "warm_lifecycle.h"
+#include "service/warm_lifecycle.h"
 
 namespace kvtier::daemon {
 

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/tiering/engine.h"
 
 namespace kvtier::stores {

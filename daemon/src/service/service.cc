@@ -1,5 +1,5 @@
 // Service: the engines and the clients, one handler per request type (service.h).
-#include "service.h"
+#include "service/service.h"
 
 #include <unistd.h>
 
@@ -8,9 +8,9 @@
 #include <random>
 #include <type_traits>
 
-#include "backend_factory.h"
 #include "log.h"
-#include "store_factory.h"
+#include "service/backend_factory.h"
+#include "stores/store_factory.h"
 
 namespace kvtier::daemon {
 

@@ -23,19 +23,19 @@
 #include <unordered_set>
 #include <vector>
 
-#include "access.h"
-#include "config.h"
-#include "engine_set.h"
-#include "kv_events.h"
+#include "config/config.h"
+#include "events/kv_events.h"
 #include "kvtier/stores/store_chain.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
 #include "rate_buckets.h"
-#include "stats.h"
-#include "store_waits.h"
-#include "tenant_registry.h"
-#include "warm_lifecycle.h"
+#include "service/access.h"
+#include "service/engine_set.h"
+#include "service/tenant_registry.h"
+#include "service/warm_lifecycle.h"
+#include "stats/stats.h"
+#include "stores/store_waits.h"
 
 namespace kvtier::daemon {
 

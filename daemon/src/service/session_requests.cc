@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "log.h"
-#include "service.h"
-#include "store_factory.h"
+#include "service/service.h"
+#include "stores/store_factory.h"
 
 namespace kvtier::daemon {
 

@@ -1,5 +1,5 @@
 // TenantRegistry: configured tenants and a bounded set of labels (tenant_registry.h).
-#include "tenant_registry.h"
+#include "service/tenant_registry.h"
 
 namespace kvtier::daemon {
 

@@ -1,15 +1,15 @@
 // When the engines' warm-restart calls run, and what they log (warm_lifecycle.h).
-#include "warm_lifecycle.h"
+#include "service/warm_lifecycle.h"
 
 #include <sys/mman.h>
 
 #include <cstdio>
 #include <string>
 
-#include "engine_set.h"
 #include "kvtier/shm_names.h"
 #include "kvtier/shm_segment.h"
 #include "log.h"
+#include "service/engine_set.h"
 
 namespace kvtier::daemon {
 namespace {

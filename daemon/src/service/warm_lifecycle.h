@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 

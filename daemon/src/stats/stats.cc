@@ -1,10 +1,10 @@
 // Rendering the stats table (stats_table.cc) for cachectl and for Prometheus (stats.h).
-#include "stats.h"
+#include "stats/stats.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "store_factory.h"
+#include "stores/store_factory.h"
 
 namespace kvtier::daemon {
 namespace {

@@ -28,15 +28,15 @@
 #include <utility>
 #include <vector>
 
-#include "access.h"
-#include "tenant_registry.h"
-#include "engine_set.h"
 #include "kvtier/stores/store_chain.h"
 #include "kvtier/tier.h"
 #include "kvtier/tiering/backend.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
-#include "prometheus.h"
+#include "service/access.h"
+#include "service/engine_set.h"
+#include "service/tenant_registry.h"
+#include "stats/prometheus.h"
 
 namespace kvtier::daemon {
 

@@ -1,11 +1,12 @@
 // kind: disk (stores/disk.h).
-#include "disk.h"
+#include "stores/disk.h"
 
-#include "../config_section.h"
+#include "config/config_section.h"
+#include "stores/store_kinds.h"
 
 #ifndef KVTIER_CONFIG_PARSER_ONLY
-#include "../log.h"
 #include "disk/disk_store.h"
+#include "log.h"
 #endif
 
 namespace kvtier::daemon {

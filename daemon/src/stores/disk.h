@@ -1,11 +1,11 @@
 // The disk store's entry in stores.tiers (kind: disk): block files in a
-// directory of a local file system (tiering/stores/disk).
+// directory of a local file system (the top-level stores/disk/).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "../store_kind.h"
+#include "stores/store_kind.h"
 
 namespace kvtier::daemon {
 

@@ -1,5 +1,5 @@
 // Reading stores.record_key_file (record_key_file.h).
-#include "record_key_file.h"
+#include "stores/record_key_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

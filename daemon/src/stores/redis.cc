@@ -1,10 +1,11 @@
 // kind: redis (stores/redis.h).
-#include "redis.h"
+#include "stores/redis.h"
 
 #include <fstream>
 #include <sstream>
 
-#include "../config_section.h"
+#include "config/config_section.h"
+#include "stores/store_kinds.h"
 
 #ifndef KVTIER_CONFIG_PARSER_ONLY
 #include "redis/redis_store.h"

@@ -1,12 +1,12 @@
 // The Redis store's entry in stores.tiers (kind: redis): a Redis server or
-// cluster shared by hosts (tiering/stores/redis).
+// cluster shared by hosts (the top-level stores/redis/).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "../store_kind.h"
+#include "stores/store_kind.h"
 
 namespace kvtier::daemon {
 

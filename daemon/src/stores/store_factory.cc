@@ -1,11 +1,11 @@
 // Opening the stores below the host tier (store_factory.h).
-#include "store_factory.h"
+#include "stores/store_factory.h"
 
 #include <algorithm>
 #include <map>
 
 #include "kvtier/stores/block_store.h"
-#include "record_key_file.h"
+#include "stores/record_key_file.h"
 
 namespace kvtier::daemon {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "config.h"
+#include "config/config.h"
 #include "kvtier/status.h"
 #include "kvtier/stores/store_chain.h"
 

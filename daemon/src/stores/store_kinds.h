@@ -1,14 +1,14 @@
 // The kinds of store kvtierd can put below the host tier. Adding one: its
-// store under tiering/stores/<kind>/, its StoreKind in stores/<kind>.{h,cc}
+// store under the top-level stores/<kind>/, its StoreKind in daemon/src/stores/<kind>.{h,cc}
 // (listed in daemon/CMakeLists.txt), and its two lines here.
 #pragma once
 
 #include <string_view>
 #include <variant>
 
-#include "store_kind.h"
 #include "stores/disk.h"
 #include "stores/redis.h"
+#include "stores/store_kind.h"
 
 namespace kvtier::daemon {
 

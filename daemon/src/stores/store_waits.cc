@@ -1,5 +1,5 @@
 // StoreWaits (store_waits.h): requests that wait for the stores below the host tier.
-#include "store_waits.h"
+#include "stores/store_waits.h"
 
 #include <algorithm>
 #include <iterator>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "log.h"
-#include "service.h"  // ClientState.
+#include "service/service.h"  // ClientState.
 
 namespace kvtier::daemon {
 

@@ -14,14 +14,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "config.h"
-#include "engine_set.h"
+#include "config/config.h"
 #include "kvtier/block_key.h"
 #include "kvtier/stores/store_chain.h"
 #include "kvtier/tiering/engine.h"
 #include "kvtier/wire.h"
 #include "rate_buckets.h"
-#include "stats.h"
+#include "service/engine_set.h"
+#include "stats/stats.h"
 
 namespace kvtier::daemon {
 

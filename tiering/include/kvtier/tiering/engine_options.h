@@ -75,7 +75,7 @@ struct BlockEvent {
 
 // The engine's settings that kvtierd's configuration sets one for one are named
 // once, in the two structs below: DaemonConfig embeds them (config.engine and
-// config.engine_limits, a row each in daemon/src/config_keys.cc), EngineOptions
+// config.engine_limits, a row each in daemon/src/config/config_keys.cc), EngineOptions
 // is made of them, and Retune takes the first whole. A new setting that reaches
 // the engine is a member here and a row there, and costs no more files than one
 // only kvtierd reads.
