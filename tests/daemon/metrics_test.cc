@@ -1,6 +1,6 @@
 // The metrics kvtierd keeps and renders: histogram quantiles, the Prometheus
 // text exposition format (0.0.4) and the table of every figure.
-#include "stats/prometheus.h"
+#include "service/prometheus.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "stats/stats.h"
+#include "service/stats.h"
 
 namespace kvtier::daemon {
 namespace {

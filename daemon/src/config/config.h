@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "config/byte_size.h"
+#include "config/store_kinds.h"
 #include "kvtier/block_key.h"
 #include "kvtier/model_profile.h"
 #include "kvtier/status.h"
 #include "kvtier/tiering/engine_options.h"
-#include "stores/store_kinds.h"
 
 namespace kvtier::daemon {
 

@@ -32,10 +32,10 @@
 #include "rate_buckets.h"
 #include "service/access.h"
 #include "service/engine_set.h"
+#include "service/stats.h"
+#include "service/store_waits.h"
 #include "service/tenant_registry.h"
 #include "service/warm_lifecycle.h"
-#include "stats/stats.h"
-#include "stores/store_waits.h"
 
 namespace kvtier::daemon {
 

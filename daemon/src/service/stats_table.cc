@@ -2,7 +2,7 @@
 // figure is adding a row here; stats.cc renders the table.
 #include <chrono>
 
-#include "stats/stats.h"
+#include "service/stats.h"
 
 namespace kvtier::daemon {
 namespace {

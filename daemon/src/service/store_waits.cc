@@ -1,5 +1,5 @@
 // StoreWaits (store_waits.h): requests that wait for the stores below the host tier.
-#include "stores/store_waits.h"
+#include "service/store_waits.h"
 
 #include <algorithm>
 #include <iterator>

@@ -1,8 +1,8 @@
-// kind: disk (stores/disk.h).
-#include "stores/disk.h"
+// kind: disk (store_kind_disk.h).
+#include "config/store_kind_disk.h"
 
 #include "config/config_section.h"
-#include "stores/store_kinds.h"
+#include "config/store_kinds.h"
 
 #ifndef KVTIER_CONFIG_PARSER_ONLY
 #include "disk/disk_store.h"

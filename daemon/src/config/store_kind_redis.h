@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "stores/store_kind.h"
+#include "config/store_kind.h"
 
 namespace kvtier::daemon {
 

@@ -21,7 +21,7 @@
 #include "kvtier/wire.h"
 #include "rate_buckets.h"
 #include "service/engine_set.h"
-#include "stats/stats.h"
+#include "service/stats.h"
 
 namespace kvtier::daemon {
 

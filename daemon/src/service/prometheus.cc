@@ -1,5 +1,5 @@
 // Metrics: histograms and the Prometheus text exposition writer (prometheus.h).
-#include "stats/prometheus.h"
+#include "service/prometheus.h"
 
 #include <algorithm>
 #include <array>

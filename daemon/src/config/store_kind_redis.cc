@@ -1,11 +1,11 @@
-// kind: redis (stores/redis.h).
-#include "stores/redis.h"
+// kind: redis (store_kind_redis.h).
+#include "config/store_kind_redis.h"
 
 #include <fstream>
 #include <sstream>
 
 #include "config/config_section.h"
-#include "stores/store_kinds.h"
+#include "config/store_kinds.h"
 
 #ifndef KVTIER_CONFIG_PARSER_ONLY
 #include "redis/redis_store.h"

@@ -35,8 +35,8 @@
 #include "kvtier/wire.h"
 #include "service/access.h"
 #include "service/engine_set.h"
+#include "service/prometheus.h"
 #include "service/tenant_registry.h"
-#include "stats/prometheus.h"
 
 namespace kvtier::daemon {
 

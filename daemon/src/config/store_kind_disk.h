@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "stores/store_kind.h"
+#include "config/store_kind.h"
 
 namespace kvtier::daemon {
 

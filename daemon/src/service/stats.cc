@@ -1,5 +1,5 @@
 // Rendering the stats table (stats_table.cc) for cachectl and for Prometheus (stats.h).
-#include "stats/stats.h"
+#include "service/stats.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,7 +1,8 @@
 // StoreKind: what kvtierd knows of one kind of store below the host tier
 // (stores.tiers[i].kind): how its entry in the configuration is read and
-// written back, and how a store of it is opened. Each kind is one file under
-// stores/ (stores/disk.cc, stores/redis.cc); store_kinds.h lists them.
+// written back, and how a store of it is opened. Each kind is one
+// file pair beside this one (store_kind_disk.cc, store_kind_redis.cc); store_kinds.h
+// lists them.
 #pragma once
 
 #include <memory>

@@ -1,14 +1,14 @@
 // The kinds of store kvtierd can put below the host tier. Adding one: its
-// store under the top-level stores/<kind>/, its StoreKind in daemon/src/stores/<kind>.{h,cc}
+// store under the top-level stores/<kind>/, its StoreKind in store_kind_<kind>.{h,cc}
 // (listed in daemon/CMakeLists.txt), and its two lines here.
 #pragma once
 
 #include <string_view>
 #include <variant>
 
-#include "stores/disk.h"
-#include "stores/redis.h"
-#include "stores/store_kind.h"
+#include "config/store_kind.h"
+#include "config/store_kind_disk.h"
+#include "config/store_kind_redis.h"
 
 namespace kvtier::daemon {
 
