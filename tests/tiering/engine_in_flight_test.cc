@@ -11,14 +11,66 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Every test here runs an engine on ManualBackend with one session, "a", and
+// moves its blocks between the tiers; these say each step once.
+class EngineInFlightTest : public EngineTest {
+ protected:
+  // Starts an engine of `o` on ManualBackend and commits a chain of `blocks`
+  // blocks to session "a" (all in the GPU tier).
+  Chain StartWith(uint32_t blocks, const EngineOptions& o) {
+    Start(o, /*manual=*/true);
+    const Chain a = MakeChain(1, blocks);
+    Put("a", a);
+    return a;
+  }
+  Chain StartWith(uint32_t blocks, uint32_t gpu_slots = 8, uint32_t host_slots = 8) {
+    return StartWith(blocks, Options(gpu_slots, host_slots));
+  }
+  // Demotes session "a": true when every block of `a` started moving.
+  bool Demoting(const Chain& a) {
+    auto n = engine_->Demote(tenant_, "a");
+    if (!n.ok()) {
+      ADD_FAILURE() << n.status().ToString();
+      return false;
+    }
+    EXPECT_EQ(*n, a.blocks()) << "blocks demoted";
+    return *n == a.blocks();
+  }
+  // Starts a promotion of every block of "a" (Prefetch): true when it did.
+  bool Promoting(const Chain& a) {
+    auto n = engine_->Prefetch(tenant_, "a");
+    if (!n.ok()) {
+      ADD_FAILURE() << n.status().ToString();
+      return false;
+    }
+    EXPECT_EQ(*n, a.blocks()) << "blocks promoted";
+    return *n == a.blocks();
+  }
+  // Lands every queued copy; returns how many the engine applied.
+  uint32_t Land() {
+    manual_->RunAll();
+    return engine_->Poll();
+  }
+  // Demotes "a" and lands the copies: true when all of it is in the host tier.
+  bool InHostTier(const Chain& a) {
+    if (!Demoting(a)) return false;
+    Land();
+    EXPECT_EQ(Tiers("a"), All(Tier::kHost, a.blocks()));
+    return Tiers("a") == All(Tier::kHost, a.blocks());
+  }
+  // The slots used in each tier, as the engine counts them.
+  void ExpectUsed(uint32_t gpu, uint32_t host) {
+    EXPECT_EQ(engine_->stats().used[Tier::kGpu], gpu) << "gpu slots used";
+    EXPECT_EQ(engine_->stats().used[Tier::kHost], host) << "host slots used";
+  }
+};
+
 // --- With copies held in flight -------------------------------------------------------
 
-TEST_F(EngineTest, AllocateWaitsForInFlightDemotionsInsteadOfDropping) {
-  Start(Options(4, 8), /*manual=*/true);
+TEST_F(EngineInFlightTest, AllocateWaitsForInFlightDemotionsInsteadOfDropping) {
+  const Chain a = StartWith(4, /*gpu_slots=*/4);
   manual_->complete_on_wait = true;
-  const Chain a = MakeChain(1, 4);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
+  ASSERT_TRUE(Demoting(a));
   EXPECT_EQ(engine_->stats().copies_in_flight, 4u);
   EXPECT_EQ(manual_->queued_ops(), 4u);
   auto w = engine_->Allocate(tenant_, 2);
@@ -32,11 +84,9 @@ TEST_F(EngineTest, AllocateWaitsForInFlightDemotionsInsteadOfDropping) {
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, AllocateNeverDropsMovingBlocks) {
-  Start(Options(4, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 4);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 4u);
+TEST_F(EngineInFlightTest, AllocateNeverDropsMovingBlocks) {
+  const Chain a = StartWith(4, /*gpu_slots=*/4);
+  ASSERT_TRUE(Demoting(a));
   // The copies do not finish: the blocks are neither free nor droppable.
   auto w = engine_->Allocate(tenant_, 2);
   EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted);
@@ -51,11 +101,9 @@ TEST_F(EngineTest, AllocateNeverDropsMovingBlocks) {
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, MovingBlocksStayReadableInTheirSourceTier) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+TEST_F(EngineInFlightTest, MovingBlocksStayReadableInTheirSourceTier) {
+  const Chain a = StartWith(2);
+  ASSERT_TRUE(Demoting(a));
   auto info = engine_->GetSession(tenant_, "a");
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->moving, 2u);
@@ -64,32 +112,27 @@ TEST_F(EngineTest, MovingBlocksStayReadableInTheirSourceTier) {
   ASSERT_TRUE(view_.Find(a.keys[0], BlockKey{}, NamespaceTag(ns_), a.block(0), &e));
   EXPECT_EQ(e.tier, Tier::kGpu);
   EXPECT_TRUE(e.moving) << "clients see the copy in flight";
-  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 2u);
-  EXPECT_EQ(engine_->stats().used[Tier::kHost], 2u) << "a moving block holds a slot in each tier";
+  ExpectUsed(/*gpu=*/2, /*host=*/2);  // A moving block holds a slot in each tier.
   EXPECT_EQ(engine_->Poll(), 0u);
   ExpectChainHolds(a, 2);  // Read at the source while the copy is pending.
   EXPECT_INVARIANTS();
-  manual_->RunAll();
-  EXPECT_EQ(engine_->Poll(), 2u);
+  EXPECT_EQ(Land(), 2u);
   ASSERT_TRUE(view_.Find(a.keys[0], BlockKey{}, NamespaceTag(ns_), a.block(0), &e));
   EXPECT_EQ(e.tier, Tier::kHost);
   EXPECT_FALSE(e.moving);
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, ALeaseTakenDuringDemotionKeepsTheBlockInTheGpuTier) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 3);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
+TEST_F(EngineInFlightTest, ALeaseTakenDuringDemotionKeepsTheBlockInTheGpuTier) {
+  const Chain a = StartWith(3);
+  ASSERT_TRUE(Demoting(a));
   auto lease = Get("a", a);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->promoted, 0u);
   EXPECT_TRUE(lease->fence.IsNull());
   for (const BlockLocation& loc : lease->blocks) EXPECT_EQ(loc.tier, Tier::kGpu);
   ExpectLeaseHolds(*lease, a);
-  manual_->RunAll();
-  engine_->Poll();
+  Land();
   // The demotion landed, but the block was leased meanwhile: the GPU copy stays.
   EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
   EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
@@ -98,28 +141,20 @@ TEST_F(EngineTest, ALeaseTakenDuringDemotionKeepsTheBlockInTheGpuTier) {
   ASSERT_TRUE(engine_->Release(lease->id).ok());
   ExpectConsistent();
   // Once released, it can be demoted again.
-  EXPECT_EQ(*engine_->Demote(tenant_, "a"), 3u);
-  manual_->RunAll();
-  engine_->Poll();
-  EXPECT_EQ(Tiers("a"), All(Tier::kHost, 3));
+  ASSERT_TRUE(InHostTier(a));
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, EvictDuringDemotionFreesBothSlotsWhenTheCopyLands) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+TEST_F(EngineInFlightTest, EvictDuringDemotionFreesBothSlotsWhenTheCopyLands) {
+  const Chain a = StartWith(2);
+  ASSERT_TRUE(Demoting(a));
   ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(FreedCount(false), 2u);
   EXPECT_EQ(Matched(a), 0u) << "gone from the index at once";
-  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 2u);
-  EXPECT_EQ(engine_->stats().used[Tier::kHost], 2u);
+  ExpectUsed(/*gpu=*/2, /*host=*/2);
   EXPECT_INVARIANTS();
-  manual_->RunAll();
-  engine_->Poll();
-  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
-  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
+  Land();
+  ExpectUsed(/*gpu=*/0, /*host=*/0);
   EXPECT_INVARIANTS();
   // The same blocks can be cached again.
   Put("a", a);
@@ -127,32 +162,22 @@ TEST_F(EngineTest, EvictDuringDemotionFreesBothSlotsWhenTheCopyLands) {
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, EvictDuringPromotionFreesBothSlotsWhenTheCopyLands) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
-  manual_->RunAll();
-  engine_->Poll();
-  ASSERT_EQ(*engine_->Prefetch(tenant_, "a"), 2u);
+TEST_F(EngineInFlightTest, EvictDuringPromotionFreesBothSlotsWhenTheCopyLands) {
+  const Chain a = StartWith(2);
+  ASSERT_TRUE(InHostTier(a));
+  ASSERT_TRUE(Promoting(a));
   ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
   EXPECT_EQ(FreedCount(false), 2u);
   EXPECT_INVARIANTS();
-  manual_->RunAll();
-  engine_->Poll();
-  EXPECT_EQ(engine_->stats().used[Tier::kGpu], 0u);
-  EXPECT_EQ(engine_->stats().used[Tier::kHost], 0u);
+  Land();
+  ExpectUsed(/*gpu=*/0, /*host=*/0);
   EXPECT_INVARIANTS();
 }
 
-TEST_F(EngineTest, AcquireJoinsAPromotionAlreadyInFlight) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
-  manual_->RunAll();
-  engine_->Poll();
-  ASSERT_EQ(*engine_->Prefetch(tenant_, "a"), 2u);
+TEST_F(EngineInFlightTest, AcquireJoinsAPromotionAlreadyInFlight) {
+  const Chain a = StartWith(2);
+  ASSERT_TRUE(InHostTier(a));
+  ASSERT_TRUE(Promoting(a));
   auto lease = Get("a", a);
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->promoted, 2u);
@@ -165,10 +190,8 @@ TEST_F(EngineTest, AcquireJoinsAPromotionAlreadyInFlight) {
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, RefusedCopiesLeaveBlocksWhereTheyAre) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 3);
-  Put("a", a);
+TEST_F(EngineInFlightTest, RefusedCopiesLeaveBlocksWhereTheyAre) {
+  const Chain a = StartWith(3);
   manual_->refuse_submits = 1;
   ASSERT_TRUE(engine_->Demote(tenant_, "a").ok());
   EXPECT_EQ(Tiers("a"), All(Tier::kGpu, 3));
@@ -177,10 +200,7 @@ TEST_F(EngineTest, RefusedCopiesLeaveBlocksWhereTheyAre) {
   ExpectConsistent();
   ExpectChainHolds(a, 3);
 
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
-  manual_->RunAll();
-  engine_->Poll();
-  ASSERT_EQ(Tiers("a"), All(Tier::kHost, 3));
+  ASSERT_TRUE(InHostTier(a));
   manual_->refuse_submits = 1;
   ASSERT_TRUE(engine_->Prefetch(tenant_, "a").ok());
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 3));
@@ -188,13 +208,9 @@ TEST_F(EngineTest, RefusedCopiesLeaveBlocksWhereTheyAre) {
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, ARefusedPromotionLeasesTheBlocksWhereTheyAre) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 3);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 3u);
-  manual_->RunAll();
-  engine_->Poll();
+TEST_F(EngineInFlightTest, ARefusedPromotionLeasesTheBlocksWhereTheyAre) {
+  const Chain a = StartWith(3);
+  ASSERT_TRUE(InHostTier(a));
   manual_->refuse_submits = 1;
   auto lease = Get("a", a);
   ASSERT_TRUE(lease.ok());
@@ -210,24 +226,20 @@ TEST_F(EngineTest, ARefusedPromotionLeasesTheBlocksWhereTheyAre) {
   ExpectConsistent();
 }
 
-TEST_F(EngineTest, WaitIdleTimesOutWhileCopiesAreStuck) {
-  Start(Options(8, 8), /*manual=*/true);
-  const Chain a = MakeChain(1, 2);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 2u);
+TEST_F(EngineInFlightTest, WaitIdleTimesOutWhileCopiesAreStuck) {
+  const Chain a = StartWith(2);
+  ASSERT_TRUE(Demoting(a));
   EXPECT_EQ(engine_->WaitIdle(milliseconds(1)).code(), StatusCode::kTimeout);
   manual_->RunAll();
   EXPECT_TRUE(engine_->WaitIdle(milliseconds(1)).ok());
   EXPECT_EQ(Tiers("a"), All(Tier::kHost, 2));
 }
 
-TEST_F(EngineTest, CopiesAreBatchedByMaxCopyBatch) {
+TEST_F(EngineInFlightTest, CopiesAreBatchedByMaxCopyBatch) {
   EngineOptions o = Options(16, 16);
   o.max_copy_batch = 3;
-  Start(o, /*manual=*/true);
-  const Chain a = MakeChain(1, 8);
-  Put("a", a);
-  ASSERT_EQ(*engine_->Demote(tenant_, "a"), 8u);
+  const Chain a = StartWith(8, o);
+  ASSERT_TRUE(Demoting(a));
   EXPECT_EQ(engine_->stats().copies_in_flight, 8u);
   // Batches of 3, 3, 2 land one at a time, in order.
   manual_->complete_on_wait = true;
