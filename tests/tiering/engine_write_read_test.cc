@@ -107,6 +107,63 @@ TEST_F(EngineTest, MatchFindsTheLongestVerifiedPrefix) {
   ExpectConsistent();
 }
 
+TEST_F(EngineTest, ARequestsCallsSharingAPrefixMatchWalkThePrefixOnce) {
+  Start(Options(8, 8));
+  const Chain c = MakeChain(1, 3);
+  PutInHostTier("a", c);  // Promoting them needs GPU room: AcquireNeedsRoom matches too.
+  Put("filler", MakeChain(9, 6));  // 6 of the 8 GPU slots: fewer free than keys.
+  const uint64_t before = engine_->stats().prefix_walks;
+  PrefixMatch match;
+  EXPECT_EQ(engine_->Match(ns_, c.keys, c.tokens, {}, &match), 3u);
+  EXPECT_EQ(match.matched, 3u);
+  (void)engine_->AcquireNeedsRoom(ns_, c.keys, c.tokens, {}, &match);
+  engine_->Poll();
+  auto lease = engine_->Acquire(tenant_, "b", c.keys, c.tokens, /*promote=*/false, nullptr, &match);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 3u);
+  ExpectLeaseHolds(*lease, c);
+  EXPECT_EQ(engine_->stats().prefix_walks - before, 1u) << "one walk for Match, AcquireNeedsRoom and Acquire";
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  // Without it, each call walks the prefix again.
+  const uint64_t walks = engine_->stats().prefix_walks;
+  (void)engine_->Match(ns_, c.keys, c.tokens);
+  lease = Get("b", c, /*promote=*/false);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(engine_->stats().prefix_walks - walks, 2u);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+  ExpectConsistent();
+}
+
+TEST_F(EngineTest, APrefixMatchIsMatchedAgainOnceABlockChanged) {
+  Start(Options(16, 8));
+  const Chain c = MakeChain(1, 3);
+  const Chain longer = MakeChain(2, 2, &c);
+  Put("a", c);
+  PrefixMatch match;
+  EXPECT_EQ(engine_->Match(ns_, longer.keys, longer.tokens, {}, &match), 3u);
+  // Blocks committed since: the Acquire finds them, not the 3 matched before.
+  Put("a", longer, 3);
+  auto lease = engine_->Acquire(tenant_, "b", longer.keys, longer.tokens, true, nullptr, &match);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 5u);
+  ExpectLeaseHolds(*lease, longer);
+  ASSERT_TRUE(engine_->Release(lease->id).ok());
+
+  // Blocks freed since: never leased from the old match (their records may hold other blocks by now).
+  PrefixMatch stale;
+  EXPECT_EQ(engine_->Match(ns_, longer.keys, longer.tokens, {}, &stale), 5u);
+  ASSERT_TRUE(engine_->Evict(tenant_, "a").ok());
+  ASSERT_TRUE(engine_->Evict(tenant_, "b").ok());
+  ASSERT_EQ(Matched(longer), 0u);
+  Put("other", MakeChain(7, 5));  // Reuses the freed records.
+  lease = engine_->Acquire(tenant_, "c", longer.keys, longer.tokens, true, nullptr, &stale);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->matched, 0u);
+  EXPECT_EQ(lease->id, 0u);
+  EXPECT_EQ(stale.matched, 0u);
+  ExpectConsistent();
+}
+
 TEST_F(EngineTest, AcquireOfNothingLeasesNothing) {
   Start(Options(8, 8));
   const Chain c = MakeChain(9, 2);

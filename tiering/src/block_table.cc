@@ -25,6 +25,7 @@ uint32_t BlockTable::Publish(const BlockKey& key, const BlockKey& parent, std::s
   rec.model = model;
   index_.WriteRow(r, parent, tokens);
   index_.Insert(key, r, NamespaceTag(rec.key_ns()), tier);
+  ++generation_;
   tenant.Published(tier);
   if (observer_) observer_(BlockEvent{BlockEventKind::kStored, key, parent, tier, tier, tokens});
   return r;
@@ -42,6 +43,7 @@ void BlockTable::Moved(uint32_t r, Tier from) {
 void BlockTable::Unpublish(uint32_t r) {
   Record& rec = records_[r];
   index_.Erase(rec.key);
+  ++generation_;
   rec.tenant->Unpublished(rec.tier, rec.moving());
   Removed(rec);
   if (rec.moving()) {
@@ -55,6 +57,7 @@ void BlockTable::Unpublish(uint32_t r) {
 void BlockTable::Doom(uint32_t r) {
   Record& rec = records_[r];
   index_.Erase(rec.key);
+  ++generation_;
   rec.tenant->Unpublished(rec.tier, rec.moving());
   Removed(rec);
   rec.doomed = true;

@@ -99,6 +99,11 @@ class BlockTable {
   void Retire(uint32_t r);
   // A copy of block `r` from `from` landed: it is in rec.tier now.
   void Moved(uint32_t r, Tier from);
+  // Bumped by every change to what a prefix match reads: a block published,
+  // unpublished or doomed, or marked written or not (Changed). A PrefixMatch
+  // made at one generation holds while it lasts. Starts at 1.
+  uint64_t generation() const { return generation_; }
+  void Changed() { ++generation_; }
   // Told of every block published, moved, unpublished or doomed (KV events).
   void set_observer(std::function<void(const BlockEvent&)> observer) { observer_ = std::move(observer); }
 
@@ -108,6 +113,7 @@ class BlockTable {
   std::vector<Record> records_;
   std::vector<uint32_t> free_;
   std::function<void(const BlockEvent&)> observer_;
+  uint64_t generation_ = 1;
 
   void Removed(const Record& rec) {
     if (observer_) observer_(BlockEvent{BlockEventKind::kRemoved, rec.key, {}, rec.tier, rec.tier, {}});

@@ -30,6 +30,7 @@ void Engine::Impl::MaybeFree(uint32_t r, FreeReason why) {
 
 uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
                                     std::span<const TokenId> tokens, std::vector<uint32_t>* out) const {
+  ++prefix_walks;
   const size_t n = std::min(keys.size(), tokens.size() / bt());
   out->resize(n);
   // The keys come from the client, which may have chained them in another
@@ -59,6 +60,21 @@ uint32_t Engine::Impl::MatchRecords(const Namespace& ns, const ModelId& model, s
   }
   out->resize(matched);
   return matched;
+}
+
+std::span<const uint32_t> Engine::Impl::Matched(const Namespace& ns, const ModelId& model,
+                                                std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                                                PrefixMatch* match, PrefixMatch& scratch) {
+  PrefixMatch& m = match != nullptr ? *match : scratch;
+  if (m.generation != blocks.generation() || m.keys < keys.size() || !(m.ns == ns) || !(m.model == model)) {
+    m.matched = MatchRecords(ns, model, keys, tokens, &m.records);
+    m.generation = blocks.generation();
+    m.keys = keys.size();
+    m.ns = ns;
+    m.model = model;
+  }
+  // Matched against more keys: its first ones are these keys' prefix.
+  return std::span<const uint32_t>(m.records).first(std::min<size_t>(m.records.size(), keys.size()));
 }
 
 void Engine::Impl::NoteGpuWait(TenantAccount& account) {
@@ -136,15 +152,21 @@ uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std:
   return impl_->MatchRecords(ns, model, keys, tokens, &recs);
 }
 
+uint32_t Engine::Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                       const ModelId& model, PrefixMatch* match) {
+  PrefixMatch scratch;
+  return static_cast<uint32_t>(impl_->Matched(ns, model, keys, tokens, match, scratch).size());
+}
+
 bool Engine::AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
-                              const ModelId& model) {
+                              const ModelId& model, PrefixMatch* match) {
   Impl& impl = *impl_;
   if (keys.size() > impl.options.max_blocks_per_request || tokens.size() != keys.size() * impl.bt()) return false;
   // Room for every key: nothing to wait for, and no need to match twice.
   if (impl.slots(Tier::kGpu).free_count() >= keys.size()) return false;
   impl.mover.Poll();
-  std::vector<uint32_t> recs;
-  impl.MatchRecords(ns, model, keys, tokens, &recs);
+  PrefixMatch scratch;
+  const std::span<const uint32_t> recs = impl.Matched(ns, model, keys, tokens, match, scratch);
   if (recs.empty()) return false;
   // Past its fair share while another tenant waits, a tenant promotes nothing:
   // no room is made (or waited for) for it.
@@ -246,7 +268,8 @@ void Engine::Impl::LocateLeased(std::span<const uint32_t> leased, ReadLease* out
 }
 
 Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session_id, std::span<const BlockKey> keys,
-                                  std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched) {
+                                  std::span<const TokenId> tokens, bool promote, const FetchedBlocks* fetched,
+                                  PrefixMatch* match) {
   Impl& impl = *impl_;
   if (keys.size() > impl.options.max_blocks_per_request) return InvalidArgument("acquire of too many blocks");
   if (tokens.size() != keys.size() * impl.bt()) {
@@ -254,13 +277,19 @@ Result<ReadLease> Engine::Acquire(const Tenant& tenant, std::string_view session
                            std::to_string(keys.size() * impl.bt()) + " tokens, got " + std::to_string(tokens.size()));
   }
   impl.Settle();  // Blocks whose writer finished by now are served.
-  std::vector<uint32_t> recs;
   // A session never holds more than max_session_blocks, however long the prefix cached.
   const size_t asked = impl.options.max_session_blocks != 0
                            ? std::min<size_t>(keys.size(), impl.options.max_session_blocks)
                            : keys.size();
   ReadLease out;
-  out.matched = impl.MatchRecords(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), &recs);
+  PrefixMatch scratch;
+  std::vector<uint32_t> recs;
+  {
+    const std::span<const uint32_t> m =
+        impl.Matched(tenant.ns, tenant.model, keys.first(asked), tokens.first(asked * impl.bt()), match, scratch);
+    recs.assign(m.begin(), m.end());
+  }
+  out.matched = static_cast<uint32_t>(recs.size());
   for (uint32_t r : recs) ++impl.stats.hit_blocks_in[impl.blocks[r].tier];
 
   // A session comes into being with its first block: an acquire that matches
@@ -321,6 +350,7 @@ bool Engine::CopiesInFlight() const { return impl_->mover.in_flight(); }
 EngineStats Engine::stats() const {
   const Impl& impl = *impl_;
   EngineStats s = impl.stats;
+  s.prefix_walks = impl.prefix_walks;
   for (Tier t : kTiers) {
     s.slots[t] = impl.slots(t).capacity();
     s.used[t] = impl.slots(t).used();

@@ -87,6 +87,7 @@ struct Engine::Impl {
   uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
   EngineStats stats;
+  mutable uint64_t prefix_walks = 0;  // MatchRecords calls (EngineStats::prefix_walks).
 
   uint32_t bt() const { return options.profile.block_tokens; }
   SlotAllocator& slots(Tier t) { return blocks.slots(t); }
@@ -144,6 +145,11 @@ struct Engine::Impl {
   // Longest verified prefix; fills `out` with its record ids.
   uint32_t MatchRecords(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
                         std::span<const TokenId> tokens, std::vector<uint32_t>* out) const;
+  // The records of the longest verified prefix of `keys`: `match`'s while it
+  // still holds (the same tenant and model, at least as many keys, no block
+  // changed since), else matched again into it. nullptr: matched into `scratch`.
+  std::span<const uint32_t> Matched(const Namespace& ns, const ModelId& model, std::span<const BlockKey> keys,
+                                    std::span<const TokenId> tokens, PrefixMatch* match, PrefixMatch& scratch);
   // Blocks of `recs` in the host tier that a promotion would move now.
   uint32_t Promotable(std::span<const uint32_t> recs) const;
   // For an Acquire of `recs` (pinned meanwhile): starts demotions for the GPU

@@ -30,6 +30,7 @@ void Engine::Impl::GiveBackAfter(GpuWork work, std::vector<uint32_t> slots, Tena
     return;
   }
   for (uint32_t r : s.records) blocks[r].writing = blocks[r].writing || writes;
+  if (writes) blocks.Changed();  // Not served while written (MatchRecords).
   settling.Add(std::move(s));
 }
 
@@ -41,6 +42,7 @@ void Engine::Impl::GiveBack(Settling& s) {
     s.tenant->Unleased(static_cast<uint32_t>(s.slots.size()));
     for (uint32_t slot : s.slots) slots(Tier::kGpu).Free(slot);
   }
+  if (s.writes) blocks.Changed();  // Served from now on.
   for (uint32_t r : s.records) {
     Record& rec = blocks[r];
     --rec.readers;

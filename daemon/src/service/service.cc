@@ -365,8 +365,10 @@ Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   Engine& e = EngineOf(c);
-  if (store_waits_.AcquireWaits(c, m, e, tenants_.connected())) return Reply::Deferred();
-  if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens, c.model)) {
+  // The prefix is walked once for this pass's calls, while no block changes in between.
+  tiering::PrefixMatch match;
+  if (store_waits_.AcquireWaits(c, m, e, tenants_.connected(), &match)) return Reply::Deferred();
+  if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens, c.model, &match)) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
     // Waited long enough: lease the blocks where they are (host-tier blocks are
     // readable there) rather than wait for room on this thread.
@@ -379,7 +381,8 @@ Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
     fetched.start = fetch->start;
     fetched.payloads = fetch->result->payloads;
   }
-  auto r = e.Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote, fetched.payloads.empty() ? nullptr : &fetched);
+  auto r = e.Acquire(TenantOf(c), m.session, m.keys, m.tokens, promote, fetched.payloads.empty() ? nullptr : &fetched,
+                     &match);
   if (!r.ok()) return r.status();
   if (r->id != 0) c.leases.insert(r->id);
   // Read where they lie now, promoted once released.

@@ -13,7 +13,8 @@ namespace kvtier::daemon {
 
 using tiering::Engine;
 
-bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Engine& e, size_t tenants_connected) {
+bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Engine& e, size_t tenants_connected,
+                              tiering::PrefixMatch* match) {
   if (chain_ == nullptr) return false;
   const auto now = std::chrono::steady_clock::now();
   if (c.fetch) {
@@ -61,7 +62,7 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
   if (m.tokens.size() != m.keys.size() * bt) return false;  // Acquire says what is wrong with it.
   size_t want = m.keys.size();
   if (const uint32_t most = config_.engine_limits.max_session_blocks; most != 0) want = std::min<size_t>(want, most);
-  const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model);
+  const uint32_t matched = e.Match(c.ns, m.keys, m.tokens, c.model, match);
   if (matched >= want) return false;
   // At most stores.max_fetch_bytes held in memory per fetch (at least one block).
   const uint64_t most = std::max<uint64_t>(1, config_.stores.max_fetch_bytes / profile.BlockBytes());

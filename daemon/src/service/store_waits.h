@@ -44,8 +44,10 @@ class StoreWaits {
   // false when it is answered now, with whatever came (c.fetch->result) or
   // without (none started, or the budget ran out). `tenants_connected`: how
   // many tenants have a client connected (a tenant's fetch rate is bounded only
-  // while another has).
-  bool AcquireWaits(ClientState& c, const wire::AcquireRequest& m, tiering::Engine& e, size_t tenants_connected);
+  // while another has). The local prefix it matches is kept in `*match` for the
+  // Acquire's later calls.
+  bool AcquireWaits(ClientState& c, const wire::AcquireRequest& m, tiering::Engine& e, size_t tenants_connected,
+                    tiering::PrefixMatch* match);
   // For a SessionInfo whose session has blocks dropped into the stores: the
   // stores' answer of where `away` (those no local tier holds) are, asked for
   // once. True while the SessionInfo should wait for it (deferred); false when

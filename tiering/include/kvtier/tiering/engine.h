@@ -110,6 +110,11 @@ class Engine {
   // and model match.
   uint32_t Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
                  const ModelId& model = {}) const;
+  // The same, kept in `*match` for the request's later calls: an
+  // AcquireNeedsRoom or Acquire given it (and the same arguments) reuses it
+  // while no block it read changed, instead of walking the prefix again.
+  uint32_t Match(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
+                 const ModelId& model, PrefixMatch* match);
 
   // Leases the longest cached prefix for reading. With `promote`, blocks in the
   // host tier are copied to the GPU tier and the lease's fence completes when they
@@ -131,9 +136,10 @@ class Engine {
   // go; within the tenant's host quota), the rest left out when none can be made.
   // Such an Acquire never waits for GPU room: when the GPU tier lacks free
   // slots for every promotion, it leases the prefix where it is.
+  // With `match`, the prefix is matched once for the request's calls (Match).
   Result<ReadLease> Acquire(const Tenant& tenant, std::string_view session, std::span<const BlockKey> keys,
                             std::span<const TokenId> tokens, bool promote = true,
-                            const FetchedBlocks* fetched = nullptr);
+                            const FetchedBlocks* fetched = nullptr, PrefixMatch* match = nullptr);
   // Blocks a store returned after the Acquire that asked for them stopped
   // waiting (stores.fetch_budget_ms): placed in the host tier as that Acquire
   // would have (ImportFetched), and into `session`'s chain, so the session's
@@ -149,7 +155,7 @@ class Engine {
   // needed) will free: the caller retries it after Poll applied copies. When
   // false, Acquire does not wait. No effect on sessions or leases.
   bool AcquireNeedsRoom(const Namespace& ns, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
-                        const ModelId& model = {});
+                        const ModelId& model = {}, PrefixMatch* match = nullptr);
 
   // Ends a read or write lease; unreferenced blocks it held are freed. A lease
   // the timeout revoked is forgotten here, with kNotFound saying it expired

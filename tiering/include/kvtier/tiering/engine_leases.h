@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "kvtier/block_key.h"
 #include "kvtier/tier.h"
 #include "kvtier/tiering/backend.h"
 
@@ -60,6 +61,18 @@ struct GpuWork {
 struct FetchedBlocks {
   uint32_t start = 0;  // The cached prefix the fetch continued (what Match said).
   std::vector<std::span<const std::byte>> payloads;
+};
+
+// One request's prefix match (Engine::Match), kept for its later calls, so a
+// request walks its prefix once. The fields are the engine's: callers read
+// `matched` and otherwise only pass it back, with the same arguments.
+struct PrefixMatch {
+  uint32_t matched = 0;            // Blocks of the longest cached prefix.
+  std::vector<uint32_t> records;   // Theirs, in order.
+  uint64_t generation = 0;         // The blocks' generation when matched; 0: not matched yet.
+  size_t keys = 0;                 // How many keys it was matched against.
+  Namespace ns;
+  ModelId model;
 };
 
 struct CommitResult {

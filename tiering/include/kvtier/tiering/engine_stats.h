@@ -32,6 +32,7 @@ struct EngineStats {
   uint64_t hit_blocks = 0;
   PerTier<uint64_t> hit_blocks_in;  // Of hit_blocks, where Acquire found each (a moving block: its source tier).
   uint64_t miss_blocks = 0;
+  uint64_t prefix_walks = 0;  // Walks of a prefix through the index (Match, AcquireNeedsRoom, Acquire).
   uint64_t committed_blocks = 0;
   uint64_t duplicate_blocks = 0;
   uint64_t demoted_blocks = 0;   // Copies gpu->host completed.
