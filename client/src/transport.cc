@@ -115,7 +115,9 @@ Status Transport::Open() {
         Close();
         return who;
       }
-      const auto ms = options_.request_timeout.count();
+      // At least 1 ms: a socket timeout of 0 means none (a request_timeout of
+      // 0, or Python's 0.0005 s, waited forever), and a negative one is refused.
+      const auto ms = std::max<std::chrono::milliseconds::rep>(1, options_.request_timeout.count());
       const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
       ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
       ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));

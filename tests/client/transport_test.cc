@@ -138,6 +138,27 @@ TEST_F(TransportTest, ASilentPeerTimesOutAndTheConnectionIsDropped) {
   EXPECT_TRUE(ScriptedServer::ReadsEof(fd));
 }
 
+// A request_timeout of 0 (or less) is the shortest wait, not none: the socket's
+// own timeout of 0 would mean "never" and hang the caller on a silent peer.
+TEST_F(TransportTest, ARequestTimeoutOfZeroTimesOutAtOnceRatherThanNever) {
+  for (const milliseconds timeout : {milliseconds(0), milliseconds(-5)}) {
+    options_.request_timeout = timeout;
+    const int fd = Connect();
+    ASSERT_GE(fd, 0);
+    // Should the client wait forever, the peer hangs up after its own bound,
+    // so the test fails (kUnavailable) rather than hangs.
+    std::thread peer([fd] {
+      (void)ScriptedServer::Read(fd);
+      (void)ScriptedServer::ReadsEof(fd);
+      ::shutdown(fd, SHUT_RDWR);
+    });
+    auto reply = transport_.RoundTrip(wire::Ping{});
+    peer.join();
+    ::close(fd);
+    EXPECT_EQ(reply.status().code(), StatusCode::kTimeout) << timeout.count() << " ms: " << reply.status().ToString();
+  }
+}
+
 // Descriptors that come with a reply are handed over only to a caller that
 // asks for them; otherwise the kernel discards them (none leaks into the process).
 TEST_F(TransportTest, DescriptorsComeWithAReplyOnlyWhenAsked) {

@@ -65,6 +65,31 @@ TEST(PromotionQueueTest, RetainKeepsTheRestInOrder) {
   EXPECT_TRUE(q.empty());
 }
 
+// Two readers of one block who both asked for its promotion want it once: the
+// second Add keeps the first entry's place and pushes no other block out.
+TEST(PromotionQueueTest, ABlockQueuedAlreadyKeepsItsPlace) {
+  PromotionQueue q(3);
+  EXPECT_EQ(q.Add(1, KeyOf(1), T0()), 0u);
+  EXPECT_EQ(q.Add(2, KeyOf(2), T0()), 0u);
+  EXPECT_EQ(q.Add(3, KeyOf(3), T0()), 0u);
+  EXPECT_EQ(q.Add(1, KeyOf(1), T0()), 0u) << "queued already: nothing is given up";
+  EXPECT_EQ(Records(q), (std::vector<uint32_t>{1, 2, 3}));
+  // Given up (or promoted) since: wanted again, it is queued again, as the newest.
+  q.Retain([](const WantedPromotion& w) { return w.record != 1; });
+  EXPECT_EQ(q.Add(1, KeyOf(1), T0()), 0u);
+  EXPECT_EQ(Records(q), (std::vector<uint32_t>{2, 3, 1}));
+  // The record reused by another block while the old entry waits: that block is queued too.
+  EXPECT_EQ(q.Add(1, KeyOf(9), T0()), 1u) << "a fourth entry: the oldest goes";
+  EXPECT_EQ(Records(q), (std::vector<uint32_t>{3, 1, 1}));
+  q.Retain([](const WantedPromotion& w) { return w.key != KeyOf(1); });
+  EXPECT_EQ(Records(q), (std::vector<uint32_t>{3, 1}));
+  EXPECT_EQ(q.Add(1, KeyOf(9), T0()), 0u) << "the reused record's entry is still queued";
+  EXPECT_EQ(q.size(), 2u);
+  q.Clear();
+  EXPECT_EQ(q.Add(1, KeyOf(9), T0()), 0u);
+  EXPECT_EQ(q.size(), 1u);
+}
+
 // Past `limit` the oldest entry is given up, one per Add, and Add says so.
 TEST(PromotionQueueTest, PastTheLimitTheOldestIsGivenUp) {
   PromotionQueue q(3);

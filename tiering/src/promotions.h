@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <unordered_map>
 #include <utility>
 
 #include "kvtier/block_key.h"
@@ -30,8 +31,10 @@ class PromotionQueue {
  public:
   explicit PromotionQueue(size_t limit) : limit_(limit) {}
 
-  // Adds block `record`, keyed `key`, wanted since `since`, as the newest.
-  // Returns how many of the oldest it pushed out (0 or 1): those are given up.
+  // Adds block `record`, keyed `key`, wanted since `since`, as the newest;
+  // a block queued already keeps its place (two readers who both asked for its
+  // promotion want it once). Returns how many of the oldest it pushed out (0
+  // or 1): those are given up.
   size_t Add(uint32_t record, const BlockKey& key, std::chrono::steady_clock::time_point since);
   // Visits the entries oldest first and keeps, in order, those `keep(const
   // WantedPromotion&)` returns true for (the others were promoted or given up).
@@ -40,19 +43,33 @@ class PromotionQueue {
   void Retain(Keep&& keep) {
     std::deque<WantedPromotion> left;
     for (const WantedPromotion& w : wanted_) {
-      if (keep(w)) left.push_back(w);
+      if (keep(w)) {
+        left.push_back(w);
+      } else {
+        Forget(w.record);
+      }
     }
     wanted_ = std::move(left);
   }
   // Gives up every entry. Returns how many there were.
-  size_t Clear() { return std::exchange(wanted_, {}).size(); }
+  size_t Clear() {
+    queued_.clear();
+    return std::exchange(wanted_, {}).size();
+  }
 
   bool empty() const { return wanted_.empty(); }
   size_t size() const { return wanted_.size(); }
 
  private:
+  void Forget(uint32_t record) {
+    if (auto it = queued_.find(record); it != queued_.end() && --it->second == 0) queued_.erase(it);
+  }
+
   size_t limit_;
   std::deque<WantedPromotion> wanted_;  // Oldest first.
+  // Entries per record (more than one only for a record reused by another
+  // block while its old entry waits): Add looks for a duplicate only there.
+  std::unordered_map<uint32_t, uint32_t> queued_;
 };
 
 }  // namespace kvtier::tiering

@@ -23,9 +23,10 @@ struct ClientOptions {
   // geometry and the tenant alone, so models of equal geometry would share).
   ModelId model;
   std::chrono::milliseconds connect_timeout{2000};   // Per (re)connect, retries included.
-  // Longest wait for one send or reply. A request kvtierd did not answer in
-  // time fails with kTimeout and is not resent (the connection is dropped; the
-  // next call makes it again); one whose connection broke is resent once.
+  // Longest wait for one send or reply; 0 or less is 1 ms, never "no limit".
+  // A request kvtierd did not answer in time fails with kTimeout and is not
+  // resent (the connection is dropped; the next call makes it again); one
+  // whose connection broke is resent once.
   std::chrono::milliseconds request_timeout{10000};
   bool reconnect = true;    // Reconnect at the next call after losing the daemon.
   // A request sent within this long of the previous reply polls for its reply
