@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 
+#include "kvtier/fd_passing.h"
+
 namespace kvtier::client_internal {
 namespace {
 
@@ -162,25 +164,7 @@ Status Transport::SendAll(const std::vector<uint8_t>& bytes) {
 
 ssize_t Transport::Receive(uint8_t* dst, size_t cap, int flags) {
   if (passed_ == nullptr) return ::recv(fd_, dst, cap, flags);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
-  iovec iov{dst, cap};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = ::recvmsg(fd_, &msg, flags | MSG_CMSG_CLOEXEC);
-  if (n <= 0) return n;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      passed_->push_back(fd);
-    }
-  }
-  return n;
+  return ReceiveWithFds(fd_, std::span<uint8_t>(dst, cap), passed_, kMaxPassedFds, flags);
 }
 
 // Polls for the reply while spin_ says so (reply_spin.h). Returns recv's

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvtier/fd_passing.h"
 #include "kvtier/fence_layout.h"
 #include "kvtier/index_layout.h"
 #include "kvtier/model_profile.h"
@@ -109,19 +110,7 @@ class ScriptedServer {
   static void SendBytes(int fd, const std::vector<uint8_t>& bytes, std::span<const int> fds = {}) {
     size_t off = 0;
     if (!fds.empty()) {
-      std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
-      iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control.data();
-      msg.msg_controllen = control.size();
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-      const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+      const ssize_t n = SendWithFds(fd, bytes, fds);
       ASSERT_GT(n, 0) << std::strerror(errno);
       off = static_cast<size_t>(n);
     }

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <utility>
 
+#include "kvtier/fd_passing.h"
+
 namespace kvtier::testing {
 
 double StatOf(Client& c, const std::string& name) {
@@ -111,25 +113,9 @@ Result<wire::Message> RawConnection::Receive(std::chrono::milliseconds timeout, 
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
     uint8_t chunk[64 * 1024];
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 64)];
-    iovec iov{chunk, sizeof chunk};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t n = ReceiveWithFds(fd_, chunk, fds, 64);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Unavailable("kvtierd closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        if (fds != nullptr) fds->push_back(fd); else ::close(fd);
-      }
-    }
     buffer_.insert(buffer_.end(), chunk, chunk + n);
   }
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kvtier/fd_passing.h"
 #include "log.h"
 
 namespace kvtier::daemon {
@@ -194,22 +195,7 @@ bool Connection::SendWithDescriptors(uint64_t request_id, const wire::Message& m
     Close();
     return false;
   }
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()), 0);
-  iovec iov{frame.data(), frame.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control.data();
-  msg.msg_controllen = control.size();
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-  ssize_t n;
-  do {
-    n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = SendWithFds(socket_.native_handle(), frame, fds, MSG_DONTWAIT);
   if (n <= 0) {
     LogWarn("client " + std::to_string(client_.id) + ": cannot pass its segments: " +
             (n < 0 ? std::strerror(errno) : "nothing sent") + "; closing");
