@@ -90,7 +90,13 @@ TEST_F(WatermarkTest, RetuneAppliesNewWatermarksFromTheNextTick) {
   EngineOptions bad = engine_->options();
   bad.gpu_high_watermark = 0.5;
   bad.gpu_low_watermark = 0.6;
-  EXPECT_EQ(engine_->Retune(bad).code(), StatusCode::kInvalidArgument);
+  const Status refused = engine_->Retune(bad);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  // The rule kvtierd's configuration rows check too, in the same words (LowWatermarkProblem).
+  EXPECT_EQ(refused.message(), "gpu_low_watermark must not exceed gpu_high_watermark");
+  bad = engine_->options();
+  bad.host_low_watermark = 0;
+  EXPECT_EQ(engine_->Retune(bad).message(), "host_low_watermark must be > 0");
   bad = engine_->options();
   bad.max_copy_batch = 0;
   EXPECT_EQ(engine_->Retune(bad).code(), StatusCode::kInvalidArgument);

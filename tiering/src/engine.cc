@@ -93,9 +93,13 @@ namespace {
 
 // The checks on the settings Retune may change.
 Status CheckTunables(const EngineTunables& o) {
-  auto wm_ok = [](double lo, double hi) { return lo > 0 && lo <= hi && hi <= 1.0; };
-  if (!wm_ok(o.gpu_low_watermark, o.gpu_high_watermark) || !wm_ok(o.host_low_watermark, o.host_high_watermark)) {
-    return InvalidArgument("watermarks must satisfy 0 < low <= high <= 1");
+  if (std::string p = LowWatermarkProblem(o.gpu_low_watermark, o.gpu_high_watermark, "gpu_high_watermark");
+      !p.empty()) {
+    return InvalidArgument("gpu_low_watermark " + p);
+  }
+  if (std::string p = LowWatermarkProblem(o.host_low_watermark, o.host_high_watermark, "host_high_watermark");
+      !p.empty()) {
+    return InvalidArgument("host_low_watermark " + p);
   }
   if (o.max_copy_batch == 0) return InvalidArgument("max_copy_batch must be > 0");
   if (o.lease_timeout.count() < 0) return InvalidArgument("lease_timeout must be >= 0 (0: never)");

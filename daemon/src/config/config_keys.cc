@@ -64,13 +64,13 @@ std::string CheckSocket(const DaemonConfig& c) {
   if (HasControlCharacter(c.socket_path)) return "must not hold control characters";
   return "";
 }
+// The engine's own rule (engine_options.h), named by key.
 std::string CheckGpuLow(const DaemonConfig& c) {
-  if (c.engine.gpu_low_watermark > c.engine.gpu_high_watermark) return "must not exceed gpu_high_watermark";
-  return c.engine.gpu_low_watermark <= 0 ? "must be > 0" : "";
+  return tiering::LowWatermarkProblem(c.engine.gpu_low_watermark, c.engine.gpu_high_watermark, "gpu_high_watermark");
 }
 std::string CheckHostLow(const DaemonConfig& c) {
-  if (c.engine.host_low_watermark > c.engine.host_high_watermark) return "must not exceed host_high_watermark";
-  return c.engine.host_low_watermark <= 0 ? "must be > 0" : "";
+  return tiering::LowWatermarkProblem(c.engine.host_low_watermark, c.engine.host_high_watermark,
+                                      "host_high_watermark");
 }
 std::string CheckLeaseTimeout(const DaemonConfig& c) {
   const auto ms = c.engine.lease_timeout.count();

@@ -80,6 +80,17 @@ struct BlockEvent {
 // the engine is a member here and a row there, and costs no more files than one
 // only kvtierd reads.
 
+// The rule a tier's watermarks keep, 0 < low <= high <= 1, as what is wrong
+// with the low one ("" if nothing); `high_name` names the high one in the
+// reason. Engine::Create and Retune check the tunables with it, and kvtierd's
+// configuration rows for the low watermark keys.
+inline std::string LowWatermarkProblem(double low, double high, std::string_view high_name) {
+  if (!(high > 0 && high <= 1.0)) return std::string(high_name) + " must be in (0, 1]";
+  if (low > high) return "must not exceed " + std::string(high_name);
+  if (!(low > 0)) return "must be > 0";
+  return "";
+}
+
 // What may change while the engine runs (Retune).
 struct EngineTunables {
   // Above high, the engine demotes (gpu) or drops (host) until usage is at low.
