@@ -239,7 +239,8 @@ TEST_F(ConnectionTest, WithoutResendALostConnectionFailsTheCall) {
 // most request_timeout); the connection is dropped and the next call makes it.
 TEST_F(ConnectionTest, ARequestThatTimedOutIsNotResent) {
   ClientOptions o = Options();
-  o.request_timeout = milliseconds(300);  // The Hello's reply comes well within it.
+  // Long enough for the Hello's reply on a loaded machine under a sanitizer; the Ping then waits it out.
+  o.request_timeout = milliseconds(2000);
   WelcomeSegments segs;
   Connection c(o);
   int fd = -1;
