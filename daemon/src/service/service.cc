@@ -7,6 +7,7 @@
 #include <iterator>
 #include <random>
 #include <type_traits>
+#include <utility>
 
 #include "log.h"
 #include "service/backend_factory.h"
@@ -365,18 +366,15 @@ Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
   }
   bool promote = (m.flags & wire::kAcquirePromote) != 0;
   Engine& e = EngineOf(c);
-  // The prefix is walked once for this pass's calls, while no block changes in between.
-  tiering::PrefixMatch match;
+  tiering::PrefixMatch match;  // The prefix is walked once for this pass's calls, while no block changes.
   if (store_waits_.AcquireWaits(c, m, e, tenants_.connected(), &match)) return Reply::Deferred();
   if (promote && e.AcquireNeedsRoom(c.ns, m.keys, m.tokens, c.model, &match)) {
     if (MayWaitForRoom(c)) return Reply::Deferred();
-    // Waited long enough: lease the blocks where they are (host-tier blocks are
-    // readable there) rather than wait for room on this thread.
+    // Waited long enough: lease the blocks where they are (readable in the host tier) rather than wait on.
     promote = false;
   }
   tiering::FetchedBlocks fetched;
-  std::optional<ClientState::StoreFetch> fetch = std::move(c.fetch);
-  c.fetch.reset();
+  const std::optional<ClientState::StoreFetch> fetch = std::exchange(c.fetch, std::nullopt);
   if (fetch && fetch->result && fetch->result->blocks() > 0) {
     fetched.start = fetch->start;
     fetched.payloads = fetch->result->payloads;
