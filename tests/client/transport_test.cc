@@ -147,14 +147,16 @@ TEST_F(TransportTest, ARequestTimeoutOfZeroTimesOutAtOnceRatherThanNever) {
     ASSERT_GE(fd, 0);
     // Should the client wait forever, the peer hangs up after its own bound,
     // so the test fails (kUnavailable) rather than hangs.
-    std::thread peer([fd] {
-      (void)ScriptedServer::Read(fd);
+    bool asked = false;  // The request reached the peer, which never answers it.
+    std::thread peer([fd, &asked] {
+      asked = ScriptedServer::Read(fd).has_value();
       (void)ScriptedServer::ReadsEof(fd);
       ::shutdown(fd, SHUT_RDWR);
     });
     auto reply = transport_.RoundTrip(wire::Ping{});
     peer.join();
     ::close(fd);
+    EXPECT_TRUE(asked) << timeout.count() << " ms: the request never reached the peer";
     EXPECT_EQ(reply.status().code(), StatusCode::kTimeout) << timeout.count() << " ms: " << reply.status().ToString();
   }
 }
