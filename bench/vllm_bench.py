@@ -22,6 +22,15 @@ worker busy-polls its queue for a second, which on a small machine takes a core
 from the engine timed next. The model defaults to the real one (scripts/make_model.py), on a
 kvtierd profile of its geometry in vLLM's CPU blocks (128 tokens). Prints progress, then one
 JSON object as its last line.
+
+--remote-store: two hosts. A real Redis Cluster (three redis-server nodes) is
+the store below both kvtierd instances: host A's (engines A and B) and host
+B's (engine H, which shares nothing with host A but the cluster). Each round,
+H is also asked the prefix A computed: it finds nothing in its kvtierd's tiers,
+its scheduler has kvtierd fetch the prefix from the cluster off the step, and
+it loads it from there:                                  ttft_remote_store_ms
+(against recomputing: remote_store_vs_recompute). Every timed engine's first
+tokens are compared with R's.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import random
 import statistics
 import subprocess
@@ -41,6 +51,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
 sys.path.insert(0, HERE)
 from bench_kvtierd import emit, start_kvtierd  # noqa: E402
+from redis_cluster import RedisCluster  # noqa: E402
 from vllm_engines import BLOCK as VLLM_CPU_BLOCK  # noqa: E402
 from vllm_engines import Engine  # noqa: E402
 
@@ -63,6 +74,19 @@ def wait_for_commit(client, before: float, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def wait_for_store(client, before: float, timeout: float = 10.0) -> None:
+    """Waits until kvtierd's stores took blocks past `before` (written on their own thread)."""
+    deadline = time.monotonic() + timeout
+    while stored(client) <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError("engine A's blocks never reached the store")
+        time.sleep(0.005)
+
+
+def stored(client) -> float:
+    return sum(v for k, v in client.stats().items() if k.startswith("store.") and k.endswith(".put_blocks"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kvtierd", required=True)
@@ -78,6 +102,8 @@ def main() -> int:
                         "its last step, taking a core from whichever engine runs next")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--remote-store", action="store_true",
+                   help="also time an engine on a second kvtierd that reaches the prefix through a Redis Cluster")
     a = p.parse_args()
     model = a.model or subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_model.py")],
                                       check=True, capture_output=True, text=True).stdout.strip()
@@ -94,8 +120,16 @@ def main() -> int:
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
     run = tempfile.mkdtemp(prefix="kvtier-vllm-bench.")
-    daemon, sock = start_kvtierd(a.kvtierd, run, geometry["layers"], geometry["kv_heads"], geometry["head_dim"],
-                                 a.blocks, block_tokens=VLLM_CPU_BLOCK)
+    cluster = RedisCluster(pathlib.Path(run)) if a.remote_store else None
+    stores = cluster.store() if cluster else ""
+    daemons = [start_kvtierd(a.kvtierd, run, geometry["layers"], geometry["kv_heads"], geometry["head_dim"],
+                             a.blocks, extra=stores, block_tokens=VLLM_CPU_BLOCK)]
+    if cluster:
+        os.makedirs(os.path.join(run, "host-b"))
+        daemons.append(start_kvtierd(a.kvtierd, os.path.join(run, "host-b"), geometry["layers"],
+                                     geometry["kv_heads"], geometry["head_dim"], a.blocks, extra=stores,
+                                     block_tokens=VLLM_CPU_BLOCK))
+    sock = daemons[0][1]
     engines = {}
     try:
         kv = a.kv_cache_mib << 20
@@ -104,21 +138,27 @@ def main() -> int:
         engines["A"] = Engine(model, os.path.join(run, "a.log"), socket=sock, kv_cache_bytes=kv)
         engines["B"] = Engine(model, os.path.join(run, "b.log"), socket=sock, kv_cache_bytes=kv)
         engines["R"] = Engine(model, os.path.join(run, "r.log"), kv_cache_bytes=kv)
+        if cluster:
+            engines["H"] = Engine(model, os.path.join(run, "h.log"), socket=daemons[1][1], kv_cache_bytes=kv)
         watch = kvtier.Client(socket=sock, client_name="vllm_bench")  # Reads kvtierd's figures.
         for e in engines.values():  # Warm-up: the first request of an engine pays for its set-up.
             e.generate([tokens(300)], max_tokens=1)
         cases = {"kvtier": "B", "recompute": "R", "own_prefix_cache": "A"}
+        if cluster:
+            cases["remote_store"] = "H"
         ttft = {k: [] for k in cases}
         cached = {k: [] for k in cases}
         zero = {"B": [], "B salted": [], "R": []}
         same_tokens = 0
         for r in range(a.rounds):
             prefix = tokens(a.prefix)
-            committed = watch.stats()["committed_blocks"]
+            committed, put = watch.stats()["committed_blocks"], stored(watch)
             engines["A"].generate([prefix + tokens(a.suffix)], max_tokens=1)  # A computes (and saves) it.
             wait_for_commit(watch, committed)
+            if cluster:
+                wait_for_store(watch, put)
             question = tokens(a.suffix)
-            order = list(cases)[r % 3:] + list(cases)[:r % 3]
+            order = list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]
             firsts = []
             for case in order:
                 time.sleep(a.settle)
@@ -133,7 +173,8 @@ def main() -> int:
                 salt = [f"zero-reuse-{r}"] if name == "B salted" else None
                 zero[name].append(engines[name.split()[0]].generate([tokens(a.prefix + a.suffix)], max_tokens=1,
                                                                     salts=salt)[0]["ttft"] * 1000)
-            print(f"  round {r + 1}: kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
+            remote = f"remote store {ttft['remote_store'][-1]:.1f} ms, " if cluster else ""
+            print(f"  round {r + 1}: {remote}kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
                   f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
                   f"({cached['own_prefix_cache'][-1]} cached); zero reuse B {zero['B'][-1]:.1f}, B salted "
                   f"{zero['B salted'][-1]:.1f}, R {zero['R'][-1]:.1f} ms", file=sys.stderr, flush=True)
@@ -164,11 +205,23 @@ def main() -> int:
                         "zero_reuse_ratio <= 1.03": statistics.median(ratio_zero) <= 1.03},
             "machine": f"{os.cpu_count()} cores",
         }
+        if cluster:
+            ratio_remote = [c / h for c, h in zip(ttft["recompute"], ttft["remote_store"])]
+            result.update({
+                "ttft_remote_store_ms": round(statistics.median(ttft["remote_store"]), 2),
+                "ttft_remote_store_spread": spread(ttft["remote_store"]),
+                "cached_tokens_remote_store": statistics.median(cached["remote_store"]),
+                "recompute_vs_remote_store": spread(ratio_remote),
+            })
+            result["targets"]["recompute_vs_remote_store >= 5"] = statistics.median(ratio_remote) >= 5
     finally:
         for e in engines.values():
             e.stop()
-        daemon.terminate()
-        daemon.wait(30)
+        for daemon, _ in daemons:
+            daemon.terminate()
+            daemon.wait(30)
+        if cluster:
+            cluster.stop()
     emit(result, a.out)
     return 0
 

@@ -111,6 +111,19 @@ Result<Lease> Client::AcquireKeys(std::string_view session, std::span<const Bloc
   return lease;
 }
 
+Result<uint32_t> Client::Locate(std::span<const TokenId> tokens) {
+  const auto att = connection_->attachment();
+  wire::AcquireRequest req;
+  req.flags = wire::kAcquireLocate;
+  req.keys = KeysOn(*att, tokens, BlockKey{});
+  req.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(
+                                                          req.keys.size() * att->welcome.profile.block_tokens));
+  auto reply = connection_->Call<wire::AcquireResponse>(req, Resend::kYes);
+  if (!reply.ok()) return reply.status();
+  if (reply->message.lease_id != 0) return ProtocolError("locate reply names a lease");
+  return reply->message.matched;
+}
+
 Result<WriteLease> Client::Allocate(uint32_t blocks) {
   if (!options_.open_gpu) {
     return FailedPrecondition(

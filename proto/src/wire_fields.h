@@ -227,6 +227,8 @@ void Fields(IO& io, M& m) {
   io.Require((m.flags & ~kAcquireKnownFlags) == 0, "flags", "has unknown bits set");
   io.Require((m.flags & kAcquirePromote) == 0 || (m.flags & kAcquirePromoteAfterRead) == 0, "flags",
              "asks to promote both before and after reading");
+  io.Require((m.flags & kAcquireLocate) == 0 || (m.flags & (kAcquirePromote | kAcquirePromoteAfterRead)) == 0,
+             "flags", "asks to promote what it leases nothing of (locate)");
   io.Array("keys", m.keys, kBlockKeyBytes, [](auto& sub, auto& k) { Fields(sub, k); });
   io.U32s("tokens", m.tokens);
 }

@@ -12,6 +12,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 import kvtier
+from kvtier._vllm_fetch import StoreLookups
 from kvtier._vllm_stats import KvtierConnectorStats
 
 # --- metadata -------------------------------------------------------------------------
@@ -48,13 +49,14 @@ class Planner:
     of each is in kvtierd (saved, or loaded), the loads planned and sent; from
     it, each step's metadata. KvtierConnector's scheduler-side calls, one for
     one; `clients` gives every rank's client while kvtierd answers them all,
-    else None."""
+    else None; `lookups` asks kvtierd's stores off the step (None: never)."""
 
     def __init__(self, block_size: int, stats: KvtierConnectorStats,
-                 clients: Callable[[], list[kvtier.Client] | None]):
+                 clients: Callable[[], list[kvtier.Client] | None], lookups: StoreLookups | None = None):
         self._block_size = block_size  # Tokens per vLLM block (and kvtier block).
         self._stats = stats
         self._clients = clients
+        self._lookups = lookups
         self._requests: dict[str, Any] = {}     # Every live request, by id.
         self._looked_up: dict[str, int] = {}    # Local prefix length given to the last lookup.
         self._counted: set[str] = set()         # Requests whose lookup the stats counted.
@@ -62,6 +64,7 @@ class Planner:
         self._loading: dict[str, Load] = {}     # Sent: a failure reported for its blocks undoes _saved.
         self._saved: dict[str, int] = {}        # vLLM blocks of each request in kvtierd (or loaded).
         self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
+        self._before_stores: dict[str, int] = {}  # Blocks the index held when the stores were asked.
 
     def new_request(self, request) -> None:
         self._requests[request.request_id] = request
@@ -69,8 +72,10 @@ class Planner:
                 getattr(request, "prompt_embeds", None) is not None:
             self._uncached.add(request.request_id)
 
-    def matched_tokens(self, request, num_computed_tokens: int) -> int:
-        """Tokens past num_computed_tokens that kvtierd holds, to load."""
+    def matched_tokens(self, request, num_computed_tokens: int) -> int | None:
+        """Tokens past num_computed_tokens that kvtierd holds, to load; None
+        (vLLM asks again next step) while kvtierd looks in its stores for the
+        blocks its tiers lack."""
         rid = request.request_id
         self._requests.setdefault(rid, request)
         clients = self._clients()
@@ -83,12 +88,18 @@ class Planner:
         tokens = list(request.all_token_ids[:usable])
         try:
             cached = min(c.probe(tokens) for c in clients)  # Blocks, from the shared index: no round trip.
+            if cached * bs < usable and self._lookups is not None and any(c.stores_below for c in clients):
+                # The stores may hold the rest: kvtierd brings it into its host tier off the step.
+                if not self._lookups.ask(rid, tokens):
+                    self._before_stores.setdefault(rid, cached)
+                    return None
         except kvtier.Error:
             return 0
         hit = cached * bs
+        from_stores = max(0, cached - self._before_stores.pop(rid, cached)) * bs  # What the stores' answer added.
         if rid not in self._counted:  # vLLM may ask again for the same request.
             self._counted.add(rid)
-            self._stats.add(lookups=1, lookup_hit_tokens=hit)
+            self._stats.add(lookups=1, lookup_hit_tokens=hit, store_lookup_hit_tokens=from_stores)
         self._looked_up[rid] = num_computed_tokens
         return max(0, hit - num_computed_tokens)
 
@@ -149,7 +160,9 @@ class Planner:
                 del self._loading[rid]
 
     def finished(self, rid: str) -> None:
-        for d in (self._requests, self._looked_up, self._loads, self._loading, self._saved):
+        if self._lookups is not None:
+            self._lookups.forget(rid)
+        for d in (self._requests, self._looked_up, self._loads, self._loading, self._saved, self._before_stores):
             d.pop(rid, None)
         self._uncached.discard(rid)
         self._counted.discard(rid)

@@ -23,8 +23,11 @@ COUNTERS = {
     "save_errors": "Saves kvtierd refused or could not take",
     "saves_dropped": "Saves not made: kvtierd away, or the save queue full",
     "save_seconds": "Time spent saving to kvtierd",
+    "store_lookups": "Lookups that asked kvtierd's stores (disk, Redis) off the step",
+    "store_lookup_hit_tokens": "Prompt tokens those lookups found beyond kvtierd's GPU and host tiers",
+    "store_lookup_seconds": "Time from asking kvtierd's stores to their answer (off the step)",
 }
-_SECONDS = ("load_seconds", "save_seconds")
+_SECONDS = ("load_seconds", "save_seconds", "store_lookup_seconds")
 _LOCK = threading.Lock()
 
 

@@ -27,7 +27,9 @@ kvtierd that stops answering can hold a step), save_queue (saves waiting at
 most, 64: past it a save is dropped and counted, never waited for),
 load_failure_policy ("recompute", the default here, or "fail": vLLM's own
 default fails a request whose load failed; a cache that may lose its daemon
-wants recomputing).
+wants recomputing), store_lookups (true: look in kvtierd's stores below its
+host tier, off the step), store_lookup_timeout (seconds, 10: longer than
+kvtierd's stores.locate_budget_ms).
 
 What it caches: engines of one group of full-attention layers, KV in the
 model's dtype, any tensor-parallel size. Sliding windows, MLA, Mamba and
@@ -44,6 +46,13 @@ How it works:
   (kvtier.link) keeps the connection and pings, so a restarted kvtierd is
   found within a second; while kvtierd is away every lookup misses and no
   save is planned.
+- Blocks that only kvtierd's stores hold (its disk store, a Redis Cluster that
+  engines on other hosts save to) are invisible to the index. When a probe
+  finds less than the prompt could use and kvtierd has stores, a thread asks
+  kvtierd to bring the rest into its host tier (Client.locate, one round trip,
+  leasing nothing) and the lookup answers vLLM None: the request waits,
+  unscheduled and holding nothing, while the other requests run; the next
+  lookup probes again and loads what came like any hit (kvtier._vllm_fetch).
 - One vLLM block is one kvtier block, copied whole as opaque bytes (each
   layer's page as it lies: vLLM's layout, on the CPU packed for the ISA, is
   part of the identity). So a block's bytes depend only on the tokens its key
@@ -83,6 +92,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 import kvtier
 from kvtier._tensors import DTYPES
+from kvtier._vllm_fetch import StoreLookups
 from kvtier._vllm_model import _log, engine_identity, model_identity, rank_identity, refusal
 from kvtier._vllm_plan import KvtierConnectorMetadata, Load, Planner, Save
 from kvtier._vllm_saver import Saver
@@ -154,7 +164,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._engine = uuid.uuid4().hex[:8]  # Names this process's sessions.
         # Scheduler side.
         self._links: list[Link] = []
-        self._plan = Planner(self._block_size, self._stats, self._clients)  # Each step's loads and saves.
+        self._lookups: StoreLookups | None = None  # Asks kvtierd's stores off the step.
         # Worker side.
         self._link: Link | None = None
         self._paged: PagedKV | None = None
@@ -169,17 +179,22 @@ class KvtierConnector(KVConnectorBase_V1):
             self._links = [Link(functools.partial(self._make_client, i), interval=0.5, check=self._check_profile,
                                 name=f"kvtier-link-{i}", logger=_log) for i in range(self._tp)]
             self._refuse_if_unfit(self._links)
+            if extra.get("store_lookups", True):
+                timeout = float(extra.get("store_lookup_timeout", 10.0))  # Past kvtierd's locate_budget_ms.
+                self._lookups = StoreLookups(functools.partial(self._make_client, request_timeout=timeout),
+                                             self._tp, self._stats, _log)
             if not all(link.up for link in self._links):
                 _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
                              self._socket)
             _log.info("kvtier: connector on %s, model identity %s, %s, vLLM blocks of %d tokens, %d rank(s)",
                       self._socket, self._model_id, self._layout, self._block_size, self._tp)
+        self._plan = Planner(self._block_size, self._stats, self._clients, self._lookups)  # Each step's loads, saves.
 
     # --- kvtierd ---------------------------------------------------------------------
-    def _make_client(self, rank: int) -> kvtier.Client:
+    def _make_client(self, rank: int, request_timeout: float | None = None) -> kvtier.Client:
         return kvtier.Client(socket=self._socket, tenant=self._tenant, profile=self._profile,
                              model_id=self._ids[rank], client_name=self._name, connect_timeout=self._timeout,
-                             request_timeout=self._request_timeout)
+                             request_timeout=request_timeout or self._request_timeout)
 
     def _geometry(self) -> tuple | None:
         s = self._spec
@@ -437,6 +452,8 @@ class KvtierConnector(KVConnectorBase_V1):
         return KvtierPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
+        if self._lookups is not None:
+            self._lookups.close()
         if self._saver is not None:
             self._saver.close()
         for link in self._links + ([self._link] if self._link is not None else []):

@@ -31,6 +31,9 @@ void BindClient(py::module_& m) {
       .def_property_readonly("backend", [](const PyClient& c) { return c.client->backend(); })
       .def_property_readonly("client_id", [](const PyClient& c) { return c.client->client_id(); })
       .def_property_readonly("instance_id", [](const PyClient& c) { return c.client->instance_id(); })
+      .def_property_readonly(
+          "stores_below", [](const PyClient& c) { return c.client->StoresBelow(); },
+          "True when kvtierd has stores below its host tier (disk, Redis): a probe miss may be a locate() hit")
       .def_property_readonly("model_id",
                              [](const PyClient& c) -> py::object {
                                const ModelId& id = c.client->options().model;
@@ -61,6 +64,16 @@ void BindClient(py::module_& m) {
           "Leases the longest cached prefix of tokens' full blocks. promote: True (copy host-tier hits to "
           "the GPU tier now; wait() before reading them), False (read them where they lie), or 'after_read' "
           "(read them where they lie now; kvtierd promotes them once the lease is released)")
+      .def(
+          "locate",
+          [](PyClient& c, const std::vector<int64_t>& tokens) {
+            const std::vector<TokenId> t = Tokens(tokens);
+            return Take(Unlocked([&] { return c.client->Locate(t); }));
+          },
+          py::arg("tokens"),
+          "Blocks of tokens' full blocks cached once kvtierd has brought into its host tier what only its "
+          "stores below (disk, Redis) hold; leases nothing, so probe() finds them afterwards. One round trip, "
+          "waiting for the stores up to kvtierd's stores.fetch_budget_ms")
       .def(
           "allocate",
           [](PyClient& c, uint32_t blocks) {

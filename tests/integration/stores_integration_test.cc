@@ -437,6 +437,36 @@ std::string RemoteConfig(const std::vector<std::string>& nodes, bool cluster, in
 
 // The store budget of the tests that need a fetch to outlast it: a victim's 8-block fetch (or a
 // first 4 MiB chunk) must fit it while a 256 MiB fetch does not; sanitizer builds are slower.
+TEST_F(DiskTierTest, ALocateBringsInWhatOnlyTheDiskHoldsAndLeasesNothing) {
+  Host h(DiskConfig(dir_));
+  h.Start();
+  const auto tokens = Tokens(3, 6);
+  h.PutAndDemote("chat", tokens);
+  ASSERT_TRUE(h.WaitForStat("store.disk.put_blocks", 6));
+  h.Kill(SIGKILL);
+  h.Start();
+  std::unique_ptr<Client> c = h.NewClient();
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->StoresBelow());
+  ASSERT_EQ(c->Probe(tokens), 0u) << "a cold kvtierd: its index holds nothing";
+  auto more = tokens;  // Two blocks no store holds after the six.
+  for (int i = 0; i < 8; ++i) more.push_back(700000 + i);
+  auto found = c->Locate(more);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(*found, 6u);
+  EXPECT_EQ(c->Probe(tokens), 6u) << "in the host tier now, seen by the index";
+  auto st = h.Stats();
+  EXPECT_EQ(st.at("read_leases"), 0) << "a locate leases nothing";
+  EXPECT_EQ(st.at("imported_blocks"), 6);
+  EXPECT_EQ(st.at("store_fetches"), 1);
+  EXPECT_EQ(h.VerifiedHits("chat", tokens), 6u) << "a session reads them, every payload checked";
+  EXPECT_EQ(h.Stats().at("store_fetches"), 1) << "from the host tier: the stores are not asked again";
+  // Once more: what the tiers hold is answered without the stores' answer changing it.
+  found = c->Locate(tokens);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, 6u);
+}
+
 #if defined(__SANITIZE_THREAD__)
 constexpr int kSlowFetchBudgetMs = 400;
 #elif defined(__SANITIZE_ADDRESS__)

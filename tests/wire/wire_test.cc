@@ -422,6 +422,16 @@ TEST(WireTest, InvalidEnumValuesAreErrors) {
                                  w.U32("tokens", 0);
                                }),
                       "AcquireRequest.flags: asks to promote both before and after reading");
+  for (uint8_t promote : {kAcquirePromote, kAcquirePromoteAfterRead}) {
+    ExpectProtocolError(RawFrame(MessageType::kAcquireRequest,
+                                 [promote](Writer& w) {
+                                   w.String("session", "");
+                                   w.U8("flags", kAcquireLocate | promote);
+                                   w.U32("keys", 0);
+                                   w.U32("tokens", 0);
+                                 }),
+                        "AcquireRequest.flags: asks to promote what it leases nothing of (locate)");
+  }
 }
 
 // SetPriorityRequest.ttl_ms is an extension: without it the frame is the

@@ -301,6 +301,14 @@ class Client {
     return AcquireKeys(session, keys, tokens, promote ? Promote::kNow : Promote::kNo);
   }
 
+  // Blocks of the prefix of `tokens`' full blocks cached once kvtierd has
+  // brought into its host tier what only its stores below hold (the wait an
+  // Acquire has, up to stores.fetch_budget_ms); leases nothing, so a Probe
+  // afterwards finds them (until pressure evicts them). One round trip. A
+  // kvtierd that predates it refuses the request (kProtocolError or
+  // kInvalidArgument, naming the flags).
+  Result<uint32_t> Locate(std::span<const TokenId> tokens);
+
   Result<WriteLease> Allocate(uint32_t blocks);
   // Publishes blocks written into lease slots `slot_indices` (indices into
   // lease.slots(); default: the first tokens.size()/block_tokens slots).

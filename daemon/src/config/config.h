@@ -87,6 +87,10 @@ struct StoresConfig {
   // long for the stores (its connection's later requests wait behind it;
   // every other client is served meanwhile), then is answered from the local tiers.
   uint32_t fetch_budget_ms = 100;
+  // A locate (an Acquire that leases nothing: vLLM's scheduler asking off its
+  // step, Client::Locate) waits at most this long for the stores; then it
+  // keeps what came and the rest of its fetch is cancelled.
+  uint32_t locate_budget_ms = 5000;
   std::string key_prefix = "kvtier:";          // Of every key kvtierd writes to a store.
   uint64_t queue_bytes = uint64_t{256} << 20;  // Records waiting to be written, at most; past it they are skipped.
   // One Acquire fetches at most this many bytes of blocks (whole blocks, at

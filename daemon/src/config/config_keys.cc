@@ -174,6 +174,8 @@ const std::vector<ConfigKey>& Table() {
 
     Number<uint32_t>("stores", "fetch_budget_ms", KVTIER_MEMBER(stores.fetch_budget_ms), 1, 60000, kAtStart,
                      "How long an Acquire waits for the stores below the host tier"),
+    Number<uint32_t>("stores", "locate_budget_ms", KVTIER_MEMBER(stores.locate_budget_ms), 1, 60000, kAtStart,
+                     "How long a locate (a lookup that leases nothing, off an engine's step) waits for the stores"),
     Text("stores", "key_prefix", KVTIER_MEMBER(stores.key_prefix), {}, kAtStart,
          "The prefix of every key kvtierd writes to a store", &CheckKeyPrefix),
     Size<uint64_t>("stores", "queue_bytes", KVTIER_MEMBER(stores.queue_bytes), 1u << 20, kMaxByteSize, kAtStart,

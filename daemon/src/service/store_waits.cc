@@ -38,7 +38,8 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
       return false;
     }
     counters_.store_fetch_ready_blocks += got;
-    if (!m.session.empty() && !HasDetached(c.tenant)) {
+    const bool locate = (m.flags & wire::kAcquireLocate) != 0;  // Leases nothing: no session to land the rest in.
+    if (!m.session.empty() && !locate && !HasDetached(c.tenant)) {
       detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, tiering::Tenant{c.ns, c.tenant, c.model},
                                         m.session, c.fetch->start + got, m.keys, m.tokens});
     } else {
@@ -50,8 +51,9 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
     c.fetch->result = std::move(ready);
     ++counters_.store_fetch_timeouts;
     LogLimited(LogLevel::kWarn, "store fetch timeout",
-               "a fetch from the stores took longer than stores.fetch_budget_ms (" +
-                   std::to_string(config_.stores.fetch_budget_ms) +
+               std::string("a fetch from the stores took longer than stores.") +
+                   (locate ? "locate_budget_ms (" + std::to_string(config_.stores.locate_budget_ms)
+                           : "fetch_budget_ms (" + std::to_string(config_.stores.fetch_budget_ms)) +
                    " ms): answered with what it verified so far; the rest lands in the session when it comes");
     return false;
   }
@@ -96,7 +98,9 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
   r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
   c.fetch = ClientState::StoreFetch{chain_->StartFetch(std::move(r)),
                                     matched,
-                                    now + std::chrono::milliseconds(config_.stores.fetch_budget_ms),
+                                    now + std::chrono::milliseconds((m.flags & wire::kAcquireLocate) != 0
+                                                                        ? config_.stores.locate_budget_ms
+                                                                        : config_.stores.fetch_budget_ms),
                                     std::nullopt,
                                     {}};
   ++counters_.store_fetches;

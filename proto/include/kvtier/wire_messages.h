@@ -195,7 +195,12 @@ inline constexpr uint8_t kAcquirePromote = 1 << 0;  // Start host->gpu copies fo
 // Lease host-tier hits where they lie (the client reads them there now) and
 // copy them to the GPU tier once the lease is released. Not with kAcquirePromote.
 inline constexpr uint8_t kAcquirePromoteAfterRead = 1 << 1;
-inline constexpr uint8_t kAcquireKnownFlags = kAcquirePromote | kAcquirePromoteAfterRead;
+// Lease nothing: bring into the host tier what only the stores below hold of
+// the prefix (waiting as an Acquire does, up to stores.fetch_budget_ms), and
+// answer how many blocks are cached now (lease_id 0, no blocks). Not with the
+// promote bits. A kvtierd that predates it refuses the request (unknown bit).
+inline constexpr uint8_t kAcquireLocate = 1 << 2;
+inline constexpr uint8_t kAcquireKnownFlags = kAcquirePromote | kAcquirePromoteAfterRead | kAcquireLocate;
 
 // Pins the longest present prefix of `keys` (tokens as in CommitRequest).
 struct AcquireRequest {

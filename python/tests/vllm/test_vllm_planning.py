@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+import kvtier
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipeline import BLOCK, Pipeline  # noqa: E402
@@ -43,6 +45,17 @@ def pipe(model, kvtierd):
     p.close()
 
 
+# A write-through disk store below kvtierd's host tier (blocks of the tiny model: 1 MiB each).
+DISK_STORE = """stores:
+  locate_budget_ms: 5000
+  tiers:
+    - kind: disk
+      path: {path}
+      max_bytes: 64MiB
+      write: through
+"""
+
+
 def stats(d):
     return json.loads(subprocess.run([os.environ["CACHECTL"], "--socket", d.socket, "--json", "stats"],
                                      capture_output=True, text=True, check=True).stdout)
@@ -58,6 +71,7 @@ def test_a_hit_loads_whole_blocks_of_the_requests_own_kv(pipe):
     loads = out.kv_connector_metadata.loads
     assert [(x.req_id, x.first, len(x.block_ids)) for x in loads] == [(b, 0, 5)]
     assert loads[0].block_ids == pipe.block_ids(b)[:5]
+    assert pipe.metric("store_lookups") == 0  # kvtierd has no stores: no lookup but the probe.
     pipe.execute(out)
     pipe.check(b)  # Loaded bytes are b's own tokens' K/V.
     pipe.run()
@@ -178,3 +192,53 @@ def test_each_requests_session_ends_with_it(pipe, kvtierd):
     while time.monotonic() < deadline and stats(kvtierd[0])["committed_blocks"] < 8:
         time.sleep(0.05)
     assert stats(kvtierd[0])["committed_blocks"] == 8
+
+
+def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(model, tmp_path):
+    """kvtierd restarted cold: its tiers lost, its disk store kept. The index
+    misses; the scheduler has kvtierd bring the prefix in from disk while the
+    request waits unscheduled and another request runs; then the prefix loads
+    like any hit, every byte the request's own."""
+    disk = tmp_path / "disk"
+    made = [Daemon(tmp_path, DISK_STORE.format(path=disk), profiles=profile(64, 256))]
+    p = Pipeline(model, made[0].socket)
+    try:
+        shared = prompt(40, 700)
+        p.add(shared)
+        p.run()
+        p.drain()
+        until(lambda: sum(v for k, v in stats(made[0]).items() if k.endswith(".put_blocks")) >= 5, 5,
+              "the disk store to hold the prefix")
+        made[0].stop()
+        made.append(Daemon(tmp_path, DISK_STORE.format(path=disk), profiles=profile(64, 256)))
+        instance = kvtier.Client(socket=made[1].socket).instance_id
+        link = p.connector._links[0]
+        until(lambda: getattr(link.get(), "instance_id", 0) == instance, 3, "the link to follow it")
+        assert link.get().probe(shared) == 0  # A cold kvtierd: its index holds nothing.
+        other = p.add(prompt(41, 300), max_tokens=30)
+        for _ in range(200):  # It misses too, and asks the stores first.
+            if other in p.step().num_scheduled_tokens:
+                break
+            time.sleep(0.005)
+        b = p.add(shared + prompt(42, 20), max_tokens=3)
+        waited, loads = 0, []
+        for _ in range(200):
+            out = p.step()
+            if b in out.num_scheduled_tokens:
+                loads = out.kv_connector_metadata.loads
+                break
+            waited += 1
+            assert other in out.num_scheduled_tokens  # The others go on meanwhile.
+            time.sleep(0.005)
+        assert waited >= 1, "the request was scheduled before the stores answered"
+        assert [(x.req_id, x.first, len(x.block_ids)) for x in loads] == [(b, 0, 5)]
+        p.run()
+        assert stats(made[1])["store_fetched_blocks"] == 5
+        assert p.metric("store_lookup_hit_tokens") == 5 * BLOCK
+        assert p.metric("loaded_blocks") == 5 and p.metric("load_error_blocks") == 0
+        # Each request missed the index (the first, on the first kvtierd, too) and asked the stores once.
+        assert p.metric("store_lookups") == 3 and p.metric("lookups") == 3
+    finally:
+        p.close()
+        for d in made:
+            d.stop()

@@ -1,0 +1,115 @@
+"""kvtier.vllm's lookups in the stores below kvtierd's host tier (disk, Redis
+Cluster), off the scheduler's step.
+
+The shared index (Client.probe) answers for the GPU and host tiers without a
+round trip; it cannot see what only the stores hold. When a probe finds less
+than a request could use and kvtierd has stores, the scheduler asks this
+thread to have kvtierd bring the rest into its host tier (Client.locate: one
+request that leases nothing, bounded by kvtierd's stores.locate_budget_ms) and
+answers vLLM "not known yet" (None: the request waits, unscheduled, and is
+asked about again next step; nothing of vLLM's is allocated for it meanwhile,
+so an abort or a preemption elsewhere needs nothing undone). Once the answer
+came, the next probe sees what the stores held, in the host tier, and the
+request loads it like any hit. A lookup that fails or times out is a miss:
+the request computes its prompt.
+
+One thread, one client per tensor-parallel rank's identity (each of its own,
+so that a long locate never delays the link's pings or a worker's load)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import kvtier
+from kvtier._vllm_stats import KvtierConnectorStats
+
+
+class StoreLookups:
+    """Requests' lookups in kvtierd's stores, run on a thread (see the module
+    docstring). `make(rank)` connects a client for rank `rank`'s identity whose
+    request timeout outlasts kvtierd's locate budget."""
+
+    def __init__(self, make: Callable[[int], kvtier.Client], ranks: int, stats: KvtierConnectorStats,
+                 log: logging.Logger):
+        self._make, self._ranks, self._stats, self._log = make, ranks, stats, log
+        self._clients: list[kvtier.Client | None] = [None] * ranks
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[str, list[int]]] = collections.deque()
+        self._pending: set[str] = set()   # Asked, no answer yet.
+        self._answered: set[str] = set()  # Answered: a probe now sees what the stores held.
+        self._old_kvtierd = False         # One that predates locate: an acquire and a release instead.
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kvtier-store-lookups", daemon=True)
+        self._thread.start()
+
+    def ask(self, rid: str, tokens: list[int]) -> bool:
+        """True once the stores were asked for `tokens`' blocks on behalf of
+        request `rid` and answered; else asks them (the first time) and returns
+        False: ask again later."""
+        with self._cond:
+            if rid in self._answered:
+                return True
+            if rid not in self._pending:
+                self._pending.add(rid)
+                self._queue.append((rid, tokens))
+                self._cond.notify()
+            return False
+
+    def forget(self, rid: str) -> None:
+        """Request `rid` is finished: an answer still to come is dropped."""
+        with self._cond:
+            self._pending.discard(rid)
+            self._answered.discard(rid)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    # --- the thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                rid, tokens = self._queue.popleft()
+                if rid not in self._pending:
+                    continue  # Finished while it waited.
+            started = time.perf_counter()
+            found = min((self._locate(rank, tokens) for rank in range(self._ranks)), default=0)
+            with self._cond:
+                if rid in self._pending:
+                    self._pending.discard(rid)
+                    self._answered.add(rid)
+            self._stats.add(store_lookups=1, store_lookup_seconds=time.perf_counter() - started)
+            self._log.debug("kvtier: stores asked for request %s: %d blocks cached", rid, found)
+
+    def _locate(self, rank: int, tokens: list[int]) -> int:
+        """Blocks of `tokens` cached once kvtierd (rank `rank`'s identity) asked its
+        stores; 0 when it cannot be asked."""
+        client = self._clients[rank]
+        try:
+            if client is None:
+                client = self._clients[rank] = self._make(rank)
+            if not self._old_kvtierd:
+                try:
+                    return client.locate(tokens)
+                except (kvtier.ProtocolErrorError, kvtier.InvalidArgumentError) as e:
+                    self._log.warning("kvtier: kvtierd cannot locate (%s): asking its stores with an acquire "
+                                      "and a release instead; upgrade kvtierd", e)
+                    self._old_kvtierd = True
+            lease = client.acquire(tokens, promote=False)
+            found = lease.matched
+            lease.release()
+            return found
+        except kvtier.Error as e:
+            self._log.info("kvtier: asking kvtierd's stores failed (%s): the request computes its prompt", e)
+            self._clients[rank] = None  # Connected again for the next lookup.
+            return 0

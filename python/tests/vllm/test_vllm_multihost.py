@@ -1,0 +1,163 @@
+"""KvtierConnector across hosts and below the host tier, in real vLLM engines:
+two kvtierd instances ("host A" and "host B": separate instances, sockets and
+shared memory) that share nothing but a real Redis Cluster, each with an
+engine; engine B answers a prompt engine A computed, loading the prefix from
+the cluster; and a kvtierd restarted cold (its GPU and host tiers lost) with
+its disk store kept. The faults (kvtierd B SIGKILLed and restarted cold, a
+Redis master SIGKILLed) are proved to have happened before outputs are
+compared. Every output, tokens and top-5 logprobs, is an engine's without the
+connector. (CTest label multihost.)
+
+The two hosts are two processes on this machine reaching the cluster over
+loopback: no network namespaces (the sandbox's test runs have no privilege to
+make a veth pair)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from redis_cluster import RedisCluster  # noqa: E402
+from vllm_engines import BLOCK, Engine, make_model, profile, prompt, same, wait_for  # noqa: E402
+
+from conftest import Daemon  # noqa: E402
+
+pytest.importorskip("vllm")
+
+NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
+
+
+def hit(n):
+    return (n - 1) // BLOCK * BLOCK
+
+
+def stats(sock):
+    return json.loads(subprocess.run([os.environ["CACHECTL"], "--socket", sock, "--json", "stats"],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def total(s, suffix):
+    """A per-store counter summed over the stores (store.<name>.<suffix>)."""
+    return sum(v for k, v in s.items() if k.startswith("store.") and k.endswith("." + suffix))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(str(tmp_path_factory.mktemp("models") / "tiny"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(model, tmp_path_factory):
+    e = Engine(model, str(tmp_path_factory.mktemp("ref") / "engine.log"))
+    yield e
+    e.stop()
+
+
+def host(tmp_path, name, stores):
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    return Daemon(d, stores, profiles=profile(64, 256))
+
+
+def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_redis_cluster(
+        model, reference, tmp_path):
+    cluster = RedisCluster(tmp_path)
+    daemons, engines = [], []
+    try:
+        a_host, b_host = host(tmp_path, "a", cluster.store()), host(tmp_path, "b", cluster.store())
+        daemons += [a_host, b_host]
+        p1, p2 = prompt(1, 1000), prompt(2, 700)
+        want = reference.generate([p1, p2], max_tokens=16)
+        a = Engine(model, str(tmp_path / "a.log"), socket=a_host.socket)
+        engines.append(a)
+        got = a.generate([p1, p2], max_tokens=16)
+        assert [o["cached"] for o in got] == [0, 0]
+        same(got, want)
+        blocks = (hit(len(p1)) + hit(len(p2))) // BLOCK
+        wait_for(lambda: cluster.keys() >= blocks, 10, "host A's blocks to reach the cluster")
+
+        b = Engine(model, str(tmp_path / "b.log"), socket=b_host.socket, llm=NO_APC)
+        engines.append(b)
+        assert stats(b_host.socket)["store_fetched_blocks"] == 0  # Host B holds nothing of its own.
+        got = b.generate([p1], max_tokens=16)
+        assert got[0]["cached"] == hit(len(p1))
+        same(got, want[:1])
+        m = b.metrics()
+        assert m["vllm:kvtier_store_lookup_hit_tokens"] == hit(len(p1)), m
+        assert stats(b_host.socket)["store_fetched_blocks"] == hit(len(p1)) // BLOCK
+
+        # kvtierd B dies and comes back cold (no warm restart): its tiers are empty, the cluster is not.
+        b_host.proc.kill()
+        b_host.proc.wait()
+        b_host.stop()
+        daemons.remove(b_host)
+        b_host = host(tmp_path, "b", cluster.store())
+        daemons.append(b_host)
+        assert stats(b_host.socket)["committed_blocks"] == 0
+        time.sleep(1.0)  # The engine's links find the new kvtierd within a ping interval (0.5 s).
+        got = b.generate([p2], max_tokens=16)
+        assert got[0]["cached"] == hit(len(p2))
+        same(got, want[1:])
+
+        # A Redis master dies: what host B asks for next is partly, or wholly, out of reach.
+        p3 = prompt(3, 900)
+        want3 = reference.generate([p3], max_tokens=16)
+        same(a.generate([p3], max_tokens=16), want3)
+        wait_for(lambda: cluster.keys() >= blocks + hit(len(p3)) // BLOCK, 10, "p3's blocks to reach the cluster")
+        cluster.kill(cluster.ports[0])
+        before = stats(b_host.socket)
+        got = b.generate([p3], max_tokens=16)
+        after = stats(b_host.socket)
+        assert total(after, "errors") + total(after, "down") > total(before, "errors") + total(before, "down"), \
+            "host B's store saw no fault: the test did not test a dead Redis node"
+        same(got, want3)  # Whatever of the prefix came, the rest was computed.
+    finally:
+        for e in engines:
+            e.stop()
+        for d in daemons:
+            d.stop()
+        cluster.stop()
+
+
+DISK_STORE = """stores:
+  locate_budget_ms: 5000
+  tiers:
+    - kind: disk
+      path: {path}
+      max_bytes: 256MiB
+      write: through
+"""
+
+
+def test_an_engine_restarted_after_kvtierd_lost_its_tiers_loads_its_prefix_from_the_disk_store(
+        model, reference, tmp_path):
+    disk = tmp_path / "disk"
+    d = host(tmp_path, "h", DISK_STORE.format(path=disk))
+    engines = []
+    try:
+        p = prompt(5, 1200)
+        want = reference.generate([p], max_tokens=16)
+        a = Engine(model, str(tmp_path / "a.log"), socket=d.socket)
+        engines.append(a)
+        same(a.generate([p], max_tokens=16), want)
+        wait_for(lambda: total(stats(d.socket), "put_blocks") >= hit(len(p)) // BLOCK, 10, "the disk store")
+        a.stop()
+        engines.remove(a)
+        d.stop()
+        d = host(tmp_path, "h", DISK_STORE.format(path=disk))
+        assert stats(d.socket)["committed_blocks"] == 0  # Cold: the host tier was lost.
+        a2 = Engine(model, str(tmp_path / "a2.log"), socket=d.socket)
+        engines.append(a2)
+        got = a2.generate([p], max_tokens=16)
+        assert got[0]["cached"] == hit(len(p))
+        same(got, want)
+        assert stats(d.socket)["store_fetched_blocks"] == hit(len(p)) // BLOCK
+    finally:
+        for e in engines:
+            e.stop()
+        d.stop()
