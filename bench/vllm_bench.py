@@ -83,6 +83,30 @@ def wait_for_store(client, before: float, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def decode_during_fetch(a_engine, h_engine, watch, tokens, args) -> float | None:
+    """Engine H decodes a request alone; then a prompt arrives whose prefix engine A
+    computed (only the cluster holds it for H). While H's scheduler waits for its
+    kvtierd to fetch it, only the decoding request runs, as before: the median of
+    those steps over the median step before the prompt arrived (None: the fetch
+    took less than a step)."""
+    prefix = tokens(args.prefix)
+    committed, put = watch.stats()["committed_blocks"], stored(watch)
+    a_engine.generate([prefix + tokens(args.suffix)], max_tokens=1)
+    wait_for_commit(watch, committed)
+    wait_for_store(watch, put)
+    arrive = 0.6
+    steps = h_engine.stream([tokens(32), prefix + tokens(args.suffix)], at=[0.0, arrive], max_tokens=160)["steps"]
+    base = statistics.median([s["seconds"] for s in steps if 0.2 <= s["at"] < arrive] or [0.0])
+    window = []
+    for s in steps:
+        if s["at"] < arrive:
+            continue
+        if s["seconds"] > 2.5 * base:
+            break  # The step that loads and prefills the prompt that arrived.
+        window.append(s["seconds"])
+    return statistics.median(window) / base if window and base > 0 else None
+
+
 def stored(client) -> float:
     return sum(v for k, v in client.stats().items() if k.startswith("store.") and k.endswith(".put_blocks"))
 
@@ -150,6 +174,7 @@ def main() -> int:
         cached = {k: [] for k in cases}
         zero = {"B": [], "B salted": [], "R": []}
         same_tokens = 0
+        during: list[float | None] = []  # tpot_during_fetch_ratio per round (--remote-store).
         for r in range(a.rounds):
             prefix = tokens(a.prefix)
             committed, put = watch.stats()["committed_blocks"], stored(watch)
@@ -173,6 +198,9 @@ def main() -> int:
                 salt = [f"zero-reuse-{r}"] if name == "B salted" else None
                 zero[name].append(engines[name.split()[0]].generate([tokens(a.prefix + a.suffix)], max_tokens=1,
                                                                     salts=salt)[0]["ttft"] * 1000)
+            if cluster:
+                time.sleep(a.settle)
+                during.append(decode_during_fetch(engines["A"], engines["H"], watch, tokens, a))
             remote = f"remote store {ttft['remote_store'][-1]:.1f} ms, " if cluster else ""
             print(f"  round {r + 1}: {remote}kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
                   f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
@@ -212,6 +240,12 @@ def main() -> int:
                 "ttft_remote_store_spread": spread(ttft["remote_store"]),
                 "cached_tokens_remote_store": statistics.median(cached["remote_store"]),
                 "recompute_vs_remote_store": spread(ratio_remote),
+                # Decode steps while a prompt waits for the stores, over decode steps alone (rounds where the
+                # fetch outlasted a step; the others are counted in tpot_during_fetch_rounds_shorter_than_a_step).
+                "tpot_during_fetch_ratio": (round(statistics.median([d for d in during if d]), 3)
+                                            if any(during) else None),
+                "tpot_during_fetch_spread": spread([d for d in during if d]) if any(during) else None,
+                "tpot_during_fetch_rounds_shorter_than_a_step": sum(1 for d in during if not d),
             })
             result["targets"]["recompute_vs_remote_store >= 5"] = statistics.median(ratio_remote) >= 5
     finally:

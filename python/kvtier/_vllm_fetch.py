@@ -31,11 +31,14 @@ from kvtier._vllm_stats import KvtierConnectorStats
 class StoreLookups:
     """Requests' lookups in kvtierd's stores, run on a thread (see the module
     docstring). `make(rank)` connects a client for rank `rank`'s identity whose
-    request timeout outlasts kvtierd's locate budget."""
+    request timeout outlasts kvtierd's locate budget; `first_wait`: how long
+    the scheduler waits for the answer, once per request, before it answers
+    vLLM "not known yet" (then the request waits a step or more)."""
 
     def __init__(self, make: Callable[[int], kvtier.Client], ranks: int, stats: KvtierConnectorStats,
-                 log: logging.Logger):
+                 log: logging.Logger, first_wait: float = 0.002):
         self._make, self._ranks, self._stats, self._log = make, ranks, stats, log
+        self._first_wait = first_wait
         self._clients: list[kvtier.Client | None] = [None] * ranks
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[str, list[int]]] = collections.deque()
@@ -49,15 +52,20 @@ class StoreLookups:
     def ask(self, rid: str, tokens: list[int]) -> bool:
         """True once the stores were asked for `tokens`' blocks on behalf of
         request `rid` and answered; else asks them (the first time) and returns
-        False: ask again later."""
+        False: ask again later. The first time it waits up to `first_wait`
+        seconds for the answer: a miss in a local disk store or a nearby Redis
+        is answered sooner, and the request is then scheduled in this step, not
+        the next."""
         with self._cond:
             if rid in self._answered:
                 return True
-            if rid not in self._pending:
-                self._pending.add(rid)
-                self._queue.append((rid, tokens))
-                self._cond.notify()
-            return False
+            if rid in self._pending:
+                return False
+            self._pending.add(rid)
+            self._queue.append((rid, tokens))
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: rid in self._answered or self._closed, timeout=self._first_wait)
+            return rid in self._answered
 
     def forget(self, rid: str) -> None:
         """Request `rid` is finished: an answer still to come is dropped."""
@@ -68,7 +76,7 @@ class StoreLookups:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout=5)
 
     # --- the thread -------------------------------------------------------------------
@@ -88,6 +96,7 @@ class StoreLookups:
                 if rid in self._pending:
                     self._pending.discard(rid)
                     self._answered.add(rid)
+                    self._cond.notify_all()
             self._stats.add(store_lookups=1, store_lookup_seconds=time.perf_counter() - started)
             self._log.debug("kvtier: stores asked for request %s: %d blocks cached", rid, found)
 

@@ -29,7 +29,9 @@ load_failure_policy ("recompute", the default here, or "fail": vLLM's own
 default fails a request whose load failed; a cache that may lose its daemon
 wants recomputing), store_lookups (true: look in kvtierd's stores below its
 host tier, off the step), store_lookup_timeout (seconds, 10: longer than
-kvtierd's stores.locate_budget_ms).
+kvtierd's stores.locate_budget_ms), store_lookup_wait (seconds, 0.002: how
+long a lookup waits for the stores' answer before the request is left to wait
+a step; a miss in a local store is answered sooner).
 
 What it caches: engines of one group of full-attention layers, KV in the
 model's dtype, any tensor-parallel size. Sliding windows, MLA, Mamba and
@@ -182,7 +184,8 @@ class KvtierConnector(KVConnectorBase_V1):
             if extra.get("store_lookups", True):
                 timeout = float(extra.get("store_lookup_timeout", 10.0))  # Past kvtierd's locate_budget_ms.
                 self._lookups = StoreLookups(functools.partial(self._make_client, request_timeout=timeout),
-                                             self._tp, self._stats, _log)
+                                             self._tp, self._stats, _log,
+                                             first_wait=float(extra.get("store_lookup_wait", 0.002)))
             if not all(link.up for link in self._links):
                 _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
                              self._socket)

@@ -323,17 +323,3 @@ def test_vllm_serve_with_the_connector_through_the_openai_client(models, tmp_pat
         proc.wait()
         log.close()
         d.stop()
-
-
-def test_the_benchmark_runs_and_names_its_figures(models, tmp_path):
-    """bench/vllm_bench.py, smoke-sized on the small model (no timing thresholds)."""
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "vllm_bench.py"), "--kvtierd",
-                          os.environ["KVTIERD"], "--model", models[0], "--rounds", "1", "--prefix", "256",
-                          "--suffix", "16", "--blocks", "512", "--settle", "0"], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    for key in ("ttft_kvtier_ms", "ttft_recompute_ms", "ttft_own_prefix_cache_ms", "zero_reuse_ratio",
-                "ttft_kvtier_spread", "zero_reuse_ratio_spread", "zero_reuse_vs_engine_without_connector"):
-        assert key in result, key
-    assert result["cached_tokens_kvtier"] == hit(256 + 16)
-    assert result["rounds_with_equal_tokens"] == 1

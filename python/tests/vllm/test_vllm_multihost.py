@@ -3,9 +3,9 @@ two kvtierd instances ("host A" and "host B": separate instances, sockets and
 shared memory) that share nothing but a real Redis Cluster, each with an
 engine; engine B answers a prompt engine A computed, loading the prefix from
 the cluster; and a kvtierd restarted cold (its GPU and host tiers lost) with
-its disk store kept. The faults (kvtierd B SIGKILLed and restarted cold, a
-Redis master SIGKILLed) are proved to have happened before outputs are
-compared. Every output, tokens and top-5 logprobs, is an engine's without the
+its disk store kept. The faults (kvtierd B SIGKILLed and restarted cold,
+engine A SIGKILLed, a Redis master SIGKILLed) are proved to have happened
+before outputs are compared. Every output, tokens and top-5 logprobs, is an engine's without the
 connector. (CTest label multihost.)
 
 The two hosts are two processes on this machine reaching the cluster over
@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from redis_cluster import RedisCluster  # noqa: E402
-from vllm_engines import BLOCK, Engine, make_model, profile, prompt, same, wait_for  # noqa: E402
+from vllm_engines import BLOCK, ROOT, Engine, make_model, profile, prompt, same, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
@@ -104,18 +104,27 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         assert got[0]["cached"] == hit(len(p2))
         same(got, want[1:])
 
+        # Engine A computes two more prompts and is SIGKILLed: what it saved is host B's all the same.
+        p3, p4 = prompt(3, 900), prompt(4, 800)
+        want34 = reference.generate([p3, p4], max_tokens=16)
+        same(a.generate([p3, p4], max_tokens=16), want34)
+        blocks += (hit(len(p3)) + hit(len(p4))) // BLOCK
+        wait_for(lambda: cluster.keys() >= blocks, 10, "p3's and p4's blocks to reach the cluster")
+        a.kill()
+        engines.remove(a)
+        assert a.proc.poll() is not None
+        got = b.generate([p3], max_tokens=16)
+        assert got[0]["cached"] == hit(len(p3))
+        same(got, want34[:1])
+
         # A Redis master dies: what host B asks for next is partly, or wholly, out of reach.
-        p3 = prompt(3, 900)
-        want3 = reference.generate([p3], max_tokens=16)
-        same(a.generate([p3], max_tokens=16), want3)
-        wait_for(lambda: cluster.keys() >= blocks + hit(len(p3)) // BLOCK, 10, "p3's blocks to reach the cluster")
         cluster.kill(cluster.ports[0])
         before = stats(b_host.socket)
-        got = b.generate([p3], max_tokens=16)
+        got = b.generate([p4], max_tokens=16)
         after = stats(b_host.socket)
         assert total(after, "errors") + total(after, "down") > total(before, "errors") + total(before, "down"), \
             "host B's store saw no fault: the test did not test a dead Redis node"
-        same(got, want3)  # Whatever of the prefix came, the rest was computed.
+        same(got, want34[1:])  # Whatever of the prefix came, the rest was computed.
     finally:
         for e in engines:
             e.stop()
@@ -161,3 +170,22 @@ def test_an_engine_restarted_after_kvtierd_lost_its_tiers_loads_its_prefix_from_
         for e in engines:
             e.stop()
         d.stop()
+
+
+def test_the_benchmark_runs_and_names_its_figures(model, tmp_path):
+    """bench/vllm_bench.py --remote-store, smoke-sized on the small model (no
+    timing thresholds): engine A's prefix reached by engine B on the same
+    kvtierd, by engine H on another through the Redis Cluster, recomputed by R."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "vllm_bench.py"), "--kvtierd",
+                          os.environ["KVTIERD"], "--model", model, "--rounds", "1", "--prefix", "256",
+                          "--suffix", "16", "--blocks", "512", "--settle", "0", "--remote-store"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("ttft_kvtier_ms", "ttft_recompute_ms", "ttft_own_prefix_cache_ms", "ttft_remote_store_ms",
+                "zero_reuse_ratio", "ttft_kvtier_spread", "zero_reuse_ratio_spread", "recompute_vs_remote_store",
+                "zero_reuse_vs_engine_without_connector"):
+        assert key in result, key
+    assert result["cached_tokens_kvtier"] == hit(256 + 16)
+    assert result["cached_tokens_remote_store"] == hit(256 + 16)
+    assert result["rounds_with_equal_tokens"] == 1

@@ -201,7 +201,7 @@ def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(m
     like any hit, every byte the request's own."""
     disk = tmp_path / "disk"
     made = [Daemon(tmp_path, DISK_STORE.format(path=disk), profiles=profile(64, 256))]
-    p = Pipeline(model, made[0].socket)
+    p = Pipeline(model, made[0].socket, extra={"store_lookup_wait": 0})  # Never scheduled in the asking step.
     try:
         shared = prompt(40, 700)
         p.add(shared)
@@ -242,3 +242,18 @@ def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(m
         p.close()
         for d in made:
             d.stop()
+
+
+def test_a_lookup_the_stores_answer_while_the_scheduler_waits_is_scheduled_in_that_step(model, tmp_path):
+    """store_lookup_wait: the scheduler waits that long, once per request, for
+    the stores' answer (a miss in a local store comes in well under a ms); one
+    that comes in time is scheduled in the same step."""
+    d = Daemon(tmp_path, DISK_STORE.format(path=tmp_path / "disk"), profiles=profile(64, 256))
+    p = Pipeline(model, d.socket, extra={"store_lookup_wait": 5.0})  # Longer than any answer takes.
+    try:
+        rid = p.add(prompt(43, 700))
+        assert rid in p.step().num_scheduled_tokens
+        assert p.metric("store_lookups") == 1 and p.metric("lookup_hit_tokens") == 0
+    finally:
+        p.close()
+        d.stop()
