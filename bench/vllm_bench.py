@@ -86,9 +86,9 @@ def wait_for_store(client, before: float, timeout: float = 10.0) -> None:
 def decode_during_fetch(a_engine, h_engine, watch, tokens, args) -> float | None:
     """Engine H decodes a request alone; then a prompt arrives whose prefix engine A
     computed (only the cluster holds it for H). While H's scheduler waits for its
-    kvtierd to fetch it, only the decoding request runs, as before: the median of
-    those steps over the median step before the prompt arrived (None: the fetch
-    took less than a step)."""
+    kvtierd to fetch it, the decoding request goes on alone: the median time
+    between its tokens then, over the median before the prompt arrived (None: the
+    prompt's first token came before two of the other's)."""
     prefix = tokens(args.prefix)
     committed, put = watch.stats()["committed_blocks"], stored(watch)
     a_engine.generate([prefix + tokens(args.suffix)], max_tokens=1)
@@ -96,15 +96,13 @@ def decode_during_fetch(a_engine, h_engine, watch, tokens, args) -> float | None
     wait_for_store(watch, put)
     arrive = 0.6
     steps = h_engine.stream([tokens(32), prefix + tokens(args.suffix)], at=[0.0, arrive], max_tokens=160)["steps"]
-    base = statistics.median([s["seconds"] for s in steps if 0.2 <= s["at"] < arrive] or [0.0])
-    window = []
-    for s in steps:
-        if s["at"] < arrive:
-            continue
-        if s["seconds"] > 2.5 * base:
-            break  # The step that loads and prefills the prompt that arrived.
-        window.append(s["seconds"])
-    return statistics.median(window) / base if window and base > 0 else None
+    ends = [s["at"] + s["seconds"] for s in steps]
+    first = next((e for s, e in zip(steps, ends) if 1 in s["out"]), float("inf"))  # The prompt's first token.
+    tokens0 = [e for s, e in zip(steps, ends) if 0 in s["out"]]  # When the decoding request got each token.
+    gaps = [(b, b - a) for a, b in zip(tokens0, tokens0[1:])]
+    alone = [g for t, g in gaps if 0.2 <= t < arrive]
+    waiting = [g for t, g in gaps if arrive <= t < first]
+    return statistics.median(waiting) / statistics.median(alone) if len(waiting) >= 2 and alone else None
 
 
 def stored(client) -> float:

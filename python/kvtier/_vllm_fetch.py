@@ -27,6 +27,10 @@ from collections.abc import Callable
 import kvtier
 from kvtier._vllm_stats import KvtierConnectorStats
 
+# How long a lookup whose answer is still to come waits for it while the engine
+# has nothing else to run (the scheduler asks again at once otherwise).
+IDLE_WAIT = 0.005
+
 
 class StoreLookups:
     """Requests' lookups in kvtierd's stores, run on a thread (see the module
@@ -66,6 +70,18 @@ class StoreLookups:
             self._cond.notify_all()
             self._cond.wait_for(lambda: rid in self._answered or self._closed, timeout=self._first_wait)
             return rid in self._answered
+
+    def waiting(self, rid: str, idle: bool) -> bool:
+        """Whether the stores' answer for request `rid` is still to come. `idle`:
+        the engine has nothing else to run, so vLLM asks again at once, in a
+        loop; then this waits for the answer up to IDLE_WAIT, leaving the CPU
+        to kvtierd and the stores (on a small host the loop took a core)."""
+        with self._cond:
+            if rid not in self._pending:
+                return False
+            if idle:
+                self._cond.wait_for(lambda: rid not in self._pending or self._closed, timeout=IDLE_WAIT)
+            return rid in self._pending
 
     def forget(self, rid: str) -> None:
         """Request `rid` is finished: an answer still to come is dropped."""

@@ -65,6 +65,7 @@ class Planner:
         self._saved: dict[str, int] = {}        # vLLM blocks of each request in kvtierd (or loaded).
         self._uncached: set[str] = set()        # LoRA, cache_salt, multimodal, embeddings.
         self._before_stores: dict[str, int] = {}  # Blocks the index held when the stores were asked.
+        self._idle = False  # The last step scheduled nothing (vLLM spins on its waiting requests).
 
     def new_request(self, request) -> None:
         self._requests[request.request_id] = request
@@ -85,6 +86,8 @@ class Planner:
         usable = (request.num_tokens - 1) // bs * bs  # Whole vLLM blocks; the last token is computed.
         if usable <= num_computed_tokens:
             return 0
+        if self._lookups is not None and self._lookups.waiting(rid, self._idle):
+            return None  # Still in kvtierd's stores: no probe (vLLM asks again at once while it has nothing to run).
         tokens = list(request.all_token_ids[:usable])
         try:
             cached = min(c.probe(tokens) for c in clients)  # Blocks, from the shared index: no round trip.
@@ -124,6 +127,7 @@ class Planner:
         for rid in freed:
             self._loading.pop(rid, None)  # Its blocks are vLLM's to reuse: a report naming them is another's.
         meta = KvtierConnectorMetadata(loads=list(self._loads.values()), freed=freed)
+        self._idle = not scheduler_output.num_scheduled_tokens
         self._loading.update(self._loads)
         self._loads.clear()
         if self._clients() is None:

@@ -42,7 +42,8 @@ def stream(llm, req, SamplingParams):
     """Requests arriving over time: prompt i is added at req["at"][i] seconds
     (default every x i) while the engine steps, and each event {"at": s, "pid":
     p, "signal": "SIGKILL"} is sent when its time comes, before the prompts of
-    that time; returns each output and every step's start and duration."""
+    that time; returns each output and every step's start, duration and the
+    prompts it returned output for."""
     import signal
 
     engine = llm.llm_engine
@@ -67,10 +68,12 @@ def stream(llm, req, SamplingParams):
             time.sleep(min(0.005, max(0.0, nxt - now)))
             continue
         t = time.perf_counter()
+        out = []
         for o in engine.step():
+            out.append(int(o.request_id[len(tag):]))
             if o.finished:
-                outputs[int(o.request_id[len(tag):])] = o
-        steps.append({"at": round(t - started, 4), "seconds": round(time.perf_counter() - t, 4)})
+                outputs[out[-1]] = o
+        steps.append({"at": round(t - started, 4), "seconds": round(time.perf_counter() - t, 4), "out": out})
     return {"outputs": [{
         "tokens": list(outputs[i].outputs[0].token_ids),
         "logprobs": [{str(k): v.logprob for k, v in lp.items()} for lp in (outputs[i].outputs[0].logprobs or [])],
