@@ -37,16 +37,18 @@ class StoreLookups:
     docstring). `make(rank)` connects a client for rank `rank`'s identity whose
     request timeout outlasts kvtierd's locate budget; `first_wait`: how long
     the scheduler waits for the answer, once per request, before it answers
-    vLLM "not known yet" (then the request waits a step or more)."""
+    vLLM "not known yet" (then the request waits a step or more);
+    `give_up`: no request waits longer for an answer (should the thread or a
+    call hang past its timeout): then it is a miss."""
 
     def __init__(self, make: Callable[[int], kvtier.Client], ranks: int, stats: KvtierConnectorStats,
-                 log: logging.Logger, first_wait: float = 0.002):
+                 log: logging.Logger, first_wait: float = 0.002, give_up: float = 11.0):
         self._make, self._ranks, self._stats, self._log = make, ranks, stats, log
-        self._first_wait = first_wait
+        self._first_wait, self._give_up = first_wait, give_up
         self._clients: list[kvtier.Client | None] = [None] * ranks
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[str, list[int]]] = collections.deque()
-        self._pending: set[str] = set()   # Asked, no answer yet.
+        self._pending: dict[str, float] = {}  # Asked, no answer yet: when to give up waiting for it.
         self._answered: set[str] = set()  # Answered: a probe now sees what the stores held.
         self._old_kvtierd = False         # One that predates locate: an acquire and a release instead.
         self._closed = False
@@ -64,8 +66,8 @@ class StoreLookups:
             if rid in self._answered:
                 return True
             if rid in self._pending:
-                return False
-            self._pending.add(rid)
+                return not self._still_waiting(rid)
+            self._pending[rid] = time.monotonic() + self._give_up
             self._queue.append((rid, tokens))
             self._cond.notify_all()
             self._cond.wait_for(lambda: rid in self._answered or self._closed, timeout=self._first_wait)
@@ -81,12 +83,23 @@ class StoreLookups:
                 return False
             if idle:
                 self._cond.wait_for(lambda: rid not in self._pending or self._closed, timeout=IDLE_WAIT)
-            return rid in self._pending
+            return rid in self._pending and self._still_waiting(rid)
+
+    def _still_waiting(self, rid: str) -> bool:
+        """Under the lock, `rid` pending: False (and answered, as a miss) once past its time."""
+        if time.monotonic() < self._pending[rid]:
+            return True
+        del self._pending[rid]
+        self._answered.add(rid)
+        self._stats.add(store_lookup_errors=1)
+        self._log.warning("kvtier: no answer from kvtierd's stores for request %s in %.1f s: it computes its "
+                          "prompt", rid, self._give_up)
+        return False
 
     def forget(self, rid: str) -> None:
         """Request `rid` is finished: an answer still to come is dropped."""
         with self._cond:
-            self._pending.discard(rid)
+            self._pending.pop(rid, None)
             self._answered.discard(rid)
 
     def close(self) -> None:
@@ -107,10 +120,13 @@ class StoreLookups:
                 if rid not in self._pending:
                     continue  # Finished while it waited.
             started = time.perf_counter()
-            found = min((self._locate(rank, tokens) for rank in range(self._ranks)), default=0)
+            try:
+                found = min((self._locate(rank, tokens) for rank in range(self._ranks)), default=0)
+            except Exception:  # noqa: BLE001 - the thread never dies: its requests would wait for good
+                self._log.exception("kvtier: a lookup in kvtierd's stores failed unexpectedly")
+                found = 0
             with self._cond:
-                if rid in self._pending:
-                    self._pending.discard(rid)
+                if self._pending.pop(rid, None) is not None:
                     self._answered.add(rid)
                     self._cond.notify_all()
             self._stats.add(store_lookups=1, store_lookup_seconds=time.perf_counter() - started)
@@ -136,5 +152,6 @@ class StoreLookups:
             return found
         except kvtier.Error as e:
             self._log.info("kvtier: asking kvtierd's stores failed (%s): the request computes its prompt", e)
+            self._stats.add(store_lookup_errors=1)
             self._clients[rank] = None  # Connected again for the next lookup.
             return 0

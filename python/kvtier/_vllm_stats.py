@@ -26,6 +26,7 @@ COUNTERS = {
     "store_lookups": "Lookups that asked kvtierd's stores (disk, Redis) off the step",
     "store_lookup_hit_tokens": "Prompt tokens those lookups found beyond kvtierd's GPU and host tiers",
     "store_lookup_seconds": "Time from asking kvtierd's stores to their answer (off the step)",
+    "store_lookup_errors": "Lookups in kvtierd's stores that failed or got no answer in time (computed instead)",
 }
 _SECONDS = ("load_seconds", "save_seconds", "store_lookup_seconds")
 _LOCK = threading.Lock()

@@ -185,7 +185,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 timeout = float(extra.get("store_lookup_timeout", 10.0))  # Past kvtierd's locate_budget_ms.
                 self._lookups = StoreLookups(functools.partial(self._make_client, request_timeout=timeout),
                                              self._tp, self._stats, _log,
-                                             first_wait=float(extra.get("store_lookup_wait", 0.002)))
+                                             first_wait=float(extra.get("store_lookup_wait", 0.002)),
+                                             give_up=timeout + 1.0)
             if not all(link.up for link in self._links):
                 _log.warning("kvtier: kvtierd is not reachable at %s yet: serving without it until it is",
                              self._socket)

@@ -7,6 +7,7 @@ through logprobs, in minutes rather than seconds."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -255,5 +256,26 @@ def test_a_lookup_the_stores_answer_while_the_scheduler_waits_is_scheduled_in_th
         assert rid in p.step().num_scheduled_tokens
         assert p.metric("store_lookups") == 1 and p.metric("lookup_hit_tokens") == 0
     finally:
+        p.close()
+        d.stop()
+
+
+def test_a_lookup_kvtierd_never_answers_is_a_miss_after_its_timeout(model, tmp_path):
+    """kvtierd stops answering (SIGSTOP) as a request's lookup asks its stores:
+    the lookup times out (store_lookup_timeout), is counted as an error, and the
+    request computes its prompt rather than wait for good."""
+    d = Daemon(tmp_path, DISK_STORE.format(path=tmp_path / "disk"), profiles=profile(64, 256))
+    p = Pipeline(model, d.socket, extra={"store_lookup_wait": 0, "store_lookup_timeout": 0.5})
+    try:
+        d.proc.send_signal(signal.SIGSTOP)
+        rid = p.add(prompt(44, 700))
+        started = time.monotonic()
+        while rid not in p.step().num_scheduled_tokens:
+            assert time.monotonic() - started < 10, "the request waited past its lookup's timeout"
+            time.sleep(0.01)
+        assert p.metric("store_lookup_errors") == 1, "the lookup did not fail: the test did not test a hung kvtierd"
+        assert p.metric("loaded_blocks") == 0
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
         p.close()
         d.stop()
