@@ -53,7 +53,7 @@ sys.path.insert(0, HERE)
 from bench_kvtierd import emit, start_kvtierd  # noqa: E402
 from redis_cluster import RedisCluster  # noqa: E402
 from vllm_engines import BLOCK as VLLM_CPU_BLOCK  # noqa: E402
-from vllm_engines import Engine  # noqa: E402
+from vllm_engines import Engine, store_total  # noqa: E402
 
 import kvtier  # noqa: E402
 
@@ -106,7 +106,7 @@ def decode_during_fetch(a_engine, h_engine, watch, tokens, args) -> float | None
 
 
 def stored(client) -> float:
-    return sum(v for k, v in client.stats().items() if k.startswith("store.") and k.endswith(".put_blocks"))
+    return store_total(client.stats(), "put_blocks")
 
 
 def main() -> int:

@@ -302,8 +302,8 @@ class Client {
   }
 
   // Blocks of the prefix of `tokens`' full blocks cached once kvtierd has
-  // brought into its host tier what only its stores below hold (the wait an
-  // Acquire has, up to stores.fetch_budget_ms); leases nothing, so a Probe
+  // brought into its host tier what only its stores below hold (waiting up to
+  // kvtierd's stores.locate_budget_ms); leases nothing, so a Probe
   // afterwards finds them (until pressure evicts them). One round trip. A
   // kvtierd that predates it refuses the request (kProtocolError or
   // kInvalidArgument, naming the flags).

@@ -17,6 +17,10 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
                               tiering::PrefixMatch* match) {
   if (chain_ == nullptr) return false;
   const auto now = std::chrono::steady_clock::now();
+  // A locate leases nothing, off an engine's step: a longer budget, and no session to land a late rest in.
+  const bool locate = (m.flags & wire::kAcquireLocate) != 0;
+  const char* budget_key = locate ? "locate_budget_ms" : "fetch_budget_ms";
+  const uint32_t budget_ms = locate ? config_.stores.locate_budget_ms : config_.stores.fetch_budget_ms;
   if (c.fetch) {
     if (c.fetch->result) return false;  // Came already; the Acquire waited for GPU room since.
     if (auto result = chain_->TakeFetch(c.fetch->id)) {
@@ -38,8 +42,8 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
       return false;
     }
     counters_.store_fetch_ready_blocks += got;
-    const bool locate = (m.flags & wire::kAcquireLocate) != 0;  // Leases nothing: no session to land the rest in.
-    if (!m.session.empty() && !locate && !HasDetached(c.tenant)) {
+    const bool detach = !m.session.empty() && !locate && !HasDetached(c.tenant);
+    if (detach) {
       detached_.push_back(DetachedFetch{c.fetch->id, c.engine_index, tiering::Tenant{c.ns, c.tenant, c.model},
                                         m.session, c.fetch->start + got, m.keys, m.tokens});
     } else {
@@ -51,10 +55,9 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
     c.fetch->result = std::move(ready);
     ++counters_.store_fetch_timeouts;
     LogLimited(LogLevel::kWarn, "store fetch timeout",
-               std::string("a fetch from the stores took longer than stores.") +
-                   (locate ? "locate_budget_ms (" + std::to_string(config_.stores.locate_budget_ms)
-                           : "fetch_budget_ms (" + std::to_string(config_.stores.fetch_budget_ms)) +
-                   " ms): answered with what it verified so far; the rest lands in the session when it comes");
+               std::string("a fetch from the stores took longer than stores.") + budget_key + " (" +
+                   std::to_string(budget_ms) + " ms): answered with what it verified so far; the rest " +
+                   (detach ? "lands in the session when it comes" : "is not fetched"));
     return false;
   }
   // A fetch of this tenant's is still under way: no second one (the first lands in the host tier).
@@ -98,9 +101,7 @@ bool StoreWaits::AcquireWaits(ClientState& c, const wire::AcquireRequest& m, Eng
   r.tokens.assign(m.tokens.begin() + size_t{matched} * bt, m.tokens.begin() + want * bt);
   c.fetch = ClientState::StoreFetch{chain_->StartFetch(std::move(r)),
                                     matched,
-                                    now + std::chrono::milliseconds((m.flags & wire::kAcquireLocate) != 0
-                                                                        ? config_.stores.locate_budget_ms
-                                                                        : config_.stores.fetch_budget_ms),
+                                    now + std::chrono::milliseconds(budget_ms),
                                     std::nullopt,
                                     {}};
   ++counters_.store_fetches;

@@ -17,21 +17,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_engines import BLOCK, ROOT, Engine, make_model, profile, prompt, same, wait_for  # noqa: E402
+from vllm_engines import BLOCK, NO_APC, ROOT, Engine, hit, kvtierd_stats, make_model, profile, prompt, same, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
 pytest.importorskip("vllm")
 
-NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
 MAX_TOKENS = 300  # Tokens an output is compared on.
 DECODE = 1500  # Tokens a request decodes while the connector finds a replaced kvtierd.
-
-
-def hit(n):
-    """What a prompt of n tokens loads when all of it is cached: every whole vLLM
-    block except the one holding its last token."""
-    return (n - 1) // BLOCK * BLOCK
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +43,6 @@ def reference(models, tmp_path_factory):
 
 def daemon(tmp_path, gpu=64, host=256):
     return Daemon(tmp_path, profiles=profile(gpu, host))
-
-
-def cachectl_stats(sock):
-    out = subprocess.run([os.environ["CACHECTL"], "--socket", sock, "--json", "stats"], capture_output=True,
-                         text=True, check=True).stdout
-    return json.loads(out)
 
 
 def test_engines_share_prefixes_and_a_restarted_engine_finds_them_warm(models, reference, tmp_path):
@@ -84,7 +71,7 @@ def test_engines_share_prefixes_and_a_restarted_engine_finds_them_warm(models, r
         got = b2.generate([p2, p1])
         assert [o["cached"] for o in got] == [hit(len(p2)), hit(len(p1))]
         same(got, [want[1], want[0]])
-        stats = cachectl_stats(d.socket)
+        stats = kvtierd_stats(d.socket)
         assert stats["read_leases"] == 0 and stats["write_leases"] == 0 and stats["leased_slots"] == 0
     finally:
         for e in engines:
@@ -144,7 +131,7 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
         p = prompt(12, 700)
         e = Engine(models[0], str(tmp_path / "e.log"), socket=d.socket, llm=NO_APC, extra={"request_timeout": 8.0})
         same(e.generate([p]), reference.generate([p]))
-        wait_for(lambda: cachectl_stats(d.socket)["committed_blocks"] >= len(p) // BLOCK, 10, "the prefix saved")
+        wait_for(lambda: kvtierd_stats(d.socket)["committed_blocks"] >= len(p) // BLOCK, 10, "the prefix saved")
         ask = p + prompt(13, 20)
         want = reference.generate([ask], max_tokens=MAX_TOKENS)
         replaced = {}
@@ -175,7 +162,7 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
         first = [{**o, "tokens": o["tokens"][:MAX_TOKENS], "logprobs": o["logprobs"][:MAX_TOKENS]}
                  for o in out["outputs"]]
         same(first, want)
-        wait_for(lambda: cachectl_stats(nxt.socket)["committed_blocks"] >= hit(len(ask)) // BLOCK, 10,
+        wait_for(lambda: kvtierd_stats(nxt.socket)["committed_blocks"] >= hit(len(ask)) // BLOCK, 10,
                  "the recomputed prefix to be saved to the new kvtierd")
         got = e.generate([ask], max_tokens=MAX_TOKENS)
         assert got[0]["cached"] == hit(len(ask))
@@ -198,12 +185,12 @@ def test_an_engine_killed_mid_save_leaves_nothing_held(models, tmp_path):
             batch = [prompt(100 + i, 1500) for i in range(12)]
             e.proc.stdin.write(json.dumps({"prompts": batch, "max_tokens": 4}) + "\n")
             e.proc.stdin.flush()
-            wait_for(lambda: cachectl_stats(d.socket)["committed_blocks"] > 20, 120, "saves to start")
+            wait_for(lambda: kvtierd_stats(d.socket)["committed_blocks"] > 20, 120, "saves to start")
         finally:
             e.kill()
         # cachectl is a client too: the engine's two (scheduler and worker) must be gone.
-        wait_for(lambda: cachectl_stats(d.socket)["clients"] <= 1, 30, "kvtierd to see the engine gone")
-        stats = cachectl_stats(d.socket)
+        wait_for(lambda: kvtierd_stats(d.socket)["clients"] <= 1, 30, "kvtierd to see the engine gone")
+        stats = kvtierd_stats(d.socket)
         assert stats["read_leases"] == 0 and stats["write_leases"] == 0 and stats["leased_slots"] == 0, stats
     finally:
         d.stop()
@@ -307,9 +294,9 @@ def test_vllm_serve_with_the_connector_through_the_openai_client(models, tmp_pat
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         p = prompt(11, 600)
         first = client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
-        before = cachectl_stats(d.socket)
+        before = kvtierd_stats(d.socket)
         second = client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
-        after = cachectl_stats(d.socket)
+        after = kvtierd_stats(d.socket)
         assert second.choices[0].text == first.choices[0].text
         assert after["hit_blocks"] - before["hit_blocks"] == hit(len(p)) // BLOCK
     finally:

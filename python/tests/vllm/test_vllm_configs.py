@@ -24,18 +24,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_engines import BLOCK, Engine, difference, make_model, profile, prompt, same, wait_for  # noqa: E402
+from vllm_engines import BLOCK, NO_APC, Engine, difference, hit, make_model, profile, prompt, same, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
 pytest.importorskip("vllm")
-
-NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
-
-
-def hit(n):
-    return (n - 1) // BLOCK * BLOCK
-
 
 def cachectl(sock, *args):
     return json.loads(subprocess.run([os.environ["CACHECTL"], "--socket", sock, "--json", *args],

@@ -23,28 +23,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from redis_cluster import RedisCluster  # noqa: E402
-from vllm_engines import BLOCK, ROOT, Engine, make_model, profile, prompt, same, wait_for  # noqa: E402
+from vllm_engines import BLOCK, NO_APC, ROOT, Engine, hit, kvtierd_stats, make_model, profile, prompt, same, store_total, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
 pytest.importorskip("vllm")
-
-NO_APC = {"enable_prefix_caching": False}  # Every hit then comes from kvtierd.
-
-
-def hit(n):
-    return (n - 1) // BLOCK * BLOCK
-
-
-def stats(sock):
-    return json.loads(subprocess.run([os.environ["CACHECTL"], "--socket", sock, "--json", "stats"],
-                                     capture_output=True, text=True, check=True).stdout)
-
-
-def total(s, suffix):
-    """A per-store counter summed over the stores (store.<name>.<suffix>)."""
-    return sum(v for k, v in s.items() if k.startswith("store.") and k.endswith("." + suffix))
-
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
@@ -83,13 +66,13 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
 
         b = Engine(model, str(tmp_path / "b.log"), socket=b_host.socket, llm=NO_APC)
         engines.append(b)
-        assert stats(b_host.socket)["store_fetched_blocks"] == 0  # Host B holds nothing of its own.
+        assert kvtierd_stats(b_host.socket)["store_fetched_blocks"] == 0  # Host B holds nothing of its own.
         got = b.generate([p1], max_tokens=16)
         assert got[0]["cached"] == hit(len(p1))
         same(got, want[:1])
         m = b.metrics()
         assert m["vllm:kvtier_store_lookup_hit_tokens"] == hit(len(p1)), m
-        assert stats(b_host.socket)["store_fetched_blocks"] == hit(len(p1)) // BLOCK
+        assert kvtierd_stats(b_host.socket)["store_fetched_blocks"] == hit(len(p1)) // BLOCK
 
         # kvtierd B dies and comes back cold (no warm restart): its tiers are empty, the cluster is not.
         b_host.proc.kill()
@@ -98,7 +81,7 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         daemons.remove(b_host)
         b_host = host(tmp_path, "b", cluster.store())
         daemons.append(b_host)
-        assert stats(b_host.socket)["committed_blocks"] == 0
+        assert kvtierd_stats(b_host.socket)["committed_blocks"] == 0
         time.sleep(1.0)  # The engine's links find the new kvtierd within a ping interval (0.5 s).
         got = b.generate([p2], max_tokens=16)
         assert got[0]["cached"] == hit(len(p2))
@@ -119,11 +102,11 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
 
         # A Redis master dies: what host B asks for next is partly, or wholly, out of reach.
         cluster.kill(cluster.ports[0])
-        before = stats(b_host.socket)
+        before = kvtierd_stats(b_host.socket)
         got = b.generate([p4], max_tokens=16)
-        after = stats(b_host.socket)
-        assert total(after, "errors") + total(after, "down") > total(before, "errors") + total(before, "down"), \
-            "host B's store saw no fault: the test did not test a dead Redis node"
+        after = kvtierd_stats(b_host.socket)
+        faults = [store_total(x, "errors") + store_total(x, "down") for x in (before, after)]
+        assert faults[1] > faults[0], "host B's store saw no fault: the test did not test a dead Redis node"
         same(got, want34[1:])  # Whatever of the prefix came, the rest was computed.
     finally:
         for e in engines:
@@ -154,18 +137,18 @@ def test_an_engine_restarted_after_kvtierd_lost_its_tiers_loads_its_prefix_from_
         a = Engine(model, str(tmp_path / "a.log"), socket=d.socket)
         engines.append(a)
         same(a.generate([p], max_tokens=16), want)
-        wait_for(lambda: total(stats(d.socket), "put_blocks") >= hit(len(p)) // BLOCK, 10, "the disk store")
+        wait_for(lambda: store_total(kvtierd_stats(d.socket), "put_blocks") >= hit(len(p)) // BLOCK, 10, "the disk store")
         a.stop()
         engines.remove(a)
         d.stop()
         d = host(tmp_path, "h", DISK_STORE.format(path=disk))
-        assert stats(d.socket)["committed_blocks"] == 0  # Cold: the host tier was lost.
+        assert kvtierd_stats(d.socket)["committed_blocks"] == 0  # Cold: the host tier was lost.
         a2 = Engine(model, str(tmp_path / "a2.log"), socket=d.socket)
         engines.append(a2)
         got = a2.generate([p], max_tokens=16)
         assert got[0]["cached"] == hit(len(p))
         same(got, want)
-        assert stats(d.socket)["store_fetched_blocks"] == hit(len(p)) // BLOCK
+        assert kvtierd_stats(d.socket)["store_fetched_blocks"] == hit(len(p)) // BLOCK
     finally:
         for e in engines:
             e.stop()

@@ -5,10 +5,8 @@ running request computed or loaded must hold that request's own K/V; the
 engine tests (test_vllm.py, test_vllm_configs.py) check the same end to end
 through logprobs, in minutes rather than seconds."""
 
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -19,7 +17,7 @@ import kvtier
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pipeline import BLOCK, Pipeline  # noqa: E402
-from vllm_engines import make_model, profile, prompt  # noqa: E402
+from vllm_engines import kvtierd_stats, make_model, profile, prompt, store_total  # noqa: E402
 
 from conftest import Daemon, until  # noqa: E402
 
@@ -55,11 +53,6 @@ DISK_STORE = """stores:
       max_bytes: 64MiB
       write: through
 """
-
-
-def stats(d):
-    return json.loads(subprocess.run([os.environ["CACHECTL"], "--socket", d.socket, "--json", "stats"],
-                                     capture_output=True, text=True, check=True).stdout)
 
 
 def test_a_hit_loads_whole_blocks_of_the_requests_own_kv(pipe):
@@ -129,7 +122,7 @@ def test_a_failed_load_is_recomputed_and_then_saved_again(pipe, kvtierd, tmp_pat
     pipe.add(prompt(9, 50), max_tokens=2)  # A step to plan b's saves in.
     pipe.run()
     pipe.drain()
-    assert stats(kvtierd[1])["committed_blocks"] >= 5, "the recomputed prefix was not saved again"
+    assert kvtierd_stats(kvtierd[1].socket)["committed_blocks"] >= 5, "the recomputed prefix was not saved again"
     c = pipe.add(p + prompt(5, 10))
     loads = pipe.step().kv_connector_metadata.loads
     assert [(x.req_id, len(x.block_ids)) for x in loads] == [(c, 5)]
@@ -187,12 +180,12 @@ def test_each_requests_session_ends_with_it(pipe, kvtierd):
     pipe.add(prompt(30, 10), max_tokens=1)  # get_finished of the last ones runs in a later step.
     pipe.run()
     pipe.drain()
-    s = stats(kvtierd[0])
+    s = kvtierd_stats(kvtierd[0].socket)
     assert s["ended_sessions"] >= 4 and s["sessions"] == 4, s  # Ended, their blocks kept.
     deadline = time.monotonic() + 1
-    while time.monotonic() < deadline and stats(kvtierd[0])["committed_blocks"] < 8:
+    while time.monotonic() < deadline and kvtierd_stats(kvtierd[0].socket)["committed_blocks"] < 8:
         time.sleep(0.05)
-    assert stats(kvtierd[0])["committed_blocks"] == 8
+    assert kvtierd_stats(kvtierd[0].socket)["committed_blocks"] == 8
 
 
 def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(model, tmp_path):
@@ -208,7 +201,7 @@ def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(m
         p.add(shared)
         p.run()
         p.drain()
-        until(lambda: sum(v for k, v in stats(made[0]).items() if k.endswith(".put_blocks")) >= 5, 5,
+        until(lambda: store_total(kvtierd_stats(made[0].socket), "put_blocks") >= 5, 5,
               "the disk store to hold the prefix")
         made[0].stop()
         made.append(Daemon(tmp_path, DISK_STORE.format(path=disk), profiles=profile(64, 256)))
@@ -234,7 +227,7 @@ def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(m
         assert waited >= 1, "the request was scheduled before the stores answered"
         assert [(x.req_id, x.first, len(x.block_ids)) for x in loads] == [(b, 0, 5)]
         p.run()
-        assert stats(made[1])["store_fetched_blocks"] == 5
+        assert kvtierd_stats(made[1].socket)["store_fetched_blocks"] == 5
         assert p.metric("store_lookup_hit_tokens") == 5 * BLOCK
         assert p.metric("loaded_blocks") == 5 and p.metric("load_error_blocks") == 0
         # Each request missed the index (the first, on the first kvtierd, too) and asked the stores once.

@@ -223,6 +223,26 @@ def same(outputs, expected, tolerance=1e-3):
         assert why is None, f"output {i}: {why}"
 
 
+NO_APC = {"enable_prefix_caching": False}  # An engine without its own prefix cache: every hit comes from kvtierd.
+
+
+def hit(n):
+    """What a prompt of n tokens loads when all of it is cached: every whole vLLM
+    block except the one holding its last token."""
+    return (n - 1) // BLOCK * BLOCK
+
+
+def kvtierd_stats(sock):
+    """kvtierd's figures (cachectl --json stats)."""
+    return json.loads(subprocess.run([os.environ["CACHECTL"], "--socket", sock, "--json", "stats"],
+                                     capture_output=True, text=True, check=True).stdout)
+
+
+def store_total(stats, suffix):
+    """A per-store counter (store.<name>.<suffix>) summed over kvtierd's stores."""
+    return sum(v for k, v in stats.items() if k.startswith("store.") and k.endswith("." + suffix))
+
+
 def prompt(seed, n, vocab=190):
     """n token ids of the tiny model's vocabulary, a function of seed."""
     return [7 + (seed * 7919 + i * 37 + (i * i) % 11) % (vocab - 7) for i in range(n)]
