@@ -28,7 +28,8 @@ std::vector<BlockKey> KeysOn(const Attachment& att, std::span<const TokenId> tok
 
 uint16_t ProtocolVersion() { return wire::kProtocolVersion; }
 
-Client::Client(ClientOptions options) : options_(std::move(options)), connection_(std::make_shared<Connection>(options_)) {}
+Client::Client(ClientOptions options)
+    : options_(std::move(options)), connection_(std::make_shared<Connection>(options_)) {}
 
 Client::~Client() = default;
 
@@ -67,13 +68,14 @@ size_t Client::Probe(std::span<const TokenId> tokens, std::span<Tier> tiers) con
   return att->index.LongestPrefix(BlockKey{}, keys, NamespaceTag(att->welcome.ns), tokens, tiers);
 }
 
-size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId> tokens,
-                         std::span<Tier> tiers) const {
+size_t Client::ProbeKeys(std::span<const BlockKey> keys, std::span<const TokenId> tokens, std::span<Tier> tiers) const {
   const auto att = connection_->attachment();
   return att->index.LongestPrefix(BlockKey{}, keys, NamespaceTag(att->welcome.ns), tokens, tiers);
 }
 
-bool Client::StoresBelow() const { return (connection_->attachment()->index.header().flags & kIndexFlagStoresBelow) != 0; }
+bool Client::StoresBelow() const {
+  return (connection_->attachment()->index.header().flags & kIndexFlagStoresBelow) != 0;
+}
 
 Result<Lease> Client::Acquire(std::string_view session, std::span<const TokenId> tokens, Promote promote) {
   const auto att = connection_->attachment();
@@ -116,8 +118,8 @@ Result<uint32_t> Client::Locate(std::span<const TokenId> tokens) {
   wire::AcquireRequest req;
   req.flags = wire::kAcquireLocate;
   req.keys = KeysOn(*att, tokens, BlockKey{});
-  req.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(
-                                                          req.keys.size() * att->welcome.profile.block_tokens));
+  req.tokens.assign(tokens.begin(),
+                    tokens.begin() + static_cast<std::ptrdiff_t>(req.keys.size() * att->welcome.profile.block_tokens));
   auto reply = connection_->Call<wire::AcquireResponse>(req, Resend::kYes);
   if (!reply.ok()) return reply.status();
   if (reply->message.lease_id != 0) return ProtocolError("locate reply names a lease");
@@ -147,38 +149,48 @@ Result<WriteLease> Client::Allocate(uint32_t blocks) {
   return lease;
 }
 
-Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
-                                    uint32_t start_block, std::span<const TokenId> tokens,
-                                    std::span<const uint32_t> slot_indices) {
+Status Client::CommitPlan(WriteLease& lease, const char* what, std::span<const TokenId> tokens,
+                          std::span<const uint32_t> slot_indices, std::vector<uint32_t>* idx,
+                          std::vector<uint32_t>* slots, std::optional<std::array<uint8_t, 64>>* event) {
   const uint32_t bt = (lease.attachment_ ? lease.attachment_ : connection_->attachment())->welcome.profile.block_tokens;
   if (tokens.size() % bt != 0) {
-    return InvalidArgument("commit of " + std::to_string(tokens.size()) + " tokens: not whole " + std::to_string(bt) +
-                           "-token blocks");
+    return InvalidArgument(std::string(what) + " of " + std::to_string(tokens.size()) + " tokens: not whole " +
+                           std::to_string(bt) + "-token blocks");
   }
   const size_t n = tokens.size() / bt;
-  std::vector<uint32_t> idx(slot_indices.begin(), slot_indices.end());
-  if (idx.empty()) {
-    for (uint32_t i = 0; i < n; ++i) idx.push_back(i);
+  idx->assign(slot_indices.begin(), slot_indices.end());
+  if (idx->empty()) {
+    for (uint32_t i = 0; i < n; ++i) idx->push_back(i);
   }
-  if (idx.size() != n) return InvalidArgument("commit: one slot index per block");
-  if (lease.id_ == 0) return FailedPrecondition("commit through a released write lease");
-  wire::CommitRequest req;
-  req.lease_id = lease.id_;
-  req.session = std::string(session);
-  req.parent = parent;
-  req.start_block = start_block;
-  req.tokens.assign(tokens.begin(), tokens.end());
-  for (uint32_t i : idx) {
-    if (i >= lease.slots_.size()) return InvalidArgument("commit: slot index " + std::to_string(i) + " out of range");
-    req.slots.push_back(lease.slots_[i]);
+  if (idx->size() != n) return InvalidArgument(std::string(what) + ": one slot index per block");
+  if (lease.id_ == 0) return FailedPrecondition(std::string(what) + " through a released write lease");
+  for (uint32_t i : *idx) {
+    if (i >= lease.slots_.size()) {
+      return InvalidArgument(std::string(what) + ": slot index " + std::to_string(i) + " out of range");
+    }
+    slots->push_back(lease.slots_[i]);
   }
   if (lease.writer_event_) {
-    req.writer_event = lease.writer_event_->handle;
+    *event = lease.writer_event_->handle;
   } else if (lease.attachment_ && lease.attachment_->gpu && connection_->Current(lease.attachment_)) {
     // No event says when this process's GPU has written the blocks: kvtierd
     // serves and moves them as soon as they are committed, so wait for it all.
     KVTIER_RETURN_IF_ERROR(lease.attachment_->gpu->SynchronizeContext());
   }
+  return Status::Ok();
+}
+
+Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
+                                    uint32_t start_block, std::span<const TokenId> tokens,
+                                    std::span<const uint32_t> slot_indices) {
+  wire::CommitRequest req;
+  std::vector<uint32_t> idx;
+  KVTIER_RETURN_IF_ERROR(CommitPlan(lease, "commit", tokens, slot_indices, &idx, &req.slots, &req.writer_event));
+  req.lease_id = lease.id_;
+  req.session = std::string(session);
+  req.parent = parent;
+  req.start_block = start_block;
+  req.tokens.assign(tokens.begin(), tokens.end());
   // Sent on the lease's own connection or not at all.
   auto reply = connection_->CallOn<wire::CommitResponse>(lease.generation_, "write lease", req);
   if (!reply.ok()) return reply.status();
@@ -201,6 +213,45 @@ Result<CommitResult> Client::Commit(WriteLease& lease, std::string_view session,
   return CommitResult{reply->message.stored, reply->message.duplicates};
 }
 
+Result<SaveResult> Client::Save(WriteLease& lease, std::string_view session, const BlockKey& parent,
+                                uint32_t start_block, std::span<const TokenId> tokens, const SaveOptions& options,
+                                std::span<const uint32_t> slot_indices) {
+  wire::SaveRequest req;
+  std::vector<uint32_t> idx;
+  KVTIER_RETURN_IF_ERROR(CommitPlan(lease, "save", tokens, slot_indices, &idx, &req.slots, &req.writer_event));
+  if (!lease.fresh()) {
+    return FailedPrecondition(
+        "save through a write lease past half its timeout: its slots may be revoked soon; "
+        "release it and allocate");
+  }
+  req.lease_id = lease.id_;
+  req.session = std::string(session);
+  req.parent = parent;
+  req.start_block = start_block;
+  req.flags = options.adopt ? wire::kSaveAdopt : 0;
+  req.refill = options.refill;
+  req.tokens.assign(tokens.begin(), tokens.end());
+  const auto sent = std::chrono::steady_clock::now();
+  auto reply = connection_->CallOn<wire::SaveResponse>(lease.generation_, "write lease", req);
+  if (!reply.ok()) return reply.status();
+  const wire::SaveResponse& m = reply->message;
+  // The lease kvtierd granted again: its id, slots and how long they may be written.
+  const Attachment& att = *lease.attachment_;
+  std::vector<std::byte*> data;
+  for (uint32_t s : m.slots) {
+    if (s >= att.pool(Tier::kGpu).slots) return ProtocolError("save reply names a slot outside the gpu pool");
+    data.push_back(att.SlotData(Tier::kGpu, s));
+  }
+  lease.id_ = m.lease_id;
+  lease.slots_ = m.slots;
+  lease.data_ = std::move(data);
+  lease.writer_event_.reset();
+  // Counted from the request's sending, so before kvtierd's grant.
+  lease.fresh_until_ = m.lease_ttl_ms == 0 ? std::chrono::steady_clock::time_point::max()
+                                           : sent + std::chrono::milliseconds(m.lease_ttl_ms / 2);
+  return SaveResult{m.stored, m.duplicates, m.adopted, m.last};
+}
+
 Result<uint32_t> Client::Prefetch(std::string_view session) {
   auto r = connection_->Call<wire::CountResponse>(wire::PrefetchRequest{std::string(session)}, Resend::kYes);
   if (!r.ok()) return r.status();
@@ -221,7 +272,7 @@ Result<uint32_t> Client::Demote(std::string_view session) {
 
 Result<uint32_t> Client::Evict(std::string_view session, std::string_view tenant) {
   auto r = connection_->Call<wire::CountResponse>(wire::EvictRequest{std::string(session), std::string(tenant), false},
-                                            Resend::kYes);
+                                                  Resend::kYes);
   if (!r.ok()) return r.status();
   return r->message.count;
 }

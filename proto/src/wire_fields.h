@@ -220,6 +220,33 @@ void Fields(IO& io, M& m) {
   io.U32("duplicates", m.duplicates);
 }
 
+template <typename IO, Is<SaveRequest> M>
+void Fields(IO& io, M& m) {
+  io.U64("lease_id", m.lease_id);
+  io.String("session", m.session);
+  io.U64("parent.lo", m.parent.lo);
+  io.U64("parent.hi", m.parent.hi);
+  io.U32("start_block", m.start_block);
+  io.U8("flags", m.flags);
+  io.Require((m.flags & ~kSaveKnownFlags) == 0, "flags", "has unknown bits set");
+  io.U32("refill", m.refill);
+  io.U32s("tokens", m.tokens);
+  io.U32s("slots", m.slots);
+  OneEvent(io, "writer_event", m.writer_event);
+}
+
+template <typename IO, Is<SaveResponse> M>
+void Fields(IO& io, M& m) {
+  io.U32("stored", m.stored);
+  io.U32("duplicates", m.duplicates);
+  io.U32("adopted", m.adopted);
+  io.U64("last.lo", m.last.lo);
+  io.U64("last.hi", m.last.hi);
+  io.U64("lease_id", m.lease_id);
+  io.U32("lease_ttl_ms", m.lease_ttl_ms);
+  io.U32s("slots", m.slots);
+}
+
 template <typename IO, Is<AcquireRequest> M>
 void Fields(IO& io, M& m) {
   io.String("session", m.session);
@@ -227,8 +254,8 @@ void Fields(IO& io, M& m) {
   io.Require((m.flags & ~kAcquireKnownFlags) == 0, "flags", "has unknown bits set");
   io.Require((m.flags & kAcquirePromote) == 0 || (m.flags & kAcquirePromoteAfterRead) == 0, "flags",
              "asks to promote both before and after reading");
-  io.Require((m.flags & kAcquireLocate) == 0 || (m.flags & (kAcquirePromote | kAcquirePromoteAfterRead)) == 0,
-             "flags", "asks to promote what it leases nothing of (locate)");
+  io.Require((m.flags & kAcquireLocate) == 0 || (m.flags & (kAcquirePromote | kAcquirePromoteAfterRead)) == 0, "flags",
+             "asks to promote what it leases nothing of (locate)");
   io.Array("keys", m.keys, kBlockKeyBytes, [](auto& sub, auto& k) { Fields(sub, k); });
   io.U32s("tokens", m.tokens);
 }

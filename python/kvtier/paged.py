@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 import kvtier
-from kvtier._tensors import DTYPES, block_tensor
+from kvtier._tensors import DTYPES, block_tensor, view
 
-__all__ = ["PagedKV", "load_blocks", "profile_mismatch", "save_blocks"]
+__all__ = ["PagedKV", "load_blocks", "profile_mismatch", "save_blocks", "save_new_blocks"]
 
 
 def _page_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -258,3 +258,31 @@ def save_blocks(client, paged: PagedKV, tokens: list[int], session: str, block_i
     finally:
         _end(w, gpu)
     return total, stored
+
+
+def save_new_blocks(client, paged: PagedKV, lease, tokens: list[int], session: str, block_ids: list[int],
+                    start: int, parent: str | None, refill: int = 0, stream=None) -> tuple[int, int, int, str]:
+    """Writes engine blocks block_ids[start:] (the prompt's blocks from `start`,
+    `tokens` its tokens through them) into the first slots of write `lease` and
+    saves them as blocks start, start+1, ... of `session`, chained from
+    `parent` (the key of block start - 1; None for block 0), in one round trip
+    whose cost does not grow with the prefix: no probe, no re-hashing, and a
+    session that does not hold the prefix yet takes kvtierd's cached chain
+    ending at `parent` (client.save's adopt). The lease comes back holding up
+    to `refill` slots (a new id; none: it ended). Returns client.save's
+    (stored, duplicates, adopted, the last block's key). Raises kvtier.Error:
+    kvtier.FailedPreconditionError when part of that prefix is no longer
+    cached (then save_blocks does it the long way)."""
+    gpu = _gpu_stream(client, paged, stream)
+    bt = client.block_tokens
+    total = len(block_ids)
+    profile = client.profile
+    paged.check(profile)  # The kvtierd that answered, whichever it is.
+    with _on(gpu):
+        for i in range(total - start):
+            dst = view(lease, i, True, profile, gpu is not None, paged.device)
+            paged.copy_out(dst, block_ids[start + i], non_blocking=gpu is not None)
+    if gpu is not None:  # kvtierd serves them once the copies are done.
+        lease.record_written(gpu)
+    return client.save(lease, session, tokens[start * bt: total * bt], start, parent, adopt=True, refill=refill)
+

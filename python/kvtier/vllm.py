@@ -31,7 +31,9 @@ wants recomputing), store_lookups (true: look in kvtierd's stores below its
 host tier, off the step), store_lookup_timeout (seconds, 10: longer than
 kvtierd's stores.locate_budget_ms), store_lookup_wait (seconds, 0.002: how
 long a lookup waits for the stores' answer before the request is left to wait
-a step; a miss in a local store is answered sooner).
+a step; a miss in a local store is answered sooner), save_refill (4: write
+slots kvtierd hands back with each save for the next one, so a save while
+decoding is one round trip).
 
 What it caches: engines of one group of full-attention layers, KV in the
 model's dtype, any tensor-parallel size. Sliding windows, MLA, Mamba and
@@ -69,6 +71,10 @@ How it works:
   a prefix evicted between lookup and load, a lease revoked) is reported by
   get_block_ids_with_load_errors and recomputed, and then saved again: a
   request never continues on bytes that were not loaded.
+- A save sends only the blocks kvtierd lacks, in one round trip that does not
+  grow with the context (_vllm_saver.Chains): the request's session takes the
+  cached prefix by its last key, and the write lease comes back with slots for
+  the next save.
 - kvtierd away costs a bounded, small amount: the first call that fails (at
   most request_timeout) takes the worker's link down, and until a ping finds
   kvtierd again no load or save tries it.
@@ -97,10 +103,10 @@ from kvtier._tensors import DTYPES
 from kvtier._vllm_fetch import StoreLookups
 from kvtier._vllm_model import _log, engine_identity, model_identity, rank_identity, refusal
 from kvtier._vllm_plan import KvtierConnectorMetadata, Load, Planner, Save
-from kvtier._vllm_saver import Saver
+from kvtier._vllm_saver import Chains, Saver
 from kvtier._vllm_stats import KvtierConnectorStats, KvtierPromMetrics
 from kvtier.link import Link
-from kvtier.paged import PagedKV, load_blocks, profile_mismatch, save_blocks
+from kvtier.paged import PagedKV, load_blocks, profile_mismatch
 
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata", "KvtierConnectorStats", "KvtierPromMetrics",
            "model_identity"]
@@ -171,7 +177,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._link: Link | None = None
         self._paged: PagedKV | None = None
         self._saver: Saver | None = None
-        self._chain: dict[str, tuple[int, int]] = {}  # Request -> (kvtierd instance, blocks its session holds).
+        # What each request's session holds, and the write lease kept between saves.
+        self._chains = Chains(int(extra.get("save_refill", 4)))
         self._sessions: set[str] = set()        # Requests whose session kvtierd may hold (to end).
         self._to_end: set[str] = set()          # Finished requests whose session is still to end.
         self._can_end = True                    # False once a kvtierd that predates EndSession said so.
@@ -340,7 +347,7 @@ class KvtierConnector(KVConnectorBase_V1):
             try:
                 done, held = load_blocks(client, self._paged, load.tokens, self._session(load.req_id), load.first,
                                          load.block_ids, self._stream())
-                self._chain[load.req_id] = (client.instance_id, held)
+                self._chains.loaded(load.req_id, client.instance_id, held)
             except kvtier.Error as e:
                 _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
                 if _link_failure(e):
@@ -387,12 +394,8 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         self._sessions.add(save.req_id)
         try:
-            instance, have = self._chain.get(save.req_id, (0, 0))
-            if instance != client.instance_id:
-                have = 0  # What a session held on another kvtierd is nothing here.
-            have, stored = save_blocks(client, self._paged, save.tokens, self._session(save.req_id), save.block_ids,
-                                       have, stream)
-            self._chain[save.req_id] = (client.instance_id, have)
+            stored = self._chains.save(client, self._paged, save.tokens, self._session(save.req_id), save.req_id,
+                                       save.block_ids, stream)
             self._stats.add(saved_blocks=stored, saved_tokens=stored * self._block_size)
         except kvtier.Error as e:
             _log.warning("kvtier: save for request %s failed (%s)", save.req_id, e)
@@ -408,7 +411,7 @@ class KvtierConnector(KVConnectorBase_V1):
         While kvtierd is away they wait for it, with those that could not end."""
         assert self._link is not None
         for rid in rids:
-            self._chain.pop(rid, None)
+            self._chains.forget(rid)
             if rid in self._sessions:
                 self._sessions.discard(rid)
                 if self._can_end:

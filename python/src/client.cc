@@ -95,6 +95,24 @@ void BindClient(py::module_& m) {
           py::arg("parent") = py::none(), py::arg("slots") = std::vector<uint32_t>{},
           "Publishes the blocks written into the lease's slots; returns (stored, duplicates)")
       .def(
+          "save",
+          [](PyClient& c, PyWriteLease& lease, const std::string& session, const std::vector<int64_t>& tokens,
+             uint32_t start_block, const std::optional<std::string>& parent, bool adopt, uint32_t refill,
+             const std::vector<uint32_t>& slots) {
+            const std::vector<TokenId> t = Tokens(tokens);
+            const BlockKey p = KeyFromHex(parent);
+            const SaveOptions options{.adopt = adopt, .refill = refill};
+            auto r = Unlocked([&] { return c.client->Save(lease.lease, session, p, start_block, t, options, slots); });
+            const SaveResult done = Take(std::move(r));
+            return py::make_tuple(done.stored, done.duplicates, done.adopted, done.last.ToHex());
+          },
+          py::arg("lease"), py::arg("session"), py::arg("tokens"), py::arg("start_block") = 0,
+          py::arg("parent") = py::none(), py::arg("adopt") = false, py::arg("refill") = 0,
+          py::arg("slots") = std::vector<uint32_t>{},
+          "A commit in one round trip whose cost does not grow with the prefix: adopt takes the cached chain "
+          "ending at parent as the session's first start_block blocks; the lease comes back (a new id) with up "
+          "to refill slots. Returns (stored, duplicates, adopted, the last block's key)")
+      .def(
           "demote",
           [](PyClient& c, const std::string& session) {
             auto r = Unlocked([&] { return c.client->Demote(session); });

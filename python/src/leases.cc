@@ -148,6 +148,10 @@ void BindLeases(py::module_& m) {
       .def_property_readonly("id", [](const PyWriteLease& l) { return l.lease.id(); })
       .def("__len__", [](const PyWriteLease& l) { return l.lease.size(); })
       .def_property_readonly("slots", [](const PyWriteLease& l) { return l.lease.slots(); })
+      .def_property_readonly(
+          "fresh", [](const PyWriteLease& l) { return l.lease.fresh(); },
+          "Whether its slots may still be written (a lease a save granted again: for half "
+          "the lease timeout)")
       .def(
           "block",
           [](py::object self, size_t i) {

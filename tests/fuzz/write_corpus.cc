@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   for (const auto& m : wire::testing::SampleMessages()) {
     const wire::Message without = wire::testing::WithoutExtensions(m);
     if (!std::holds_alternative<wire::Welcome>(m) && !std::holds_alternative<wire::CommitRequest>(m) &&
-        !std::holds_alternative<wire::ReleaseRequest>(m) && !std::holds_alternative<wire::Hello>(m)) {
+        !std::holds_alternative<wire::SaveRequest>(m) && !std::holds_alternative<wire::ReleaseRequest>(m) && !std::holds_alternative<wire::Hello>(m)) {
       continue;
     }
     const std::string name = wire::MessageTypeName(wire::TypeOf(m));

@@ -71,6 +71,20 @@ std::vector<Message> SampleMessages() {
   out.push_back(c);
   out.push_back(CommitResponse{1, 1});
 
+  SaveRequest save;
+  save.lease_id = 99;
+  save.session = "vllm-1f2e3d4c-r0-cmpl-7";
+  save.parent = BlockKey{0x1234ULL, 0x5678ULL};
+  save.start_block = 128;
+  save.flags = kSaveAdopt;
+  save.refill = 2;
+  for (uint32_t t = 0; t < 16; ++t) save.tokens.push_back(500 + t);
+  save.slots = {7};
+  save.writer_event.emplace();
+  for (size_t i = 0; i < save.writer_event->size(); ++i) (*save.writer_event)[i] = static_cast<uint8_t>(i);
+  out.push_back(save);
+  out.push_back(SaveResponse{1, 0, 128, BlockKey{0xabcULL, 0xdefULL}, 100, 30000, {4, 9}});
+
   AcquireRequest a;
   a.session = "chat-42";
   a.flags = kAcquirePromote;
@@ -116,6 +130,7 @@ Message WithoutExtensions(const Message& m) {
   Message out = m;
   if (auto* w = std::get_if<Welcome>(&out)) w->fence_events.clear();
   if (auto* c = std::get_if<CommitRequest>(&out)) c->writer_event.reset();
+  if (auto* s = std::get_if<SaveRequest>(&out)) s->writer_event.reset();
   if (auto* r = std::get_if<ReleaseRequest>(&out)) r->after_event.reset();
   if (auto* h = std::get_if<Hello>(&out)) h->model = ModelId{};
   if (auto* p = std::get_if<SetPriorityRequest>(&out)) p->ttl_ms = 0;

@@ -432,6 +432,16 @@ TEST(WireTest, InvalidEnumValuesAreErrors) {
                                  }),
                         "AcquireRequest.flags: asks to promote what it leases nothing of (locate)");
   }
+  ExpectProtocolError(RawFrame(MessageType::kSaveRequest,
+                               [](Writer& w) {
+                                 w.U64("lease_id", 1);
+                                 w.String("session", "s");
+                                 w.U64("parent.lo", 0);
+                                 w.U64("parent.hi", 0);
+                                 w.U32("start_block", 0);
+                                 w.U8("flags", kSaveAdopt | 0x10);
+                               }),
+                      "SaveRequest.flags: has unknown bits set");
 }
 
 // SetPriorityRequest.ttl_ms is an extension: without it the frame is the
@@ -760,7 +770,10 @@ TEST(WireTest, CheckedInCorpusIsCurrent) {
 TEST(WireTest, EventHandleExtensionsKeepTheOlderLayout) {
   for (const auto& m : testing::SampleMessages()) {
     const Message without = testing::WithoutExtensions(m);
-    if (!std::holds_alternative<Welcome>(m) && !std::holds_alternative<CommitRequest>(m)) continue;
+    if (!std::holds_alternative<Welcome>(m) && !std::holds_alternative<CommitRequest>(m) &&
+        !std::holds_alternative<SaveRequest>(m)) {
+      continue;
+    }
     SCOPED_TRACE(MessageTypeName(TypeOf(m)));
     const Bytes older = EncodeFrame(3, without);
     const Bytes with = EncodeFrame(3, m);
@@ -897,8 +910,8 @@ TEST(WireTest, SessionInfoStoreNamesAreAnExtension) {
   ASSERT_TRUE(o.ok());
   EXPECT_TRUE(std::get<SessionInfoResponse>(o->second).stores.empty());
   Bytes out;
-  for (const std::vector<std::string>& bad : {std::vector<std::string>{""}, {"a,b"}, {std::string(65, 'x')},
-                                             std::vector<std::string>(17, "disk")}) {
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{""}, {"a,b"}, {std::string(65, 'x')}, std::vector<std::string>(17, "disk")}) {
     SessionInfoResponse m = none;
     m.stores = bad;
     EXPECT_EQ(TryAppendFrame(out, 1, m).code(), StatusCode::kInvalidArgument) << ::testing::PrintToString(bad);

@@ -83,8 +83,8 @@ struct Engine::Impl {
   MirrorQueue mirrors;        // Committed blocks being copied for the stores.
   PromotionQueue promotions;  // Blocks read in place, waiting for GPU room.
   GpuShare gpu_share;         // The fair share of the GPU tier while a tenant waits.
-  uint64_t clock = 0;     // Bumped per request that uses sessions; orders blocks' last use.
-  uint64_t changes = 1;   // Bumped when sessions or the host tier change (warm snapshots).
+  uint64_t clock = 0;         // Bumped per request that uses sessions; orders blocks' last use.
+  uint64_t changes = 1;       // Bumped when sessions or the host tier change (warm snapshots).
   uint64_t saved_changes = 0;
   EngineStats stats;
   mutable uint64_t prefix_walks = 0;  // MatchRecords calls (EngineStats::prefix_walks).
@@ -192,6 +192,7 @@ struct Engine::Impl {
   // What a commit's blocks became: the writer's GPU work holds both lists back.
   struct Committed {
     CommitResult result;
+    BlockKey last;                          // The key of the last block committed.
     std::vector<uint32_t> duplicate_slots;  // Slots of blocks already cached: freed once the writer is done.
     std::vector<uint32_t> written;          // New blocks: served and moved once the writer is done.
   };
@@ -203,12 +204,27 @@ struct Engine::Impl {
   Status CheckCommitSlots(const CommitRequest& c, const WriteSlots& lease, std::vector<uint32_t>* committed) const;
   // The commit continues its session where the caller saw it, and the session
   // may take it (a new one within max_sessions_per_tenant; max_session_blocks).
-  Status CheckCommitPlace(const CommitRequest& c);
+  // `adopting`: the session's first start_block blocks are replaced by a
+  // cached chain (CachedChain), so where it stands now does not matter.
+  Status CheckCommitPlace(const CommitRequest& c, bool adopting = false);
+  // The records of the cached chain of `n` blocks ending at `last`, block 0
+  // first: walked back through the index's parents, each the tenant's and of
+  // its model and not doomed. kFailedPrecondition when a block is missing or
+  // the chain is not n blocks long.
+  Result<std::vector<uint32_t>> CachedChain(const CommitRequest& c, const TenantAccount& account) const;
+  // Whether session `c.session_id` holds c.start_block blocks, the last keyed c.parent.
+  bool SessionContinues(const CommitRequest& c) const;
+  // Grants write lease `id` (live) again under a new id, with free GPU slots
+  // added up to `target` in all (within its tenant's room, none while tenants
+  // contend for the tier). Id 0 when it ends up holding nothing.
+  WriteLease Regrant(LeaseId id, uint32_t target);
   // Room under `account`'s GPU quota for the blocks the commit adds.
   Status MakeCommitQuotaRoom(const CommitRequest& c, TenantAccount& account);
   // Makes the committed blocks the session's chain after its first
   // start_block (the session made if new), new ones published in the GPU tier.
-  Committed ChainCommitted(const CommitRequest& c, TenantAccount& account);
+  // With `adopt`: the session's chain is first replaced by those records (CachedChain).
+  Committed ChainCommitted(const CommitRequest& c, TenantAccount& account,
+                           const std::vector<uint32_t>* adopt = nullptr);
   // Appends the committed blocks to `s`'s chain: each published, or the cached
   // block with its key, both referenced and marked used now.
   Committed PublishCommitted(const CommitRequest& c, TenantAccount& account, Session* s);

@@ -137,17 +137,51 @@ Status Engine::Impl::CheckCommitSlots(const CommitRequest& c, const WriteSlots& 
   return Status::Ok();
 }
 
-Status Engine::Impl::CheckCommitPlace(const CommitRequest& c) {
+bool Engine::Impl::SessionContinues(const CommitRequest& c) const {
+  const Session* s = FindSession(c.tenant, c.session_id);
+  const size_t have = s == nullptr ? 0 : s->chain.size();
+  if (c.start_block > have) return false;
+  return c.start_block == 0 || blocks[s->chain[c.start_block - 1]].key == c.parent;
+}
+
+Result<std::vector<uint32_t>> Engine::Impl::CachedChain(const CommitRequest& c, const TenantAccount& account) const {
+  const std::string what = "the cached chain of " + std::to_string(c.start_block) + " blocks ending at the parent";
+  // Bounded by what the index can hold, before anything is allocated for it.
+  if (c.start_block > slots(Tier::kGpu).capacity() + slots(Tier::kHost).capacity()) {
+    return InvalidArgument("start_block " + std::to_string(c.start_block) + " is past any chain the cache can hold");
+  }
+  std::vector<uint32_t> chain(c.start_block);
+  BlockKey key = c.parent;
+  for (size_t i = c.start_block; i-- > 0;) {
+    if (key.IsNull()) return FailedPrecondition(what + " starts at block " + std::to_string(i + 1) + ", not 0");
+    const uint32_t r = blocks.index().Find(key);
+    // Another tenant's (or model's) block is never adopted, even on a key collision.
+    if (r == kNoRecord || blocks[r].tenant != &account || blocks[r].model != c.tenant.model) {
+      return FailedPrecondition(what + ": block " + std::to_string(i) +
+                                " is no longer cached; acquire the prefix under the session instead");
+    }
+    chain[i] = r;
+    key = blocks.index().parent(r);
+  }
+  if (!key.IsNull())
+    return FailedPrecondition(what + " is longer than that: the parent is not block " +
+                              std::to_string(c.start_block - 1));
+  return chain;
+}
+
+Status Engine::Impl::CheckCommitPlace(const CommitRequest& c, bool adopting) {
   // The commit must continue the session where the caller saw it: its first
   // start_block blocks, the last of them keyed `parent`.
   const Session* existing = FindSession(c.tenant, c.session_id);
-  const size_t have = existing == nullptr ? 0 : existing->chain.size();
+  const size_t have = adopting ? c.start_block : existing == nullptr ? 0 : existing->chain.size();
   const std::string session = "session '" + std::string(c.session_id) + "'";
-  if (c.start_block > have) {
+  if (adopting) {
+    // The chain walked from `parent` becomes its first start_block blocks.
+  } else if (c.start_block > have) {
     return FailedPrecondition("commit at block " + std::to_string(c.start_block) + " of " + session + ", which holds " +
                               std::to_string(have) + " blocks; acquire its prefix under the session first");
   }
-  if (c.start_block > 0 && blocks[existing->chain[c.start_block - 1]].key != c.parent) {
+  if (!adopting && c.start_block > 0 && blocks[existing->chain[c.start_block - 1]].key != c.parent) {
     return FailedPrecondition("commit parent is not block " + std::to_string(c.start_block - 1) + " of " + session);
   }
   if (c.start_block == 0 && !c.parent.IsNull()) {
@@ -180,14 +214,24 @@ Status Engine::Impl::MakeCommitQuotaRoom(const CommitRequest& c, TenantAccount& 
                                /*credit=*/static_cast<uint32_t>(c.count));
 }
 
-Engine::Impl::Committed Engine::Impl::ChainCommitted(const CommitRequest& c, TenantAccount& account) {
+Engine::Impl::Committed Engine::Impl::ChainCommitted(const CommitRequest& c, TenantAccount& account,
+                                                     const std::vector<uint32_t>* adopt) {
   Session* s = GetOrCreateSession(c.tenant, c.session_id);
   // The chain past start_block is replaced; its references go only after the new
   // blocks took theirs, so re-committing cached blocks finds them as duplicates.
   std::vector<BlockKey> before;  // For Session::below, which the new chain may continue.
   if (!s->below.empty()) before = ChainAndBelow(*s);
   std::vector<uint32_t> replaced;
-  if (s->chain.size() > c.start_block) {
+  if (adopt != nullptr) {
+    // The whole chain goes: the adopted blocks are its first start_block.
+    replaced = std::move(s->chain);
+    s->chain.clear();
+    for (uint32_t r : *adopt) {
+      Ref(r);
+      blocks[r].last_use = clock;
+      s->chain.push_back(r);
+    }
+  } else if (s->chain.size() > c.start_block) {
     replaced.assign(s->chain.begin() + c.start_block, s->chain.end());
     s->chain.resize(c.start_block);
   }
@@ -225,6 +269,7 @@ Engine::Impl::Committed Engine::Impl::PublishCommitted(const CommitRequest& c, T
     s->chain.push_back(r);
     prev = key;
   }
+  out.last = prev;
   return out;
 }
 
@@ -264,6 +309,62 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
   Impl::Committed done = impl.ChainCommitted(c, *lease.tenant);
   impl.HandOverCommitted(lease, committed, done, std::exchange(writer, GpuWork{}));
   return done.result;
+}
+
+// --- Saving: a commit that may adopt its prefix, and refills its lease -----------------------
+
+WriteLease Engine::Impl::Regrant(LeaseId id, uint32_t target) {
+  std::optional<Lease> old = leases.Take(id);
+  WriteSlots held = std::get<WriteSlots>(std::move(old->held));
+  TenantAccount& account = *held.tenant;
+  SlotAllocator& gpu = slots(Tier::kGpu);
+  uint32_t add = target > held.slots.size() ? target - static_cast<uint32_t>(held.slots.size()) : 0;
+  add = std::min(add, gpu.free_count());
+  if (account.Room(Tier::kGpu) != kNoQuota) add = std::min(add, account.Room(Tier::kGpu));
+  // While tenants contend for the tier, spare slots are not held ahead of need.
+  if (gpu_share.contended(GpuShare::Clock::now())) add = 0;
+  for (uint32_t i = 0; i < add; ++i) held.slots.push_back(gpu.Allocate());
+  account.Leased(add);
+  WriteLease out;
+  if (held.slots.empty()) return out;
+  out.slots = held.slots;
+  out.id = leases.Grant(std::move(held));
+  return out;
+}
+
+Result<SaveResult> Engine::Save(LeaseId lease_id, const Tenant& tenant, std::string_view session_id,
+                                const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
+                                std::span<const uint32_t> slots, const SaveOptions& options, GpuWork writer) {
+  Impl& impl = *impl_;
+  struct WatchOwner {  // As Commit's: the watch is ended on every early return.
+    Impl& impl;
+    GpuWork& w;
+    ~WatchOwner() { impl.EndWatch(w); }
+  } owner{impl, writer};
+  const size_t count = tokens.size() / impl.bt();
+  const Impl::CommitRequest c{lease_id, tenant, session_id, parent, start_block, tokens, slots, count};
+  Result<WriteSlots*> found = impl.CommitLease(c);
+  if (!found.ok()) return found.status();
+  WriteSlots& lease = **found;
+  std::vector<uint32_t> committed;  // The slots, sorted.
+  KVTIER_RETURN_IF_ERROR(impl.CheckCommitSlots(c, lease, &committed));
+  std::optional<std::vector<uint32_t>> adopt;
+  if (options.adopt && !impl.SessionContinues(c)) {
+    auto chain = impl.CachedChain(c, *lease.tenant);
+    if (!chain.ok()) return chain.status();
+    adopt = std::move(*chain);
+  }
+  KVTIER_RETURN_IF_ERROR(impl.CheckCommitPlace(c, adopt.has_value()));
+  KVTIER_RETURN_IF_ERROR(impl.MakeCommitQuotaRoom(c, *lease.tenant));
+  ++impl.clock;
+  Impl::Committed done = impl.ChainCommitted(c, *lease.tenant, adopt ? &*adopt : nullptr);
+  impl.HandOverCommitted(lease, committed, done, std::exchange(writer, GpuWork{}));
+  SaveResult out;
+  out.committed = done.result;
+  out.adopted = adopt ? static_cast<uint32_t>(adopt->size()) : 0;
+  out.last = done.last;
+  out.lease = impl.Regrant(lease_id, options.refill);
+  return out;
 }
 
 }  // namespace kvtier::tiering

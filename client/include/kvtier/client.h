@@ -22,6 +22,7 @@
 // memory they point into stays mapped until they are destroyed.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +75,7 @@ class LeaseHandle {
   Status CheckConnection() const;
 
   friend class kvtier::Client;
-  std::weak_ptr<Connection> connection_;  // Leases may outlive their Client safely.
+  std::weak_ptr<Connection> connection_;          // Leases may outlive their Client safely.
   std::shared_ptr<const Attachment> attachment_;  // Keeps the mapped memory valid.
   uint64_t generation_ = 0;
   uint64_t id_ = 0;
@@ -110,7 +111,7 @@ class Lease : public client_internal::LeaseHandle {
   Lease(Lease&&) noexcept = default;
   Lease& operator=(Lease&&) noexcept = default;
 
-  uint32_t matched() const { return matched_; }  // Blocks of the prefix cached (>= size()).
+  uint32_t matched() const { return matched_; }   // Blocks of the prefix cached (>= size()).
   size_t size() const { return blocks_.size(); }  // Blocks leased.
   uint32_t promoted() const { return promoted_; }
   const BlockRef& block(size_t i) const { return blocks_[i]; }
@@ -176,6 +177,12 @@ class WriteLease : public client_internal::LeaseHandle {
   const std::vector<uint32_t>& slots() const { return slots_; }
   std::byte* data(size_t i) const { return data_[i]; }
   size_t slot_bytes() const { return slot_bytes_; }
+  // Whether the slots may still be written: true for a lease from Allocate;
+  // one that Client::Save granted again is fresh for half of the lease
+  // timeout kvtierd stated then (the rest is the margin for its
+  // revocation, which would give the slots to another writer). Write a stale
+  // lease's slots never: release it and allocate.
+  bool fresh() const { return std::chrono::steady_clock::now() < fresh_until_; }
   // Records, on `stream` (as in Lease::WaitOnStream), an interprocess event after
   // the work that writes this lease's blocks; the next Commit sends it and
   // kvtierd orders every demotion of the committed blocks after it. Call it
@@ -209,6 +216,7 @@ class WriteLease : public client_internal::LeaseHandle {
  private:
   friend class Client;
   std::shared_ptr<const client_internal::WriterEvent> writer_event_;  // Set by RecordWritten.
+  std::chrono::steady_clock::time_point fresh_until_ = std::chrono::steady_clock::time_point::max();
   size_t slot_bytes_ = 0;
   std::vector<uint32_t> slots_;
   std::vector<std::byte*> data_;
@@ -217,6 +225,21 @@ class WriteLease : public client_internal::LeaseHandle {
 struct CommitResult {
   uint32_t stored = 0;
   uint32_t duplicates = 0;
+};
+
+// Client::Save's choices beyond a Commit's.
+struct SaveOptions {
+  // A session that does not hold `parent` as its block start_block - 1 first
+  // takes the cached chain ending at `parent` as its first blocks.
+  bool adopt = false;
+  // The lease comes back holding up to this many slots for the next save.
+  uint32_t refill = 0;
+};
+struct SaveResult {
+  uint32_t stored = 0;
+  uint32_t duplicates = 0;
+  uint32_t adopted = 0;  // Blocks the session took as its chain (0: it held them).
+  BlockKey last;         // The key of the session's last block: the next save's parent.
 };
 
 // One page of Client::ListSessionsPage.
@@ -291,13 +314,12 @@ class Client {
                             Promote promote = Promote::kNow);
   // Before Promote: true was Promote::kNow, false Promote::kNo. Kept so that
   // workers written against the earlier header still compile.
-  [[deprecated("pass a kvtier::Promote: kNow (was true), kNo (was false) or kAfterRead")]]
-  Result<Lease> Acquire(std::string_view session, std::span<const TokenId> tokens, bool promote) {
+  [[deprecated("pass a kvtier::Promote: kNow (was true), kNo (was false) or kAfterRead")]] Result<Lease> Acquire(
+      std::string_view session, std::span<const TokenId> tokens, bool promote) {
     return Acquire(session, tokens, promote ? Promote::kNow : Promote::kNo);
   }
-  [[deprecated("pass a kvtier::Promote: kNow (was true), kNo (was false) or kAfterRead")]]
-  Result<Lease> AcquireKeys(std::string_view session, std::span<const BlockKey> keys, std::span<const TokenId> tokens,
-                            bool promote) {
+  [[deprecated("pass a kvtier::Promote: kNow (was true), kNo (was false) or kAfterRead")]] Result<Lease> AcquireKeys(
+      std::string_view session, std::span<const BlockKey> keys, std::span<const TokenId> tokens, bool promote) {
     return AcquireKeys(session, keys, tokens, promote ? Promote::kNow : Promote::kNo);
   }
 
@@ -314,9 +336,23 @@ class Client {
   // lease.slots(); default: the first tokens.size()/block_tokens slots).
   // Block i holds tokens[i*bt, (i+1)*bt) and is block start_block+i of the
   // session, chained from `parent` (null key for block 0).
-  Result<CommitResult> Commit(WriteLease& lease, std::string_view session, const BlockKey& parent,
-                              uint32_t start_block, std::span<const TokenId> tokens,
-                              std::span<const uint32_t> slot_indices = {});
+  Result<CommitResult> Commit(WriteLease& lease, std::string_view session, const BlockKey& parent, uint32_t start_block,
+                              std::span<const TokenId> tokens, std::span<const uint32_t> slot_indices = {});
+
+  // A Commit in one round trip that costs what the new blocks cost, however
+  // long the session's prefix (a writer saving as it decodes): with
+  // options.adopt the session need not hold the prefix (kvtierd walks the
+  // cached chain back from `parent`, same tenant and model only;
+  // kFailedPrecondition when part of it is gone: then acquire the prefix
+  // under the session and Commit). The lease comes back under a new id with
+  // its uncommitted slots and free ones up to options.refill (fewer when the
+  // GPU tier or the tenant's quota has no room now; none: the lease has
+  // ended, as after Release), fresh() for half the lease timeout. A kvtierd
+  // that predates it refuses the message (kProtocolError or kInvalidArgument):
+  // Commit then.
+  Result<SaveResult> Save(WriteLease& lease, std::string_view session, const BlockKey& parent, uint32_t start_block,
+                          std::span<const TokenId> tokens, const SaveOptions& options = {},
+                          std::span<const uint32_t> slot_indices = {});
 
   Result<uint32_t> Prefetch(std::string_view session);
   Result<uint32_t> Demote(std::string_view session);
@@ -361,6 +397,12 @@ class Client {
 
  private:
   explicit Client(ClientOptions options);
+  // A Commit's or Save's blocks checked against `lease`: their slots (slot
+  // indices into lease.slots(), default the first ones), and the writer's
+  // event, or the GPU context synchronized when there is none.
+  Status CommitPlan(WriteLease& lease, const char* what, std::span<const TokenId> tokens,
+                    std::span<const uint32_t> slot_indices, std::vector<uint32_t>* idx, std::vector<uint32_t>* slots,
+                    std::optional<std::array<uint8_t, 64>>* event);
 
   ClientOptions options_;
   std::shared_ptr<client_internal::Connection> connection_;

@@ -1,6 +1,8 @@
-// The block requests: allocate and commit (a write), acquire (or locate:
+// The block requests: allocate and commit, or save (a write), acquire (or locate:
 // an acquire that leases nothing) and release (a read).
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -48,6 +50,30 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
   return Reply{wire::CommitResponse{r->stored, r->duplicates}};
 }
 
+Result<Reply> Service::On(ClientState& c, const wire::SaveRequest& m) {
+  if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
+  if (!m.writer_event && backend_->kind() == tiering::BackendKind::kCuda) ++counters_.gpu_commits_without_writer_event;
+  auto writer = WatchClientWork(c, m.writer_event, "save");
+  if (!writer.ok()) return writer.status();
+  Engine& e = EngineOf(c);
+  const tiering::SaveOptions options{.adopt = (m.flags & wire::kSaveAdopt) != 0, .refill = m.refill};
+  auto r = e.Save(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block, m.tokens, m.slots, options, *writer);
+  if (!r.ok()) {
+    if (e.LeaseExpired(m.lease_id)) NoteExpiredLease(c, m.lease_id, "saved");
+    return r.status();
+  }
+  // The lease was granted again under a new id (or ended, holding nothing).
+  c.leases.erase(m.lease_id);
+  if (r->lease.id != 0) c.leases.insert(r->lease.id);
+  TenantTraffic& t = tenants_.traffic(c.tenant, c.profile);
+  t.saved_blocks += r->committed.stored;
+  e.EnforceWatermarks();  // As a commit's.
+  const auto ttl = config_.engine.lease_timeout.count();
+  return Reply{wire::SaveResponse{r->committed.stored, r->committed.duplicates, r->adopted, r->last, r->lease.id,
+                                  static_cast<uint32_t>(std::min<int64_t>(ttl, UINT32_MAX)),
+                                  std::move(r->lease.slots)}};
+}
+
 Result<Reply> Service::On(ClientState& c, const wire::AcquireRequest& m) {
   auto r = Acquire(c, m);
   TenantTraffic& t = tenants_.traffic(c.tenant, c.profile);
@@ -84,8 +110,8 @@ Result<Reply> Service::Acquire(ClientState& c, const wire::AcquireRequest& m) {
   // A locate's blocks are held by a session named after the prefix, ended at
   // once: they stay cached as an ended session's do, until pressure drops them.
   const std::string session = locate && !m.keys.empty() ? "locate:" + m.keys.back().ToHex() : m.session;
-  auto r = e.Acquire(TenantOf(c), session, m.keys, m.tokens, promote, fetched.payloads.empty() ? nullptr : &fetched,
-                     &match);
+  auto r =
+      e.Acquire(TenantOf(c), session, m.keys, m.tokens, promote, fetched.payloads.empty() ? nullptr : &fetched, &match);
   if (!r.ok()) return r.status();
   if (locate) {  // What the stores held is in the host tier now; nothing stays pinned.
     if (r->id != 0) (void)e.Release(r->id);
@@ -120,9 +146,8 @@ Result<Reply> Service::On(ClientState& c, const wire::ReleaseRequest& m) {
       ++t.read_errors;
     } else {
       ++t.read_leases;
-      t.read_lease_us += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                                    std::chrono::steady_clock::now() - it->second)
-                                                    .count());
+      t.read_lease_us += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - it->second).count());
     }
     c.reading.erase(it);
   }

@@ -45,13 +45,13 @@ struct ClientState {
   bool welcomed = false;
   std::string name;
   uint32_t pid = 0;
-  std::string tenant;    // Authenticated at Hello (AccessPolicy::TenantFor).
-  PeerCredentials peer;  // From the kernel at accept.
-  bool admin = false;    // May act on other tenants, evict all, read the configuration.
+  std::string tenant;       // Authenticated at Hello (AccessPolicy::TenantFor).
+  PeerCredentials peer;     // From the kernel at accept.
+  bool admin = false;       // May act on other tenants, evict all, read the configuration.
   size_t profile = 0;       // Index into the profiles; valid once welcomed.
   size_t engine_index = 0;  // The EngineSet member serving its tenant and profile; valid once welcomed.
-  Namespace ns;       // Its tenant's (accounts, sessions).
-  ModelId model;      // The identity its Hello gave (null: none); keys are chained in KeyNamespace(ns, model).
+  Namespace ns;             // Its tenant's (accounts, sessions).
+  ModelId model;            // The identity its Hello gave (null: none); keys are chained in KeyNamespace(ns, model).
   std::unordered_set<uint64_t> leases;
   // Its read leases (among `leases`), each with when its Acquire leased it.
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> reading;
@@ -203,6 +203,7 @@ class Service {
   // Allocate and Acquire defer while demotions free GPU room (kRoomWaitLimit).
   Result<Reply> On(ClientState& c, const wire::AllocateRequest& m);
   Result<Reply> On(ClientState& c, const wire::CommitRequest& m);
+  Result<Reply> On(ClientState& c, const wire::SaveRequest& m);  // A commit and the lease's next slots.
   Result<Reply> On(ClientState& c, const wire::AcquireRequest& m);
   Result<Reply> Acquire(ClientState& c, const wire::AcquireRequest& m);  // On(AcquireRequest), before its counting.
   Result<Reply> On(ClientState& c, const wire::ReleaseRequest& m);
@@ -218,8 +219,7 @@ class Service {
   // Every other message type is a reply, which no client sends. A request
   // without its On above matches nothing: it does not compile.
   template <typename M>
-    requires(!wire::kIsRequest<M>)
-  Result<Reply> On(ClientState&, const M&) {
+  requires(!wire::kIsRequest<M>) Result<Reply> On(ClientState&, const M&) {
     return InvalidArgument(std::string(M::kName) + " is not a request");
   }
 

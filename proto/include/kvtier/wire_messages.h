@@ -54,6 +54,8 @@ enum class MessageType : uint16_t {
   kAcquireRequest = 20,
   kAcquireResponse = 21,
   kReleaseRequest = 22,
+  kSaveRequest = 23,
+  kSaveResponse = 24,
   // Management.
   kPrefetchRequest = 32,
   kDemoteRequest = 33,
@@ -89,7 +91,7 @@ struct PoolDesc {
   Tier tier = Tier::kGpu;
   uint64_t slot_bytes = 0;
   uint32_t slots = 0;
-  std::string shm_name;             // The pool's segment label (its descriptor comes with the Welcome); empty for device memory.
+  std::string shm_name;  // The pool's segment label (its descriptor comes with the Welcome); empty for device memory.
   std::vector<uint8_t> ipc_handle;  // Cuda: cudaIpcMemHandle_t bytes (<= kMaxIpcHandle). Empty on host.
   friend bool operator==(const PoolDesc&, const PoolDesc&) = default;
 };
@@ -189,6 +191,53 @@ struct CommitResponse {
   uint32_t stored = 0;
   uint32_t duplicates = 0;  // Keys already present; their slots were freed.
   friend bool operator==(const CommitResponse&, const CommitResponse&) = default;
+};
+
+// A commit and the write lease's next slots in one round trip: what a writer
+// that saves as it decodes sends once per save. As CommitRequest (the same
+// checks; blocks start_block + i of the session, chained from `parent`), and:
+//  - kSaveAdopt: a session that does not hold `parent` as its block
+//    start_block - 1 first takes the cached chain ending at `parent` as its
+//    first start_block blocks. kvtierd walks the chain back from `parent`
+//    through its index (each block the same tenant's and model's, the walk
+//    ending at block 0 after exactly start_block steps), so the writer names
+//    the prefix by its last key instead of sending and hashing its tokens
+//    again; kFailedPrecondition when any of it is no longer cached.
+//  - refill: the lease is granted again, holding its uncommitted slots plus
+//    new ones up to `refill` slots in all, taken only from the GPU tier's free
+//    slots and the tenant's room now (never waiting, dropping or demoting: so
+//    it may hold fewer). The old lease id is gone; SaveResponse names the new
+//    one (0: the lease ended, holding nothing).
+inline constexpr uint8_t kSaveAdopt = 1 << 0;
+inline constexpr uint8_t kSaveKnownFlags = kSaveAdopt;
+struct SaveRequest {
+  static constexpr MessageType kType = MessageType::kSaveRequest;
+  static constexpr const char* kName = "SaveRequest";
+  uint64_t lease_id = 0;
+  std::string session;
+  BlockKey parent;
+  uint32_t start_block = 0;
+  uint8_t flags = 0;  // kSave* bits; unknown bits are a protocol error.
+  uint32_t refill = 0;
+  std::vector<TokenId> tokens;
+  std::vector<uint32_t> slots;
+  std::optional<IpcEventHandle> writer_event;  // Extension: as CommitRequest.writer_event.
+  friend bool operator==(const SaveRequest&, const SaveRequest&) = default;
+};
+
+struct SaveResponse {
+  static constexpr MessageType kType = MessageType::kSaveResponse;
+  static constexpr const char* kName = "SaveResponse";
+  uint32_t stored = 0;
+  uint32_t duplicates = 0;
+  uint32_t adopted = 0;   // Blocks the session took as its chain (kSaveAdopt), 0 if it held them.
+  BlockKey last;          // The key of the session's last block now.
+  uint64_t lease_id = 0;  // The lease now holding `slots`; 0: none (the old one ended).
+  // Milliseconds until that lease is revoked (limits.lease_timeout_ms, as it
+  // stands now), 0: never. A writer stops writing into it well before.
+  uint32_t lease_ttl_ms = 0;
+  std::vector<uint32_t> slots;
+  friend bool operator==(const SaveResponse&, const SaveResponse&) = default;
 };
 
 inline constexpr uint8_t kAcquirePromote = 1 << 0;  // Start host->gpu copies for host-tier hits.
@@ -416,11 +465,12 @@ struct ErrorResponse {
 // alternative here. The static_assert below checks that the alternatives follow
 // the enum's order, with distinct values and names; a value with no alternative
 // is no known type (DecodeHeader refuses it, and wire_test counts them).
-using Message = std::variant<Hello, Welcome, Ping, Pong, OkResponse, ErrorResponse, CountResponse, AllocateRequest,
-                             AllocateResponse, CommitRequest, CommitResponse, AcquireRequest, AcquireResponse,
-                             ReleaseRequest, PrefetchRequest, DemoteRequest, EvictRequest, SetPriorityRequest,
-                             ListSessionsRequest, ListSessionsResponse, SessionInfoRequest, SessionInfoResponse,
-                             StatsRequest, StatsResponse, ConfigRequest, ConfigResponse, EndSessionRequest>;
+using Message =
+    std::variant<Hello, Welcome, Ping, Pong, OkResponse, ErrorResponse, CountResponse, AllocateRequest,
+                 AllocateResponse, CommitRequest, CommitResponse, AcquireRequest, AcquireResponse, ReleaseRequest,
+                 SaveRequest, SaveResponse, PrefetchRequest, DemoteRequest, EvictRequest, SetPriorityRequest,
+                 ListSessionsRequest, ListSessionsResponse, SessionInfoRequest, SessionInfoResponse, StatsRequest,
+                 StatsResponse, ConfigRequest, ConfigResponse, EndSessionRequest>;
 
 namespace internal {
 // The kTypes of the alternatives strictly increase (so no two share a value and
@@ -446,8 +496,8 @@ MessageType TypeOf(const Message& m);
 // What a client sends, each answered with one reply: Hello, Ping and every
 // *Request. kvtierd has a handler for each (a request without one does not compile).
 template <typename M>
-inline constexpr bool kIsRequest =
-    std::is_same_v<M, Hello> || std::is_same_v<M, Ping> || std::string_view(M::kName).ends_with("Request");
+inline constexpr bool kIsRequest = std::is_same_v<M, Hello> || std::is_same_v<M, Ping> ||
+                                   std::string_view(M::kName).ends_with("Request");
 
 // An ErrorResponse's Status (never ok: a kOk code reads as kInternal), and back.
 // FromStatus truncates the message to kMaxString bytes; REQUIRES: !status.ok()

@@ -102,6 +102,20 @@ class Engine {
   Result<CommitResult> Commit(LeaseId lease, const Tenant& tenant, std::string_view session, const BlockKey& parent,
                               uint32_t start_block, std::span<const TokenId> tokens, std::span<const uint32_t> slots,
                               GpuWork writer = {});
+  // A Commit that may adopt its prefix and refills its lease, in one call (a
+  // writer's save while it decodes; wire.h's SaveRequest). With
+  // options.adopt, a session that does not hold `parent` as its block
+  // start_block - 1 first takes the cached chain that ends at `parent` (walked
+  // back through the index: each block `tenant`'s and of its model, exactly
+  // start_block blocks down to block 0) as its first blocks; kFailedPrecondition
+  // if any of it is gone. Then as Commit, after which the lease is granted
+  // again under a new id (the old one is gone), holding its uncommitted slots
+  // plus free GPU slots up to options.refill in all, within the tenant's room;
+  // nothing is dropped, demoted or waited for to make them. Errors leave the
+  // session and the lease as they were.
+  Result<SaveResult> Save(LeaseId lease, const Tenant& tenant, std::string_view session, const BlockKey& parent,
+                          uint32_t start_block, std::span<const TokenId> tokens, std::span<const uint32_t> slots,
+                          const SaveOptions& options, GpuWork writer = {});
 
   // --- Read path ------------------------------------------------------------
   // Longest cached prefix of `keys` whose stored tokens and parents match
@@ -198,8 +212,7 @@ class Engine {
   // With a ttl > 0, the priority goes back to 0 at the first Tick (or
   // ExpirePriorities) after `ttl`; a later SetPriority replaces the deadline
   // (without a ttl: none). kInvalidArgument for a ttl < 0 or > kMaxPriorityTtl.
-  Status SetPriority(const Tenant& tenant, std::string_view session, int priority,
-                     std::chrono::milliseconds ttl = {});
+  Status SetPriority(const Tenant& tenant, std::string_view session, int priority, std::chrono::milliseconds ttl = {});
   Result<SessionInfo> GetSession(const Tenant& tenant, std::string_view session) const;
   // Every session, ordered by tenant name, then id (tests and tools: the work
   // and the result grow with the table; a daemon pages instead).

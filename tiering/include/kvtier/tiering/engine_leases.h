@@ -27,12 +27,12 @@ struct WriteLease {
 };
 
 struct ReadLease {
-  LeaseId id = 0;                       // 0 when nothing was leased.
-  uint32_t matched = 0;                 // Blocks of the prefix found in the cache.
-  std::vector<BlockLocation> blocks;    // The leased prefix (<= matched), in order.
-  Fence fence;                          // Completes when every promoted block has landed.
-  uint32_t promoted = 0;                // Blocks whose host->gpu copy this lease waits for.
-  uint32_t imported = 0;                // Of `matched`: placed from FetchedBlocks.
+  LeaseId id = 0;                     // 0 when nothing was leased.
+  uint32_t matched = 0;               // Blocks of the prefix found in the cache.
+  std::vector<BlockLocation> blocks;  // The leased prefix (<= matched), in order.
+  Fence fence;                        // Completes when every promoted block has landed.
+  uint32_t promoted = 0;              // Blocks whose host->gpu copy this lease waits for.
+  uint32_t imported = 0;              // Of `matched`: placed from FetchedBlocks.
 };
 
 // What one ExpireLeases call revoked.
@@ -67,10 +67,10 @@ struct FetchedBlocks {
 // request walks its prefix once. The fields are the engine's: callers read
 // `matched` and otherwise only pass it back, with the same arguments.
 struct PrefixMatch {
-  uint32_t matched = 0;            // Blocks of the longest cached prefix.
-  std::vector<uint32_t> records;   // Theirs, in order.
-  uint64_t generation = 0;         // The blocks' generation when matched; 0: not matched yet.
-  size_t keys = 0;                 // How many keys it was matched against.
+  uint32_t matched = 0;           // Blocks of the longest cached prefix.
+  std::vector<uint32_t> records;  // Theirs, in order.
+  uint64_t generation = 0;        // The blocks' generation when matched; 0: not matched yet.
+  size_t keys = 0;                // How many keys it was matched against.
   Namespace ns;
   ModelId model;
 };
@@ -78,6 +78,22 @@ struct PrefixMatch {
 struct CommitResult {
   uint32_t stored = 0;      // New blocks published (duplicates not counted).
   uint32_t duplicates = 0;  // Blocks that were already cached; their slots were freed.
+};
+
+// Engine::Save's choices beyond a Commit's.
+struct SaveOptions {
+  // The session takes the cached chain ending at `parent` as its first
+  // start_block blocks when it does not hold it already.
+  bool adopt = false;
+  // The lease is granted again holding up to this many slots (its uncommitted
+  // ones first, then free ones, never waiting); 0: only what it holds.
+  uint32_t refill = 0;
+};
+struct SaveResult {
+  CommitResult committed;
+  uint32_t adopted = 0;  // Blocks the session took as its chain (0: it held them).
+  BlockKey last;         // The key of the session's last block now.
+  WriteLease lease;      // The lease granted again: id 0 when it holds nothing (ended).
 };
 
 // The work bound of one ExpireLeases call, in slots and blocks given back.
