@@ -4,6 +4,12 @@
 # and sysusers entry.
 # Everything lands in GNUInstallDirs locations relative to the install prefix,
 # so `cmake --install build --prefix DIR` stages a complete tree anywhere.
+# Components, for the packages (cmake/KvtierPackage.cmake) and --component:
+#   programs  kvtierd, cachectl          doc      README, docs/, example configurations
+#   service   the configuration, the unit and the sysusers entry, at the prefix's paths
+#   dev       libkvtier, its headers and its CMake package
+# A plain `cmake --install` installs them all (and not the Debian package's own
+# component, deb, which is excluded from it).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -17,12 +23,12 @@ set(KVTIER_SYSUSERS_DIR "lib/sysusers.d" CACHE STRING
 set(KVTIER_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/kvtier" CACHE STRING
     "Where kvtierConfig.cmake is installed (relative: under the install prefix)")
 
-install(TARGETS kvtierd cachectl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS kvtierd cachectl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT programs)
 
 # libkvtier and the kvtier::proto archive it needs (docs/design.md, "Installed
 # files"). Their include directories already name `include` for the installed tree.
 install(TARGETS kvtier_client kvtier_proto EXPORT kvtierTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
 
 # client.h and the proto headers it includes, directly or through one another.
 # The wire format, the index layout and shm_segment.h are proto's but only
@@ -38,38 +44,38 @@ set(KVTIER_PUBLIC_HEADERS
   proto/include/kvtier/status.h
   proto/include/kvtier/tier.h
 )
-install(FILES ${KVTIER_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvtier)
+install(FILES ${KVTIER_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvtier COMPONENT dev)
 
 install(EXPORT kvtierTargets NAMESPACE kvtier:: FILE kvtierTargets.cmake
-        DESTINATION ${KVTIER_INSTALL_CMAKEDIR})
+        DESTINATION ${KVTIER_INSTALL_CMAKEDIR} COMPONENT dev)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvtierConfig.cmake.in
   ${PROJECT_BINARY_DIR}/kvtierConfig.cmake INSTALL_DESTINATION ${KVTIER_INSTALL_CMAKEDIR})
 # 0.x: a minor release may change the client API, so only the same minor matches.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvtierConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/kvtierConfig.cmake ${PROJECT_BINARY_DIR}/kvtierConfigVersion.cmake
-        DESTINATION ${KVTIER_INSTALL_CMAKEDIR})
+        DESTINATION ${KVTIER_INSTALL_CMAKEDIR} COMPONENT dev)
 
 # With a /usr prefix, packagers pass -DCMAKE_INSTALL_SYSCONFDIR=/etc (GNUInstallDirs
 # keeps it relative, i.e. /usr/etc, otherwise).
-install(FILES configs/kvtierd.yaml DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kvtier)
-install(DIRECTORY configs/examples/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples FILES_MATCHING PATTERN "*.yaml")
+install(FILES configs/kvtierd.yaml DESTINATION ${CMAKE_INSTALL_SYSCONFDIR}/kvtier COMPONENT service)
+install(DIRECTORY configs/examples/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples COMPONENT doc FILES_MATCHING PATTERN "*.yaml")
 
 # The README and the pages it links to (docs/*.md), so that its links work where it is installed.
-install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
-install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs FILES_MATCHING PATTERN "*.md")
+install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT doc)
+install(DIRECTORY docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs COMPONENT doc FILES_MATCHING PATTERN "*.md")
 
 # systemd/CMakeLists.txt generates the unit from systemd/kvtierd.service.in; the
 # guard is on the source, so a unit that was not generated fails the install.
 set(KVTIER_INSTALLS_SYSTEMD_UNIT OFF)
 if(EXISTS ${PROJECT_SOURCE_DIR}/systemd/kvtierd.service.in)
   set(KVTIER_INSTALLS_SYSTEMD_UNIT ON)
-  install(FILES ${PROJECT_BINARY_DIR}/systemd/kvtierd.service DESTINATION ${KVTIER_SYSTEMD_UNIT_DIR})
+  install(FILES ${PROJECT_BINARY_DIR}/systemd/kvtierd.service DESTINATION ${KVTIER_SYSTEMD_UNIT_DIR} COMPONENT service)
 endif()
 set(KVTIER_INSTALLS_SYSUSERS OFF)
 if(EXISTS ${PROJECT_SOURCE_DIR}/systemd/kvtier.sysusers)
   set(KVTIER_INSTALLS_SYSUSERS ON)
-  install(FILES systemd/kvtier.sysusers DESTINATION ${KVTIER_SYSUSERS_DIR} RENAME kvtier.conf)
+  install(FILES systemd/kvtier.sysusers DESTINATION ${KVTIER_SYSUSERS_DIR} RENAME kvtier.conf COMPONENT service)
 endif()
 
 if(KVTIER_BUILD_TESTS)

