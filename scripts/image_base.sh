@@ -3,7 +3,8 @@
 # and prints its directory:
 #   rootfs.tar  a Debian 12 root file system (mmdebstrap --variant=minbase) with
 #               the Containerfile's RUNTIME_PACKAGES installed, the base it
-#               imports in place of debian:bookworm-slim
+#               imports in place of debian:bookworm-slim; also the clean root
+#               the Debian package test installs kvtier's .deb into
 #   wheels/     numpy, the kvtier wheel's one dependency, at its pin in
 #               python/requirements.txt, for the image's CPython 3.11
 # Kept in ~/.cache/kvtier/image-<hash of the package list and pins>, so every
@@ -19,6 +20,10 @@ say() { echo "image_base: $*" >&2; }
 
 packages=$(sed -n 's/^ARG RUNTIME_PACKAGES="\(.*\)"$/\1/p' Containerfile)
 [ -n "$packages" ] || { say "no ARG RUNTIME_PACKAGES=\"...\" line in the Containerfile"; exit 1; }
+# The package test (tests/package/deb_test.sh) installs kvtier's .deb into this
+# root offline: what its Depends name beyond the image's libraries (procps: the
+# unit's ExecReload=/bin/kill) must be here already.
+packages="$packages procps"
 numpy=$(grep -E '^numpy==' python/requirements.txt)
 mirror=${KVTIER_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${KVTIER_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
