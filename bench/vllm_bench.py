@@ -31,6 +31,10 @@ its scheduler has kvtierd fetch the prefix from the cluster off the step, and
 it loads it from there:                                  ttft_remote_store_ms
 (against recomputing: remote_store_vs_recompute). Every timed engine's first
 tokens are compared with R's.
+
+--decode-save: instead, what the connector's saves cost one decoding engine at
+512 and 7,936 tokens of context (decode_save_ratio_512, decode_save_ratio_8k;
+vllm_decode.py).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
 sys.path.insert(0, HERE)
+import vllm_decode  # noqa: E402
 from bench_kvtierd import emit, start_kvtierd  # noqa: E402
 from redis_cluster import RedisCluster  # noqa: E402
 from vllm_engines import BLOCK as VLLM_CPU_BLOCK  # noqa: E402
@@ -109,6 +114,101 @@ def stored(client) -> float:
     return store_total(client.stats(), "put_blocks")
 
 
+def compare(a, model, seed, run, sock, kv, tokens, cluster, daemons, engines) -> dict:
+    """The TTFT comparison (the default mode): engines A, B, R (and H) in `engines`, started here."""
+    print(f"vllm_bench: model {model}, prefix {a.prefix} + {a.suffix} tokens, {a.rounds} rounds, seed {seed}; "
+          f"starting three engines (logs in {run})", file=sys.stderr, flush=True)
+    engines["A"] = Engine(model, os.path.join(run, "a.log"), socket=sock, kv_cache_bytes=kv)
+    engines["B"] = Engine(model, os.path.join(run, "b.log"), socket=sock, kv_cache_bytes=kv)
+    engines["R"] = Engine(model, os.path.join(run, "r.log"), kv_cache_bytes=kv)
+    if cluster:
+        engines["H"] = Engine(model, os.path.join(run, "h.log"), socket=daemons[1][1], kv_cache_bytes=kv)
+    watch = kvtier.Client(socket=sock, client_name="vllm_bench")  # Reads kvtierd's figures.
+    for e in engines.values():  # Warm-up: the first request of an engine pays for its set-up.
+        e.generate([tokens(300)], max_tokens=1)
+    cases = {"kvtier": "B", "recompute": "R", "own_prefix_cache": "A"}
+    if cluster:
+        cases["remote_store"] = "H"
+    ttft = {k: [] for k in cases}
+    cached = {k: [] for k in cases}
+    zero = {"B": [], "B salted": [], "R": []}
+    same_tokens = 0
+    during: list[float | None] = []  # tpot_during_fetch_ratio per round (--remote-store).
+    for r in range(a.rounds):
+        prefix = tokens(a.prefix)
+        committed, put = watch.stats()["committed_blocks"], stored(watch)
+        engines["A"].generate([prefix + tokens(a.suffix)], max_tokens=1)  # A computes (and saves) it.
+        wait_for_commit(watch, committed)
+        if cluster:
+            wait_for_store(watch, put)
+        question = tokens(a.suffix)
+        order = list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]
+        firsts = []
+        for case in order:
+            time.sleep(a.settle)
+            out = engines[cases[case]].generate([prefix + question], max_tokens=4)[0]
+            ttft[case].append(out["ttft"] * 1000)
+            cached[case].append(out["cached"])
+            firsts.append(out["tokens"])
+        same_tokens += all(t == firsts[0] for t in firsts)
+        zorder = list(zero)[r % 3:] + list(zero)[:r % 3]
+        for name in zorder:
+            time.sleep(a.settle)
+            salt = [f"zero-reuse-{r}"] if name == "B salted" else None
+            zero[name].append(engines[name.split()[0]].generate([tokens(a.prefix + a.suffix)], max_tokens=1,
+                                                                salts=salt)[0]["ttft"] * 1000)
+        if cluster:
+            time.sleep(a.settle)
+            during.append(decode_during_fetch(engines["A"], engines["H"], watch, tokens, a))
+        remote = f"remote store {ttft['remote_store'][-1]:.1f} ms, " if cluster else ""
+        print(f"  round {r + 1}: {remote}kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
+              f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
+              f"({cached['own_prefix_cache'][-1]} cached); zero reuse B {zero['B'][-1]:.1f}, B salted "
+              f"{zero['B salted'][-1]:.1f}, R {zero['R'][-1]:.1f} ms", file=sys.stderr, flush=True)
+    ratio_own = [k / o for k, o in zip(ttft["kvtier"], ttft["own_prefix_cache"])]
+    ratio_recompute = [c / k for c, k in zip(ttft["recompute"], ttft["kvtier"])]
+    ratio_zero = [b / o for b, o in zip(zero["B"], zero["B salted"])]
+    ratio_zero_r = [b / r for b, r in zip(zero["B"], zero["R"])]
+    result = {
+        "bench": "vllm", "model": os.path.basename(os.path.normpath(model)), "prefix_tokens": a.prefix,
+        "suffix_tokens": a.suffix, "rounds": a.rounds, "seed": seed,
+        "ttft_kvtier_ms": round(statistics.median(ttft["kvtier"]), 2),
+        "ttft_recompute_ms": round(statistics.median(ttft["recompute"]), 2),
+        "ttft_own_prefix_cache_ms": round(statistics.median(ttft["own_prefix_cache"]), 2),
+        "ttft_kvtier_spread": spread(ttft["kvtier"]),
+        "ttft_recompute_spread": spread(ttft["recompute"]),
+        "ttft_own_prefix_cache_spread": spread(ttft["own_prefix_cache"]),
+        "kvtier_vs_own_prefix_cache": spread(ratio_own),
+        "recompute_vs_kvtier": spread(ratio_recompute),
+        "zero_reuse_ratio": round(statistics.median(ratio_zero), 3),
+        "zero_reuse_ratio_spread": spread(ratio_zero),
+        "zero_reuse_vs_engine_without_connector": spread(ratio_zero_r),
+        "ttft_zero_reuse_ms": {k: round(statistics.median(v), 2) for k, v in zero.items()},
+        "cached_tokens_kvtier": statistics.median(cached["kvtier"]),
+        "cached_tokens_own_prefix_cache": statistics.median(cached["own_prefix_cache"]),
+        "rounds_with_equal_tokens": same_tokens,
+        "targets": {"kvtier_vs_own_prefix_cache <= 1.3": statistics.median(ratio_own) <= 1.3,
+                    "recompute_vs_kvtier >= 5": statistics.median(ratio_recompute) >= 5,
+                    "zero_reuse_ratio <= 1.03": statistics.median(ratio_zero) <= 1.03},
+        "machine": f"{os.cpu_count()} cores",
+    }
+    if cluster:
+        ratio_remote = [c / h for c, h in zip(ttft["recompute"], ttft["remote_store"])]
+        result.update({
+            "ttft_remote_store_ms": round(statistics.median(ttft["remote_store"]), 2),
+            "ttft_remote_store_spread": spread(ttft["remote_store"]),
+            "cached_tokens_remote_store": statistics.median(cached["remote_store"]),
+            "recompute_vs_remote_store": spread(ratio_remote),
+            # Decode steps while a prompt waits for the stores, over decode steps alone (rounds where the
+            # fetch outlasted a step; the others are counted in tpot_during_fetch_rounds_shorter_than_a_step).
+            "tpot_during_fetch_ratio": (round(statistics.median([d for d in during if d]), 3)
+                                        if any(during) else None),
+            "tpot_during_fetch_spread": spread([d for d in during if d]) if any(during) else None,
+            "tpot_during_fetch_rounds_shorter_than_a_step": sum(1 for d in during if not d),
+        })
+        result["targets"]["recompute_vs_remote_store >= 5"] = statistics.median(ratio_remote) >= 5
+    return result
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kvtierd", required=True)
@@ -126,6 +226,10 @@ def main() -> int:
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--remote-store", action="store_true",
                    help="also time an engine on a second kvtierd that reaches the prefix through a Redis Cluster")
+    p.add_argument("--decode-save", action="store_true",
+                   help="instead: what saves cost a decoding engine at 512 and --long-context tokens (vllm_decode.py)")
+    p.add_argument("--decode-tokens", type=int, default=256, help="--decode-save: tokens decoded per request")
+    p.add_argument("--long-context", type=int, default=7936, help="--decode-save: the long prompt's tokens")
     a = p.parse_args()
     model = a.model or subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_model.py")],
                                       check=True, capture_output=True, text=True).stdout.strip()
@@ -155,97 +259,14 @@ def main() -> int:
     engines = {}
     try:
         kv = a.kv_cache_mib << 20
-        print(f"vllm_bench: model {model}, prefix {a.prefix} + {a.suffix} tokens, {a.rounds} rounds, seed {seed}; "
-              f"starting three engines (logs in {run})", file=sys.stderr, flush=True)
-        engines["A"] = Engine(model, os.path.join(run, "a.log"), socket=sock, kv_cache_bytes=kv)
-        engines["B"] = Engine(model, os.path.join(run, "b.log"), socket=sock, kv_cache_bytes=kv)
-        engines["R"] = Engine(model, os.path.join(run, "r.log"), kv_cache_bytes=kv)
-        if cluster:
-            engines["H"] = Engine(model, os.path.join(run, "h.log"), socket=daemons[1][1], kv_cache_bytes=kv)
-        watch = kvtier.Client(socket=sock, client_name="vllm_bench")  # Reads kvtierd's figures.
-        for e in engines.values():  # Warm-up: the first request of an engine pays for its set-up.
-            e.generate([tokens(300)], max_tokens=1)
-        cases = {"kvtier": "B", "recompute": "R", "own_prefix_cache": "A"}
-        if cluster:
-            cases["remote_store"] = "H"
-        ttft = {k: [] for k in cases}
-        cached = {k: [] for k in cases}
-        zero = {"B": [], "B salted": [], "R": []}
-        same_tokens = 0
-        during: list[float | None] = []  # tpot_during_fetch_ratio per round (--remote-store).
-        for r in range(a.rounds):
-            prefix = tokens(a.prefix)
-            committed, put = watch.stats()["committed_blocks"], stored(watch)
-            engines["A"].generate([prefix + tokens(a.suffix)], max_tokens=1)  # A computes (and saves) it.
-            wait_for_commit(watch, committed)
-            if cluster:
-                wait_for_store(watch, put)
-            question = tokens(a.suffix)
-            order = list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]
-            firsts = []
-            for case in order:
-                time.sleep(a.settle)
-                out = engines[cases[case]].generate([prefix + question], max_tokens=4)[0]
-                ttft[case].append(out["ttft"] * 1000)
-                cached[case].append(out["cached"])
-                firsts.append(out["tokens"])
-            same_tokens += all(t == firsts[0] for t in firsts)
-            zorder = list(zero)[r % 3:] + list(zero)[:r % 3]
-            for name in zorder:
-                time.sleep(a.settle)
-                salt = [f"zero-reuse-{r}"] if name == "B salted" else None
-                zero[name].append(engines[name.split()[0]].generate([tokens(a.prefix + a.suffix)], max_tokens=1,
-                                                                    salts=salt)[0]["ttft"] * 1000)
-            if cluster:
-                time.sleep(a.settle)
-                during.append(decode_during_fetch(engines["A"], engines["H"], watch, tokens, a))
-            remote = f"remote store {ttft['remote_store'][-1]:.1f} ms, " if cluster else ""
-            print(f"  round {r + 1}: {remote}kvtier {ttft['kvtier'][-1]:.1f} ms ({cached['kvtier'][-1]} cached), recompute "
-                  f"{ttft['recompute'][-1]:.1f} ms, own prefix cache {ttft['own_prefix_cache'][-1]:.1f} ms "
-                  f"({cached['own_prefix_cache'][-1]} cached); zero reuse B {zero['B'][-1]:.1f}, B salted "
-                  f"{zero['B salted'][-1]:.1f}, R {zero['R'][-1]:.1f} ms", file=sys.stderr, flush=True)
-        ratio_own = [k / o for k, o in zip(ttft["kvtier"], ttft["own_prefix_cache"])]
-        ratio_recompute = [c / k for c, k in zip(ttft["recompute"], ttft["kvtier"])]
-        ratio_zero = [b / o for b, o in zip(zero["B"], zero["B salted"])]
-        ratio_zero_r = [b / r for b, r in zip(zero["B"], zero["R"])]
-        result = {
-            "bench": "vllm", "model": os.path.basename(os.path.normpath(model)), "prefix_tokens": a.prefix,
-            "suffix_tokens": a.suffix, "rounds": a.rounds, "seed": seed,
-            "ttft_kvtier_ms": round(statistics.median(ttft["kvtier"]), 2),
-            "ttft_recompute_ms": round(statistics.median(ttft["recompute"]), 2),
-            "ttft_own_prefix_cache_ms": round(statistics.median(ttft["own_prefix_cache"]), 2),
-            "ttft_kvtier_spread": spread(ttft["kvtier"]),
-            "ttft_recompute_spread": spread(ttft["recompute"]),
-            "ttft_own_prefix_cache_spread": spread(ttft["own_prefix_cache"]),
-            "kvtier_vs_own_prefix_cache": spread(ratio_own),
-            "recompute_vs_kvtier": spread(ratio_recompute),
-            "zero_reuse_ratio": round(statistics.median(ratio_zero), 3),
-            "zero_reuse_ratio_spread": spread(ratio_zero),
-            "zero_reuse_vs_engine_without_connector": spread(ratio_zero_r),
-            "ttft_zero_reuse_ms": {k: round(statistics.median(v), 2) for k, v in zero.items()},
-            "cached_tokens_kvtier": statistics.median(cached["kvtier"]),
-            "cached_tokens_own_prefix_cache": statistics.median(cached["own_prefix_cache"]),
-            "rounds_with_equal_tokens": same_tokens,
-            "targets": {"kvtier_vs_own_prefix_cache <= 1.3": statistics.median(ratio_own) <= 1.3,
-                        "recompute_vs_kvtier >= 5": statistics.median(ratio_recompute) >= 5,
-                        "zero_reuse_ratio <= 1.03": statistics.median(ratio_zero) <= 1.03},
-            "machine": f"{os.cpu_count()} cores",
-        }
-        if cluster:
-            ratio_remote = [c / h for c, h in zip(ttft["recompute"], ttft["remote_store"])]
-            result.update({
-                "ttft_remote_store_ms": round(statistics.median(ttft["remote_store"]), 2),
-                "ttft_remote_store_spread": spread(ttft["remote_store"]),
-                "cached_tokens_remote_store": statistics.median(cached["remote_store"]),
-                "recompute_vs_remote_store": spread(ratio_remote),
-                # Decode steps while a prompt waits for the stores, over decode steps alone (rounds where the
-                # fetch outlasted a step; the others are counted in tpot_during_fetch_rounds_shorter_than_a_step).
-                "tpot_during_fetch_ratio": (round(statistics.median([d for d in during if d]), 3)
-                                            if any(during) else None),
-                "tpot_during_fetch_spread": spread([d for d in during if d]) if any(during) else None,
-                "tpot_during_fetch_rounds_shorter_than_a_step": sum(1 for d in during if not d),
-            })
-            result["targets"]["recompute_vs_remote_store >= 5"] = statistics.median(ratio_remote) >= 5
+        if a.decode_save:
+            print(f"vllm_bench: decode saves, model {model}, {a.rounds} rounds, seed {seed} (logs in {run})",
+                  file=sys.stderr, flush=True)
+            result = {"bench": "vllm_decode", "model": os.path.basename(os.path.normpath(model)), "rounds": a.rounds,
+                      "seed": seed, **vllm_decode.run(Engine, model, run, sock, kv, tokens, a, spread),
+                      "machine": f"{os.cpu_count()} cores"}
+        else:
+            result = compare(a, model, seed, run, sock, kv, tokens, cluster, daemons, engines)
     finally:
         for e in engines.values():
             e.stop()

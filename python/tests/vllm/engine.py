@@ -40,16 +40,18 @@ def metrics(llm):
 
 def stream(llm, req, SamplingParams):
     """Requests arriving over time: prompt i is added at req["at"][i] seconds
-    (default every x i) while the engine steps, and each event {"at": s, "pid":
-    p, "signal": "SIGKILL"} is sent when its time comes, before the prompts of
-    that time; returns each output and every step's start, duration and the
-    prompts it returned output for."""
+    (default every x i; with req["salts"][i] as its cache_salt, if given) while
+    the engine steps, and each event {"at": s, "pid": p, "signal": "SIGKILL"}
+    is sent when its time comes, before the prompts of that time; returns each
+    output and every step's start, duration and the prompts it returned output
+    for."""
     import signal
 
     engine = llm.llm_engine
     sp = SamplingParams(max_tokens=req.get("max_tokens", 8), temperature=0, logprobs=5)
     prompts = req["prompts"]
     at = req.get("at") or [req["every"] * i for i in range(len(prompts))]
+    salts = req.get("salts") or [None] * len(prompts)
     events = sorted(req.get("events") or [], key=lambda e: e["at"])
     tag = f"{time.monotonic_ns()}-"  # Request ids never seen before by this engine.
     started = time.perf_counter()
@@ -60,7 +62,10 @@ def stream(llm, req, SamplingParams):
             e = events.pop(0)
             os.kill(e["pid"], getattr(signal, e["signal"]))
         while added < len(prompts) and at[added] <= now:
-            engine.add_request(tag + str(added), {"prompt_token_ids": prompts[added]}, sp)
+            prompt = {"prompt_token_ids": prompts[added]}
+            if salts[added]:
+                prompt["cache_salt"] = salts[added]
+            engine.add_request(tag + str(added), prompt, sp)
             added += 1
         if not engine.has_unfinished_requests():
             upcoming = ([at[added]] if added < len(prompts) else []) + [e["at"] for e in events[:1]]

@@ -97,11 +97,12 @@ class Engine:
         self.proc.stdin.flush()
         return self._next(timeout)["outputs"]
 
-    def stream(self, prompts, at, events=(), max_tokens=8, timeout=600):
-        """Prompt i arrives at at[i] seconds while the engine steps, and each event
-        ({"at": s, "pid": p, "signal": "SIGKILL"}) is sent at its time (engine.py's stream)."""
+    def stream(self, prompts, at, events=(), max_tokens=8, timeout=600, salts=None):
+        """Prompt i arrives at at[i] seconds while the engine steps (with salts[i]
+        as its cache_salt, if given), and each event ({"at": s, "pid": p,
+        "signal": "SIGKILL"}) is sent at its time (engine.py's stream)."""
         self.proc.stdin.write(json.dumps({"stream": True, "prompts": prompts, "at": list(at), "events": list(events),
-                                          "max_tokens": max_tokens}) + "\n")
+                                          "max_tokens": max_tokens, "salts": salts}) + "\n")
         self.proc.stdin.flush()
         return self._next(timeout)
 
