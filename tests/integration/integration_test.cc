@@ -1,4 +1,5 @@
 // Multi-process tests: a real kvtierd, real worker processes, real shared memory.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -8,14 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
-#include <gtest/gtest.h>
-
+#include "daemon_config.h"
 #include "kvtier/client.h"
 #include "kvtier/wire.h"
 #include "payload.h"
-#include "daemon_config.h"
 #include "process.h"
 
 namespace kvtier::testing {
@@ -363,6 +363,87 @@ TEST_F(IntegrationTest, OneClientSharedByManyThreads) {
   auto stats = StatsOf(*client);
   EXPECT_EQ(stats["read_leases"], 0) << "every RAII lease was released";
   EXPECT_EQ(stats["write_leases"], 0);
+  EXPECT_EQ(stats["gpu_used"] + stats["host_used"], stats["blocks"]) << "no slot leaked";
+}
+
+// Writers saving as they decode (Client::Save): each thread's conversation
+// starts on a prefix another thread may have cached (adopted by its last key,
+// no Acquire), then saves one block at a time through the lease each save
+// hands back. Every chain reads back intact, and nothing stays leased.
+TEST_F(IntegrationTest, WritersSavingAsTheyDecodeAdoptPrefixesAndReuseTheirLease) {
+  auto client = Connect(daemon_.socket());
+  ASSERT_NE(client, nullptr);
+  constexpr int kThreads = 3;
+  constexpr uint32_t kPrompt = 4, kDecode = 12;
+  std::atomic<int> failures{0}, adopted{0}, allocations{0};
+  std::vector<std::vector<TokenId>> chats(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<TokenId>& tokens = chats[t];
+      tokens.resize(16 * kPrompt);
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(7000 + i);  // Shared prompt.
+      const std::string session = "decode-" + std::to_string(t);
+      std::optional<WriteLease> lease;
+      BlockKey last;
+      uint32_t have = 0;
+      for (uint32_t step = 0; step <= kDecode; ++step) {
+        if (step > 0) {  // One more block decoded: this thread's own tokens.
+          for (int i = 0; i < 16; ++i) tokens.push_back(static_cast<TokenId>(100000 * (t + 1) + tokens.size()));
+        }
+        const std::vector<BlockKey> keys = client->Keys(tokens);
+        const uint32_t total = static_cast<uint32_t>(keys.size());
+        if (have == 0) {
+          have = static_cast<uint32_t>(client->Probe(tokens));  // What another thread cached of the prompt.
+          if (have >= total) continue;
+          last = have ? keys[have - 1] : BlockKey{};
+        }
+        const uint32_t n = total - have;
+        if (!lease || lease->id() == 0 || !lease->fresh() || lease->size() < n) {
+          auto w = client->Allocate(n);
+          if (!w.ok()) {
+            ++failures;
+            return;
+          }
+          ++allocations;
+          lease = std::move(*w);
+        }
+        for (uint32_t i = 0; i < n; ++i) FillPayload(keys[have + i], lease->data(i), lease->slot_bytes());
+        auto r = client->Save(*lease, session, last, have, std::span<const TokenId>(tokens).subspan(size_t{have} * 16),
+                              SaveOptions{.adopt = true, .refill = 2});
+        if (!r.ok()) {
+          ADD_FAILURE() << r.status().ToString();
+          ++failures;
+          return;
+        }
+        adopted += static_cast<int>(r->adopted);
+        if (r->last != keys.back()) ++failures;
+        last = r->last;
+        have = total;
+      }
+      if (lease && !lease->Release().ok()) ++failures;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LT(allocations.load(), kThreads * 3) << "the decode saves wrote into the slots each save handed back";
+  for (int t = 0; t < kThreads; ++t) {
+    const std::vector<BlockKey> keys = client->Keys(chats[t]);
+    auto lease = client->Acquire("check-" + std::to_string(t), chats[t]);
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_TRUE(lease->Wait(10s).ok());
+    ASSERT_EQ(lease->size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_TRUE(PayloadIntact(keys[i], lease->block(i).data, lease->slot_bytes()))
+          << "thread " << t << " block " << i;
+    }
+    auto info = client->GetSession("decode-" + std::to_string(t));
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    EXPECT_EQ(info->chain.size(), keys.size()) << "the session holds its whole chain, adopted prefix included";
+  }
+  auto stats = StatsOf(*client);
+  EXPECT_EQ(stats["write_leases"], 0);
+  EXPECT_EQ(stats["read_leases"], 0);
   EXPECT_EQ(stats["gpu_used"] + stats["host_used"], stats["blocks"]) << "no slot leaked";
 }
 
