@@ -145,10 +145,17 @@ class Chains:
                 return 0  # Every block is in kvtierd already (another engine's, an earlier request's).
         if have and last is None:
             last = client.keys(tokens[: have * bt])[-1]  # Once per request (after its load or first probe).
-        lease = self._lease(client, total - have)
+        lease, kept = self._lease(client, total - have)
         try:
             stored, _, _, last = save_new_blocks(client, paged, lease, tokens, session, block_ids, have, last,
                                                  self.refill, stream)
+        except kvtier.UnavailableError:
+            _end(lease, _gpu_stream(client, paged, stream))
+            if not kept:
+                raise
+            # The kept lease went with its connection (kvtierd restarted since the last save: a
+            # lease's calls are never resent). A new one connects again; it fails as any call would.
+            return self.save(client, paged, tokens, session, rid, block_ids, stream)
         except kvtier.FailedPreconditionError:
             # Part of the prefix went (evicted since the probe), or the lease grew stale.
             _end(lease, _gpu_stream(client, paged, stream))
@@ -165,18 +172,19 @@ class Chains:
         self._held[rid] = (client.instance_id, total, last)
         return stored
 
-    def _lease(self, client, n: int):
-        """The kept lease when it is this client's, fresh and has n slots; else a new one of n."""
+    def _lease(self, client, n: int) -> tuple[Any, bool]:
+        """The kept lease when it is this client's, fresh and has n slots; else a
+        new one of n. And whether it is the kept one."""
         spare, self._spare = self._spare, None
         if spare is not None:
             owner, lease = spare
             if owner is client and lease.id and lease.fresh and len(lease) >= n:
-                return lease
+                return lease, True
             try:
                 lease.release()  # Its slots were never written since the save that granted them.
             except kvtier.Error:
                 pass  # Gone with its kvtierd.
-        return client.allocate(n)
+        return client.allocate(n), False
 
     def _long_way(self, client, paged: PagedKV, tokens: list[int], session: str, rid: str, block_ids: list[int],
                   have: int, stream) -> int:

@@ -145,3 +145,21 @@ def test_a_kept_lease_past_half_the_lease_timeout_is_never_written(make_daemon):
     assert not lease.fresh
     with pytest.raises(kvtier.FailedPreconditionError, match="half its timeout"):
         c2.save(lease, "t", tokens(BT, base=3000), 1, last, adopt=True)
+
+
+def test_a_kept_lease_whose_kvtierd_restarted_is_dropped_and_the_save_connects_again(make_daemon):
+    d = make_daemon(head_dim=DIM, block_tokens=BT)
+    client = d.client()
+    a = engine(8, seed=1)
+    chains = Chains(refill=2)
+    prompt = tokens(2 * BT)
+    chains.save(client, a, prompt, "s", "r", [0, 1])
+    before = client.instance_id
+    d.stop()
+    d2 = make_daemon(head_dim=DIM, block_tokens=BT)
+    assert d2.socket == d.socket
+    prompt = prompt + tokens(BT, base=9000)
+    # The kept lease was the old kvtierd's: its save cannot be sent; the save is made anew.
+    assert chains.save(client, a, prompt, "s", "r", [0, 1, 2]) == 3
+    assert client.instance_id != before
+    expect_blocks(d2.client(), a, prompt, [0, 1, 2])

@@ -82,6 +82,21 @@ class RedisCluster:
         self.procs[port].send_signal(signal.SIGKILL)
         self.procs[port].wait()
 
+    def pause(self):
+        """Every node stops answering (SIGSTOP), as a cluster behind a stalled network would."""
+        for p in self.procs.values():
+            p.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        """SIGCONT, then waits until every live node says the cluster is ok again (a pause past the
+        node timeout makes the nodes mark each other failing for a while)."""
+        for p in self.procs.values():
+            p.send_signal(signal.SIGCONT)
+        for port in self.ports:
+            if self.procs[port].poll() is None:
+                self._wait(lambda p=port: "cluster_state:ok" in _ask(p, "CLUSTER INFO"), f"node {port}: state ok",
+                           limit=60.0)
+
     def stop(self):
         for p in self.procs.values():
             if p.poll() is None:

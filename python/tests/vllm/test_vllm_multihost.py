@@ -4,7 +4,8 @@ shared memory) that share nothing but a real Redis Cluster, each with an
 engine; engine B answers a prompt engine A computed, loading the prefix from
 the cluster; and a kvtierd restarted cold (its GPU and host tiers lost) with
 its disk store kept. The faults (kvtierd B SIGKILLed and restarted cold,
-engine A SIGKILLed, a Redis master SIGKILLed) are proved to have happened
+engine A SIGKILLed, kvtierd B SIGKILLed while a lookup waits on it for the
+paused cluster, a Redis master SIGKILLed) are proved to have happened
 before outputs are compared. Every output, tokens and top-5 logprobs, is an engine's without the
 connector. (CTest label multihost.)
 
@@ -98,6 +99,32 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         assert a.proc.poll() is not None
         got = b.generate([p3], max_tokens=16)
         assert got[0]["cached"] == hit(len(p3))
+        same(got, want34[:1])
+
+        # kvtierd B is SIGKILLed while engine B's lookup waits on it for the cluster (every node
+        # paused, so the fetch is in flight): the request is computed; a kvtierd started again serves on.
+        m0 = b.metrics()
+        cluster.pause()
+        try:
+            out = b.stream([p4], at=[0.0], max_tokens=16,
+                           events=[{"at": 0.3, "pid": b_host.proc.pid, "signal": "SIGKILL"}])["outputs"]
+        finally:
+            cluster.resume()
+        assert b_host.proc.wait(10) is not None, "kvtierd B did not die"
+        m1 = b.metrics()
+        lookup = {k: m1[f"vllm:kvtier_store_{k}"] - m0.get(f"vllm:kvtier_store_{k}", 0)
+                  for k in ("lookups", "lookup_errors", "lookup_seconds")}
+        assert lookup["lookups"] == 1 and lookup["lookup_errors"] == 1, m1
+        assert lookup["lookup_seconds"] >= 0.2, f"the lookup failed at once, not while it waited: {lookup}"
+        assert out[0]["cached"] == 0
+        same(out, want34[1:])
+        b_host.stop()
+        daemons.remove(b_host)
+        b_host = host(tmp_path, "b", cluster.store())
+        daemons.append(b_host)
+        time.sleep(1.0)  # The engine's links find the new kvtierd within a ping interval.
+        got = b.generate([p3], max_tokens=16)
+        assert got[0]["cached"] == hit(len(p3)), "the new kvtierd B fetches p3 from the cluster"
         same(got, want34[:1])
 
         # A Redis master dies: what host B asks for next is partly, or wholly, out of reach.
