@@ -29,12 +29,19 @@ def reply(obj):
 
 
 def metrics(llm):
-    """vLLM's metrics (its own and the connector's vllm:kvtier_*), each summed over its labels."""
+    """vLLM's metrics (its own and the connector's vllm:kvtier_*), each summed over its labels.
+    The connector's seconds are read from the Prometheus registry itself: vLLM's reader
+    truncates every counter to an integer."""
+    from prometheus_client import REGISTRY
+
     out = {}
     for m in llm.get_metrics():
         value = getattr(m, "value", None)
         if isinstance(value, (int, float)):
             out[m.name] = out.get(m.name, 0) + value
+    for m in REGISTRY.collect():
+        if m.name.startswith("vllm:kvtier_") and m.name.endswith("_seconds"):
+            out[m.name] = sum(s.value for s in m.samples if s.name.endswith("_total"))
     return out
 
 

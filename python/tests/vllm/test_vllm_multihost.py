@@ -115,7 +115,8 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         lookup = {k: m1[f"vllm:kvtier_store_{k}"] - m0.get(f"vllm:kvtier_store_{k}", 0)
                   for k in ("lookups", "lookup_errors", "lookup_seconds")}
         assert lookup["lookups"] == 1 and lookup["lookup_errors"] == 1, m1
-        assert lookup["lookup_seconds"] >= 0.2, f"the lookup failed at once, not while it waited: {lookup}"
+        assert lookup["lookup_seconds"] >= 0.2, (f"the lookup failed at once, not while it waited: {lookup} "
+                                                 f"{ {k: (m0.get(k), v) for k, v in m1.items() if 'lookup' in k} }")
         assert out[0]["cached"] == 0
         same(out, want34[1:])
         b_host.stop()
