@@ -53,7 +53,8 @@ def stop_process(proc):
 
 
 class Daemon:
-    def __init__(self, tmp_path, extra="", backend="host", head_dim=8, profiles=None, block_tokens=4):
+    def __init__(self, tmp_path, extra="", backend="host", head_dim=8, profiles=None, block_tokens=4, prefix=()):
+        """prefix: a command kvtierd runs under (a network namespace's `ip netns exec NAME`)."""
         self.socket = str(tmp_path / "kvtierd.sock")
         self.config = tmp_path / "kvtierd.yaml"
         instance = "pytest-" + uuid.uuid4().hex[:12]
@@ -63,7 +64,7 @@ class Daemon:
                                                                                      block_tokens=block_tokens)))
         self.log = tmp_path / "kvtierd.log"
         self._log_file = open(self.log, "w")
-        self.proc = subprocess.Popen([os.environ["KVTIERD"], "--config", str(self.config)],
+        self.proc = subprocess.Popen([*prefix, os.environ["KVTIERD"], "--config", str(self.config)],
                                      stdout=self._log_file, stderr=subprocess.STDOUT)
         try:
             self._wait_ready()

@@ -35,17 +35,21 @@ def _ask(port, command, timeout=0.5):
 class RedisCluster:
     """`masters` redis-server nodes (no replicas) in one cluster, in tmp_path."""
 
-    def __init__(self, tmp_path, masters=3):
+    def __init__(self, tmp_path, masters=3, address="127.0.0.1"):
+        """address: where the nodes are announced (and clients reach them); with
+        another than loopback they listen on every address of the machine."""
         for tool in ("redis-server", "redis-cli"):
             assert shutil.which(tool), f"{tool} is not on PATH: scripts/setup.sh installs it (Debian: redis-server)"
         self.ports = [_free_port() for _ in range(masters)]
         self.procs = {}
+        self.address = address
         self.dir = tmp_path / "redis-cluster"
         for port in self.ports:
             d = self.dir / str(port)
             d.mkdir(parents=True)
             self.procs[port] = subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1" if address == "127.0.0.1" else "*",
+                 "--protected-mode", "no", "--save", "", "--appendonly", "no",
                  "--dir", str(d), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                  "--cluster-node-timeout", "1000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -61,7 +65,7 @@ class RedisCluster:
 
     @property
     def nodes(self):
-        return [f"127.0.0.1:{p}" for p in self.ports]
+        return [f"{self.address}:{p}" for p in self.ports]
 
     def store(self, write="through"):
         """The stores: section of a kvtierd config naming this cluster."""

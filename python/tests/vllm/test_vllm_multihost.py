@@ -9,9 +9,10 @@ paused cluster, a Redis master SIGKILLed) are proved to have happened
 before outputs are compared. Every output, tokens and top-5 logprobs, is an engine's without the
 connector. (CTest label multihost.)
 
-The two hosts are two processes on this machine reaching the cluster over
-loopback: no network namespaces (the sandbox's test runs have no privilege to
-make a veth pair)."""
+Where the machine allows it (root, iproute2), each host is a network
+namespace of its own (its kvtierd and engine in it), reaching the cluster on
+the machine over a veth pair; elsewhere, processes reaching it over loopback
+(the test says which)."""
 
 import json
 import os
@@ -23,6 +24,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from netns import Namespaces  # noqa: E402
 from redis_cluster import RedisCluster  # noqa: E402
 from vllm_engines import BLOCK, NO_APC, ROOT, Engine, hit, kvtierd_stats, make_model, profile, prompt, same, store_total, wait_for  # noqa: E402
 
@@ -42,22 +44,41 @@ def reference(model, tmp_path_factory):
     e.stop()
 
 
-def host(tmp_path, name, stores):
+def host(tmp_path, name, stores, prefix=()):
     d = tmp_path / name
     d.mkdir(exist_ok=True)
-    return Daemon(d, stores, profiles=profile(64, 256))
+    return Daemon(d, stores, profiles=profile(64, 256), prefix=prefix)
+
+
+@pytest.fixture
+def hosts():
+    """Each host's command prefix, the address the cluster is reached at, and
+    what reads the bytes host B received over its veth pair (None: loopback)."""
+    if not Namespaces.available():
+        print("multihost: no network namespaces here (not root, or no iproute2): hosts reach the cluster "
+              "over loopback")
+        yield [(), ()], "127.0.0.1", None
+        return
+    ns = Namespaces()
+    try:
+        (a, gateway), (b, _) = ns.add(), ns.add()
+        print(f"multihost: hosts in network namespaces, reaching the cluster at {gateway} over veth pairs")
+        yield [a, b], gateway, lambda: ns.received(2)
+    finally:
+        ns.close()
 
 
 def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_redis_cluster(
-        model, reference, tmp_path):
-    cluster = RedisCluster(tmp_path)
+        model, reference, tmp_path, hosts):
+    (in_a, in_b), address, b_received = hosts
+    cluster = RedisCluster(tmp_path, address=address)
     daemons, engines = [], []
     try:
-        a_host, b_host = host(tmp_path, "a", cluster.store()), host(tmp_path, "b", cluster.store())
+        a_host, b_host = host(tmp_path, "a", cluster.store(), in_a), host(tmp_path, "b", cluster.store(), in_b)
         daemons += [a_host, b_host]
         p1, p2 = prompt(1, 1000), prompt(2, 700)
         want = reference.generate([p1, p2], max_tokens=16)
-        a = Engine(model, str(tmp_path / "a.log"), socket=a_host.socket)
+        a = Engine(model, str(tmp_path / "a.log"), socket=a_host.socket, prefix=in_a)
         engines.append(a)
         got = a.generate([p1, p2], max_tokens=16)
         assert [o["cached"] for o in got] == [0, 0]
@@ -65,12 +86,15 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         blocks = (hit(len(p1)) + hit(len(p2))) // BLOCK
         wait_for(lambda: cluster.keys() >= blocks, 10, "host A's blocks to reach the cluster")
 
-        b = Engine(model, str(tmp_path / "b.log"), socket=b_host.socket, llm=NO_APC)
+        b = Engine(model, str(tmp_path / "b.log"), socket=b_host.socket, llm=NO_APC, prefix=in_b)
         engines.append(b)
         assert kvtierd_stats(b_host.socket)["store_fetched_blocks"] == 0  # Host B holds nothing of its own.
+        before = b_received() if b_received else 0
         got = b.generate([p1], max_tokens=16)
         assert got[0]["cached"] == hit(len(p1))
         same(got, want[:1])
+        if b_received:  # Host B's fetch crossed its veth pair.
+            assert b_received() - before > 0
         m = b.metrics()
         assert m["vllm:kvtier_store_lookup_hit_tokens"] == hit(len(p1)), m
         assert kvtierd_stats(b_host.socket)["store_fetched_blocks"] == hit(len(p1)) // BLOCK
@@ -80,7 +104,7 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         b_host.proc.wait()
         b_host.stop()
         daemons.remove(b_host)
-        b_host = host(tmp_path, "b", cluster.store())
+        b_host = host(tmp_path, "b", cluster.store(), in_b)
         daemons.append(b_host)
         assert kvtierd_stats(b_host.socket)["committed_blocks"] == 0
         time.sleep(1.0)  # The engine's links find the new kvtierd within a ping interval (0.5 s).
@@ -121,7 +145,7 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         same(out, want34[1:])
         b_host.stop()
         daemons.remove(b_host)
-        b_host = host(tmp_path, "b", cluster.store())
+        b_host = host(tmp_path, "b", cluster.store(), in_b)
         daemons.append(b_host)
         time.sleep(1.0)  # The engine's links find the new kvtierd within a ping interval.
         got = b.generate([p3], max_tokens=16)
