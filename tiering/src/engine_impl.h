@@ -214,6 +214,11 @@ struct Engine::Impl {
   Result<std::vector<uint32_t>> CachedChain(const CommitRequest& c, const TenantAccount& account) const;
   // Whether session `c.session_id` holds c.start_block blocks, the last keyed c.parent.
   bool SessionContinues(const CommitRequest& c) const;
+  // Commit's and Save's steps after the watch is taken: the lease and the
+  // checks, the cached chain the session takes (`adopt`, when it does not
+  // continue at the parent: *adopted counts it), the chain, the hand-over to
+  // `writer`. An error changes nothing.
+  Result<Committed> CommitChecked(const CommitRequest& c, bool adopt, GpuWork& writer, uint32_t* adopted);
   // Grants write lease `id` (live) again under a new id, with free GPU slots
   // added up to `target` in all (within its tenant's room, none while tenants
   // contend for the tier). Id 0 when it ends up holding nothing.

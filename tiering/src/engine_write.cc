@@ -286,6 +286,28 @@ void Engine::Impl::HandOverCommitted(WriteSlots& lease, const std::vector<uint32
   stats.duplicate_blocks += done.result.duplicates;
 }
 
+Result<Engine::Impl::Committed> Engine::Impl::CommitChecked(const CommitRequest& c, bool adopt, GpuWork& writer,
+                                                            uint32_t* adopted) {
+  Result<WriteSlots*> found = CommitLease(c);
+  if (!found.ok()) return found.status();
+  WriteSlots& lease = **found;
+  std::vector<uint32_t> committed;  // The slots, sorted.
+  KVTIER_RETURN_IF_ERROR(CheckCommitSlots(c, lease, &committed));
+  std::optional<std::vector<uint32_t>> chain;  // The cached prefix the session takes, if it must.
+  if (adopt && !SessionContinues(c)) {
+    auto walked = CachedChain(c, *lease.tenant);
+    if (!walked.ok()) return walked.status();
+    chain = std::move(*walked);
+  }
+  KVTIER_RETURN_IF_ERROR(CheckCommitPlace(c, chain.has_value()));
+  KVTIER_RETURN_IF_ERROR(MakeCommitQuotaRoom(c, *lease.tenant));
+  ++clock;
+  Committed done = ChainCommitted(c, *lease.tenant, chain ? &*chain : nullptr);
+  HandOverCommitted(lease, committed, done, std::exchange(writer, GpuWork{}));
+  *adopted = chain ? static_cast<uint32_t>(chain->size()) : 0;
+  return done;
+}
+
 Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std::string_view session_id,
                                     const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
                                     std::span<const uint32_t> slots, GpuWork writer) {
@@ -296,19 +318,12 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
     GpuWork& w;
     ~WatchOwner() { impl.EndWatch(w); }
   } owner{impl, writer};
-  const size_t count = tokens.size() / impl.bt();
-  const Impl::CommitRequest c{lease_id, tenant, session_id, parent, start_block, tokens, slots, count};
-  Result<WriteSlots*> found = impl.CommitLease(c);
-  if (!found.ok()) return found.status();
-  WriteSlots& lease = **found;
-  std::vector<uint32_t> committed;  // The slots, sorted.
-  KVTIER_RETURN_IF_ERROR(impl.CheckCommitSlots(c, lease, &committed));
-  KVTIER_RETURN_IF_ERROR(impl.CheckCommitPlace(c));
-  KVTIER_RETURN_IF_ERROR(impl.MakeCommitQuotaRoom(c, *lease.tenant));
-  ++impl.clock;
-  Impl::Committed done = impl.ChainCommitted(c, *lease.tenant);
-  impl.HandOverCommitted(lease, committed, done, std::exchange(writer, GpuWork{}));
-  return done.result;
+  const Impl::CommitRequest c{lease_id,    tenant, session_id, parent,
+                              start_block, tokens, slots,      tokens.size() / impl.bt()};
+  uint32_t adopted = 0;
+  auto done = impl.CommitChecked(c, /*adopt=*/false, writer, &adopted);
+  if (!done.ok()) return done.status();
+  return done->result;
 }
 
 // --- Saving: a commit that may adopt its prefix, and refills its lease -----------------------
@@ -341,28 +356,13 @@ Result<SaveResult> Engine::Save(LeaseId lease_id, const Tenant& tenant, std::str
     GpuWork& w;
     ~WatchOwner() { impl.EndWatch(w); }
   } owner{impl, writer};
-  const size_t count = tokens.size() / impl.bt();
-  const Impl::CommitRequest c{lease_id, tenant, session_id, parent, start_block, tokens, slots, count};
-  Result<WriteSlots*> found = impl.CommitLease(c);
-  if (!found.ok()) return found.status();
-  WriteSlots& lease = **found;
-  std::vector<uint32_t> committed;  // The slots, sorted.
-  KVTIER_RETURN_IF_ERROR(impl.CheckCommitSlots(c, lease, &committed));
-  std::optional<std::vector<uint32_t>> adopt;
-  if (options.adopt && !impl.SessionContinues(c)) {
-    auto chain = impl.CachedChain(c, *lease.tenant);
-    if (!chain.ok()) return chain.status();
-    adopt = std::move(*chain);
-  }
-  KVTIER_RETURN_IF_ERROR(impl.CheckCommitPlace(c, adopt.has_value()));
-  KVTIER_RETURN_IF_ERROR(impl.MakeCommitQuotaRoom(c, *lease.tenant));
-  ++impl.clock;
-  Impl::Committed done = impl.ChainCommitted(c, *lease.tenant, adopt ? &*adopt : nullptr);
-  impl.HandOverCommitted(lease, committed, done, std::exchange(writer, GpuWork{}));
+  const Impl::CommitRequest c{lease_id,    tenant, session_id, parent,
+                              start_block, tokens, slots,      tokens.size() / impl.bt()};
   SaveResult out;
-  out.committed = done.result;
-  out.adopted = adopt ? static_cast<uint32_t>(adopt->size()) : 0;
-  out.last = done.last;
+  auto done = impl.CommitChecked(c, options.adopt, writer, &out.adopted);
+  if (!done.ok()) return done.status();
+  out.committed = done->result;
+  out.last = done->last;
   out.lease = impl.Regrant(lease_id, options.refill);
   return out;
 }
