@@ -395,8 +395,8 @@ TEST_F(IntegrationTest, WritersSavingAsTheyDecodeAdoptPrefixesAndReuseTheirLease
         const uint32_t total = static_cast<uint32_t>(keys.size());
         if (have == 0) {
           have = static_cast<uint32_t>(client->Probe(tokens));  // What another thread cached of the prompt.
-          if (have >= total) continue;
           last = have ? keys[have - 1] : BlockKey{};
+          if (have >= total) continue;
         }
         const uint32_t n = total - have;
         if (!lease || lease->id() == 0 || !lease->fresh() || lease->size() < n) {
