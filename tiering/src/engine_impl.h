@@ -291,6 +291,13 @@ struct Engine::Impl {
   // Takes blocks whose writing went wrong out of every session and the index.
   void DropUnwritten(std::span<const uint32_t> records);
   void EndWatch(GpuWork& work);
+  // Ends a writer's watch when it goes out of scope: Commit and Save own the
+  // watch from their first line, so every early return ends it.
+  struct WatchOwner {
+    Impl& impl;
+    GpuWork& w;
+    ~WatchOwner() { impl.EndWatch(w); }
+  };
   void Flush(CopyDirection dir) { mover.Flush(dir, options.max_copy_batch); }
 };
 

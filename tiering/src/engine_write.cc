@@ -313,11 +313,7 @@ Result<CommitResult> Engine::Commit(LeaseId lease_id, const Tenant& tenant, std:
                                     std::span<const uint32_t> slots, GpuWork writer) {
   Impl& impl = *impl_;
   // The watch is the engine's from here: ended on every early return.
-  struct WatchOwner {
-    Impl& impl;
-    GpuWork& w;
-    ~WatchOwner() { impl.EndWatch(w); }
-  } owner{impl, writer};
+  const Impl::WatchOwner owner{impl, writer};
   const Impl::CommitRequest c{lease_id,    tenant, session_id, parent,
                               start_block, tokens, slots,      tokens.size() / impl.bt()};
   uint32_t adopted = 0;
@@ -351,11 +347,7 @@ Result<SaveResult> Engine::Save(LeaseId lease_id, const Tenant& tenant, std::str
                                 const BlockKey& parent, uint32_t start_block, std::span<const TokenId> tokens,
                                 std::span<const uint32_t> slots, const SaveOptions& options, GpuWork writer) {
   Impl& impl = *impl_;
-  struct WatchOwner {  // As Commit's: the watch is ended on every early return.
-    Impl& impl;
-    GpuWork& w;
-    ~WatchOwner() { impl.EndWatch(w); }
-  } owner{impl, writer};
+  const Impl::WatchOwner owner{impl, writer};  // As Commit's.
   const Impl::CommitRequest c{lease_id,    tenant, session_id, parent,
                               start_block, tokens, slots,      tokens.size() / impl.bt()};
   SaveResult out;

@@ -31,10 +31,15 @@ Result<Reply> Service::On(ClientState& c, const wire::AllocateRequest& m) {
   return Reply{wire::AllocateResponse{w.id, std::move(w.slots)}};
 }
 
+Result<tiering::GpuWork> Service::CommitWriter(const ClientState& c, uint64_t lease_id,
+                                               const std::optional<wire::IpcEventHandle>& event, const char* what) {
+  if (!c.leases.count(lease_id)) return NotFound("lease " + std::to_string(lease_id) + " is not yours");
+  if (!event && backend_->kind() == tiering::BackendKind::kCuda) ++counters_.gpu_commits_without_writer_event;
+  return WatchClientWork(c, event, what);
+}
+
 Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
-  if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
-  if (!m.writer_event && backend_->kind() == tiering::BackendKind::kCuda) ++counters_.gpu_commits_without_writer_event;
-  auto writer = WatchClientWork(c, m.writer_event, "commit");
+  auto writer = CommitWriter(c, m.lease_id, m.writer_event, "commit");
   if (!writer.ok()) return writer.status();
   Engine& e = EngineOf(c);
   auto r = e.Commit(m.lease_id, TenantOf(c), m.session, m.parent, m.start_block, m.tokens, m.slots, *writer);
@@ -51,9 +56,7 @@ Result<Reply> Service::On(ClientState& c, const wire::CommitRequest& m) {
 }
 
 Result<Reply> Service::On(ClientState& c, const wire::SaveRequest& m) {
-  if (!c.leases.count(m.lease_id)) return NotFound("lease " + std::to_string(m.lease_id) + " is not yours");
-  if (!m.writer_event && backend_->kind() == tiering::BackendKind::kCuda) ++counters_.gpu_commits_without_writer_event;
-  auto writer = WatchClientWork(c, m.writer_event, "save");
+  auto writer = CommitWriter(c, m.lease_id, m.writer_event, "save");
   if (!writer.ok()) return writer.status();
   Engine& e = EngineOf(c);
   const tiering::SaveOptions options{.adopt = (m.flags & wire::kSaveAdopt) != 0, .refill = m.refill};

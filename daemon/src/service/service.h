@@ -234,6 +234,10 @@ class Service {
   static tiering::Tenant TenantOf(const ClientState& c);
   // A watch on the GPU event a request carries (none without one); the error
   // names the request.
+  // A commit's or save's checks before the engine: the lease is the client's,
+  // and the writer's event watched (counted when the cuda backend gets none).
+  Result<tiering::GpuWork> CommitWriter(const ClientState& c, uint64_t lease_id,
+                                        const std::optional<wire::IpcEventHandle>& event, const char* what);
   Result<tiering::GpuWork> WatchClientWork(const ClientState& c, const std::optional<wire::IpcEventHandle>& event,
                                            const char* request);
   static tiering::Tenant TenantNamed(const std::string& name, const tiering::Engine& e);
