@@ -2,7 +2,8 @@
 the benchmark: python engine.py CONFIG_JSON, then one JSON request a line.
 
 CONFIG_JSON: {"model": DIR, "socket": PATH or null (no connector), "extra": {...}
-(kv_connector_extra_config), "llm": {...} (more LLM(...) arguments)}.
+(kv_connector_extra_config), "llm": {...} (more LLM(...) arguments), "kv_transfer":
+{...} (instead of socket: KVTransferConfig's arguments, for another connector)}.
 Requests: {"prompts": [[token ids], ...], "max_tokens": N, "salts": [str|null, ...]}
 -> {"outputs": [{"tokens": [...], "logprobs": [{token id: logprob}, ...],
 "cached": prompt tokens vLLM did not compute, "ttft": seconds}]}, one line
@@ -101,7 +102,9 @@ def main():
     kw = dict(model=cfg["model"], dtype="float32", max_model_len=4096, enforce_eager=True, seed=0,
               kv_cache_memory_bytes=cfg.get("kv_cache_bytes", 128 << 20), disable_log_stats=False)
     kw.update(cfg.get("llm", {}))
-    if cfg.get("socket"):
+    if cfg.get("kv_transfer"):
+        kw["kv_transfer_config"] = KVTransferConfig(**cfg["kv_transfer"])
+    elif cfg.get("socket"):
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="KvtierConnector", kv_connector_module_path="kvtier.vllm", kv_role="kv_both",
             kv_connector_extra_config={"socket": cfg["socket"], **cfg.get("extra", {})})

@@ -46,10 +46,12 @@ class Engine:
     """One vLLM engine process (an LLM); generate() sends it a batch of prompts."""
 
     def __init__(self, model, log_path, socket=None, extra=None, llm=None, kv_cache_bytes=128 << 20,
-                 start_timeout=300, env=None, prefix=()):
-        """prefix: a command the engine runs under (a network namespace's `ip netns exec NAME`)."""
+                 start_timeout=300, env=None, prefix=(), kv_transfer=None, python=None):
+        """prefix: a command the engine runs under (a network namespace's `ip netns exec NAME`).
+        kv_transfer: KVTransferConfig's arguments, for a connector other than kvtier's (then
+        socket stays None); python: the interpreter to run it with (another environment's)."""
         cfg = {"model": model, "socket": socket, "extra": extra or {}, "llm": llm or {},
-               "kv_cache_bytes": kv_cache_bytes}
+               "kv_cache_bytes": kv_cache_bytes, "kv_transfer": kv_transfer}
         env = {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", "TOKENIZERS_PARALLELISM": "false",
                # Every engine on every core. vLLM's automatic binding keeps two cores back from
                # an engine with a KV connector and one from one without (here, on two cores,
@@ -59,7 +61,7 @@ class Engine:
                **os.environ, **(env or {})}
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen([*prefix, sys.executable, os.path.join(HERE, "engine.py"), json.dumps(cfg)],
+        self.proc = subprocess.Popen([*prefix, python or sys.executable, os.path.join(HERE, "engine.py"), json.dumps(cfg)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env, start_new_session=True)
         self._results = queue.Queue()
