@@ -1,6 +1,7 @@
 """kvtier.Client against a real kvtierd: the write and read paths through numpy
 views of the pools, sessions, errors as exceptions, model identities, threads."""
 
+import os
 import threading
 
 import numpy as np
@@ -207,3 +208,52 @@ def test_gather_checks_every_size_it_computes_from_the_callers_numbers(daemon):
             with pytest.raises(ValueError, match="capacity"):
                 lease.gather(buf, capacity=capacity)
             assert not buf.any()
+
+
+
+def _shared_mib(pid):
+    """The memory the shared-memory files that pid holds open have taken (memfd
+    and /dev/shm), whoever touched it, in MiB."""
+    seen, total = set(), 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith(("/memfd:", "/dev/shm/")):
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                if st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+        except OSError:
+            pass
+    return total / (1 << 20)
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_prefault_decides_whether_the_tiers_take_memory_from_the_start(tmp_path, prefault):
+    """prefault: true (the default) faults both tiers in at start; false leaves
+    their memory to grow as slots are first written (by the clients, into the
+    shared segments), and what is written reads back the same. Tiers of 1 MiB
+    blocks: 64 + 256 MiB in all."""
+    from conftest import PROFILE, Daemon
+    profile = PROFILE.format(head_dim=128, block_tokens=256)
+    d = Daemon(tmp_path, extra=f"prefault: {str(prefault).lower()}", profiles=profile)
+    try:
+        c = d.client()
+        at_start = _shared_mib(d.proc.pid)
+        if prefault:
+            assert at_start >= 320, f"{at_start:.0f} MiB of shared memory taken, the tiers are 320 MiB"
+            return
+        assert at_start < 32, f"{at_start:.0f} MiB of shared memory taken before any block was written"
+        t = [9000 + i for i in range(16 * 256)]
+        with c.allocate(16) as w:
+            for i in range(16):
+                view = w.block(i)
+                view[...] = pattern(3, i, view.shape)
+            c.commit(w, "s", t)
+        assert _shared_mib(d.proc.pid) >= at_start + 16, "16 slots of 1 MiB written"
+        with c.acquire(t, session="s") as lease:
+            lease.wait()
+            for i in range(16):
+                np.testing.assert_array_equal(lease.block(i), pattern(3, i, lease.block(i).shape))
+    finally:
+        d.stop()

@@ -50,6 +50,7 @@ Result<std::unique_ptr<tiering::Backend>> CreateBackend(const DaemonConfig& conf
   }
   tiering::HostBackendOptions bo;
   bo.name_prefix = config.instance;
+  bo.populate = config.prefault;
   auto host = tiering::CreateHostBackend(bo);
   if (!host.ok()) return host.status();
   return std::unique_ptr<tiering::Backend>(std::move(host).value());
