@@ -53,11 +53,15 @@ def model_geometry(model: str) -> dict:
 
 
 def proc_footprint(pid: int) -> dict:
-    """Resident memory (RSS, and PSS: shared pages divided among their users) in
-    MiB and CPU seconds (user + system, children that were waited for included)
-    of process pid and every process under it."""
+    """What process pid and every process under it hold: memory_mib, their
+    anonymous memory (heap, Python objects) plus the memory taken by the shared
+    memory they hold open or map (memfd and /dev/shm files, each once, whoever
+    wrote it: kvtierd's tiers are written by the engines); beside it RSS (pages
+    mapped in their own page tables, which misses shared memory others wrote) and
+    CPU seconds (user + system)."""
     pids = [pid] + _descendants(pid)
-    rss = pss = cpu = 0.0
+    anon = rss = cpu = 0.0
+    shared: dict[tuple[int, int], int] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for p in pids:
         try:
@@ -65,14 +69,47 @@ def proc_footprint(pid: int) -> dict:
                 for line in f:
                     if line.startswith("Rss:"):
                         rss += int(line.split()[1]) / 1024
-                    elif line.startswith("Pss:"):
-                        pss += int(line.split()[1]) / 1024
+                    elif line.startswith("Anonymous:"):
+                        anon += int(line.split()[1]) / 1024
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            cpu += sum(int(x) for x in fields[11:15]) / tick
+            cpu += sum(int(x) for x in fields[11:13]) / tick
         except (OSError, ValueError):
+            continue
+        for path in _shared_files(p):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            shared[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    shm = sum(shared.values()) / (1 << 20)
+    return {"memory_mib": round(anon + shm, 1), "anonymous_mib": round(anon, 1), "shared_mib": round(shm, 1),
+            "rss_mib": round(rss, 1), "cpu_seconds": round(cpu, 2), "processes": len(pids)}
+
+
+def _shared_files(pid: int) -> list[str]:
+    """Paths that reach the shared-memory files pid holds open or maps."""
+    out = []
+    for fd in _listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(("/memfd:", "/dev/shm/")):
+                out.append(f"/proc/{pid}/fd/{fd}")
+        except OSError:
             pass
-    return {"rss_mib": round(rss, 1), "pss_mib": round(pss, 1), "cpu_seconds": round(cpu, 2), "processes": len(pids)}
+    for m in _listdir(f"/proc/{pid}/map_files"):
+        try:
+            if os.readlink(f"/proc/{pid}/map_files/{m}").startswith(("/memfd:", "/dev/shm/")):
+                out.append(f"/proc/{pid}/map_files/{m}")
+        except OSError:
+            pass
+    return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _descendants(pid: int) -> list[int]:
