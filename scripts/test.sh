@@ -18,7 +18,12 @@ if [ -z "$san" ]; then
   # The container image test's base (Debian 12 with kvtierd's libraries) and
   # numpy's wheel, made once per machine (the first time: ~40 s, a download).
   image_base=$(KVTIER_PYTHON="$venv/bin/python" scripts/image_base.sh)
-  python_args=(-DKVTIER_PYTHON="$venv/bin/python" -DKVTIER_MODEL_DIR="$model" -DKVTIER_IMAGE_BASE="$image_base")
+  # The peers the side-by-side benchmark measures kvtier against (LMCache,
+  # vllm-router), in an environment layered over the project's, made once per
+  # machine (the first time: a download of ~100 MB).
+  peer_env=$(scripts/peer_env.sh)
+  python_args=(-DKVTIER_PYTHON="$venv/bin/python" -DKVTIER_MODEL_DIR="$model" -DKVTIER_IMAGE_BASE="$image_base"
+               -DKVTIER_PEER_ENV="$peer_env")
 fi
 case "$san" in
   "") dir=build ;;

@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""peer_bench.py --kvtierd PATH [--cases ...]: kvtier side by side with LMCache
+(its multiprocess server, 0.5.6, and vLLM's LMCacheMPConnector) and with no
+connector, on the same vLLM engine processes, prompts and settings.
+
+Each system's cache server runs for the whole run (bench/peers.py): kvtierd on
+the host backend, `lmcache server` on CPU. The cases, each one named:
+
+  prefix     engine A of a system computes a prefix (--prefix tokens: 2,048 and
+             7,936 by default); then, in an order that rotates from round to
+             round, the prefix with a new question (--suffix tokens) goes to
+             engine B of each system (a new process: it loads the prefix from
+             its cache server), to engine R (no connector: recomputes it) and
+             to each system's engine A (its own prefix cache). Every answer is
+             compared with R's (greedy tokens and top-5 logprobs).
+  miss       a prompt nobody has seen (the first --prefix length) to each B and
+             to R: what a connector costs when it finds nothing.
+  footprint  each cache server's resident memory and CPU seconds after the cases
+             above, beside the bytes it holds.
+  chat       multi-turn conversations from concurrent clients through
+             vllm-router (round-robin and cache-aware) in front of two
+             OpenAI-compatible vLLM servers per system (peer_chat.py).
+  faults     the chat workload while the cache server is killed and restarted
+             (and, for kvtier, stopped and continued) (peer_chat.py).
+
+Ratios are medians of per-round ratios with a 95% bootstrap interval; TTFT is
+vLLM's own first-token latency. Each timed request waits --settle seconds first
+(a vLLM worker busy-polls its queue for a second after a step, taking a core from
+the engine timed next). --smoke: one round of every case at small sizes, so that
+the harness cannot rot (no figure is judged). Prints progress, then one JSON
+object as its last line; --out also writes it, --plots DIR draws the TTFT
+distributions and the chat throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
+sys.path.insert(0, HERE)
+import peers  # noqa: E402
+from bench_kvtierd import bootstrap_median_ci, emit  # noqa: E402
+from vllm_engines import Engine, difference  # noqa: E402
+
+CASES = ("prefix", "miss", "footprint", "chat", "faults")
+
+
+def spread(xs):
+    xs = sorted(xs)
+    return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),
+            "n": len(xs)}
+
+
+def ratio(xs, seed=0):
+    """The median of per-round ratios, its 95% bootstrap interval and its range."""
+    import numpy as np
+    med, lo, hi = bootstrap_median_ci(xs, np.random.default_rng(seed))
+    return {"median": round(med, 3), "lo": round(lo, 3), "hi": round(hi, 3), "min": round(min(xs), 3),
+            "max": round(max(xs), 3), "n": len(xs)}
+
+
+def say(msg):
+    print("peer_bench: " + msg, file=sys.stderr, flush=True)
+
+
+def start_engines(specs: dict, model: str, run: str, kv_bytes: int, llm: dict) -> dict:
+    """Starts one engine process per spec {name: system} at once (vLLM's start-up
+    is mostly waiting on imports and compilation, so they overlap); returns
+    {name: Engine}, or stops them all and raises if any failed."""
+    out: dict = {}
+    errors = []
+
+    def one(name, system):
+        try:
+            out[name] = Engine(model, os.path.join(run, f"engine-{name}.log"), kv_transfer=system.kv_transfer(),
+                               python=system.python, kv_cache_bytes=kv_bytes, llm=llm, start_timeout=600)
+        except BaseException as e:  # noqa: BLE001 - reported below, with the others stopped
+            errors.append(f"{name}: {e}")
+
+    threads = [threading.Thread(target=one, args=(n, s)) for n, s in specs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for e in out.values():
+            e.kill()
+        raise RuntimeError("engines did not start: " + "; ".join(errors))
+    return out
+
+
+def wait_for_commit(kvtier_system, before: float, timeout: float = 20.0) -> None:
+    """Waits until kvtierd committed blocks past `before`: KvtierConnector's saves
+    run after the step, so the writer's output can come back before they land."""
+    import kvtier
+    client = kvtier.Client(socket=kvtier_system.socket, client_name="peer_bench")
+    deadline = time.monotonic() + timeout
+    while client.stats()["committed_blocks"] <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError("engine A's blocks never reached kvtierd")
+        time.sleep(0.005)
+
+
+def committed(kvtier_system) -> float:
+    import kvtier
+    return kvtier.Client(socket=kvtier_system.socket, client_name="peer_bench").stats()["committed_blocks"]
+
+
+def prefix_and_miss(a, engines, systems, tokens, cases) -> dict:
+    """The prefix and miss cases, round by round (module docstring)."""
+    connected = [s for s in systems if s.name != "none"]
+    by_name = {s.name: s for s in systems}
+    ttft: dict = {}  # (length, who) -> [ms]
+    wrong: dict = {}  # who -> answers that differ from R's
+    cached: dict = {}
+    miss: dict = {}
+    for r in range(a.rounds):
+        for length in a.prefix:
+            if "prefix" not in cases:
+                break
+            prefix = tokens(length)
+            before = committed(by_name["kvtier"]) if "kvtier" in by_name else 0
+            for s in connected:  # Each system's writer computes the prefix and saves it.
+                engines[f"{s.name}-A"].generate([prefix + tokens(a.suffix)], max_tokens=1)
+            if "kvtier" in by_name:
+                wait_for_commit(by_name["kvtier"], before)
+            question = tokens(a.suffix)
+            who = [f"{s.name}-B" for s in connected] + ["none-R"] + [f"{s.name}-A" for s in connected]
+            k = r % len(who)
+            outs = {}
+            for name in who[k:] + who[:k]:
+                time.sleep(a.settle)
+                outs[name] = engines[name].generate([prefix + question], max_tokens=4)[0]
+                ttft.setdefault((length, name), []).append(outs[name]["ttft"] * 1000)
+                cached.setdefault((length, name), []).append(outs[name]["cached"])
+            for name, out in outs.items():
+                if name != "none-R" and difference(out, outs["none-R"]) is not None:
+                    wrong[name] = wrong.get(name, 0) + 1
+            say(f"round {r + 1}, prefix {length}: " + ", ".join(
+                f"{n} {ttft[(length, n)][-1]:.0f} ms ({cached[(length, n)][-1]} cached)" for n in who))
+        if "miss" in cases:
+            who = [f"{s.name}-B" for s in connected] + ["none-R"]
+            k = r % len(who)
+            for name in who[k:] + who[:k]:
+                time.sleep(a.settle)
+                miss.setdefault(name, []).append(
+                    engines[name].generate([tokens(a.prefix[0] + a.suffix)], max_tokens=1)[0]["ttft"] * 1000)
+            say(f"round {r + 1}, miss: " + ", ".join(f"{n} {miss[n][-1]:.0f} ms" for n in who))
+    result: dict = {"ttft_ms": {}, "different_from_recompute": wrong}
+    for (length, name), xs in ttft.items():
+        result["ttft_ms"].setdefault(str(length), {})[name] = spread(xs)
+        result.setdefault("cached_tokens", {}).setdefault(str(length), {})[name] = statistics.median(
+            cached[(length, name)])
+    names = [s.name for s in connected]
+    for length in a.prefix if "prefix" in cases else ():
+        t = {n: ttft[(length, n)] for n in {w for (L, w) in ttft if L == length}}
+        tag = "" if length == a.prefix[0] else f"_{length}"
+        for n in names:
+            result[f"prefix_{n}_vs_own{tag}"] = ratio([b / o for b, o in zip(t[f"{n}-B"], t[f"{n}-A"])])
+            result[f"prefix_recompute_vs_{n}{tag}"] = ratio([c / b for c, b in zip(t["none-R"], t[f"{n}-B"])])
+        if {"kvtier", "lmcache"} <= set(names):
+            result[f"prefix_kvtier_vs_lmcache{tag}"] = ratio(
+                [k / m for k, m in zip(t["kvtier-B"], t["lmcache-B"])])
+    if miss:
+        result["ttft_miss_ms"] = {n: spread(xs) for n, xs in miss.items()}
+        for n in names:
+            result[f"miss_cost_{n}"] = ratio([b / o for b, o in zip(miss[f"{n}-B"], miss["none-R"])])
+    result["_ttft_raw"] = {f"{L}/{n}": xs for (L, n), xs in ttft.items()}
+    return result
+
+
+def footprint(systems) -> dict:
+    out = {}
+    for s in systems:
+        f = s.footprint()
+        if f is None:
+            continue
+        if isinstance(s, peers.Kvtier):
+            f["cached_mib"] = round(s.cached_bytes() / (1 << 20), 1)
+        out[s.name] = f
+    return out
+
+
+def plot(result, raw, directory):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    lengths = sorted({k.split("/")[0] for k in raw}, key=int)
+    if lengths:
+        fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4), squeeze=False)
+        for ax, length in zip(axes[0], lengths):
+            names = sorted(n.split("/")[1] for n in raw if n.startswith(length + "/"))
+            data = [raw[f"{length}/{n}"] for n in names]
+            ax.boxplot(data, showfliers=True)
+            ax.set_xticks(range(1, len(names) + 1), names, rotation=30, ha="right")
+            ax.set_yscale("log")
+            ax.set_ylabel("time to first token (ms, log)")
+            ax.set_title(f"{length}-token prefix, {result['rounds']} rounds")
+        fig.suptitle(f"TTFT per system ({result['model']}, {result['machine']}, {result['date']})")
+        fig.tight_layout()
+        path = os.path.join(directory, "peer_prefix_ttft.png")
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+    if "chat" in result and hasattr(sys.modules.get("peer_chat"), "plot"):
+        paths += sys.modules["peer_chat"].plot(result, directory)
+    return paths
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kvtierd", required=True)
+    p.add_argument("--model", default="", help="a Llama model directory (default: scripts/make_model.py's)")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--systems", default="kvtier,lmcache,none", help="of kvtier, lmcache and none")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--prefix", default="2048,7936", help="prefix lengths (tokens) of the prefix case")
+    p.add_argument("--suffix", type=int, default=32, help="new tokens after the prefix")
+    p.add_argument("--kv-cache-mib", type=int, default=512, help="each prefix engine's KV cache")
+    p.add_argument("--blocks", type=int, default=182,
+                   help="kvtierd's slots per tier (vLLM CPU blocks of 128 tokens: 1 GiB of the real model's)")
+    p.add_argument("--l1-gb", type=float, default=2.0, help="LMCache's L1 (GiB): kvtierd's two tiers by default")
+    p.add_argument("--settle", type=float, default=1.2, help="seconds before each timed request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--smoke", action="store_true", help="one round of each case at small sizes; nothing judged")
+    p.add_argument("--out", default="", help="also write the JSON here")
+    p.add_argument("--plots", default="", help="draw the figures into this directory")
+    try:
+        import peer_chat
+        peer_chat.add_args(p)
+    except ImportError:
+        peer_chat = None
+    a = p.parse_args()
+    cases = [c for c in a.cases.split(",") if c]
+    for c in cases:
+        if c not in CASES:
+            p.error(f"unknown case {c!r}")
+    if peer_chat is None and {"chat", "faults"} & set(cases):
+        say("peer_chat.py is missing: skipping the chat and faults cases")
+        cases = [c for c in cases if c not in ("chat", "faults")]
+    if a.smoke:
+        a.rounds, a.prefix, a.suffix, a.settle = 1, "512", 16, 0.2
+    a.prefix = [int(x) for x in str(a.prefix).split(",")]
+    model = a.model or subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_model.py")],
+                                      check=True, capture_output=True, text=True).stdout.strip()
+    vocab = peers.model_geometry(model)["vocab"]
+    seed = a.seed or random.SystemRandom().randrange(1, 1 << 31)
+    rng = random.Random(seed)
+
+    def tokens(n):  # Ordinary token ids (the special ones are at the start of the vocabulary).
+        return [rng.randrange(100, vocab - 1) for _ in range(n)]
+
+    names = [n for n in a.systems.split(",") if n]
+    run = tempfile.mkdtemp(prefix="kvtier-peer-bench.")
+    systems = peers.systems(a.kvtierd, model, names, a.blocks, a.l1_gb)
+    say(f"model {model}, systems {', '.join(names)}, cases {', '.join(cases)}, {a.rounds} rounds, seed {seed} "
+        f"(logs in {run})")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    result: dict = {"bench": "peer", "model": os.path.basename(os.path.normpath(model)), "cases": cases,
+                    "systems": names, "rounds": a.rounds, "prefix_tokens": a.prefix, "suffix_tokens": a.suffix,
+                    "seed": seed, "smoke": a.smoke, "commit": commit,
+                    "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} cores"}
+    engines: dict = {}
+    raw: dict = {}
+    try:
+        for s in systems:
+            s.start(run)
+        if {"prefix", "miss"} & set(cases):
+            specs = {}
+            for s in systems:
+                if s.name == "none":
+                    specs["none-R"] = s
+                else:
+                    specs[f"{s.name}-A"] = specs[f"{s.name}-B"] = s
+            say(f"starting {len(specs)} engines ({', '.join(specs)})")
+            started = time.monotonic()
+            llm = {"max_model_len": max(a.prefix) + a.suffix + 64}
+            engines = start_engines(specs, model, run, a.kv_cache_mib << 20, llm)
+            say(f"engines up in {time.monotonic() - started:.0f} s")
+            for e in engines.values():  # The first request of an engine pays for its set-up.
+                e.generate([tokens(300)], max_tokens=1)
+            part = prefix_and_miss(a, engines, systems, tokens, cases)
+            raw = part.pop("_ttft_raw")
+            result.update(part)
+        if "footprint" in cases:
+            result["footprint"] = footprint(systems)
+            f = result["footprint"]
+            if "kvtier" in f and "lmcache" in f:
+                # Memory held (anonymous + the shared memory its tiers or buffers took), not RSS:
+                # kvtierd's tiers are written by the engines, into memory its page tables never touch.
+                result["rss_kvtier_vs_lmcache"] = round(f["kvtier"]["memory_mib"] / f["lmcache"]["memory_mib"], 3)
+        for e in engines.values():
+            e.stop()
+        engines = {}
+        if peer_chat is not None and "chat" in cases:
+            result.update(peer_chat.run_chat(systems, model, run, a, rng, a.smoke))
+        if peer_chat is not None and "faults" in cases:
+            result.update(peer_chat.run_faults(systems, model, run, a, rng, a.smoke))
+    finally:
+        for e in engines.values():
+            e.stop()
+        for s in systems:
+            s.stop()
+    if a.plots:
+        result["plots"] = [os.path.relpath(x, ROOT) for x in plot(result, raw, a.plots)]
+    emit(result, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
