@@ -1,9 +1,12 @@
 // Connection: Hello, connection generations and Call.
 #include "connection.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
+#include <thread>
 
 namespace kvtier::client_internal {
 namespace {
@@ -13,6 +16,24 @@ std::string ProgramName() {
   std::string name;
   std::getline(in, name);
   return name.empty() ? "kvtier-client" : name;
+}
+
+// ClientOptions::prefault_pools: asks the kernel to map every page of each pool
+// whose file is wholly allocated (MADV_POPULATE_READ, Linux 5.14; older kernels
+// refuse it and the pages fault in as they are used), on a thread that holds the
+// mapping alive (a later reconnect maps anew; this one ends on its own). The
+// kernel does the reads, so nothing here races with a copy into a slot.
+void PrefaultInBackground(std::shared_ptr<const Attachment> att) {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // <linux/mman.h> of Linux 5.14.
+#endif
+  std::thread([att = std::move(att)] {
+    for (Tier t : kTiers) {
+      const ShmSegment& seg = att->pools[t];
+      if (!seg.valid() || seg.allocated_bytes() < seg.size()) continue;
+      if (madvise(seg.data(), seg.size(), MADV_POPULATE_READ) != 0) return;
+    }
+  }).detach();
 }
 
 }  // namespace
@@ -68,6 +89,7 @@ Status Connection::ConnectLocked() {
     transport_.Close();
     return attached.status();
   }
+  if (options_.prefault_pools) PrefaultInBackground(*attached);
   {
     std::lock_guard lock(att_mu_);
     att_ = std::move(attached).value();

@@ -30,7 +30,8 @@ ShmSegment::ShmSegment(ShmSegment&& other) noexcept
       name_(std::move(other.name_)),
       owner_(std::exchange(other.owner_, false)),
       share_fd_(std::exchange(other.share_fd_, -1)),
-      file_owner_(std::exchange(other.file_owner_, static_cast<uid_t>(-1))) {}
+      file_owner_(std::exchange(other.file_owner_, static_cast<uid_t>(-1))),
+      allocated_bytes_(std::exchange(other.allocated_bytes_, 0)) {}
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
   if (this != &other) {
@@ -41,6 +42,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     owner_ = std::exchange(other.owner_, false);
     share_fd_ = std::exchange(other.share_fd_, -1);
     file_owner_ = std::exchange(other.file_owner_, static_cast<uid_t>(-1));
+    allocated_bytes_ = std::exchange(other.allocated_bytes_, 0);
   }
   return *this;
 }
@@ -53,6 +55,7 @@ void ShmSegment::Reset() {
   if (share_fd_ >= 0) close(share_fd_);
   share_fd_ = -1;
   file_owner_ = static_cast<uid_t>(-1);
+  allocated_bytes_ = 0;
   data_ = nullptr;
   size_ = 0;
   owner_ = false;
@@ -192,6 +195,7 @@ Result<ShmSegment> ShmSegment::MapPassed(int fd, bool writable, size_t min_bytes
   seg.data_ = static_cast<std::byte*>(p);
   seg.size_ = bytes;
   seg.name_ = label;
+  seg.allocated_bytes_ = static_cast<size_t>(st.st_blocks) * 512;
   return seg;
 }
 

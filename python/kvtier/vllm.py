@@ -202,10 +202,10 @@ class KvtierConnector(KVConnectorBase_V1):
         self._plan = Planner(self._block_size, self._stats, self._clients, self._lookups)  # Each step's loads, saves.
 
     # --- kvtierd ---------------------------------------------------------------------
-    def _make_client(self, rank: int, request_timeout: float | None = None) -> kvtier.Client:
+    def _make_client(self, rank: int, request_timeout: float | None = None, prefault: bool = False) -> kvtier.Client:
         return kvtier.Client(socket=self._socket, tenant=self._tenant, profile=self._profile,
                              model_id=self._ids[rank], client_name=self._name, connect_timeout=self._timeout,
-                             request_timeout=request_timeout or self._request_timeout)
+                             request_timeout=request_timeout or self._request_timeout, prefault_pools=prefault)
 
     def _geometry(self) -> tuple | None:
         s = self._spec
@@ -305,7 +305,10 @@ class KvtierConnector(KVConnectorBase_V1):
         # Loads (on vLLM's thread) and saves (on the saver's) each have a client of
         # their own, so that neither waits behind the other's call to a hung kvtierd;
         # the link pings only while kvtierd is away (the calls show it gone).
-        self._link = Link(functools.partial(self._make_client, self._rank), interval=0.5, ping_while_up=False,
+        # The worker's client maps the pools' pages in the background (prefault_pools): a
+        # load's first read of a slot then takes no page faults on the step.
+        self._link = Link(functools.partial(self._make_client, self._rank, prefault=True), interval=0.5,
+                          ping_while_up=False,
                           check=self._check_profile, name="kvtier-link", logger=_log)
         self._refuse_if_unfit([self._link])
         if not self._link.up:

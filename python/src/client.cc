@@ -10,7 +10,7 @@ void BindClient(py::module_& m) {
   py::class_<PyClient>(m, "Client", "A connection to kvtierd")
       .def(py::init([](const std::string& socket, const std::string& tenant, const std::string& profile,
                        const py::object& model_id, const std::string& client_name, double connect_timeout,
-                       double request_timeout, bool open_gpu) {
+                       double request_timeout, bool open_gpu, bool prefault_pools) {
              ClientOptions o;
              o.socket_path = socket;
              o.tenant = tenant;
@@ -20,12 +20,13 @@ void BindClient(py::module_& m) {
              o.connect_timeout = Ms(connect_timeout);
              o.request_timeout = Ms(request_timeout);
              o.open_gpu = open_gpu;
+             o.prefault_pools = prefault_pools;
              auto c = Unlocked([&] { return Client::Connect(o); });
              return std::make_unique<PyClient>(PyClient{Take(std::move(c))});
            }),
            py::arg("socket") = "/run/kvtier/kvtierd.sock", py::arg("tenant") = "", py::arg("profile") = "",
            py::arg("model_id") = py::none(), py::arg("client_name") = "", py::arg("connect_timeout") = 2.0,
-           py::arg("request_timeout") = 10.0, py::arg("open_gpu") = true)
+           py::arg("request_timeout") = 10.0, py::arg("open_gpu") = true, py::arg("prefault_pools") = false)
       .def_property_readonly("profile", [](const PyClient& c) { return ProfileDict(c.client->profile()); })
       .def_property_readonly("block_tokens", [](const PyClient& c) { return c.client->block_tokens(); })
       .def_property_readonly("backend", [](const PyClient& c) { return c.client->backend(); })

@@ -3,6 +3,7 @@ views of the pools, sessions, errors as exceptions, model identities, threads.""
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -228,22 +229,33 @@ def _shared_mib(pid):
     return total / (1 << 20)
 
 
+def _own_shared_mib():
+    """Shared memory mapped in this process's page tables (RssShmem), in MiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssShmem:")) / 1024
+
+
 @pytest.mark.parametrize("prefault", [True, False])
 def test_prefault_decides_whether_the_tiers_take_memory_from_the_start(tmp_path, prefault):
     """prefault: true (the default) faults both tiers in at start; false leaves
     their memory to grow as slots are first written (by the clients, into the
     shared segments), and what is written reads back the same. Tiers of 1 MiB
-    blocks: 64 + 256 MiB in all."""
-    from conftest import PROFILE, Daemon
+    blocks: 64 + 256 MiB in all. A client with prefault_pools maps the pages of
+    pools that are whole, and leaves the others alone."""
+    from conftest import PROFILE, Daemon, until
     profile = PROFILE.format(head_dim=128, block_tokens=256)
     d = Daemon(tmp_path, extra=f"prefault: {str(prefault).lower()}", profiles=profile)
     try:
-        c = d.client()
+        before = _own_shared_mib()
+        c = d.client(prefault_pools=True)  # Maps the pools' pages in the background where they are whole.
         at_start = _shared_mib(d.proc.pid)
         if prefault:
             assert at_start >= 320, f"{at_start:.0f} MiB of shared memory taken, the tiers are 320 MiB"
+            until(lambda: _own_shared_mib() >= before + 320, 20, "the client to map both pools' pages")
             return
+        time.sleep(0.5)  # Had the client mapped the pools' pages, it would have taken their memory.
         assert at_start < 32, f"{at_start:.0f} MiB of shared memory taken before any block was written"
+        assert _shared_mib(d.proc.pid) < 32 and _own_shared_mib() < before + 32
         t = [9000 + i for i in range(16 * 256)]
         with c.allocate(16) as w:
             for i in range(16):

@@ -47,6 +47,13 @@ struct ClientOptions {
   // (kFailedPrecondition), a leased GPU-tier block's BlockRef::data is null,
   // WaitOnStream waits on the CPU, and everything else works as before.
   bool open_gpu = true;
+  // Map the host backend's pools into this process's page tables after each
+  // connect, on a thread of their own, so that no later read or write of a slot
+  // takes a page fault (a 6 MiB slot is ~1,500 pages). For a worker that loads
+  // and saves for a long time (a vLLM engine); a pool kvtierd did not fault in
+  // whole (its prefault: false) is left alone, since mapping its pages would
+  // take the memory. Costs a moment of one core per GiB at each connect.
+  bool prefault_pools = false;
 };
 
 }  // namespace kvtier

@@ -76,6 +76,10 @@ class ShmSegment {
   // or a read-only descriptor of a named segment this process created or
   // opened; -1 for a segment mapped from a passed descriptor. Closed with the object.
   int share_fd() const { return share_fd_; }
+  // For a segment mapped from a passed descriptor: the bytes of memory its file
+  // had taken when it was mapped (its pages written or faulted in by anyone);
+  // 0 otherwise.
+  size_t allocated_bytes() const { return allocated_bytes_; }
   // The uid owning a named segment this process opened (-1 otherwise).
   uid_t file_owner() const { return file_owner_; }
   // Owner only: keep the segment after this object dies (a warm restart adopts it).
@@ -90,6 +94,7 @@ class ShmSegment {
   bool owner_ = false;
   int share_fd_ = -1;
   uid_t file_owner_ = static_cast<uid_t>(-1);
+  size_t allocated_bytes_ = 0;
 };
 
 }  // namespace kvtier
