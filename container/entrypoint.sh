@@ -12,7 +12,7 @@
 # kvtierd runs in the foreground as the container's main process (exec): the
 # runtime's SIGTERM stops it cleanly, SIGHUP re-reads the configuration.
 set -eu
-config=${KVTIER_CONFIG:-/usr/local/etc/kvtier/kvtierd.yaml}
+config=${KVTIER_CONFIG:-/etc/kvtier/kvtierd.yaml}
 socket=${KVTIER_SOCKET:-/run/kvtier/kvtierd.sock}
 
 case "${1:-}" in

@@ -2,21 +2,27 @@
 # image_test.sh SOURCE_DIR BUILD_DIR BASE_DIR — the container_image test
 # (tests/image/CMakeLists.txt, label image): builds the Containerfile's kvtierd
 # stage from this build, offline, and runs kvtierd and its clients inside it.
-#   1. scripts/image_context.sh stages the context from BUILD_DIR (cmake
-#      --install, the kvtier wheel); BASE_DIR (scripts/image_base.sh) adds the
-#      numpy wheel;
-#   2. BASE_DIR/rootfs.tar (mmdebstrap: Debian 12 with the Containerfile's
-#      RUNTIME_PACKAGES) becomes the base image, in place of debian:bookworm-slim;
-#   3. buildah bud --isolation chroot builds the Containerfile's kvtierd stage
-#      on it (PIP_ARGS=--no-index), and the image's user, volume, health check
-#      and entry point are checked;
+#   1. BASE_DIR/rootfs.tar (scripts/image_base.sh, mmdebstrap: Debian 12 with
+#      the Containerfile's RUNTIME_PACKAGES) becomes the base image, in place of
+#      debian:bookworm-slim;
+#   2. the README's image block (<!-- install: image -->) runs as written, in a
+#      tree whose build/ is BUILD_DIR: scripts/image_context.sh stages the
+#      context in BUILD_DIR/image (cpack's .deb, the kvtier wheel, and BASE_DIR's
+#      numpy wheel through KVTIER_IMAGE_WHEELS), `podman build` builds the
+#      kvtierd stage and `podman run --rm kvtier --check-config` checks the
+#      configuration the package installs. podman is podman_shim.sh: buildah bud
+#      and run --isolation chroot, on that base, pip offline (PIP_ARGS=--no-index);
+#   3. the image's user, volume, health check and entry point are checked, and
+#      that kvtierd and cachectl are the package's, with every library they load;
 #   4. one `buildah run` starts kvtier-entrypoint (kvtierd, as the image's user,
 #      socket in a host directory mounted as the volume); others, as a client
 #      container would, run the health check, cachectl and the Python module
 #      against it through that volume; SIGTERM stops kvtierd cleanly.
 # Everything lives in BUILD_DIR/image-test (buildah's own storage included) and
-# is removed at the end; nothing is left running. Exit 77 (skip) only where
-# buildah cannot run at all. KVTIER_PYTHON: the interpreter that builds the wheel.
+# BUILD_DIR/image (the block's context), and is removed at the end; nothing is
+# left running. Exit 77 (skip) only where buildah cannot run at all or cpack
+# cannot make the package (no dpkg-shlibdeps). KVTIER_PYTHON: the interpreter
+# that builds the wheel.
 set -euo pipefail
 source_dir=$1 build=$2 base=$3
 work=$build/image-test
@@ -24,7 +30,9 @@ started=$SECONDS
 step() { echo "== [$((SECONDS - started)) s] $*"; }
 fail() { echo "FAIL: $*"; exit 1; }
 
-command -v buildah >/dev/null || { echo "SKIP: buildah is not installed (scripts/setup.sh installs it)"; exit 77; }
+for tool in buildah cpack dpkg-shlibdeps; do
+  command -v $tool >/dev/null || { echo "SKIP: $tool is not installed (scripts/setup.sh installs it)"; exit 77; }
+done
 if [ "$(id -u)" -ne 0 ]; then
   # Rootless: the whole test in buildah's user namespace, where it is root
   # (buildah mount and chown need that). Only root has run it so far.
@@ -56,18 +64,13 @@ cleanup() {
     # Whatever buildah left mounted under its storage (nothing, normally).
     grep -o " $storage/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do umount "$m"; done
   fi
-  rm -rf "$storage" "$work/runroot" "$work/tmp"
+  rm -rf "$storage" "$work/runroot" "$work/tmp" "$build/image"
 }
 trap cleanup EXIT
 cleanup
 rm -rf "$work"
 mkdir -p "$work/tmp"
 export TMPDIR=$work/tmp  # buildah's layer blobs while it commits
-
-step "stage the build context from $build"
-KVTIER_PYTHON=${KVTIER_PYTHON:-python3} "$source_dir/scripts/image_context.sh" "$build" "$work/context" >/dev/null
-cp "$base"/wheels/*.whl "$work/context/wheels/"
-ls "$work/context/wheels"
 
 step "import the base: $base/rootfs.tar ($driver storage)"
 import_base() {
@@ -83,15 +86,28 @@ if ! import_base; then
   import_base || fail "cannot import the base image"
 fi
 
-step "buildah bud --target kvtierd (Containerfile, offline)"
-bud bud --isolation chroot --format docker --pull=never --quiet \
-  --build-arg BASE=localhost/kvtier-test-base --build-arg PIP_ARGS=--no-index \
-  --target kvtierd -f "$source_dir/Containerfile" -t localhost/kvtier:test "$work/context" >"$work/bud.log" 2>&1 ||
-  { cat "$work/bud.log"; fail "the image does not build"; }
+step "the README's image block, in a tree whose build/ is $build"
+source "$source_dir/tests/package/readme_block.sh"
+tree=$work/tree
+mkdir -p "$tree/bin"
+ln -s "$source_dir/Containerfile" "$source_dir/scripts" "$tree/"
+ln -s "$build" "$tree/build"
+install -m 0755 "$source_dir/tests/image/podman_shim.sh" "$tree/bin/podman"
+readme_block "$source_dir/README.md" image >"$work/block.sh"
+[ -s "$work/block.sh" ] || fail "README.md has no <!-- install: image --> block"
+sed 's/^/   | /' "$work/block.sh"
+(cd "$tree" && PATH=$tree/bin:$PATH KVTIER_PYTHON=${KVTIER_PYTHON:-python3} KVTIER_IMAGE_WHEELS=$base/wheels \
+   KVTIER_TEST_BUILDAH="--root $storage --runroot $work/runroot --storage-driver $driver" \
+   KVTIER_TEST_BASE=localhost/kvtier-test-base bash -euo pipefail "$work/block.sh") >"$work/block.log" 2>&1 ||
+  { cat "$work/block.log"; fail "the block failed"; }
+grep -E "^(image_context|instance|socket|backend):" "$work/block.log" | sed 's/^/   /'
+grep -qx "socket: /run/kvtier/kvtierd.sock" "$work/block.log" ||
+  fail "kvtierd --check-config in the image does not show the package's configuration"
+ls "$build/image" "$build/image/wheels" | sed 's/^/   /'
 bud images
 
 step "the image's configuration"
-bud inspect --type image localhost/kvtier:test >"$work/image.json"
+bud inspect --type image localhost/kvtier >"$work/image.json"
 python3 - "$work/image.json" <<'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))["Docker"]["config"]
@@ -108,7 +124,7 @@ env = dict(e.split("=", 1) for e in c.get("Env", []))
 check("KVTIER_SOCKET", env.get("KVTIER_SOCKET"), "/run/kvtier/kvtierd.sock")
 EOF
 
-ctr=$(bud from --pull=never localhost/kvtier:test)
+ctr=$(bud from --pull=never localhost/kvtier)
 # buildah 1.28 mounts the image's anonymous volume over a -v of the same path
 # now and then (its mounts' order varies): the test gives the volume itself.
 bud config --volume /run/kvtier- "$ctr"
@@ -134,9 +150,16 @@ EOF
 in_image() { bud run --isolation chroot -v "$vol:/run/kvtier" "$ctr" -- "$@"; }
 as_root() { bud run --isolation chroot --user 0:0 -v "$vol:/run/kvtier" "$ctr" -- "$@"; }
 
-step "every library kvtierd and cachectl load is in the image"
-in_image sh -c 'ldd /usr/local/bin/kvtierd /usr/local/bin/cachectl' >"$work/ldd.log"
-! grep "not found" "$work/ldd.log" || fail "libraries missing from the image (the Containerfile's RUNTIME_PACKAGES)"
+step "kvtierd and cachectl are the package's; every library they load is in the image"
+in_image sh -c 'dpkg-query -W -f="\${Package} \${Version}: \${Status}\n" kvtier; dpkg -S /usr/bin/kvtierd /usr/bin/cachectl;
+                command -v kvtierd cachectl; getent passwd kvtier; ldd /usr/bin/kvtierd /usr/bin/cachectl' >"$work/files.log"
+sed -n '1,6p' "$work/files.log" | sed 's/^/   /'
+grep -qx "kvtier [^ ]*: install ok installed" "$work/files.log" || fail "the package kvtier is not installed in the image"
+[ "$(grep -cxE "kvtier: /usr/bin/(kvtierd|cachectl)" "$work/files.log")" = 2 ] ||
+  fail "/usr/bin/kvtierd and /usr/bin/cachectl are not the package's"
+grep -qx "/usr/bin/kvtierd" "$work/files.log" || fail "kvtierd on PATH is not /usr/bin/kvtierd"
+grep -q "^kvtier:x:10001:10001:" "$work/files.log" || fail "user kvtier is not uid and gid 10001"
+! grep "not found" "$work/files.log" || fail "libraries missing from the image (the package's Depends)"
 
 step "the entry point refuses a socket directory its user cannot write"
 if bud run --isolation chroot "$ctr" -- sh -c 'KVTIER_SOCKET=/var/log/kvtierd.sock exec kvtier-entrypoint' \
