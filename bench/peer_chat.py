@@ -350,7 +350,7 @@ class Fleet:
         try:
             for s in self.systems.values():
                 if s.name != "none" and not s.alive():
-                    s.start(os.path.join(self.run_dir, s.name))
+                    s.start(self.run_dir)
                     self._started.append(s)
             for s in self.systems.values():
                 os.makedirs(os.path.join(self.run_dir, "chat"), exist_ok=True)
