@@ -214,9 +214,40 @@ def plot(result, raw, directory):
         path = os.path.join(directory, "peer_prefix_ttft.png")
         fig.savefig(path, dpi=110)
         paths.append(path)
-    if "chat" in result and hasattr(sys.modules.get("peer_chat"), "plot"):
-        paths += sys.modules["peer_chat"].plot(result, directory)
+    if "chat" in result:
+        paths.append(plot_chat(result, directory))
     return paths
+
+
+def plot_chat(result, directory):
+    """Throughput and TTFT p50/p99 per system and routing policy (medians over rounds)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    detail = result["chat"]["detail"]
+    names = list(detail)
+    policies = list(next(iter(detail.values())))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    width = 0.8 / len(names)
+    for k, (key, label) in enumerate((("requests_per_s", "requests / s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
+                                      ("ttft_p99_ms", "TTFT p99 (ms)"))):
+        ax = axes[k]
+        for i, n in enumerate(names):
+            vals = [(detail[n][p].get(key) or {}).get("median") or 0 for p in policies]
+            lo = [v - ((detail[n][p].get(key) or {}).get("min") or v) for v, p in zip(vals, policies)]
+            hi = [((detail[n][p].get(key) or {}).get("max") or v) - v for v, p in zip(vals, policies)]
+            ax.bar([j + i * width for j in range(len(policies))], vals, width, yerr=[lo, hi], label=n, capsize=3)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(policies))], policies)
+        ax.set_ylabel(label)
+    axes[0].legend()
+    c = result["chat"]
+    fig.suptitle(f"chat through vllm-router: {c['conversations']} conversations x {c['turns']} turns, "
+                 f"{c['clients']} clients, {c['rounds']} rounds ({result['model']}, {result['machine']}, "
+                 f"{result['date']})")
+    fig.tight_layout()
+    path = os.path.join(directory, "peer_chat.png")
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def main() -> int:
@@ -305,10 +336,12 @@ def main() -> int:
         for e in engines.values():
             e.stop()
         engines = {}
-        if peer_chat is not None and "chat" in cases:
-            result.update(peer_chat.run_chat(systems, model, run, a, rng, a.smoke))
-        if peer_chat is not None and "faults" in cases:
-            result.update(peer_chat.run_faults(systems, model, run, a, rng, a.smoke))
+        chat_cases = tuple(c for c in cases if c in ("chat", "faults"))
+        if peer_chat is not None and chat_cases:
+            part = peer_chat.run_cases(systems, model, run, a, rng, a.smoke, chat_cases)
+            for case, r in part.items():
+                result[case] = r
+                result.update(r.get("figures", {}))
     finally:
         for e in engines.values():
             e.stop()

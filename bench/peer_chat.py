@@ -18,8 +18,10 @@ through the cache_aware router: how often the reference differs from itself
 
 Each round draws new conversations per policy (a tag at the start of the
 system prompt keeps one set's blocks from matching another's); every system
-serves the same set, in an order that rotates from round to round. The vLLM
-servers (two per system) are started once and kept for the whole run (Fleet).
+serves the same set, in an order that rotates from round to round. One
+system's two vLLM servers run at a time (Fleet), started for its turn in a
+round and stopped after it: six at once (~3 GiB each) do not fit beside the
+cache servers in 24 GiB.
 
 faults: the same chat, through the round_robin router, while the cache server
 is SIGKILLed and restarted after a pause (and, for kvtier, SIGSTOPped for a few
@@ -27,7 +29,7 @@ seconds and continued). Counted: failed requests, replies that differ from the
 reference, and the seconds from the restart (or SIGCONT) until the connector's
 hits come back. Whatever happens is recorded as it happens.
 
-run_chat(...) and run_faults(...) return JSON-able dicts; add_args(parser)
+run_cases(...) runs both (run_chat and run_faults: one) and returns JSON-able dicts; add_args(parser)
 registers their options. Run as a script for a small stand-alone run:
   PYTHONPATH=build/python python bench/peer_chat.py --kvtierd build/daemon/kvtierd --smoke
 """
@@ -596,49 +598,76 @@ def _rounds(a: argparse.Namespace, smoke: bool) -> int:
     return a.chat_rounds or getattr(a, "rounds", 0) or 3
 
 
-def run_chat(systems: list[System], model: str, run_dir: str, args: argparse.Namespace, rng: random.Random,
-             smoke: bool = False, fleet: Fleet | None = None) -> dict:
-    """The chat case: rounds x policies x systems (interleaved, rotating order).
-    `fleet` (Fleet) may be shared with run_faults; without it one is started
-    and closed here. Returns the figures and per-system, per-policy detail."""
+def run_cases(systems: list[System], model: str, run_dir: str, args: argparse.Namespace, rng: random.Random,
+              smoke: bool = False, cases: tuple = ("chat", "faults")) -> dict:
+    """The chat and faults cases, round by round: each round draws its
+    conversations (one set per policy), then each system in an order that rotates
+    from round to round starts its two vLLM servers (one system's at a time: six
+    servers at once do not fit in 24 GiB beside the cache servers), serves every
+    policy's set (in a rotating order too), and stops them. "none" also serves
+    the calibration run; in the first round each system also serves the faults
+    set (the reference for "none"; the faults for the others). Returns
+    {"chat": {...}, "faults": {...}} for the cases asked for."""
     a = smoke_args(args) if smoke else args
     policies = [p for p in a.chat_policies.split(",") if p]
     names = [s.name for s in systems]
+    by_name = {s.name: s for s in systems}
     texts = Texts(model)
-    own = fleet is None
-    fleet = fleet or Fleet(systems, model, run_dir, args, smoke)
     t0 = time.monotonic()
-    try:
-        started = fleet.start() if own or not fleet.servers else None
-        runs: dict = {n: {p: [] for p in policies} for n in names}
-        calib: list[dict] = []
-        sets: list[dict] = []
-        for r in range(_rounds(a, smoke)):
-            order_p = policies[r % len(policies):] + policies[:r % len(policies)]
-            per_policy = {}
-            for p in order_p:
-                convset = make_conversations(texts, rng, a.chat_conversations, f"{r}-{SUFFIX[p]}-{rng.getrandbits(32):08x}", a)
-                per_policy[p] = convset
-                order = names[r % len(names):] + names[:r % len(names)]
-                for n in order:
+    runs: dict = {n: {p: [] for p in policies} for n in names}
+    again: list[tuple[int, dict]] = []
+    sets: list[dict] = []
+    started: list[dict] = []
+    faults_set = None
+    total = 0
+    fault_ref = None
+    faulted: dict = {}
+    if "faults" in cases:
+        n = a.faults_conversations or 2 * a.chat_conversations
+        faults_set = make_conversations(texts, rng, n, f"faults-{rng.getrandbits(32):08x}", a)
+        total = sum(len(c["turns"]) for c in faults_set["conversations"])
+    rounds = _rounds(a, smoke) if "chat" in cases else 1
+    for r in range(rounds):
+        convsets = {p: make_conversations(texts, rng, a.chat_conversations,
+                                          f"{r}-{SUFFIX[p]}-{rng.getrandbits(32):08x}", a)
+                    for p in policies} if "chat" in cases else {}
+        sets.append({p: {"tag": c["tag"], "turns": sum(len(x["turns"]) for x in c["conversations"])}
+                     for p, c in convsets.items()})
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            fleet = Fleet([by_name[n]], model, run_dir, args, smoke)
+            try:
+                started.append({"round": r + 1, "system": n, **fleet.start()})
+                if "chat" in cases:
+                    for p in policies[r % len(policies):] + policies[:r % len(policies)]:
+                        time.sleep(a.chat_settle)
+                        runs[n][p].append(run_one(fleet, n, p, convsets[p], a, f"round {r + 1}"))
+                    if n == "none" and not a.chat_no_calibrate and {"round_robin", "cache_aware"} <= set(policies):
+                        time.sleep(a.chat_settle)
+                        again.append((r, run_one(fleet, "none", "cache_aware", convsets["round_robin"], a,
+                                                 f"round {r + 1} calibration")))
+                if faults_set is not None and r == 0:
                     time.sleep(a.chat_settle)
-                    runs[n][p].append(run_one(fleet, n, p, convset, a, f"round {r + 1}"))
-            sets.append({p: {"tag": c["tag"], "turns": sum(len(x["turns"]) for x in c["conversations"])}
-                         for p, c in per_policy.items()})
-            if "none" in names and not a.chat_no_calibrate and "round_robin" in per_policy and len(policies) > 1:
-                time.sleep(a.chat_settle)
-                again = run_one(fleet, "none", "cache_aware", per_policy["round_robin"], a, f"round {r + 1} calibration")
-                calib.append(compare(again["records"], runs["none"]["round_robin"][r]["records"]))
-        result = _chat_result(runs, names, policies, calib, a, smoke)
-        result.update({"seconds": round(time.monotonic() - t0, 1), "servers_started": started, "sets": sets})
-        try:
-            result["server_footprint"] = fleet.footprint()
-        except Exception:  # A footprint is a nicety.
-            pass
-        return result
-    finally:
-        if own:
-            fleet.close()
+                    if n == "none":
+                        fault_ref = run_one(fleet, "none", a.faults_policy, faults_set, a, "faults reference")
+                    else:
+                        faulted[n] = _fault_run(fleet, by_name[n], n, faults_set, total, a)
+            finally:
+                fleet.close()
+    out: dict = {}
+    if "chat" in cases:
+        calib = [compare(x["records"], runs["none"]["round_robin"][r]["records"]) for r, x in again]
+        chat = _chat_result(runs, names, policies, calib, a, smoke)
+        chat.update({"seconds": round(time.monotonic() - t0, 1), "servers_started": started, "sets": sets})
+        out["chat"] = chat
+    if faults_set is not None:
+        out["faults"] = _faults_result(faulted, fault_ref, faults_set, total, a, smoke)
+    return out
+
+
+def run_chat(systems: list[System], model: str, run_dir: str, args: argparse.Namespace, rng: random.Random,
+             smoke: bool = False) -> dict:
+    """The chat case alone (run_cases)."""
+    return run_cases(systems, model, run_dir, args, rng, smoke, ("chat",))["chat"]
 
 
 def _chat_result(runs: dict, names: list[str], policies: list[str], calib: list[dict], a, smoke: bool) -> dict:
@@ -791,91 +820,77 @@ def _faulter(system: System, plan: list[dict], total: int, log: list[dict]):
     return run
 
 
-def run_faults(systems: list[System], model: str, run_dir: str, args: argparse.Namespace, rng: random.Random,
-               smoke: bool = False, fleet: Fleet | None = None) -> dict:
-    """The faults case: the chat (--faults-policy, round_robin by default) for
-    "none" (the reference), then for kvtier with kvtierd SIGKILLed and restarted
-    and later SIGSTOPped and continued, then for LMCache with its server
-    SIGKILLed and restarted. Returns per-system records and the figures."""
-    a = smoke_args(args) if smoke else args
-    names = [s.name for s in systems]
-    by_name = {s.name: s for s in systems}
-    texts = Texts(model)
-    own = fleet is None
-    fleet = fleet or Fleet(systems, model, run_dir, args, smoke)
-    t0 = time.monotonic()
+def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: int, a: argparse.Namespace) -> dict:
+    """One system's chat on the faults set with its cache server SIGKILLed and
+    restarted (and, for kvtier, SIGSTOPped and continued) on the way."""
+    plan = [{"kind": "sigkill", "after": a.faults_kill_after, "pause": a.faults_pause}]
+    if name == "kvtier":
+        plan.append({"kind": "sigstop", "after": a.faults_stop_after, "seconds": a.faults_stop_seconds})
+    log: list[dict] = []
+    watch = Watch(fleet, name)
     try:
-        if own or not fleet.servers:
-            fleet.start()
-        n = a.faults_conversations or 2 * a.chat_conversations
-        convset = make_conversations(texts, rng, n, f"faults-{rng.getrandbits(32):08x}", a)
-        total = sum(len(c["turns"]) for c in convset["conversations"])
-        policy = a.faults_policy
-        ref = run_one(fleet, "none", policy, convset, a, "faults reference") if "none" in names else None
-        out: dict = {"case": "faults", "policy": policy, "conversations": n, "requests": total, "smoke": smoke,
-                     "reference": ref["summary"] if ref else None, "systems": {}}
-        for name in ("kvtier", "lmcache"):
-            if name not in names:
-                continue
-            plan = [{"kind": "sigkill", "after": a.faults_kill_after, "pause": a.faults_pause}]
-            if name == "kvtier":
-                plan.append({"kind": "sigstop", "after": a.faults_stop_after, "seconds": a.faults_stop_seconds})
-            log: list[dict] = []
-            time.sleep(a.chat_settle)
-            watch = Watch(fleet, name)
-            try:
-                run = run_one(fleet, name, policy, convset, a, "faults", during=_faulter(by_name[name], plan, total, log))
-            except Exception as e:  # Recorded as it is: the run itself could not go on.
-                out["systems"][name] = {"error": f"{type(e).__name__}: {e}"[:500], "faults": log,
-                                        "alive_after": by_name[name].alive()}
-                if not by_name[name].alive():
-                    by_name[name].restart()
-                continue
-            finally:
-                watch.stop()
-            if not by_name[name].alive():  # Whatever the faults left, the next case gets a live server.
-                by_name[name].restart()
-            recs = [r for rs in run["records"].values() for r in rs]
-            faults = []
-            for f in log:
-                g = {k: v for k, v in f.items() if k not in ("at", "back")}
-                if f.get("happened"):
-                    back = f["back"]
-                    g["hits_back_s"] = watch.back_after(back, "vllm:external_prefix_cache_hits_total")
-                    g["loads_back_s"] = watch.back_after(back, "vllm:prompt_tokens_by_source_total[external_kv_transfer]")
-                    if name == "kvtier":
-                        g["kvtier_loaded_back_s"] = watch.back_after(back, "vllm:kvtier_loaded_tokens_total")
-                        g["kvtier_saves_back_s"] = watch.back_after(back, "vllm:kvtier_saved_tokens_total")
-                    at, back_rel = f["at"] - run["t0"], back - run["t0"]
-                    g["at_s"], g["back_at_s"] = round(at, 2), round(back_rel, 2)
-                    during = [r for r in recs if r["start"] <= back_rel and r["end"] >= at]
-                    g["requests_in_flight_or_started_during"] = len(during)
-                    g["failed_during"] = sum(1 for r in during if "error" in r)
-                faults.append(g)
-            cmp = compare(run["records"], ref["records"]) if ref else None
-            s = run["summary"]
-            backs = [f.get("kvtier_loaded_back_s" if name == "kvtier" else "loads_back_s") for f in faults]
-            out["systems"][name] = {
-                "failed": s["failed"], "skipped": s["skipped"], "requests": s["requests"],
-                "different": cmp["different"] if cmp else None, "compared": cmp["compared"] if cmp else None,
-                "diverged_conversations": cmp["diverged_conversations"] if cmp else None,
-                "hits_back_s": max(backs) if backs and all(b is not None for b in backs) else None,
-                "faults": faults, "summary": s, "alive_after": by_name[name].alive(),
-            }
-        k = out["systems"].get("kvtier")
-        k = k if k and "error" not in k else None
-        out["figures"] = {"faults_kvtier_failed": k["failed"] if k else None,
-                          "faults_kvtier_different": k["different"] if k else None,
-                          "faults_kvtier_hits_back_s": k["hits_back_s"] if k else None}
-        out["targets"] = {} if smoke or not k else {
-            "faults_kvtier_failed == 0": k["failed"] == 0,
-            "faults_kvtier_different == 0": k["different"] == 0,
-            "faults_kvtier_hits_back_s <= 1": k["hits_back_s"] is not None and k["hits_back_s"] <= 1.0}
-        out["seconds"] = round(time.monotonic() - t0, 1)
-        return out
+        run = run_one(fleet, name, a.faults_policy, convset, a, "faults", during=_faulter(system, plan, total, log))
+    except Exception as e:  # Recorded as it is: the run itself could not go on.
+        return {"error": f"{type(e).__name__}: {e}"[:500], "faults": log, "alive_after": system.alive()}
     finally:
-        if own:
-            fleet.close()
+        watch.stop()
+        if not system.alive():  # Whatever the faults left, what comes next gets a live server.
+            system.restart()
+    recs = [r for rs in run["records"].values() for r in rs]
+    faults = []
+    for f in log:
+        g = {k: v for k, v in f.items() if k not in ("at", "back")}
+        if f.get("happened"):
+            back = f["back"]
+            g["hits_back_s"] = watch.back_after(back, "vllm:external_prefix_cache_hits_total")
+            g["loads_back_s"] = watch.back_after(back, "vllm:prompt_tokens_by_source_total[external_kv_transfer]")
+            if name == "kvtier":
+                g["kvtier_loaded_back_s"] = watch.back_after(back, "vllm:kvtier_loaded_tokens_total")
+                g["kvtier_saves_back_s"] = watch.back_after(back, "vllm:kvtier_saved_tokens_total")
+            at, back_rel = f["at"] - run["t0"], back - run["t0"]
+            g["at_s"], g["back_at_s"] = round(at, 2), round(back_rel, 2)
+            during = [r for r in recs if r["start"] <= back_rel and r["end"] >= at]
+            g["requests_in_flight_or_started_during"] = len(during)
+            g["failed_during"] = sum(1 for r in during if "error" in r)
+        faults.append(g)
+    return {"run": run, "faults": faults, "alive_after": system.alive()}
+
+
+def _faults_result(faulted: dict, ref: dict | None, convset: dict, total: int, a: argparse.Namespace,
+                   smoke: bool) -> dict:
+    out: dict = {"case": "faults", "policy": a.faults_policy, "conversations": len(convset["conversations"]),
+                 "requests": total, "smoke": smoke, "reference": ref["summary"] if ref else None, "systems": {}}
+    for name, f in faulted.items():
+        if "error" in f:
+            out["systems"][name] = f
+            continue
+        run, faults = f["run"], f["faults"]
+        cmp = compare(run["records"], ref["records"]) if ref else None
+        s = run["summary"]
+        backs = [g.get("kvtier_loaded_back_s" if name == "kvtier" else "loads_back_s") for g in faults]
+        out["systems"][name] = {
+            "failed": s["failed"], "skipped": s["skipped"], "requests": s["requests"],
+            "different": cmp["different"] if cmp else None, "compared": cmp["compared"] if cmp else None,
+            "diverged_conversations": cmp["diverged_conversations"] if cmp else None,
+            "hits_back_s": max(backs) if backs and all(b is not None for b in backs) else None,
+            "faults": faults, "summary": s, "alive_after": f["alive_after"],
+        }
+    k = out["systems"].get("kvtier")
+    k = k if k and "error" not in k else None
+    out["figures"] = {"faults_kvtier_failed": k["failed"] if k else None,
+                      "faults_kvtier_different": k["different"] if k else None,
+                      "faults_kvtier_hits_back_s": k["hits_back_s"] if k else None}
+    out["targets"] = {} if smoke or not k else {
+        "faults_kvtier_failed == 0": k["failed"] == 0,
+        "faults_kvtier_different == 0": k["different"] == 0,
+        "faults_kvtier_hits_back_s <= 1": k["hits_back_s"] is not None and k["hits_back_s"] <= 1.0}
+    return out
+
+
+def run_faults(systems: list[System], model: str, run_dir: str, args: argparse.Namespace, rng: random.Random,
+               smoke: bool = False) -> dict:
+    """The faults case alone (run_cases)."""
+    return run_cases(systems, model, run_dir, args, rng, smoke, ("faults",))["faults"]
 
 
 # ---------------------------------------------------------------- stand-alone
@@ -899,16 +914,14 @@ def main() -> int:
     run_dir = tempfile.mkdtemp(prefix="kvtier-peer-chat.")
     print(f"peer_chat: logs in {run_dir}, seed {seed}", file=sys.stderr, flush=True)
     syss = make_systems(a.kvtierd, a.model, a.systems.split(","))
-    fleet = Fleet(syss, a.model, run_dir, a, a.smoke)
     result: dict = {"seed": seed}
     try:
-        result["servers"] = fleet.start()
-        if "chat" in a.cases:
-            result["chat"] = run_chat(syss, a.model, run_dir, a, rng, a.smoke, fleet)
-        if "faults" in a.cases:
-            result["faults"] = run_faults(syss, a.model, run_dir, a, rng, a.smoke, fleet)
+        for s in syss:
+            s.start(run_dir)
+        result.update(run_cases(syss, a.model, run_dir, a, rng, a.smoke, tuple(a.cases.split(","))))
     finally:
-        fleet.close()
+        for s in syss:
+            s.stop()
     from bench_kvtierd import emit
     emit(result, a.out)
     return 0
