@@ -130,6 +130,9 @@ def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
     a.chat_rounds, a.faults_conversations = 1, 3
     a.chat_kv_cache_mib, a.chat_max_model_len = 64, 1024
     a.faults_stop_seconds = 2.0
+    # A request that hangs (LMCache's engines wait on a server that was killed) fails
+    # in 30 s, and a run ends in 90 s, rather than the full run's 180 s and 900 s.
+    a.chat_request_timeout, a.chat_run_timeout = 30.0, 90.0
     return a
 
 
