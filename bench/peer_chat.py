@@ -50,6 +50,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python", "tests", "vllm"))
+import vllm_engines  # noqa: E402
 from peers import System, free_port, peer_env  # noqa: E402
 
 SERVED_NAME = "chat-model"
@@ -185,31 +187,12 @@ def make_conversations(texts: Texts, rng: random.Random, n: int, tag: str, a: ar
 # ---------------------------------------------------------------- processes
 
 def _group_pids(pgid: int) -> list[int]:
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
-                        out.append(int(p))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
+    return vllm_engines._group(pgid)
 
 
 def _mapped_shm(pids: list[int]) -> set[str]:
-    out = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    parts = line.split(maxsplit=5)
-                    path = parts[5].strip().replace(" (deleted)", "") if len(parts) == 6 else ""
-                    if path.startswith(("/dev/shm/psm_", "/dev/shm/sem.mp-")):
-                        out.add(path)
-        except OSError:
-            pass
-    return out
+    """Python multiprocessing's shared memory that any of pids maps (vllm_engines's)."""
+    return set().union(*(vllm_engines._mapped_shm(p) for p in pids))
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:

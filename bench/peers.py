@@ -90,18 +90,13 @@ def proc_footprint(pid: int) -> dict:
 def _shared_files(pid: int) -> list[str]:
     """Paths that reach the shared-memory files pid holds open or maps."""
     out = []
-    for fd in _listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(("/memfd:", "/dev/shm/")):
-                out.append(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            pass
-    for m in _listdir(f"/proc/{pid}/map_files"):
-        try:
-            if os.readlink(f"/proc/{pid}/map_files/{m}").startswith(("/memfd:", "/dev/shm/")):
-                out.append(f"/proc/{pid}/map_files/{m}")
-        except OSError:
-            pass
+    for d in (f"/proc/{pid}/fd", f"/proc/{pid}/map_files"):
+        for name in _listdir(d):
+            try:
+                if os.readlink(f"{d}/{name}").startswith(("/memfd:", "/dev/shm/")):
+                    out.append(f"{d}/{name}")
+            except OSError:
+                pass
     return out
 
 
