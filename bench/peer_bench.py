@@ -14,7 +14,11 @@ the host backend, `lmcache server` on CPU. The cases, each one named:
              to each system's engine A (its own prefix cache). Every answer is
              compared with R's (greedy tokens and top-5 logprobs).
   miss       a prompt nobody has seen (the first --prefix length) to each B and
-             to R: what a connector costs when it finds nothing.
+             to R: what a connector costs when it finds nothing; and to kvtier's
+             B with a cache_salt (which its connector leaves alone): the same
+             cost, measured within one process.
+  decode     a new 300-token prompt decoded for --decode-tokens tokens by each B
+             and by R: what a connector costs each step (time per output token).
   footprint  each cache server's resident memory and CPU seconds after the cases
              above, beside the bytes it holds.
   chat       multi-turn conversations from concurrent clients through
@@ -53,7 +57,7 @@ import peers  # noqa: E402
 from bench_kvtierd import bootstrap_median_ci, emit  # noqa: E402
 from vllm_engines import Engine, difference  # noqa: E402
 
-CASES = ("prefix", "miss", "footprint", "chat", "faults")
+CASES = ("prefix", "miss", "decode", "footprint", "chat", "faults")
 
 
 def spread(xs):
@@ -125,6 +129,7 @@ def prefix_and_miss(a, engines, systems, tokens, cases) -> dict:
     wrong: dict = {}  # who -> answers that differ from R's
     cached: dict = {}
     miss: dict = {}
+    decode: dict = {}  # who -> [ms per output token]
     for r in range(a.rounds):
         for length in a.prefix:
             if "prefix" not in cases:
@@ -150,13 +155,29 @@ def prefix_and_miss(a, engines, systems, tokens, cases) -> dict:
             say(f"round {r + 1}, prefix {length}: " + ", ".join(
                 f"{n} {ttft[(length, n)][-1]:.0f} ms ({cached[(length, n)][-1]} cached)" for n in who))
         if "miss" in cases:
+            # kvtier's connector leaves a request with a cache_salt alone (no lookup, no save), so
+            # "kvtier-B salted" is the same engine process without the connector's work: the
+            # connector's own cost, free of the few percent engines started alike differ by.
+            who = [f"{s.name}-B" for s in connected] + ["none-R"] + (["kvtier-B salted"] if "kvtier" in by_name
+                                                                      else [])
+            k = r % len(who)
+            for name in who[k:] + who[:k]:
+                time.sleep(a.settle)
+                salted = name.endswith(" salted")
+                out = engines[name.removesuffix(" salted")].generate(
+                    [tokens(a.prefix[0] + a.suffix)], max_tokens=1, salts=[f"miss-{r}"] if salted else None)[0]
+                miss.setdefault(name, []).append(out["ttft"] * 1000)
+            say(f"round {r + 1}, miss: " + ", ".join(f"{n} {miss[n][-1]:.0f} ms" for n in who))
+        if "decode" in cases:
             who = [f"{s.name}-B" for s in connected] + ["none-R"]
             k = r % len(who)
             for name in who[k:] + who[:k]:
                 time.sleep(a.settle)
-                miss.setdefault(name, []).append(
-                    engines[name].generate([tokens(a.prefix[0] + a.suffix)], max_tokens=1)[0]["ttft"] * 1000)
-            say(f"round {r + 1}, miss: " + ", ".join(f"{n} {miss[n][-1]:.0f} ms" for n in who))
+                started = time.perf_counter()
+                out = engines[name].generate([tokens(300)], max_tokens=a.decode_tokens)[0]
+                steps = max(1, len(out["tokens"]) - 1)
+                decode.setdefault(name, []).append((time.perf_counter() - started - out["ttft"]) / steps * 1000)
+            say(f"round {r + 1}, decode: " + ", ".join(f"{n} {decode[n][-1]:.1f} ms/token" for n in who))
     result: dict = {"ttft_ms": {}, "different_from_recompute": wrong}
     for (length, name), xs in ttft.items():
         result["ttft_ms"].setdefault(str(length), {})[name] = spread(xs)
@@ -176,6 +197,13 @@ def prefix_and_miss(a, engines, systems, tokens, cases) -> dict:
         result["ttft_miss_ms"] = {n: spread(xs) for n, xs in miss.items()}
         for n in names:
             result[f"miss_cost_{n}"] = ratio([b / o for b, o in zip(miss[f"{n}-B"], miss["none-R"])])
+        if "kvtier-B salted" in miss:
+            result["miss_cost_kvtier_same_process"] = ratio(
+                [b / o for b, o in zip(miss["kvtier-B"], miss["kvtier-B salted"])])
+    if decode:
+        result["decode_ms_per_token"] = {n: spread(xs) for n, xs in decode.items()}
+        for n in names:
+            result[f"decode_{n}_vs_none"] = ratio([b / o for b, o in zip(decode[f"{n}-B"], decode["none-R"])])
     result["_ttft_raw"] = {f"{L}/{n}": xs for (L, n), xs in ttft.items()}
     return result
 
@@ -227,7 +255,7 @@ def plot_chat(result, directory):
     detail = result["chat"]["detail"]
     names = list(detail)
     policies = list(next(iter(detail.values())))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.4))
     width = 0.8 / len(names)
     for k, (key, label) in enumerate((("requests_per_s", "requests / s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
                                       ("ttft_p99_ms", "TTFT p99 (ms)"))):
@@ -240,6 +268,19 @@ def plot_chat(result, directory):
         ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(policies))], policies)
         ax.set_ylabel(label)
     axes[0].legend()
+    # Every request's TTFT, pooled over the rounds: the distribution behind the p50 and p99.
+    boxes, labels = [], []
+    for p in policies:
+        for n in names:
+            xs = [x for r in detail[n][p].get("rounds", []) for x in r.get("ttft_ms", [])]
+            if xs:
+                boxes.append(xs)
+                labels.append(f"{n}\n{p}")
+    if boxes:
+        axes[3].boxplot(boxes, showfliers=True)
+        axes[3].set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
+        axes[3].set_yscale("log")
+        axes[3].set_ylabel("TTFT of every request (ms, log)")
     c = result["chat"]
     fig.suptitle(f"chat through vllm-router: {c['conversations']} conversations x {c['turns']} turns, "
                  f"{c['clients']} clients, {c['rounds']} rounds ({result['model']}, {result['machine']}, "
@@ -264,6 +305,7 @@ def main() -> int:
                    help="kvtierd's slots per tier (vLLM CPU blocks of 128 tokens: 1 GiB of the real model's)")
     p.add_argument("--l1-gb", type=float, default=2.0, help="LMCache's L1 (GiB): kvtierd's two tiers by default")
     p.add_argument("--settle", type=float, default=1.2, help="seconds before each timed request")
+    p.add_argument("--decode-tokens", type=int, default=160, help="tokens each engine decodes in the decode case")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="one round of each case at small sizes; nothing judged")
     p.add_argument("--out", default="", help="also write the JSON here")
@@ -282,7 +324,7 @@ def main() -> int:
         say("peer_chat.py is missing: skipping the chat and faults cases")
         cases = [c for c in cases if c not in ("chat", "faults")]
     if a.smoke:
-        a.rounds, a.prefix, a.suffix, a.settle = 1, "512", 16, 0.2
+        a.rounds, a.prefix, a.suffix, a.settle, a.decode_tokens = 1, "512", 16, 0.2, 16
     a.prefix = [int(x) for x in str(a.prefix).split(",")]
     model = a.model or subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_model.py")],
                                       check=True, capture_output=True, text=True).stdout.strip()
@@ -309,7 +351,7 @@ def main() -> int:
     try:
         for s in systems:
             s.start(run)
-        if {"prefix", "miss"} & set(cases):
+        if {"prefix", "miss", "decode"} & set(cases):
             specs = {}
             for s in systems:
                 if s.name == "none":

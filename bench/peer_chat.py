@@ -37,6 +37,7 @@ registers their options. Run as a script for a small stand-alone run:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -288,6 +289,14 @@ class Server:
     def metrics(self) -> dict[str, float]:
         return parse_metrics(_get(self.url + "/metrics").decode())
 
+    def lost(self, why: BaseException) -> dict:
+        """What is known of a server that stopped answering: its exit status and
+        the last error its log gives."""
+        code = self.proc.poll()
+        lines = [x.strip() for x in self.log_tail(200).splitlines() if "Error" in x or "error" in x]
+        return {"url": self.url, "exit_code": code, "unreachable": f"{type(why).__name__}: {why}"[:200],
+                "last_error": lines[-1][-400:] if lines else None}
+
     def stop(self) -> None:
         stop_group(self.proc)
         self._log.close()
@@ -363,6 +372,19 @@ class Fleet:
 
     def metrics(self, name: str) -> list[dict[str, float]]:
         return [v.metrics() for v in self.servers[name]]
+
+    def metrics_after(self, name: str, before: list[dict[str, float]]) -> tuple[list[dict[str, float]], list[dict]]:
+        """The servers' counters after a run, and what is known of each server that
+        no longer answers (its counters are taken as they were before: the run's
+        requests and failures still count, its hit rates are lost)."""
+        out, lost = [], []
+        for v, b in zip(self.servers[name], before):
+            try:
+                out.append(v.metrics())
+            except OSError as e:
+                out.append(b)
+                lost.append(v.lost(e))
+        return out, lost
 
     def footprint(self) -> dict:
         from peers import proc_footprint
@@ -525,6 +547,7 @@ def summarize(run: dict, before: list[dict], after: list[dict]) -> dict:
     errors = sorted({r["error"] for r in recs if "error" in r})
     if errors:
         out["errors"] = errors[:5]
+    out["ttft_ms"] = [round(x, 1) for x in ttft]  # Every request's, in completion order (the plots' distributions).
     return out
 
 
@@ -554,10 +577,12 @@ def run_one(fleet: Fleet, name: str, policy: str, convset: dict, a: argparse.Nam
             cond.notify_all()
         if side:
             side.join(120)
-        after = fleet.metrics(name)
+        after, lost = fleet.metrics_after(name, before)
     finally:
         router.stop()
     s = summarize(run, before, after)
+    if lost:
+        s["servers_lost"] = lost
     print(f"  chat {label} {name:8s} {SUFFIX[policy]:11s}: {s['requests']} requests in {s['wall_s']:.1f} s, "
           f"{s['requests_per_s']:.3f} req/s, {s['output_tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']} p99 "
           f"{s['ttft_p99_ms']} ms, hit rate {s['hit_rate']} (own {s['own_cache_hit_rate']}, connector "
@@ -725,7 +750,8 @@ class Watch:
 
     KEYS = ("vllm:external_prefix_cache_hits_total", "vllm:kvtier_loaded_tokens_total",
             "vllm:kvtier_saved_tokens_total", "vllm:kvtier_load_error_blocks_total",
-            "vllm:prompt_tokens_by_source_total[external_kv_transfer]")
+            "vllm:prompt_tokens_by_source_total[external_kv_transfer]", "vllm:kvtier_lookups_total",
+            "vllm:kvtier_lookup_hit_tokens_total")
 
     def __init__(self, fleet: Fleet, name: str, every: float = 0.2):
         self.fleet, self.name, self.every = fleet, name, every
@@ -736,11 +762,14 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                ms = self.fleet.metrics(self.name)
+            ms = []
+            for v in self.fleet.servers[self.name]:  # A server that died no longer counts; the other still does.
+                try:
+                    ms.append(v.metrics())
+                except OSError:
+                    pass
+            if ms:
                 self.samples.append((time.monotonic(), {k: sum(m.get(k, 0.0) for m in ms) for k in self.KEYS}))
-            except OSError:
-                pass
             self._stop.wait(self.every)
 
     def stop(self) -> None:
@@ -758,6 +787,14 @@ class Watch:
             elif v[key] > base:
                 return round(ts - t, 3)
         return None
+
+    def counted(self, t0: float, t1: float, key: str) -> float:
+        """How much `key` grew from t0 to the first sample at or after t1."""
+        base = next((v[key] for ts, v in reversed(self.samples) if ts <= t0), None)
+        if base is None and self.samples:
+            base = self.samples[0][1][key]
+        end = next((v[key] for ts, v in self.samples if ts >= t1), None)
+        return 0.0 if base is None or end is None else end - base
 
 
 def _faulter(system: System, plan: list[dict], total: int, log: list[dict]):
@@ -833,6 +870,15 @@ def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: in
             if name == "kvtier":
                 g["kvtier_loaded_back_s"] = watch.back_after(back, "vllm:kvtier_loaded_tokens_total")
                 g["kvtier_saves_back_s"] = watch.back_after(back, "vllm:kvtier_saved_tokens_total")
+                # When hits come back depends on when a request next looks kvtierd up (vLLM asks
+                # once per request, when it is first scheduled; with every server busy that can
+                # be seconds): so also when the first lookup came, and how many lookups it took
+                # to hit (1: the first lookup after the fault found its prefix).
+                g["kvtier_first_lookup_s"] = watch.back_after(back, "vllm:kvtier_lookups_total")
+                g["kvtier_lookup_hit_back_s"] = watch.back_after(back, "vllm:kvtier_lookup_hit_tokens_total")
+                if g["kvtier_lookup_hit_back_s"] is not None:
+                    g["kvtier_lookups_until_hit"] = int(watch.counted(
+                        back, back + g["kvtier_lookup_hit_back_s"], "vllm:kvtier_lookups_total"))
             at, back_rel = f["at"] - run["t0"], back - run["t0"]
             g["at_s"], g["back_at_s"] = round(at, 2), round(back_rel, 2)
             during = [r for r in recs if r["start"] <= back_rel and r["end"] >= at]
@@ -859,13 +905,16 @@ def _faults_result(faulted: dict, ref: dict | None, convset: dict, total: int, a
             "different": cmp["different"] if cmp else None, "compared": cmp["compared"] if cmp else None,
             "diverged_conversations": cmp["diverged_conversations"] if cmp else None,
             "hits_back_s": max(backs) if backs and all(b is not None for b in backs) else None,
+            "lookups_until_hit": max((g.get("kvtier_lookups_until_hit") or 0) for g in faults) if name == "kvtier"
+            and all(g.get("kvtier_lookups_until_hit") is not None for g in faults) else None,
             "faults": faults, "summary": s, "alive_after": f["alive_after"],
         }
     k = out["systems"].get("kvtier")
     k = k if k and "error" not in k else None
     out["figures"] = {"faults_kvtier_failed": k["failed"] if k else None,
                       "faults_kvtier_different": k["different"] if k else None,
-                      "faults_kvtier_hits_back_s": k["hits_back_s"] if k else None}
+                      "faults_kvtier_hits_back_s": k["hits_back_s"] if k else None,
+                      "faults_kvtier_lookups_until_hit": k["lookups_until_hit"] if k else None}
     out["targets"] = {} if smoke or not k else {
         "faults_kvtier_failed == 0": k["failed"] == 0,
         "faults_kvtier_different == 0": k["different"] == 0,
@@ -900,7 +949,10 @@ def main() -> int:
     run_dir = tempfile.mkdtemp(prefix="kvtier-peer-chat.")
     print(f"peer_chat: logs in {run_dir}, seed {seed}", file=sys.stderr, flush=True)
     syss = make_systems(a.kvtierd, a.model, a.systems.split(","))
-    result: dict = {"seed": seed}
+    commit = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    result: dict = {"bench": "peer_chat", "seed": seed, "commit": commit, "date": datetime.date.today().isoformat(),
+                    "machine": f"{os.cpu_count()} cores", "argv": sys.argv[1:]}
     try:
         for s in syss:
             s.start(run_dir)

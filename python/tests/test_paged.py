@@ -191,3 +191,37 @@ def test_calls_written_against_the_older_api_still_work(make_daemon):
             torch.testing.assert_close(_layer(b, layer, 3), _layer(a, layer, 2), rtol=0, atol=0)
         with pytest.raises(ValueError, match="copied whole"):
             a.copy_out(dst, 2, 1, 2)
+
+
+def _threads() -> int:
+    import os
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="torch runs one thread here: no team to start")
+def test_a_save_copy_on_a_thread_of_its_own_starts_no_openmp_team():
+    """kvtier.vllm saves on a thread of its own. torch's parallel copy there
+    started a second OpenMP team beside the engine's; libgomp, with more threads
+    than cores, then stops letting threads spin at barriers, and a vLLM CPU
+    engine decoded 13% slower with the connector than without it. A save's CPU
+    copy is plain memmoves: the thread count stays as it is, and the bytes are
+    the engine block's."""
+    import threading
+
+    layers = [torch.randn(6, 4, 64, 256) for _ in range(16)]  # A block: 16 x 65,536 elements, past torch's grain.
+    paged = PagedKV(layers, 64)
+    torch.ones(1 << 20).add_(1)  # The main thread's own team exists first, as an engine's does.
+    dst = torch.zeros(16, 4 * 64 * 256)
+    before = []
+
+    def save():
+        before.append(_threads())
+        paged.copy_out(dst, 3)
+        before.append(_threads())
+
+    t = threading.Thread(target=save)
+    t.start()
+    t.join()
+    assert before[1] == before[0], "the copy started threads (an OpenMP team) on the saving thread"
+    for i, layer in enumerate(layers):
+        assert torch.equal(dst[i], layer[3].flatten())
