@@ -373,18 +373,23 @@ class Fleet:
     def metrics(self, name: str) -> list[dict[str, float]]:
         return [v.metrics() for v in self.servers[name]]
 
+    def poll(self, name: str) -> list[tuple[Server, dict[str, float] | OSError]]:
+        """Each server's counters, or the error of one that no longer answers."""
+        out: list[tuple[Server, dict[str, float] | OSError]] = []
+        for v in self.servers[name]:
+            try:
+                out.append((v, v.metrics()))
+            except OSError as e:
+                out.append((v, e))
+        return out
+
     def metrics_after(self, name: str, before: list[dict[str, float]]) -> tuple[list[dict[str, float]], list[dict]]:
         """The servers' counters after a run, and what is known of each server that
         no longer answers (its counters are taken as they were before: the run's
         requests and failures still count, its hit rates are lost)."""
-        out, lost = [], []
-        for v, b in zip(self.servers[name], before):
-            try:
-                out.append(v.metrics())
-            except OSError as e:
-                out.append(b)
-                lost.append(v.lost(e))
-        return out, lost
+        polled = self.poll(name)
+        out = [b if isinstance(m, OSError) else m for (_, m), b in zip(polled, before)]
+        return out, [v.lost(m) for v, m in polled if isinstance(m, OSError)]
 
     def footprint(self) -> dict:
         from peers import proc_footprint
@@ -762,12 +767,8 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            ms = []
-            for v in self.fleet.servers[self.name]:  # A server that died no longer counts; the other still does.
-                try:
-                    ms.append(v.metrics())
-                except OSError:
-                    pass
+            # A server that died no longer counts; the other still does.
+            ms = [m for _, m in self.fleet.poll(self.name) if not isinstance(m, OSError)]
             if ms:
                 self.samples.append((time.monotonic(), {k: sum(m.get(k, 0.0) for m in ms) for k in self.KEYS}))
             self._stop.wait(self.every)
@@ -900,13 +901,13 @@ def _faults_result(faulted: dict, ref: dict | None, convset: dict, total: int, a
         cmp = compare(run["records"], ref["records"]) if ref else None
         s = run["summary"]
         backs = [g.get("kvtier_loaded_back_s" if name == "kvtier" else "loads_back_s") for g in faults]
+        untils = [g.get("kvtier_lookups_until_hit") for g in faults]
         out["systems"][name] = {
             "failed": s["failed"], "skipped": s["skipped"], "requests": s["requests"],
             "different": cmp["different"] if cmp else None, "compared": cmp["compared"] if cmp else None,
             "diverged_conversations": cmp["diverged_conversations"] if cmp else None,
             "hits_back_s": max(backs) if backs and all(b is not None for b in backs) else None,
-            "lookups_until_hit": max((g.get("kvtier_lookups_until_hit") or 0) for g in faults) if name == "kvtier"
-            and all(g.get("kvtier_lookups_until_hit") is not None for g in faults) else None,
+            "lookups_until_hit": max(untils) if name == "kvtier" and untils and None not in untils else None,
             "faults": faults, "summary": s, "alive_after": f["alive_after"],
         }
     k = out["systems"].get("kvtier")
