@@ -6,6 +6,7 @@ interval of a median, and how a benchmark gives its result."""
 import json
 import os
 import socket
+import statistics
 import subprocess
 import time
 import uuid
@@ -38,7 +39,7 @@ def start_kvtierd(binary, tmp, layers, kv_heads, head_dim, blocks, extra="", blo
         f.write(CONFIG.format(instance="bench-" + uuid.uuid4().hex[:10], socket=sock, layers=layers,
                               kv_heads=kv_heads, head_dim=head_dim, blocks=blocks, extra=extra,
                               block_tokens=block_tokens))
-    log = open(os.path.join(tmp, "kvtierd.log"), "w")
+    log = open(os.path.join(tmp, "kvtierd.log"), "a")  # A restart's log follows the killed one's.
     proc = subprocess.Popen([binary, "--config", path], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -94,6 +95,20 @@ def bootstrap_median_ci(x, rng, n=2000):
     x = np.asarray(x)
     meds = np.median(rng.choice(x, size=(n, len(x)), replace=True), axis=1)
     return float(np.median(x)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def spread(xs):
+    """The median of `xs`, its smallest and largest, and how many."""
+    xs = sorted(xs)
+    return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),
+            "n": len(xs)}
+
+
+def ratio(xs, seed=0):
+    """spread() of per-round ratios `xs`, with the median's 95% bootstrap interval (lo, hi)."""
+    import numpy as np
+    _, lo, hi = bootstrap_median_ci(xs, np.random.default_rng(seed))
+    return {**spread(xs), "lo": round(lo, 3), "hi": round(hi, 3)}
 
 
 def emit(result, out=""):

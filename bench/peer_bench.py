@@ -54,24 +54,10 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
 sys.path.insert(0, HERE)
 import peers  # noqa: E402
-from bench_kvtierd import bootstrap_median_ci, emit  # noqa: E402
+from bench_kvtierd import emit, ratio, spread  # noqa: E402
 from vllm_engines import Engine, difference  # noqa: E402
 
 CASES = ("prefix", "miss", "decode", "footprint", "chat", "faults")
-
-
-def spread(xs):
-    xs = sorted(xs)
-    return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),
-            "n": len(xs)}
-
-
-def ratio(xs, seed=0):
-    """The median of per-round ratios, its 95% bootstrap interval and its range."""
-    import numpy as np
-    med, lo, hi = bootstrap_median_ci(xs, np.random.default_rng(seed))
-    return {"median": round(med, 3), "lo": round(lo, 3), "hi": round(hi, 3), "min": round(min(xs), 3),
-            "max": round(max(xs), 3), "n": len(xs)}
 
 
 def say(msg):
@@ -304,6 +290,9 @@ def main() -> int:
     p.add_argument("--blocks", type=int, default=182,
                    help="kvtierd's slots per tier (vLLM CPU blocks of 128 tokens: 1 GiB of the real model's)")
     p.add_argument("--l1-gb", type=float, default=2.0, help="LMCache's L1 (GiB): kvtierd's two tiers by default")
+    p.add_argument("--kvtier-disk-mib", type=int, default=0,
+                   help="also give kvtierd a disk store of this many MiB, written through (what survives its "
+                        "SIGKILL in the faults case); 0: none, as LMCache runs with its L1 alone")
     p.add_argument("--settle", type=float, default=1.2, help="seconds before each timed request")
     p.add_argument("--decode-tokens", type=int, default=160, help="tokens each engine decodes in the decode case")
     p.add_argument("--seed", type=int, default=0)
@@ -337,7 +326,7 @@ def main() -> int:
 
     names = [n for n in a.systems.split(",") if n]
     run = tempfile.mkdtemp(prefix="kvtier-peer-bench.")
-    systems = peers.systems(a.kvtierd, model, names, a.blocks, a.l1_gb)
+    systems = peers.systems(a.kvtierd, model, names, a.blocks, a.l1_gb, a.kvtier_disk_mib)
     say(f"model {model}, systems {', '.join(names)}, cases {', '.join(cases)}, {a.rounds} rounds, seed {seed} "
         f"(logs in {run})")
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,

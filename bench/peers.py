@@ -157,16 +157,30 @@ class System:
         return proc_footprint(pid) if pid else None
 
 
+DISK_STORE = """stores:
+  tiers:
+    - kind: disk
+      path: {path}
+      max_bytes: {mib}MiB
+      write: through
+"""
+
+
 class Kvtier(System):
     """kvtierd on the host backend, a profile of the model's geometry in vLLM's CPU
     blocks, `blocks` slots in each of its two tiers (a tier of 1 GiB of the real
-    model's KV at the default), and KvtierConnector in the engines."""
+    model's KV at the default), and KvtierConnector in the engines. disk_mib:
+    also a disk store of that size below the host tier, written through (every
+    committed block), in the run's directory: what a kvtierd SIGKILLed and
+    started again finds (its GPU and host tiers go with the process)."""
 
     name = "kvtier"
 
-    def __init__(self, kvtierd: str, geometry: dict, blocks: int = 182, extra_config: dict | None = None):
+    def __init__(self, kvtierd: str, geometry: dict, blocks: int = 182, extra_config: dict | None = None,
+                 disk_mib: int = 0):
         self.binary, self.geometry, self.blocks = kvtierd, geometry, blocks
         self.extra_config = extra_config or {}
+        self.disk_mib = disk_mib
         self.proc: subprocess.Popen | None = None
         self.dir = self.socket = ""
 
@@ -177,8 +191,9 @@ class Kvtier(System):
 
     def restart(self) -> None:
         g = self.geometry
+        stores = DISK_STORE.format(path=os.path.join(self.dir, "disk"), mib=self.disk_mib) if self.disk_mib else ""
         self.proc, self.socket = start_kvtierd(self.binary, self.dir, g["layers"], g["kv_heads"], g["head_dim"],
-                                               self.blocks, block_tokens=VLLM_CPU_BLOCK)
+                                               self.blocks, extra=stores, block_tokens=VLLM_CPU_BLOCK)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -293,12 +308,13 @@ class LMCache(System):
                                               "lmcache.mp.mp_transfer_mode": "engine_driven"}}
 
 
-def systems(kvtierd: str, model: str, names: list[str], blocks: int = 182, l1_gb: float = 2.0) -> list[System]:
+def systems(kvtierd: str, model: str, names: list[str], blocks: int = 182, l1_gb: float = 2.0,
+            kvtier_disk_mib: int = 0) -> list[System]:
     """The named systems ("kvtier", "lmcache", "none"), not started."""
     out: list[System] = []
     for n in names:
         if n == "kvtier":
-            out.append(Kvtier(kvtierd, model_geometry(model), blocks))
+            out.append(Kvtier(kvtierd, model_geometry(model), blocks, disk_mib=kvtier_disk_mib))
         elif n == "lmcache":
             out.append(LMCache(peer_env(), l1_gb))
         elif n == "none":

@@ -32,8 +32,9 @@ it loads it from there:                                  ttft_remote_store_ms
 (against recomputing: remote_store_vs_recompute). Every timed engine's first
 tokens are compared with R's.
 
---decode-save: instead, what the connector's saves cost one decoding engine at
-512 and 7,936 tokens of context (decode_save_ratio_512, decode_save_ratio_8k;
+--decode-save: instead, what the connector costs a decoding engine at 512 and
+7,936 tokens of context, against an engine without it and split into the saves'
+own work and the rest (decode_save_ratio_512, decode_save_ratio_8k;
 vllm_decode.py).
 """
 
@@ -55,18 +56,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "tests", "vllm"))
 sys.path.insert(0, HERE)
 import vllm_decode  # noqa: E402
-from bench_kvtierd import emit, start_kvtierd  # noqa: E402
+from bench_kvtierd import emit, spread, start_kvtierd  # noqa: E402
 from redis_cluster import RedisCluster  # noqa: E402
 from vllm_engines import BLOCK as VLLM_CPU_BLOCK  # noqa: E402
 from vllm_engines import Engine, store_total  # noqa: E402
 
 import kvtier  # noqa: E402
-
-
-def spread(xs):
-    xs = sorted(xs)
-    return {"median": round(statistics.median(xs), 3), "min": round(xs[0], 3), "max": round(xs[-1], 3),
-            "n": len(xs)}
 
 
 def wait_for_commit(client, before: float, timeout: float = 10.0) -> None:
@@ -227,7 +222,8 @@ def main() -> int:
     p.add_argument("--remote-store", action="store_true",
                    help="also time an engine on a second kvtierd that reaches the prefix through a Redis Cluster")
     p.add_argument("--decode-save", action="store_true",
-                   help="instead: what saves cost a decoding engine at 512 and --long-context tokens (vllm_decode.py)")
+                   help="instead: what the connector costs a decoding engine at 512 and --long-context tokens, against an "
+                        "engine without it (vllm_decode.py)")
     p.add_argument("--decode-tokens", type=int, default=256, help="--decode-save: tokens decoded per request")
     p.add_argument("--long-context", type=int, default=7936, help="--decode-save: the long prompt's tokens")
     a = p.parse_args()
@@ -263,7 +259,7 @@ def main() -> int:
             print(f"vllm_bench: decode saves, model {model}, {a.rounds} rounds, seed {seed} (logs in {run})",
                   file=sys.stderr, flush=True)
             result = {"bench": "vllm_decode", "model": os.path.basename(os.path.normpath(model)), "rounds": a.rounds,
-                      "seed": seed, **vllm_decode.run(Engine, model, run, sock, kv, tokens, a, spread),
+                      "seed": seed, **vllm_decode.run(Engine, model, run, sock, kv, tokens, a),
                       "machine": f"{os.cpu_count()} cores"}
         else:
             result = compare(a, model, seed, run, sock, kv, tokens, cluster, daemons, engines)
