@@ -6,6 +6,7 @@ kvtier.vllm re-exports KvtierConnectorMetadata."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 import kvtier
 from kvtier._vllm_fetch import StoreLookups
 from kvtier._vllm_stats import KvtierConnectorStats
+
+_log = logging.getLogger("vllm.kvtier")
 
 # --- metadata -------------------------------------------------------------------------
 
@@ -96,6 +99,11 @@ class Planner:
                 if not self._lookups.ask(rid, tokens):
                     self._before_stores.setdefault(rid, cached)
                     return None
+                if rid not in self._before_stores:
+                    # Answered while ask() waited: the probe above predates what the stores
+                    # brought in, so probe again (a later call's probe follows the answer).
+                    self._before_stores[rid] = cached
+                    cached = min(c.probe(tokens) for c in clients)
         except kvtier.Error:
             return 0
         hit = cached * bs
@@ -103,6 +111,8 @@ class Planner:
         if rid not in self._counted:  # vLLM may ask again for the same request.
             self._counted.add(rid)
             self._stats.add(lookups=1, lookup_hit_tokens=hit, store_lookup_hit_tokens=from_stores)
+            _log.debug("kvtier: lookup for request %s: %d of %d usable tokens cached (%d from the stores), "
+                       "%d computed by vLLM", rid, hit, usable, from_stores, num_computed_tokens)
         self._looked_up[rid] = num_computed_tokens
         return max(0, hit - num_computed_tokens)
 

@@ -188,6 +188,23 @@ def test_each_requests_session_ends_with_it(pipe, kvtierd):
     assert kvtierd_stats(kvtierd[0].socket)["committed_blocks"] == 8
 
 
+def restart_cold_with_the_disk(p, made, tmp_path, shared):
+    """Runs `shared` on `p` until the disk store below made[0] holds it, then
+    starts kvtierd again cold (its tiers lost, the disk kept), appends it to
+    `made`, and waits for the connector's link to follow it."""
+    p.add(shared)
+    p.run()
+    p.drain()
+    until(lambda: store_total(kvtierd_stats(made[0].socket), "put_blocks") >= len(shared) // BLOCK, 5,
+          "the disk store to hold the prefix")
+    made[0].stop()
+    made.append(Daemon(tmp_path, DISK_STORE.format(path=tmp_path / "disk"), profiles=profile(64, 256)))
+    instance = kvtier.Client(socket=made[1].socket).instance_id
+    link = p.connector._links[0]
+    until(lambda: getattr(link.get(), "instance_id", 0) == instance, 3, "the link to follow it")
+    assert link.get().probe(shared) == 0  # A cold kvtierd: only the disk store holds the prefix.
+
+
 def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(model, tmp_path):
     """kvtierd restarted cold: its tiers lost, its disk store kept. The index
     misses; the scheduler has kvtierd bring the prefix in from disk while the
@@ -198,17 +215,7 @@ def test_what_only_the_disk_store_holds_is_brought_in_off_the_step_then_loaded(m
     p = Pipeline(model, made[0].socket, extra={"store_lookup_wait": 0})  # Never scheduled in the asking step.
     try:
         shared = prompt(40, 700)
-        p.add(shared)
-        p.run()
-        p.drain()
-        until(lambda: store_total(kvtierd_stats(made[0].socket), "put_blocks") >= 5, 5,
-              "the disk store to hold the prefix")
-        made[0].stop()
-        made.append(Daemon(tmp_path, DISK_STORE.format(path=disk), profiles=profile(64, 256)))
-        instance = kvtier.Client(socket=made[1].socket).instance_id
-        link = p.connector._links[0]
-        until(lambda: getattr(link.get(), "instance_id", 0) == instance, 3, "the link to follow it")
-        assert link.get().probe(shared) == 0  # A cold kvtierd: its index holds nothing.
+        restart_cold_with_the_disk(p, made, tmp_path, shared)
         other = p.add(prompt(41, 300), max_tokens=30)
         for _ in range(200):  # It misses too, and asks the stores first.
             if other in p.step().num_scheduled_tokens:
@@ -251,6 +258,30 @@ def test_a_lookup_the_stores_answer_while_the_scheduler_waits_is_scheduled_in_th
     finally:
         p.close()
         d.stop()
+
+
+def test_a_hit_the_stores_answer_while_the_scheduler_waits_is_loaded_in_that_step(model, tmp_path):
+    """The same wait, on a hit: the stores' answer comes while the scheduler
+    waits, and the request is scheduled in that step with what they held.
+    Before, the lookup went on with the probe it made before asking (a miss):
+    the request computed a prefix kvtierd had just brought in from disk."""
+    disk = tmp_path / "disk"
+    made = [Daemon(tmp_path, DISK_STORE.format(path=disk), profiles=profile(64, 256))]
+    p = Pipeline(model, made[0].socket, extra={"store_lookup_wait": 5.0})  # Longer than any answer takes.
+    try:
+        shared = prompt(44, 700)
+        restart_cold_with_the_disk(p, made, tmp_path, shared)
+        b = p.add(shared + prompt(45, 20), max_tokens=3)
+        out = p.step()  # Checks that the loaded bytes are b's own tokens' K/V.
+        assert b in out.num_scheduled_tokens
+        assert [(x.req_id, x.first, len(x.block_ids)) for x in out.kv_connector_metadata.loads] == [(b, 0, 5)]
+        p.run()
+        assert kvtierd_stats(made[1].socket)["store_fetched_blocks"] == 5
+        assert p.metric("store_lookup_hit_tokens") == 5 * BLOCK and p.metric("loaded_blocks") == 5
+    finally:
+        p.close()
+        for d in made:
+            d.stop()
 
 
 def test_a_lookup_kvtierd_never_answers_is_a_miss_after_its_timeout(model, tmp_path):
