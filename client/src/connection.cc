@@ -4,9 +4,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <vector>
 
 namespace kvtier::client_internal {
 namespace {
@@ -18,19 +21,44 @@ std::string ProgramName() {
   return name.empty() ? "kvtier-client" : name;
 }
 
+// Pages of `seg` in memory (mincore: the file's pages, whoever faulted them in),
+// counted in `vec` (one entry per page); 0 where it cannot tell.
+size_t ResidentPages(const ShmSegment& seg, std::vector<unsigned char>& vec) {
+  if (::mincore(seg.data(), seg.size(), vec.data()) != 0) return 0;
+  return static_cast<size_t>(std::count_if(vec.begin(), vec.end(), [](unsigned char c) { return (c & 1) != 0; }));
+}
+
 // ClientOptions::prefault_pools: asks the kernel to map every page of each pool
 // whose file is wholly allocated (MADV_POPULATE_READ, Linux 5.14; older kernels
 // refuse it and the pages fault in as they are used), on a thread that holds the
 // mapping alive (a later reconnect maps anew; this one ends on its own). The
-// kernel does the reads, so nothing here races with a copy into a slot.
+// kernel does the reads, so nothing here races with a copy into a slot. A pool
+// kvtierd is still faulting in (it does so after it starts listening) is waited
+// for while its pages keep coming, at most a minute; one that stops growing
+// short of whole (a kvtierd with prefault: false) is left alone: mapping its
+// holes would take memory the daemon chose not to.
 void PrefaultInBackground(std::shared_ptr<const Attachment> att) {
 #ifndef MADV_POPULATE_READ
   constexpr int MADV_POPULATE_READ = 22;  // <linux/mman.h> of Linux 5.14.
 #endif
   std::thread([att = std::move(att)] {
+    using Clock = std::chrono::steady_clock;
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     for (Tier t : kTiers) {
       const ShmSegment& seg = att->pools[t];
-      if (!seg.valid() || seg.allocated_bytes() < seg.size()) continue;
+      if (!seg.valid()) continue;
+      std::vector<unsigned char> vec((seg.size() + page - 1) / page);
+      bool whole = seg.allocated_bytes() >= seg.size();
+      const auto give_up = Clock::now() + std::chrono::minutes(1);
+      size_t last = 0;
+      auto grew = Clock::now();
+      while (!whole && Clock::now() < give_up && Clock::now() - grew < std::chrono::seconds(2)) {
+        const size_t now = ResidentPages(seg, vec);
+        whole = now == vec.size();
+        if (now != last) last = now, grew = Clock::now();
+        if (!whole) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (!whole) continue;
       if (madvise(seg.data(), seg.size(), MADV_POPULATE_READ) != 0) return;
     }
   }).detach();

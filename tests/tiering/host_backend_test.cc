@@ -494,6 +494,65 @@ TEST(HostBackendCreateTest, NamesInDevShmDoNotStandInTheWay) {
   EXPECT_FALSE(std::filesystem::exists("/dev/shm/" + prefix + ".fences"));
 }
 
+// Pages of the pool's mapping in memory (mincore).
+size_t ResidentPages(const Pool& p) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t bytes = p.slot_bytes() * p.slots();
+  std::vector<unsigned char> vec((bytes + page - 1) / page);
+  if (::mincore(p.base(), bytes, vec.data()) != 0) return 0;
+  return static_cast<size_t>(std::count_if(vec.begin(), vec.end(), [](unsigned char c) { return (c & 1) != 0; }));
+}
+
+// populate: a pool is usable as soon as it is made, and faulted in on a thread
+// meanwhile; what is written into its slots while that thread runs (the copy
+// thread's demotions, the clients' writes) is kept, and the pool ends whole.
+TEST_F(HostBackendTest, APoolFaultedInInTheBackgroundKeepsWhatIsWrittenMeanwhile) {
+  constexpr size_t kSlot = size_t{1} << 20;
+  constexpr uint32_t kSlots = 256;  // 256 MiB: faulting it in takes a while.
+  auto gpu = MakePool(Tier::kGpu, kSlot, kSlots, "gpu");
+  auto host = MakePool(Tier::kHost, kSlot, kSlots, "host");
+  ASSERT_TRUE(gpu && host);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t pages = kSlot * kSlots / page;
+  // Writes from the back, where the populating thread comes last; and copies
+  // through the copy thread into the host pool, while it is still being faulted in.
+  std::vector<CopyOp> ops;
+  for (uint32_t i = 0; i < 32; ++i) {
+    const uint32_t slot = kSlots - 1 - i * 7;
+    std::memset(gpu->slot_data(slot), static_cast<int>(i + 1), kSlot);
+    ops.push_back(CopyOp{slot, slot});
+  }
+  auto fence = backend_->SubmitCopies(CopyDirection::kGpuToHost, *gpu, *host, ops);
+  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+  ASSERT_TRUE(backend_->Wait(*fence, kWait).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((ResidentPages(*gpu) < pages || ResidentPages(*host) < pages) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(ResidentPages(*gpu), pages) << "the GPU pool was not faulted in whole";
+  EXPECT_EQ(ResidentPages(*host), pages) << "the host pool was not faulted in whole";
+  for (uint32_t i = 0; i < 32; ++i) {
+    const uint32_t slot = kSlots - 1 - i * 7;
+    for (const Pool* p : {gpu.get(), host.get()}) {
+      const std::byte* b = p->slot_data(slot);
+      EXPECT_TRUE(std::all_of(b, b + kSlot, [&](std::byte x) { return x == static_cast<std::byte>(i + 1); }))
+          << "slot " << slot << " lost what was written while the pool was faulted in";
+    }
+  }
+  // Untouched slots read zero.
+  const std::byte* z = host->slot_data(0);
+  EXPECT_TRUE(std::all_of(z, z + kSlot, [](std::byte x) { return x == std::byte{0}; }));
+}
+
+// A pool dropped while its pages are still being faulted in waits for that
+// thread before it unmaps them (ASan and TSan builds would see it otherwise).
+TEST_F(HostBackendTest, APoolDroppedWhileFaultingInStopsItsThreadFirst) {
+  for (int i = 0; i < 4; ++i) {
+    auto pool = MakePool(Tier::kHost, size_t{1} << 20, 256, "host" + std::to_string(i));
+    ASSERT_NE(pool, nullptr);
+  }
+}
+
 // No GPU work on the host backend: no fence events to export, and a request's
 // GPU event is refused rather than silently ignored.
 TEST_F(HostBackendTest, HasNoGpuFencesAndRefusesClientEvents) {

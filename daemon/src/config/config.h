@@ -143,11 +143,12 @@ struct DaemonConfig {
   // the manifest. Off by default: the segments hold host memory while the daemon
   // is down. Not reloadable.
   bool warm_restart = false;
-  // Fault every page of the host backend's tiers in at start (MAP_POPULATE), so
-  // that no copy into a slot takes page faults and the memory is the daemon's
-  // from the start; false: the tiers' memory grows as slots are first written
-  // (as a cache server's usually does). The cuda backend pins its host tier, and
-  // pinning faults every page in, whatever this says. Not reloadable.
+  // Fault every page of the host backend's tiers in from the start, on a thread
+  // per pool while kvtierd already serves (MADV_POPULATE_WRITE), so that copies
+  // into slots soon take no page faults and the memory is the daemon's from the
+  // start; false: the tiers' memory grows as slots are first written (as a cache
+  // server's usually does). The cuda backend pins its host tier, and pinning
+  // faults every page in, whatever this says. Not reloadable.
   bool prefault = true;
   // After handling requests, the event loop keeps polling this long before it
   // sleeps in epoll_wait, so a client's next request finds it awake (0: never).

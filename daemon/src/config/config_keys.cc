@@ -120,8 +120,8 @@ const std::vector<ConfigKey>& Table() {
     Flag("", "warm_restart", KVTIER_MEMBER(warm_restart), kAtStart,
          "Keep the host tier and a manifest of it across a restart (host backend)"),
     Flag("", "prefault", KVTIER_MEMBER(prefault), kAtStart,
-         "Fault both tiers' pages in at start (host backend): memory held from the start, no page faults on a "
-         "first write; false: memory grows as slots are first written"),
+         "Fault both tiers' pages in from the start, in the background while serving (host backend): memory "
+         "held from the start, no page faults on a first write; false: memory grows as slots are first written"),
     Number<uint32_t>("", "busy_poll_us", KVTIER_MEMBER(busy_poll_us), 0, 10000, kReloadable,
                      "After requests, the event loop polls this long before sleeping (0: never)"),
 

@@ -20,7 +20,7 @@ struct HostBackendOptions {
   // Prefix of every segment's label ("<prefix>.<pool>"), and of the name of a
   // persistent pool ("/<prefix>.<pool>"). Must be unique per instance.
   std::string name_prefix = "kvtier";
-  bool populate = true;          // Pre-fault pool pages at creation.
+  bool populate = true;          // Fault pool pages in from creation on, on a thread (the pool is usable at once).
 };
 
 Result<std::unique_ptr<Backend>> CreateHostBackend(const HostBackendOptions& options);
