@@ -152,8 +152,9 @@ def test_engine_b_on_host_b_continues_what_engine_a_computed_on_host_a_through_r
         assert got[0]["cached"] == hit(len(p3)), "the new kvtierd B fetches p3 from the cluster"
         same(got, want34[:1])
 
-        # A Redis master dies: what host B asks for next is partly, or wholly, out of reach. (Engine B
-        # may have saved p4, computed above, to the new kvtierd B: its tiers are emptied first.)
+        # A Redis master dies: what host B asks for next is partly, or wholly, out of reach. (Engine B's
+        # save of p4, computed above, began as kvtierd B died; its call reconnects within connect_timeout
+        # and is resent, so it may land on the new kvtierd B (docs/design.md): its tiers are emptied first.)
         subprocess.run([os.environ["CACHECTL"], "--socket", b_host.socket, "evict", "--all"], check=True,
                        capture_output=True)
         assert kvtierd_stats(b_host.socket)["blocks"] == 0
