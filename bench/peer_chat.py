@@ -761,6 +761,7 @@ class Watch:
     def __init__(self, fleet: Fleet, name: str, every: float = 0.2):
         self.fleet, self.name, self.every = fleet, name, every
         self.samples: list[tuple[float, dict]] = []
+        self.began: list[float] = []  # When each sample's poll began (a busy server answers late).
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -768,26 +769,43 @@ class Watch:
     def _run(self) -> None:
         while not self._stop.is_set():
             # A server that died no longer counts; the other still does.
+            began = time.monotonic()
             ms = [m for _, m in self.fleet.poll(self.name) if not isinstance(m, OSError)]
             if ms:
                 self.samples.append((time.monotonic(), {k: sum(m.get(k, 0.0) for m in ms) for k in self.KEYS}))
+                self.began.append(began)
             self._stop.wait(self.every)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
 
-    def back_after(self, t: float, key: str) -> float | None:
-        """Seconds from t until `key` first grew past its value at t (None: it never did)."""
+    def _grown(self, t: float, key: str) -> int | None:
+        """The first sample after t in which `key` grew past its value at t."""
         base = None
-        for ts, v in self.samples:
+        for i, (ts, v) in enumerate(self.samples):
             if ts <= t:
                 base = v[key]
             elif base is None:
                 base = v[key]
             elif v[key] > base:
-                return round(ts - t, 3)
+                return i
         return None
+
+    def back_after(self, t: float, key: str) -> float | None:
+        """Seconds from t until `key` first grew past its value at t (None: it never did)."""
+        i = self._grown(t, key)
+        return None if i is None else round(self.samples[i][0] - t, 3)
+
+    def window(self, t: float, key: str) -> list[float] | None:
+        """Where back_after's growth can lie, from t: after the poll of the last
+        sample that still read the old value began, before the first that read the
+        new one ended (a slow poll leaves a wide window)."""
+        i = self._grown(t, key)
+        if i is None:
+            return None
+        lo = max(self.began[i - 1], t) if i > 0 else t
+        return [round(lo - t, 3), round(self.samples[i][0] - t, 3)]
 
     def counted(self, t0: float, t1: float, key: str) -> float:
         """How much `key` grew from t0 to the first sample at or after t1."""
@@ -870,6 +888,8 @@ def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: in
             g["loads_back_s"] = watch.back_after(back, "vllm:prompt_tokens_by_source_total[external_kv_transfer]")
             if name == "kvtier":
                 g["kvtier_loaded_back_s"] = watch.back_after(back, "vllm:kvtier_loaded_tokens_total")
+                g["kvtier_loaded_back_window_s"] = watch.window(back, "vllm:kvtier_loaded_tokens_total")
+                g["kvtier_lookup_hit_back_window_s"] = watch.window(back, "vllm:kvtier_lookup_hit_tokens_total")
                 g["kvtier_saves_back_s"] = watch.back_after(back, "vllm:kvtier_saved_tokens_total")
                 # When hits come back depends on when a request next looks kvtierd up (vLLM asks
                 # once per request, when it is first scheduled; with every server busy that can
@@ -880,6 +900,8 @@ def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: in
                 if g["kvtier_lookup_hit_back_s"] is not None:
                     g["kvtier_lookups_until_hit"] = int(watch.counted(
                         back, back + g["kvtier_lookup_hit_back_s"], "vllm:kvtier_lookups_total"))
+            ends = [ts for ts, _ in watch.samples if back <= ts <= back + 30]
+            g["watch_gap_max_s"] = round(max((b - a for a, b in zip(ends, ends[1:])), default=0.0), 3)
             at, back_rel = f["at"] - run["t0"], back - run["t0"]
             g["at_s"], g["back_at_s"] = round(at, 2), round(back_rel, 2)
             during = [r for r in recs if r["start"] <= back_rel and r["end"] >= at]
@@ -943,13 +965,15 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="")
+    p.add_argument("--kvtier-disk-mib", type=int, default=0,
+                   help="also give kvtierd a disk store of this many MiB, written through (peer_bench's option)")
     add_args(p)
     a = p.parse_args()
     seed = a.seed or random.SystemRandom().randrange(1, 1 << 31)
     rng = random.Random(seed)
     run_dir = tempfile.mkdtemp(prefix="kvtier-peer-chat.")
     print(f"peer_chat: logs in {run_dir}, seed {seed}", file=sys.stderr, flush=True)
-    syss = make_systems(a.kvtierd, a.model, a.systems.split(","))
+    syss = make_systems(a.kvtierd, a.model, a.systems.split(","), kvtier_disk_mib=a.kvtier_disk_mib)
     commit = subprocess.run(["git", "-C", os.path.dirname(HERE), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     result: dict = {"bench": "peer_chat", "seed": seed, "commit": commit, "date": datetime.date.today().isoformat(),
