@@ -7,7 +7,9 @@ CONFIG_JSON: {"model": DIR, "socket": PATH or null (no connector), "extra": {...
 Requests: {"prompts": [[token ids], ...], "max_tokens": N, "salts": [str|null, ...]}
 -> {"outputs": [{"tokens": [...], "logprobs": [{token id: logprob}, ...],
 "cached": prompt tokens vLLM did not compute, "ttft": seconds}]}, one line
-starting with RESULT_PREFIX (vLLM logs to the same streams); {"quit": true}
+starting with RESULT_PREFIX, on the file descriptor CONFIG_JSON's "result_fd"
+names (stdout without it: vLLM's processes log there too, and a long reply
+written there can be cut by another process's log line); {"quit": true}
 ends it. Requests run one batch at a time: several prompts are served together.
 {"stream": true, "prompts": [...], "every": seconds or "at": [seconds, ...],
 "events": [{"at": s, "pid": p, "signal": "SIGSTOP"}, ...], "max_tokens": N}:
@@ -24,9 +26,12 @@ import time
 RESULT_PREFIX = "KVTIER-ENGINE "
 
 
+_replies = sys.stdout  # main() sets the channel only this process writes.
+
+
 def reply(obj):
-    sys.stdout.write(RESULT_PREFIX + json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    _replies.write(RESULT_PREFIX + json.dumps(obj) + "\n")
+    _replies.flush()
 
 
 def metrics(llm):
@@ -95,7 +100,11 @@ def stream(llm, req, SamplingParams):
 
 
 def main():
+    global _replies
     cfg = json.loads(sys.argv[1])
+    if cfg.get("result_fd") is not None:
+        os.set_inheritable(cfg["result_fd"], False)  # Not for the processes vLLM starts.
+        _replies = os.fdopen(cfg["result_fd"], "w")
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 

@@ -50,8 +50,11 @@ class Engine:
         """prefix: a command the engine runs under (a network namespace's `ip netns exec NAME`).
         kv_transfer: KVTransferConfig's arguments, for a connector other than kvtier's (then
         socket stays None); python: the interpreter to run it with (another environment's)."""
+        # Replies come on a pipe of their own: vLLM's processes log to stdout and stderr, and a
+        # long reply written there was once cut by another process's log line (its JSON unreadable).
+        replies, replies_w = os.pipe()
         cfg = {"model": model, "socket": socket, "extra": extra or {}, "llm": llm or {},
-               "kv_cache_bytes": kv_cache_bytes, "kv_transfer": kv_transfer}
+               "kv_cache_bytes": kv_cache_bytes, "kv_transfer": kv_transfer, "result_fd": replies_w}
         env = {"HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0", "TOKENIZERS_PARALLELISM": "false",
                # Every engine on every core. vLLM's automatic binding keeps two cores back from
                # an engine with a KV connector and one from one without (here, on two cores,
@@ -61,12 +64,22 @@ class Engine:
                **os.environ, **(env or {})}
         self.log_path = log_path
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen([*prefix, python or sys.executable, os.path.join(HERE, "engine.py"), json.dumps(cfg)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen([*prefix, python or sys.executable, os.path.join(HERE, "engine.py"),
+                                          json.dumps(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                                         pass_fds=(replies_w,))
+        except BaseException:
+            os.close(replies)
+            raise
+        finally:
+            os.close(replies_w)
         self._results = queue.Queue()
+        self._replies = os.fdopen(replies, "r")
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        self._logger = threading.Thread(target=self._copy_log, daemon=True)
+        self._logger.start()
         try:
             self.pid = self._next(start_timeout)["pid"]
         except BaseException:
@@ -74,13 +87,17 @@ class Engine:
             raise
 
     def _read(self):
+        try:
+            for line in self._replies:
+                if line.startswith(RESULT_PREFIX):
+                    self._results.put(json.loads(line[len(RESULT_PREFIX):]))
+        finally:  # The engine exited, or a reply was unreadable: whoever waits is told at once.
+            self._results.put(None)
+
+    def _copy_log(self):
         for line in self.proc.stdout:
-            if line.startswith(RESULT_PREFIX):
-                self._results.put(json.loads(line[len(RESULT_PREFIX):]))
-            else:
-                self._log.write(line)
-                self._log.flush()
-        self._results.put(None)
+            self._log.write(line)
+            self._log.flush()
 
     def _next(self, timeout):
         try:
@@ -162,7 +179,8 @@ class Engine:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        self._reader.join(10)  # It writes the last lines of the log.
+        self._reader.join(10)
+        self._logger.join(10)  # It writes the last lines of the log.
         self._log.close()
 
 
