@@ -19,8 +19,12 @@ the host backend, `lmcache server` on CPU. The cases, each one named:
              cost, measured within one process.
   decode     a new 300-token prompt decoded for --decode-tokens tokens by each B
              and by R: what a connector costs each step (time per output token).
-  footprint  each cache server's resident memory and CPU seconds after the cases
-             above, beside the bytes it holds.
+  footprint  each cache server's memory and CPU seconds, beside the KV it holds:
+             after the cases above (footprint_after_cases: caches partly full),
+             then after each system's writer engine has been sent distinct
+             prompts of --fill times the largest cache's capacity, so that
+             every cache is full and evicting (footprint: the same bytes held,
+             each server's whole capacity; rss_kvtier_vs_lmcache is from it).
   chat       multi-turn conversations from concurrent clients through
              vllm-router (round-robin and cache-aware) in front of two
              OpenAI-compatible vLLM servers per system (peer_chat.py).
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import random
 import statistics
@@ -200,10 +205,51 @@ def footprint(systems) -> dict:
         f = s.footprint()
         if f is None:
             continue
-        if isinstance(s, peers.Kvtier):
+        if hasattr(s, "cached_bytes"):
             f["cached_mib"] = round(s.cached_bytes() / (1 << 20), 1)
+            f["capacity_mib"] = round(s.capacity_bytes() / (1 << 20), 1)
         out[s.name] = f
     return out
+
+
+def memory_ratios(f: dict, tag: str = "") -> dict:
+    """kvtier's memory held over LMCache's (anonymous + the shared memory its tiers
+    or buffers took, not RSS: kvtierd's tiers are written by the engines, into
+    memory its page tables never touch), and the same per MiB of KV held."""
+    if "kvtier" not in f or "lmcache" not in f:
+        return {}
+    k, m = f["kvtier"], f["lmcache"]
+    out = {f"rss_kvtier_vs_lmcache{tag}": round(k["memory_mib"] / m["memory_mib"], 3)}
+    if k.get("cached_mib") and m.get("cached_mib"):
+        out[f"memory_per_cached_kvtier_vs_lmcache{tag}"] = round(
+            (k["memory_mib"] / k["cached_mib"]) / (m["memory_mib"] / m["cached_mib"]), 3)
+    return out
+
+
+def fill(a, engines, systems, tokens, geometry) -> dict:
+    """Sends each connected system's writer engine distinct prompts of the longest
+    prefix length, --fill times the largest cache's capacity of KV in all (one
+    prompt in a smoke run), so that every cache is full and evicting."""
+    connected = [s for s in systems if s.name != "none"]
+    if not connected:
+        return {}
+    length = max(a.prefix)
+    per_prompt = length * peers.kv_bytes_per_token(geometry)
+    capacity = max(s.capacity_bytes() for s in connected)
+    n = 1 if a.smoke else max(1, math.ceil(a.fill * capacity / per_prompt))
+    say(f"footprint: filling the caches with {n} prompts of {length} tokens each "
+        f"({n * per_prompt / (1 << 30):.2f} GiB of KV; the largest cache holds {capacity / (1 << 30):.2f})")
+    started = time.monotonic()
+    kvtier_system = next((s for s in connected if s.name == "kvtier"), None)
+    for i in range(n):
+        before = committed(kvtier_system) if kvtier_system else 0
+        for s in connected:
+            engines[f"{s.name}-A"].generate([tokens(length)], max_tokens=1)
+        if kvtier_system:
+            wait_for_commit(kvtier_system, before)
+        if (i + 1) % 5 == 0 or i + 1 == n:
+            say(f"footprint: {i + 1} of {n} prompts in {time.monotonic() - started:.0f} s")
+    return {"fill_prompts": n, "fill_prompt_tokens": length, "fill_kv_mib": round(n * per_prompt / (1 << 20), 1)}
 
 
 def plot(result, raw, directory):
@@ -293,6 +339,8 @@ def main() -> int:
     p.add_argument("--kvtier-disk-mib", type=int, default=0,
                    help="also give kvtierd a disk store of this many MiB, written through (what survives its "
                         "SIGKILL in the faults case); 0: none, as LMCache runs with its L1 alone")
+    p.add_argument("--fill", type=float, default=1.25,
+                   help="footprint: KV sent to each writer engine, in multiples of the largest cache's capacity")
     p.add_argument("--settle", type=float, default=1.2, help="seconds before each timed request")
     p.add_argument("--decode-tokens", type=int, default=160, help="tokens each engine decodes in the decode case")
     p.add_argument("--seed", type=int, default=0)
@@ -340,7 +388,7 @@ def main() -> int:
     try:
         for s in systems:
             s.start(run)
-        if {"prefix", "miss", "decode"} & set(cases):
+        if {"prefix", "miss", "decode", "footprint"} & set(cases):
             specs = {}
             for s in systems:
                 if s.name == "none":
@@ -358,12 +406,11 @@ def main() -> int:
             raw = part.pop("_ttft_raw")
             result.update(part)
         if "footprint" in cases:
+            result["footprint_after_cases"] = footprint(systems)
+            result.update(memory_ratios(result["footprint_after_cases"], "_after_cases"))
+            result["footprint_fill"] = fill(a, engines, systems, tokens, peers.model_geometry(model))
             result["footprint"] = footprint(systems)
-            f = result["footprint"]
-            if "kvtier" in f and "lmcache" in f:
-                # Memory held (anonymous + the shared memory its tiers or buffers took), not RSS:
-                # kvtierd's tiers are written by the engines, into memory its page tables never touch.
-                result["rss_kvtier_vs_lmcache"] = round(f["kvtier"]["memory_mib"] / f["lmcache"]["memory_mib"], 3)
+            result.update(memory_ratios(result["footprint"]))
         for e in engines.values():
             e.stop()
         engines = {}

@@ -52,6 +52,11 @@ def model_geometry(model: str) -> dict:
             "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads, "vocab": cfg["vocab_size"]}
 
 
+def kv_bytes_per_token(geometry: dict) -> int:
+    """A token's K and V over every layer, fp32 (the engines' dtype here)."""
+    return 2 * geometry["layers"] * geometry["kv_heads"] * geometry["head_dim"] * 4
+
+
 def proc_footprint(pid: int) -> dict:
     """What process pid and every process under it hold: memory_mib, their
     anonymous memory (heap, Python objects) plus the memory taken by the shared
@@ -224,9 +229,14 @@ class Kvtier(System):
         """The bytes of KV kvtierd holds (committed blocks in its tiers)."""
         import kvtier
         stats = kvtier.Client(socket=self.socket, client_name="peer_bench").stats()
-        g = self.geometry
-        block = 2 * g["layers"] * g["kv_heads"] * g["head_dim"] * 4 * VLLM_CPU_BLOCK
-        return int(stats.get("gpu_used", 0) + stats.get("host_used", 0)) * block
+        return int(stats.get("gpu_used", 0) + stats.get("host_used", 0)) * self._block_bytes()
+
+    def capacity_bytes(self) -> int:
+        """The bytes of KV its two tiers hold when full."""
+        return 2 * self.blocks * self._block_bytes()
+
+    def _block_bytes(self) -> int:
+        return kv_bytes_per_token(self.geometry) * VLLM_CPU_BLOCK
 
 
 class LMCache(System):
@@ -301,6 +311,16 @@ class LMCache(System):
 
     def alive(self) -> bool:
         return self.pid() is not None
+
+    def cached_bytes(self) -> int:
+        """The bytes of KV its L1 holds (its /status: each L1's memory_used_bytes)."""
+        with urllib.request.urlopen(f"http://localhost:{self.http_port}/status", timeout=10) as r:
+            status = json.load(r)
+        return sum(int(m["memory_used_bytes"]) for m in status["storage_manager"]["l1_managers"].values())
+
+    def capacity_bytes(self) -> int:
+        """The bytes of KV its L1 holds when full (--l1-size-gb is GiB)."""
+        return int(self.l1_gb * (1 << 30))
 
     def kv_transfer(self) -> dict:
         return {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
