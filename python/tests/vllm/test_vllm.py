@@ -131,7 +131,7 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
         p = prompt(12, 700)
         e = Engine(models[0], str(tmp_path / "e.log"), socket=d.socket, llm=NO_APC, extra={"request_timeout": 8.0})
         same(e.generate([p]), reference.generate([p]))
-        wait_for(lambda: kvtierd_stats(d.socket)["committed_blocks"] >= len(p) // BLOCK, 10, "the prefix saved")
+        wait_for(lambda: kvtierd_stats(d.socket)["committed_blocks"] >= len(p) // BLOCK, 60, "the prefix saved")
         ask = p + prompt(13, 20)
         want = reference.generate([ask], max_tokens=MAX_TOKENS)
         replaced = {}
@@ -162,8 +162,14 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
         first = [{**o, "tokens": o["tokens"][:MAX_TOKENS], "logprobs": o["logprobs"][:MAX_TOKENS]}
                  for o in out["outputs"]]
         same(first, want)
-        wait_for(lambda: kvtierd_stats(nxt.socket)["committed_blocks"] >= hit(len(ask)) // BLOCK, 10,
-                 "the recomputed prefix to be saved to the new kvtierd")
+        # The saves run on the saver's thread at nice 10: on a machine busy with other work
+        # (the test suite's builds beside this test) they can trail the request by many seconds.
+        try:
+            wait_for(lambda: kvtierd_stats(nxt.socket)["committed_blocks"] >= hit(len(ask)) // BLOCK, 60,
+                     "the recomputed prefix to be saved to the new kvtierd")
+        except AssertionError as err:
+            raise AssertionError(f"{err}; the connector's counters {e.metrics()}; the engine's log:\n"
+                                 + e.log_tail()) from None
         got = e.generate([ask], max_tokens=MAX_TOKENS)
         assert got[0]["cached"] == hit(len(ask))
         same(got, want)
