@@ -391,6 +391,16 @@ class Fleet:
         out = [b if isinstance(m, OSError) else m for (_, m), b in zip(polled, before)]
         return out, [v.lost(m) for v, m in polled if isinstance(m, OSError)]
 
+    def cpu_seconds(self, name: str) -> dict:
+        """CPU seconds (user + system) so far of the system's vLLM servers (each
+        with every process under it) and of its cache server (with its pid: a
+        restarted one starts again from zero)."""
+        from peers import proc_footprint
+        system = self.systems[name]
+        pid = system.pid()
+        return {"engines": sum(proc_footprint(v.proc.pid)["cpu_seconds"] for v in self.servers[name]),
+                "cache_server": proc_footprint(pid)["cpu_seconds"] if pid else None, "cache_server_pid": pid}
+
     def footprint(self) -> dict:
         from peers import proc_footprint
         return {k: [proc_footprint(v.proc.pid) for v in vs] for k, vs in self.servers.items()}
@@ -519,8 +529,45 @@ def _delta(after: list[dict], before: list[dict], key: str) -> float:
     return sum(a.get(key, 0.0) - b.get(key, 0.0) for a, b in zip(after, before))
 
 
-def summarize(run: dict, before: list[dict], after: list[dict]) -> dict:
-    """A run's figures: throughput, TTFT, failures and the servers' hit rates."""
+def profile(ok: list[dict], before: list[dict], after: list[dict], cpu: tuple[dict, dict] | None,
+            computed: float) -> dict:
+    """Where a run's time went: the CPU seconds the system's two vLLM servers and
+    its cache server spent (the machine's two cores are the budget both systems
+    share), the prompt tokens the engines computed, the seconds vLLM counts per
+    request in its queue, its prefill and its decode (summed over requests:
+    requests overlap, so these add to more than the run's wall time), and the
+    seconds kvtier's connector counts in its loads and saves."""
+    n = len(ok) or 1
+    out: dict = {"computed_prompt_tokens": int(computed)}
+    for k in ("queue", "prefill", "decode"):
+        out[f"{k}_s"] = round(_delta(after, before, f"vllm:request_{k}_time_seconds_sum"), 2)
+    for k in ("load", "save"):
+        key = f"vllm:kvtier_{k}_seconds_total"
+        if key in after[0]:
+            out[f"connector_{k}_s"] = round(_delta(after, before, key), 3)
+    if cpu is not None:
+        b, a = cpu
+        out["engine_cpu_s"] = round(a["engines"] - b["engines"], 2)
+        same = a["cache_server_pid"] is not None and a["cache_server_pid"] == b["cache_server_pid"]
+        out["cache_server_cpu_s"] = round(a["cache_server"] - b["cache_server"], 2) if same else None
+    tokens = sum(r["completion_tokens"] for r in ok)
+    per = {"engine_cpu_s_per_request": out.get("engine_cpu_s", 0) / n,
+           "computed_prompt_tokens_per_request": computed / n,
+           "prefill_s_per_request": out["prefill_s"] / n, "decode_s_per_request": out["decode_s"] / n,
+           "queue_s_per_request": out["queue_s"] / n}
+    if cpu is not None and tokens:
+        per["engine_cpu_ms_per_output_token"] = 1000 * out["engine_cpu_s"] / tokens
+    out.update({k: round(v, 4) for k, v in per.items()})
+    return out
+
+
+PROFILE_KEYS = ("engine_cpu_s_per_request", "engine_cpu_ms_per_output_token", "computed_prompt_tokens_per_request",
+                "prefill_s_per_request", "decode_s_per_request", "queue_s_per_request")
+
+
+def summarize(run: dict, before: list[dict], after: list[dict], cpu: tuple[dict, dict] | None = None) -> dict:
+    """A run's figures: throughput, TTFT, failures, the servers' hit rates, and
+    where the time went (profile)."""
     recs = [r for rs in run["records"].values() for r in rs]
     ok = [r for r in recs if "reply" in r]
     ttft = [r["ttft"] * 1000 for r in ok]
@@ -549,6 +596,7 @@ def summarize(run: dict, before: list[dict], after: list[dict]) -> dict:
           if k.startswith("vllm:kvtier_") and k.endswith("_total") and not k.endswith("seconds_total")}
     if kv:
         out["kvtier_counters"] = kv
+    out["profile"] = profile(ok, before, after, cpu, prompt - local - external)
     errors = sorted({r["error"] for r in recs if "error" in r})
     if errors:
         out["errors"] = errors[:5]
@@ -564,6 +612,7 @@ def run_one(fleet: Fleet, name: str, policy: str, convset: dict, a: argparse.Nam
     router = Router(urls, policy, os.path.join(fleet.run_dir, "chat", f"router-{name}-{policy}.log"))
     try:
         before = fleet.metrics(name)
+        cpu_before = fleet.cpu_seconds(name)
         done = {"n": 0, "t0": time.monotonic()}
         cond = threading.Condition()
 
@@ -583,15 +632,17 @@ def run_one(fleet: Fleet, name: str, policy: str, convset: dict, a: argparse.Nam
         if side:
             side.join(120)
         after, lost = fleet.metrics_after(name, before)
+        cpu_after = fleet.cpu_seconds(name)
     finally:
         router.stop()
-    s = summarize(run, before, after)
+    s = summarize(run, before, after, (cpu_before, cpu_after))
     if lost:
         s["servers_lost"] = lost
     print(f"  chat {label} {name:8s} {SUFFIX[policy]:11s}: {s['requests']} requests in {s['wall_s']:.1f} s, "
           f"{s['requests_per_s']:.3f} req/s, {s['output_tokens_per_s']:.1f} tok/s, TTFT p50 {s['ttft_p50_ms']} p99 "
           f"{s['ttft_p99_ms']} ms, hit rate {s['hit_rate']} (own {s['own_cache_hit_rate']}, connector "
-          f"{s['connector_hit_rate']}), failed {s['failed']}", file=sys.stderr, flush=True)
+          f"{s['connector_hit_rate']}), failed {s['failed']}; engines' CPU {s['profile'].get('engine_cpu_s')} s, "
+          f"{s['profile']['computed_prompt_tokens']} prompt tokens computed", file=sys.stderr, flush=True)
     return {"summary": s, "records": run["records"], "t0": run["t0"]}
 
 
@@ -703,6 +754,7 @@ def _chat_result(runs: dict, names: list[str], policies: list[str], calib: list[
                 "different": sum(c["different"] for c in cmp) if all(cmp) else None,
                 "compared": sum(c["compared"] for c in cmp) if all(cmp) else None,
                 "diverged_conversations": sum(c["diverged_conversations"] for c in cmp) if all(cmp) else None,
+                "profile": {k: spread([s["profile"].get(k) for s in sm]) for k in PROFILE_KEYS},
                 "rounds": sm,
             }
     out: dict = {"case": "chat", "rounds": len(runs[names[0]][policies[0]]), "policies": policies,
@@ -731,6 +783,11 @@ def _chat_result(runs: dict, names: list[str], policies: list[str], calib: list[
             out[f"chat_throughput_kvtier_vs_lmcache_{sfx}_spread"] = thr
             out[f"chat_output_tokens_kvtier_vs_lmcache_{sfx}_spread"] = tok
             out[f"chat_ttft_p99_kvtier_vs_lmcache_{sfx}_spread"] = p99
+            # Where the difference comes from: the engines' CPU per request, and the prompt
+            # tokens they computed per request (what the caches left them).
+            for key in ("engine_cpu_s_per_request", "computed_prompt_tokens_per_request"):
+                out[f"chat_{key}_kvtier_vs_lmcache_{sfx}_spread"] = spread(
+                    _ratio([x["profile"].get(key) for x in k], [x["profile"].get(key) for x in m]))
             if not smoke and thr and p99:
                 targets[f"chat_throughput_kvtier_vs_lmcache_{sfx} >= 1.10"] = thr["median"] >= 1.10
                 targets[f"chat_ttft_p99_kvtier_vs_lmcache_{sfx} <= 0.90"] = p99["median"] <= 0.90
