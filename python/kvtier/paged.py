@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 import warnings
 from typing import Any
 
@@ -219,7 +220,7 @@ def _gpu_stream(client, paged: PagedKV, stream):
 
 
 def load_blocks(client, paged: PagedKV, tokens: list[int], session: str, first: int, block_ids: list[int],
-                stream=None) -> tuple[list[int], int]:
+                stream=None, timings: dict | None = None) -> tuple[list[int], int]:
     """Fills engine blocks `block_ids` (the prompt's blocks first, first+1, ...)
     from kvtierd's blocks of `tokens` (the prompt's tokens through block
     first + len(block_ids)); the lease becomes `session`'s chain. Returns the
@@ -227,15 +228,19 @@ def load_blocks(client, paged: PagedKV, tokens: list[int], session: str, first: 
     were probed) and the blocks the session now holds. Raises kvtier.Error when
     the lease did not end well, or kvtierd's profile (after a reconnect: perhaps
     another kvtierd's) does not fit: then nothing counts as filled. On the GPU,
-    the copies are queued on `stream` (default: the current one)."""
+    the copies are queued on `stream` (default: the current one). `timings`,
+    when given, gets the seconds of each stage: acquire, wait, copy, release."""
+    clock = _Stages(timings)
     gpu = _gpu_stream(client, paged, stream)
     lease = client.acquire(tokens, session=session, promote=True if gpu is not None else "after_read")
+    clock.lap("acquire")
     try:
         paged.check(client.profile)  # The kvtierd that answered, whichever it is.
         if gpu is not None:
             lease.wait_on_stream(gpu)  # Promotions land before the copies read them.
         else:
             lease.wait()
+        clock.lap("wait")
         got = len(lease)
         done = []
         with _on(gpu):
@@ -245,11 +250,27 @@ def load_blocks(client, paged: PagedKV, tokens: list[int], session: str, first: 
                 paged.copy_in(block_tensor(client, lease, first + i, device=paged.device), b,
                               non_blocking=gpu is not None)
                 done.append(b)
+        clock.lap("copy")
     except BaseException:
         _end(lease, gpu)  # After any copies already queued.
         raise
     _end(lease, gpu, quiet=False)
+    clock.lap("release")
     return done, got
+
+
+class _Stages:
+    """Seconds per named stage into `out` (nothing when out is None)."""
+
+    def __init__(self, out: dict | None):
+        self._out = out
+        self._t = time.perf_counter() if out is not None else 0.0
+
+    def lap(self, name: str) -> None:
+        if self._out is not None:
+            now = time.perf_counter()
+            self._out[name] = self._out.get(name, 0.0) + now - self._t
+            self._t = now
 
 
 def save_blocks(client, paged: PagedKV, tokens: list[int], session: str, block_ids: list[int], have: int = 0,

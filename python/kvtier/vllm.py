@@ -85,6 +85,7 @@ How it works:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import time
@@ -347,10 +348,14 @@ class KvtierConnector(KVConnectorBase_V1):
         assert self._paged is not None and self._link is not None  # Registered before any load.
         client = self._link.get()
         if client is not None:
+            stages: dict[str, float] | None = {} if _log.isEnabledFor(logging.DEBUG) else None
             try:
                 done, held = load_blocks(client, self._paged, load.tokens, self._session(load.req_id), load.first,
-                                         load.block_ids, self._stream())
+                                         load.block_ids, self._stream(), timings=stages)
                 self._chains.loaded(load.req_id, client.instance_id, held)
+                if stages is not None:  # VLLM_LOGGING_LEVEL=DEBUG: where each load's time went.
+                    _log.debug("kvtier: load for request %s: %d blocks, %s", load.req_id, len(done),
+                               ", ".join(f"{k} {v * 1000:.2f} ms" for k, v in stages.items()))
             except kvtier.Error as e:
                 _log.warning("kvtier: load for request %s failed (%s): its blocks are recomputed", load.req_id, e)
                 if _link_failure(e):

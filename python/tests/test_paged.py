@@ -133,9 +133,12 @@ def test_a_load_fills_only_what_kvtierd_holds(make_daemon):
     b = PagedKV(vllm_cache("LBNHC", 8, 8, seed=2), 8, "LBNHC")
     prompt = tokens(24)
     save_blocks(client, a, prompt[:8], "a", [4])
-    done, chain = load_blocks(client, b, prompt, "b", 0, [1, 2, 3])
+    timings: dict = {}
+    done, chain = load_blocks(client, b, prompt, "b", 0, [1, 2, 3], timings=timings)
     assert done == [1] and chain == 1
     torch.testing.assert_close(_layer(b, 0, 1), _layer(a, 0, 4), rtol=0, atol=0)
+    # Where the load's time went, stage by stage (the connector's debug log).
+    assert list(timings) == ["acquire", "wait", "copy", "release"] and all(v >= 0 for v in timings.values())
 
 
 def test_a_save_writes_whole_blocks_from_the_first_one_kvtierd_lacks(make_daemon):
