@@ -279,7 +279,7 @@ def plot(result, raw, directory):
     return paths
 
 
-def plot_chat(result, directory):
+def plot_chat(result, directory, name="peer_chat.png"):
     """Throughput and TTFT p50/p99 per system and routing policy (medians over rounds)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -287,7 +287,8 @@ def plot_chat(result, directory):
     detail = result["chat"]["detail"]
     names = list(detail)
     policies = list(next(iter(detail.values())))
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4.4))
+    profiled = any("profile" in detail[n][p] for n in names for p in policies)
+    fig, axes = plt.subplots(1, 5 if profiled else 4, figsize=(25 if profiled else 20, 4.4))
     width = 0.8 / len(names)
     for k, (key, label) in enumerate((("requests_per_s", "requests / s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
                                       ("ttft_p99_ms", "TTFT p99 (ms)"))):
@@ -313,12 +314,29 @@ def plot_chat(result, directory):
         axes[3].set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
         axes[3].set_yscale("log")
         axes[3].set_ylabel("TTFT of every request (ms, log)")
+    if profiled:  # Where a request's time went: vLLM's queue, prefill and decode seconds (medians over rounds).
+        ax, x, labels = axes[4], 0, []
+        for p in policies:
+            for n in names:
+                prof = detail[n][p].get("profile") or {}
+                bottom = 0.0
+                for j, (key, color) in enumerate((("queue", "tab:gray"), ("prefill", "tab:orange"),
+                                                  ("decode", "tab:blue"))):
+                    v = (prof.get(f"{key}_s_per_request") or {}).get("median") or 0.0
+                    ax.bar(x, v, 0.8, bottom=bottom, color=color, label=key if x == 0 else None)
+                    bottom += v
+                labels.append(f"{n}\n{p}")
+                x += 1
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylabel("seconds per request (vLLM's)")
+        ax.legend()
     c = result["chat"]
+    model = os.path.basename(result.get("model", "SmolLM2-135M-Instruct"))
     fig.suptitle(f"chat through vllm-router: {c['conversations']} conversations x {c['turns']} turns, "
-                 f"{c['clients']} clients, {c['rounds']} rounds ({result['model']}, {result['machine']}, "
+                 f"{c['clients']} clients, {c['rounds']} rounds ({model}, {result['machine']}, "
                  f"{result['date']})")
     fig.tight_layout()
-    path = os.path.join(directory, "peer_chat.png")
+    path = os.path.join(directory, name)
     fig.savefig(path, dpi=110)
     return path
 

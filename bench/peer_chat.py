@@ -129,7 +129,8 @@ def smoke_args(args: argparse.Namespace) -> argparse.Namespace:
     """The smoke mode's sizes: one round of two tiny conversations."""
     a = argparse.Namespace(**vars(args))
     a.chat_conversations, a.chat_clients, a.chat_turns = 3, 3, "2-2"
-    a.chat_system_tokens, a.chat_document_tokens, a.chat_user_tokens, a.chat_reply_tokens = 64, 192, "24-32", "4-8"
+    # A system prompt past one 128-token block, so that the faults case's probe has a block to ask for.
+    a.chat_system_tokens, a.chat_document_tokens, a.chat_user_tokens, a.chat_reply_tokens = 160, 160, "24-32", "4-8"
     a.chat_rounds, a.faults_conversations = 1, 3
     a.chat_kv_cache_mib, a.chat_max_model_len = 64, 1024
     a.faults_stop_seconds = 2.0
@@ -717,7 +718,7 @@ def run_cases(systems: list[System], model: str, run_dir: str, args: argparse.Na
                     if n == "none":
                         fault_ref = run_one(fleet, "none", a.faults_policy, faults_set, a, "faults reference")
                     else:
-                        faulted[n] = _fault_run(fleet, by_name[n], n, faults_set, total, a)
+                        faulted[n] = _fault_run(fleet, by_name[n], n, faults_set, total, a, texts)
             finally:
                 fleet.close()
     out: dict = {}
@@ -873,9 +874,71 @@ class Watch:
         return 0.0 if base is None or end is None else end - base
 
 
-def _faulter(system: System, plan: list[dict], total: int, log: list[dict]):
+class CacheProbe:
+    """Asks kvtierd, as an engine's lookup would, how much of the conversations'
+    shared prefix (the system prompt's whole blocks, tokenized as the servers do)
+    it can serve: one Locate, a round trip that leases nothing and brings what
+    only kvtierd's stores hold into its host tier. So it says when hits are back
+    after a fault whatever the servers' queues do (vLLM looks a request up once,
+    when it is first scheduled). The engines' model identity comes from their
+    log."""
+
+    def __init__(self, system: System, server_log: str, texts: Texts, convset: dict, block: int = 128):
+        import re
+        with open(server_log, errors="replace") as f:
+            m = re.search(r"model identity ([0-9a-f]{32})", f.read())
+        if m is None:
+            raise RuntimeError(f"no kvtier model identity in {server_log}")
+        self.system, self.model_id = system, m.group(1)
+        prompts = [texts.tok.apply_chat_template(
+            [{"role": "system", "content": convset["system"]}, {"role": "user", "content": c["turns"][0]["user"]}],
+            add_generation_prompt=True, tokenize=True) for c in convset["conversations"][:2]]
+        prompts = [list(getattr(x, "input_ids", x)) for x in prompts]
+        common = next((i for i, (x, y) in enumerate(zip(*prompts)) if x != y), min(map(len, prompts)))
+        self.blocks = common // block  # Whole blocks every conversation's first prompt begins with.
+        if self.blocks < 1:
+            raise RuntimeError(f"the conversations share {common} tokens: less than a block")
+        self.tokens = prompts[0][:self.blocks * block]
+        self._client = None
+
+    def served(self) -> int | None:
+        """Blocks of the shared prefix kvtierd serves now; None: it did not answer."""
+        import kvtier
+        try:
+            if self._client is None:
+                extra = self.system.kv_transfer()["kv_connector_extra_config"]
+                self._client = kvtier.Client(socket=extra["socket"], tenant=extra.get("tenant", ""),
+                                             profile=extra.get("profile", ""), model_id=self.model_id,
+                                             client_name="peer_chat-probe", connect_timeout=0.3,
+                                             request_timeout=1.0)
+            return self._client.locate(self.tokens)
+        except kvtier.Error:
+            self._client = None  # A new connection next time (kvtierd restarted, or it hung).
+            return None
+
+    def until_served(self, back: float, limit: float = 60.0, every: float = 0.05) -> dict:
+        """Asks from `back` until the whole shared prefix is served (or `limit`
+        seconds): when, with the window the answer lies in, and how many asks."""
+        asks, prev = 0, back
+        while time.monotonic() - back < limit:
+            began = time.monotonic()
+            n = self.served()
+            asks += 1
+            if n is not None and n >= self.blocks:
+                end = time.monotonic()
+                return {"cache_hits_back_s": round(end - back, 3),
+                        "cache_hits_back_window_s": [round(max(prev, back) - back, 3), round(end - back, 3)],
+                        "probe_asks": asks}
+            prev = began
+            time.sleep(every)
+        return {"cache_hits_back_s": None, "probe_asks": asks}
+
+
+def _faulter(system: System, plan: list[dict], total: int, log: list[dict], probe: CacheProbe | None = None):
     """The thread that injects `plan`'s faults once their fraction of `total`
-    requests completed; each fault's record goes to `log`."""
+    requests completed; each fault's record goes to `log`. With `probe`, each
+    fault first shows the probe served the shared prefix, and after it, when
+    it does again."""
 
     def run(fleet: Fleet, done: dict, cond: threading.Condition) -> None:
         for f in plan:
@@ -887,6 +950,9 @@ def _faulter(system: System, plan: list[dict], total: int, log: list[dict]):
                     log.append({"fault": f["kind"], "happened": False, "why": "the run ended first"})
                     continue
             rec: dict = {"fault": f["kind"], "after_requests": done["n"]}
+            if probe is not None:  # What the probe reads before the fault: else it measures nothing.
+                rec["probe_blocks"] = probe.blocks
+                rec["probe_served_before"] = probe.served()
             pid = system.pid()
             rec["pid"] = pid
             try:
@@ -911,6 +977,8 @@ def _faulter(system: System, plan: list[dict], total: int, log: list[dict]):
                     rec["back"] = time.monotonic()
                     rec["state_after_cont"] = _proc_state(pid) if pid else None
                 rec["happened"] = True
+                if probe is not None and rec["probe_served_before"] == probe.blocks:
+                    rec.update(probe.until_served(rec["back"]))
             except Exception as e:  # Recorded as it is.
                 rec["happened"] = False
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -919,16 +987,25 @@ def _faulter(system: System, plan: list[dict], total: int, log: list[dict]):
     return run
 
 
-def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: int, a: argparse.Namespace) -> dict:
+def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: int, a: argparse.Namespace,
+               texts: Texts | None = None) -> dict:
     """One system's chat on the faults set with its cache server SIGKILLed and
-    restarted (and, for kvtier, SIGSTOPped and continued) on the way."""
+    restarted (and, for kvtier, SIGSTOPped and continued) on the way; for
+    kvtier, a CacheProbe says when kvtierd serves the shared prefix again."""
     plan = [{"kind": "sigkill", "after": a.faults_kill_after, "pause": a.faults_pause}]
+    probe, probe_error = None, None
     if name == "kvtier":
         plan.append({"kind": "sigstop", "after": a.faults_stop_after, "seconds": a.faults_stop_seconds})
+        if texts is not None:
+            try:
+                probe = CacheProbe(system, fleet.servers[name][0].log_path, texts, convset)
+            except (RuntimeError, OSError) as e:  # Recorded: no cache_hits_back_s then (--smoke's prompts).
+                probe_error = str(e)
     log: list[dict] = []
     watch = Watch(fleet, name)
     try:
-        run = run_one(fleet, name, a.faults_policy, convset, a, "faults", during=_faulter(system, plan, total, log))
+        run = run_one(fleet, name, a.faults_policy, convset, a, "faults",
+                      during=_faulter(system, plan, total, log, probe))
     except Exception as e:  # Recorded as it is: the run itself could not go on.
         return {"error": f"{type(e).__name__}: {e}"[:500], "faults": log, "alive_after": system.alive()}
     finally:
@@ -965,7 +1042,10 @@ def _fault_run(fleet: Fleet, system: System, name: str, convset: dict, total: in
             g["requests_in_flight_or_started_during"] = len(during)
             g["failed_during"] = sum(1 for r in during if "error" in r)
         faults.append(g)
-    return {"run": run, "faults": faults, "alive_after": system.alive()}
+    out = {"run": run, "faults": faults, "alive_after": system.alive()}
+    if probe_error:
+        out["probe_error"] = probe_error
+    return out
 
 
 def _faults_result(faulted: dict, ref: dict | None, convset: dict, total: int, a: argparse.Namespace,
@@ -981,24 +1061,30 @@ def _faults_result(faulted: dict, ref: dict | None, convset: dict, total: int, a
         s = run["summary"]
         backs = [g.get("kvtier_loaded_back_s" if name == "kvtier" else "loads_back_s") for g in faults]
         untils = [g.get("kvtier_lookups_until_hit") for g in faults]
+        probed = [g.get("cache_hits_back_s") for g in faults if g.get("happened")]
+        loads_back = max(backs) if backs and all(b is not None for b in backs) else None
         out["systems"][name] = {
             "failed": s["failed"], "skipped": s["skipped"], "requests": s["requests"],
             "different": cmp["different"] if cmp else None, "compared": cmp["compared"] if cmp else None,
             "diverged_conversations": cmp["diverged_conversations"] if cmp else None,
-            "hits_back_s": max(backs) if backs and all(b is not None for b in backs) else None,
+            # When the cache served the shared prefix again (kvtier's probe), and when the
+            # engines next loaded from it (that waits for a request to be looked up).
+            "cache_hits_back_s": max(probed) if probed and None not in probed else None,
+            "loads_back_s": loads_back,
             "lookups_until_hit": max(untils) if name == "kvtier" and untils and None not in untils else None,
-            "faults": faults, "summary": s, "alive_after": f["alive_after"],
+            "faults": faults, "summary": s, "alive_after": f["alive_after"], "probe_error": f.get("probe_error"),
         }
     k = out["systems"].get("kvtier")
     k = k if k and "error" not in k else None
     out["figures"] = {"faults_kvtier_failed": k["failed"] if k else None,
                       "faults_kvtier_different": k["different"] if k else None,
-                      "faults_kvtier_hits_back_s": k["hits_back_s"] if k else None,
+                      "faults_kvtier_hits_back_s": k["cache_hits_back_s"] if k else None,
+                      "faults_kvtier_loads_back_s": k["loads_back_s"] if k else None,
                       "faults_kvtier_lookups_until_hit": k["lookups_until_hit"] if k else None}
     out["targets"] = {} if smoke or not k else {
         "faults_kvtier_failed == 0": k["failed"] == 0,
         "faults_kvtier_different == 0": k["different"] == 0,
-        "faults_kvtier_hits_back_s <= 1": k["hits_back_s"] is not None and k["hits_back_s"] <= 1.0}
+        "faults_kvtier_hits_back_s <= 1": k["cache_hits_back_s"] is not None and k["cache_hits_back_s"] <= 1.0}
     return out
 
 
