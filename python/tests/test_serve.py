@@ -348,8 +348,13 @@ def test_health_answers_while_a_large_request_is_tokenized(services):
     t.join()
     status, body = result["reply"]
     assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
-    assert probes, f"the large request took {result['ended'] - started:.2f} s, too short to probe /health"
-    assert max(probes) < 1.0, f"/health waited {max(probes):.2f} s behind the large request ({len(probes)} probes)"
+    lasted = result["ended"] - started
+    assert probes, f"the large request took {lasted:.2f} s, too short to probe /health"
+    # On the loop, the request would hold /health for all of its time: one or two probes, the
+    # longest nearly as long as the request. Off it, /health answers throughout (a probe may
+    # still wait a moment for the GIL or a core: 1.7 s once, beside the suite's other tests).
+    assert len(probes) >= 5 and max(probes) < lasted / 2, \
+        f"/health waited up to {max(probes):.2f} s behind the large request ({lasted:.2f} s, {len(probes)} probes)"
     # Past the default limit (4 MiB): 413 from the Content-Length alone.
     status, body, took = kv.raw_post("Content-Length: 5000000\r\n", [b" " * 65536])
     assert status == 413 and body["error"]["code"] == "request_too_large", body
