@@ -320,8 +320,7 @@ def plot_chat(result, directory, name="peer_chat.png"):
             for n in names:
                 prof = detail[n][p].get("profile") or {}
                 bottom = 0.0
-                for j, (key, color) in enumerate((("queue", "tab:gray"), ("prefill", "tab:orange"),
-                                                  ("decode", "tab:blue"))):
+                for key, color in (("queue", "tab:gray"), ("prefill", "tab:orange"), ("decode", "tab:blue")):
                     v = (prof.get(f"{key}_s_per_request") or {}).get("median") or 0.0
                     ax.bar(x, v, 0.8, bottom=bottom, color=color, label=key if x == 0 else None)
                     bottom += v

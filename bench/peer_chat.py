@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python", "tests", "vllm"))
 import vllm_engines  # noqa: E402
-from peers import System, free_port, peer_env  # noqa: E402
+from peers import VLLM_CPU_BLOCK, System, free_port, peer_env  # noqa: E402
 
 SERVED_NAME = "chat-model"
 POLICIES = ("round_robin", "cache_aware")
@@ -530,8 +530,7 @@ def _delta(after: list[dict], before: list[dict], key: str) -> float:
     return sum(a.get(key, 0.0) - b.get(key, 0.0) for a, b in zip(after, before))
 
 
-def profile(ok: list[dict], before: list[dict], after: list[dict], cpu: tuple[dict, dict] | None,
-            computed: float) -> dict:
+def profile(ok: list[dict], before: list[dict], after: list[dict], cpu: tuple[dict, dict], computed: float) -> dict:
     """Where a run's time went: the CPU seconds the system's two vLLM servers and
     its cache server spent (the machine's two cores are the budget both systems
     share), the prompt tokens the engines computed, the seconds vLLM counts per
@@ -546,17 +545,15 @@ def profile(ok: list[dict], before: list[dict], after: list[dict], cpu: tuple[di
         key = f"vllm:kvtier_{k}_seconds_total"
         if key in after[0]:
             out[f"connector_{k}_s"] = round(_delta(after, before, key), 3)
-    if cpu is not None:
-        b, a = cpu
-        out["engine_cpu_s"] = round(a["engines"] - b["engines"], 2)
-        same = a["cache_server_pid"] is not None and a["cache_server_pid"] == b["cache_server_pid"]
-        out["cache_server_cpu_s"] = round(a["cache_server"] - b["cache_server"], 2) if same else None
+    b, a = cpu
+    out["engine_cpu_s"] = round(a["engines"] - b["engines"], 2)
+    same = a["cache_server_pid"] is not None and a["cache_server_pid"] == b["cache_server_pid"]
+    out["cache_server_cpu_s"] = round(a["cache_server"] - b["cache_server"], 2) if same else None
     tokens = sum(r["completion_tokens"] for r in ok)
-    per = {"engine_cpu_s_per_request": out.get("engine_cpu_s", 0) / n,
-           "computed_prompt_tokens_per_request": computed / n,
+    per = {"engine_cpu_s_per_request": out["engine_cpu_s"] / n, "computed_prompt_tokens_per_request": computed / n,
            "prefill_s_per_request": out["prefill_s"] / n, "decode_s_per_request": out["decode_s"] / n,
            "queue_s_per_request": out["queue_s"] / n}
-    if cpu is not None and tokens:
+    if tokens:
         per["engine_cpu_ms_per_output_token"] = 1000 * out["engine_cpu_s"] / tokens
     out.update({k: round(v, 4) for k, v in per.items()})
     return out
@@ -566,7 +563,7 @@ PROFILE_KEYS = ("engine_cpu_s_per_request", "engine_cpu_ms_per_output_token", "c
                 "prefill_s_per_request", "decode_s_per_request", "queue_s_per_request")
 
 
-def summarize(run: dict, before: list[dict], after: list[dict], cpu: tuple[dict, dict] | None = None) -> dict:
+def summarize(run: dict, before: list[dict], after: list[dict], cpu: tuple[dict, dict]) -> dict:
     """A run's figures: throughput, TTFT, failures, the servers' hit rates, and
     where the time went (profile)."""
     recs = [r for rs in run["records"].values() for r in rs]
@@ -883,7 +880,7 @@ class CacheProbe:
     when it is first scheduled). The engines' model identity comes from their
     log."""
 
-    def __init__(self, system: System, server_log: str, texts: Texts, convset: dict, block: int = 128):
+    def __init__(self, system: System, server_log: str, texts: Texts, convset: dict, block: int = VLLM_CPU_BLOCK):
         import re
         with open(server_log, errors="replace") as f:
             m = re.search(r"model identity ([0-9a-f]{32})", f.read())
@@ -977,7 +974,7 @@ def _faulter(system: System, plan: list[dict], total: int, log: list[dict], prob
                     rec["back"] = time.monotonic()
                     rec["state_after_cont"] = _proc_state(pid) if pid else None
                 rec["happened"] = True
-                if probe is not None and rec["probe_served_before"] == probe.blocks:
+                if probe is not None and rec["probe_served_before"] == probe.blocks:  # Else: no figure.
                     rec.update(probe.until_served(rec["back"]))
             except Exception as e:  # Recorded as it is.
                 rec["happened"] = False

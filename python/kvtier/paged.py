@@ -260,7 +260,7 @@ def load_blocks(client, paged: PagedKV, tokens: list[int], session: str, first: 
 
 
 class _Stages:
-    """Seconds per named stage into `out` (nothing when out is None)."""
+    """Seconds since the last lap, per named stage, into `out` (nothing when out is None)."""
 
     def __init__(self, out: dict | None):
         self._out = out
@@ -269,8 +269,7 @@ class _Stages:
     def lap(self, name: str) -> None:
         if self._out is not None:
             now = time.perf_counter()
-            self._out[name] = self._out.get(name, 0.0) + now - self._t
-            self._t = now
+            self._out[name], self._t = now - self._t, now
 
 
 def save_blocks(client, paged: PagedKV, tokens: list[int], session: str, block_ids: list[int], have: int = 0,
