@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from vllm_engines import BLOCK, NO_APC, ROOT, Engine, hit, kvtierd_stats, make_model, profile, prompt, same, wait_for  # noqa: E402
+from vllm_engines import BLOCK, NO_APC, ROOT, Engine, hit, kvtierd_stats, make_model, process_state, profile, prompt, same, wait_for  # noqa: E402
 
 from conftest import Daemon  # noqa: E402
 
@@ -137,18 +137,29 @@ def test_blocks_whose_load_failed_are_recomputed_and_saved_again(models, referen
         replaced = {}
 
         def load_failed():
-            with open(e.log_path) as f:
-                return "kvtier: load for request" in f.read()
+            with open(e.log_path) as f:  # Not the debug line a load that worked writes.
+                return any("kvtier: load for request" in line and " failed " in line for line in f)
+
+        def move_socket():
+            if nxt.socket != d.socket:
+                os.replace(nxt.socket, d.socket)
+                nxt.socket = d.socket
 
         def replace():
             try:
+                # Once kvtierd is stopped, a new connection reaches the replacement: the engine's
+                # connections to the stopped one stay, so the load still meets it hung. Moved later,
+                # the worker's first reconnect after the failed load could meet the stopped kvtierd
+                # and wait out request_timeout (8 s) before finding the new one: seen once, and the
+                # request's decode ended first, every save meanwhile dropped.
+                wait_for(lambda: process_state(d.proc.pid) == "T", 120, "kvtierd to stop")
+                move_socket()
                 wait_for(load_failed, 120, "the load to fail on the stopped kvtierd")
                 replaced["at"] = time.monotonic() - started
             finally:  # Replaced whatever happened, so that the stream ends and the test can say why.
                 d.proc.kill()
                 d.proc.wait()
-                os.replace(nxt.socket, d.socket)
-                nxt.socket = d.socket
+                move_socket()
 
         t = threading.Thread(target=replace)
         started = time.monotonic()

@@ -192,6 +192,15 @@ def _cmdline(pid):
         return ""
 
 
+def process_state(pid):
+    """The state letter /proc gives process pid ("T": stopped), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def _group_of(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
